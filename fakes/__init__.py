@@ -1,0 +1,1 @@
+"""Deterministic fakes of every tier and a simulator of Flyte's durable execution, for hermetic tests on a CPU."""

@@ -1,0 +1,52 @@
+"""Front doors: `nox -s unit` (all CPU tests), `nox -s lint`, `nox -s gpu`, and the rest below.
+
+CPU sessions install torch through constraints/cpu.txt so pip takes the local CPU wheel instead of a multi-GB CUDA build.
+Virtualenvs are reused between runs (`nox -R` skips the install step entirely).
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["unit", "lint"]
+
+CPU_CONSTRAINTS = ("-c", "constraints/cpu.txt")
+HYPOTHESIS_ENV = {"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "dev"), "HF_HUB_OFFLINE": "1"}
+
+
+def _install_cpu(session: nox.Session, *extras: str) -> None:
+    spec = f".[{','.join(('test', *extras))}]"
+    session.install(*CPU_CONSTRAINTS, "-e", spec)
+
+
+@nox.session
+def unit(session: nox.Session) -> None:
+    """All fast CPU tests: math properties, simulator, drivers, chaos, real tiny-model parts."""
+    _install_cpu(session)
+    session.run("pytest", "-m", "not gpu and not slow and not flyte and not ray", *session.posargs, env=HYPOTHESIS_ENV)
+
+
+@nox.session
+def slow(session: nox.Session) -> None:
+    """Multi-process DDP on gloo and the learning test: minutes, not seconds."""
+    _install_cpu(session)
+    session.run("pytest", "-m", "slow", *session.posargs, env=HYPOTHESIS_ENV)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check, ruff format --check, mypy on rl/."""
+    _install_cpu(session, "lint")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("mypy")
+
+
+@nox.session
+def gpu(session: nox.Session) -> None:
+    """Real vLLM, CUDA LoRA training and multi-GPU DDP. Needs a CUDA machine; vllm brings its own torch."""
+    session.install("-e", ".[test,gpu]")
+    session.run("pytest", "gpu_tests", "-m", "gpu", *session.posargs, env=HYPOTHESIS_ENV)

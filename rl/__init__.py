@@ -1,0 +1,3 @@
+"""GRPO + LoRA and durable agentic RL loops for Flyte 2, with a hermetic simulator and conformance suite."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,113 @@
+"""What the drivers call. Each tier is a small Protocol; production binds them to Flyte tasks, tests to fakes on the simulator.
+
+Every method is async because in production each call is a remote task (an action); the driver never knows which it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from rl.types import ArtifactRef, EvalResult, IterationMetrics, Prompt, Rollout, RolloutRequest, TrainBatch, TrainResult
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Samples one group per call: `request.n` completions of one prompt from the requested adapter, seeded.
+
+    Contract: the same request gives the same rollouts (a retried rollout is identical); each rollout carries
+    `request.policy_version`, its token ids and the sampling log-probability of each token.
+    """
+
+    async def generate(self, request: RolloutRequest) -> list[Rollout]: ...
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """Scores one group of rollouts; returns one finite reward per rollout, in the same order."""
+
+    async def score_group(self, rollouts: Sequence[Rollout]) -> list[float]: ...
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """Owns the policy update. Pure in its inputs: replaying a batch gives bitwise-identical outputs."""
+
+    async def init_adapter(self, seed: int) -> TrainResult:
+        """The version-0 adapter and an empty optimizer state."""
+        ...
+
+    async def train_step(self, batch: TrainBatch) -> TrainResult: ...
+
+
+@runtime_checkable
+class Evaluator(Protocol):
+    """Held-out evaluation of one adapter: k samples per problem, avg@k and pass@k."""
+
+    async def evaluate(self, adapter: ArtifactRef, policy_version: int, k: int, seed: int) -> EvalResult: ...
+
+
+@runtime_checkable
+class StateStore(Protocol):
+    """The driver's checkpoint (the `flyte.ctx().checkpoint` role): one blob, written atomically."""
+
+    async def load(self) -> bytes | None: ...
+
+    async def save(self, data: bytes) -> None: ...
+
+
+@runtime_checkable
+class Artifacts(Protocol):
+    """Directory-like artifacts with copy semantics (the `flyte.io.Dir` role): `get` returns a private copy."""
+
+    async def put(self, files: Mapping[str, bytes], *, name: str) -> ArtifactRef: ...
+
+    async def get(self, ref: ArtifactRef) -> dict[str, bytes]: ...
+
+    async def exists(self, ref: ArtifactRef) -> bool: ...
+
+
+@runtime_checkable
+class Reporter(Protocol):
+    """Publishes the live report (the `flyte.report` role)."""
+
+    async def publish(self, history: Sequence[IterationMetrics], *, status: str) -> None: ...
+
+
+@runtime_checkable
+class PromptSource(Protocol):
+    """The training and held-out problems."""
+
+    def train_prompts(self) -> Sequence[Prompt]: ...
+
+    def eval_prompts(self) -> Sequence[Prompt]: ...
+
+
+@runtime_checkable
+class VolumeVersion(Protocol):
+    """A finalized, immutable volume version (the `ROVolume` role)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+    def path(self) -> Path:
+        """A read-only view of the files."""
+        ...
+
+    def fork(self, name: str) -> WritableVolume: ...
+
+
+@runtime_checkable
+class WritableVolume(Protocol):
+    """A fork with exactly one writer; `finalize` seals it into a new immutable version."""
+
+    @property
+    def name(self) -> str: ...
+
+    def mount(self) -> Path: ...
+
+    def finalize(self, message: str) -> VolumeVersion: ...
