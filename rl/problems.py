@@ -1,0 +1,45 @@
+"""Verifiable toy problems for the CPU stack. Pure Python: importable without torch.
+
+Scoring (the contract between this module, the samplers and `rl.rewards.score`): a rollout is scored on its
+*completion only* — the text the policy generated after the prompt, decoded with special tokens (`<eos>`) skipped —
+as `rl.rewards.score(rollout.completion, prompt.answer)`. The prompt is never included: "3=" itself holds a digit,
+and `extract_answer` falls back to the last integer in the text, so scoring prompt + completion would credit an empty
+completion with the prompt's own digit. A bare "4" therefore earns 1.0 on "3=", and "#### 4" earns 1.2 (the format
+bonus); "45" earns 0.0 (the last integer is 45).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rl.types import Prompt
+
+
+@dataclass(frozen=True)
+class DigitSuccessor:
+    """Prompt `"d="` for d in 0..9, answer `str((d + 1) % 10)`: the right answer depends on the prompt.
+
+    Any single constant answer is right on exactly one prompt in ten (`constant_baseline_accuracy` = 0.1), so accuracy
+    clearly above 0.1 means the policy learned to read its prompt. The task space is only ten problems, so the held-out
+    set cannot hold unseen problems: `eval_prompts` are the same ten, and held-out evaluation means fresh samples
+    (evaluation seeds disjoint from training seeds), not fresh problems.
+    """
+
+    def train_prompts(self) -> Sequence[Prompt]:
+        return [Prompt(question=f"{d}=", answer=str((d + 1) % 10)) for d in range(10)]
+
+    def eval_prompts(self) -> Sequence[Prompt]:
+        return self.train_prompts()
+
+
+def constant_baseline_accuracy(prompts: Sequence[Prompt]) -> float:
+    """The accuracy of the best policy that ignores its prompt: the share of the most common reference answer.
+
+    Raises ValueError on an empty sequence (a baseline over no problems is undefined).
+    """
+    if not prompts:
+        raise ValueError("constant_baseline_accuracy needs at least one prompt; got an empty sequence")
+    most_common = Counter(p.answer for p in prompts).most_common(1)[0][1]
+    return most_common / len(prompts)
