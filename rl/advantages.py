@@ -1,0 +1,113 @@
+"""Group-relative advantages (GRPO) and the groups that carry no learning signal.
+
+GRPO (Shao et al., "DeepSeekMath", 2024, §4.1.2) replaces a learned value baseline with the other completions of the
+same prompt: each completion's advantage is its reward standardised within its group,
+
+    A_i = (r_i - mean(r_g)) / (std(r_g) + eps)        std: population standard deviation
+
+and Dr. GRPO (Liu et al., "Understanding R1-Zero-Like Training", 2025) drops the division, `A_i = r_i - mean(r_g)`,
+because dividing by the group's std up-weights prompts that are nearly always right or nearly always wrong.
+
+Pure Python on purpose: the driver and the reward tier compute and log these without torch.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Literal
+
+__all__ = ["Scale", "group_normalized_advantages", "no_signal_groups"]
+
+Scale = Literal["group", "none"]
+"""`"group"`: divide by the group's population std plus eps (GRPO); `"none"`: subtract the mean only (Dr. GRPO)."""
+
+_SCALES: tuple[str, ...] = ("group", "none")
+
+
+def group_normalized_advantages(
+    group_ids: Sequence[int],
+    rewards: Sequence[float],
+    *,
+    scale: Scale = "group",
+    eps: float = 1e-4,
+) -> list[float]:
+    """Each sample's reward relative to the other samples of its group, in input order.
+
+    `scale="group"` (the default) is the seed's formula exactly: `(r - fmean(group)) / (pstdev(group) + eps)`.
+    `scale="none"` is Dr. GRPO's `r - fmean(group)`.
+
+    A group whose rewards are all equal (a single-sample group included) gives exactly 0.0 for each member under either
+    scale: its mean can differ from its members by rounding (`fmean([0.1] * 3) != 0.1`), and a stray 1e-17 would
+    otherwise turn into a nonzero gradient for a prompt that taught nothing.
+
+    Samples of one group need not be contiguous; the output does not depend on the order of samples or on the values of
+    the group ids (only on which samples share one).
+
+    Raises:
+        ValueError: `len(group_ids) != len(rewards)`, a NaN or infinite reward (the message names its index), an unknown
+            `scale`, or a negative or non-finite `eps`.
+    """
+    rewards_f = _checked_rewards(group_ids, rewards)
+    if scale not in _SCALES:
+        raise ValueError(f"scale must be one of {_SCALES}, got {scale!r}")
+    if not (math.isfinite(eps) and eps >= 0.0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps!r}")
+
+    advantages = [0.0] * len(rewards_f)
+    for members in _members_by_group(group_ids).values():
+        group_rewards = [rewards_f[i] for i in members]
+        if _all_equal(group_rewards):
+            continue
+        mean = statistics.fmean(group_rewards)
+        # pstdev is computed from exact fractions and correctly rounded, so the result is independent of sample order.
+        denominator = statistics.pstdev(group_rewards) + eps if scale == "group" else 1.0
+        for i in members:
+            advantages[i] = (rewards_f[i] - mean) / denominator
+    return advantages
+
+
+def no_signal_groups(group_ids: Sequence[int], rewards: Sequence[float]) -> list[int]:
+    """The ids of the groups whose rewards are all equal, sorted: every member's advantage is exactly 0, so the trainer
+    skips them and the report counts them.
+
+    A single-sample group is counted: with nothing to compare against it carries no signal either.
+
+    Raises:
+        ValueError: as `group_normalized_advantages`.
+    """
+    rewards_f = _checked_rewards(group_ids, rewards)
+    silent = [
+        gid for gid, members in _members_by_group(group_ids).items() if _all_equal([rewards_f[i] for i in members])
+    ]
+    return sorted(silent)
+
+
+def _checked_rewards(group_ids: Sequence[int], rewards: Sequence[float]) -> list[float]:
+    if len(group_ids) != len(rewards):
+        first_unpaired = min(len(group_ids), len(rewards))
+        longer = "rewards" if len(rewards) > len(group_ids) else "group_ids"
+        raise ValueError(
+            f"len(group_ids)={len(group_ids)} != len(rewards)={len(rewards)}: "
+            f"{longer}[{first_unpaired}] has no partner in the other sequence"
+        )
+    out: list[float] = []
+    for i, r in enumerate(rewards):
+        value = float(r)
+        if not math.isfinite(value):
+            raise ValueError(f"rewards[{i}] is {value!r} (group {group_ids[i]!r}); rewards must be finite")
+        out.append(value)
+    return out
+
+
+def _members_by_group(group_ids: Sequence[int]) -> dict[int, list[int]]:
+    members: dict[int, list[int]] = defaultdict(list)
+    for i, gid in enumerate(group_ids):
+        members[gid].append(i)
+    return members
+
+
+def _all_equal(values: list[float]) -> bool:
+    return all(v == values[0] for v in values)
