@@ -1,0 +1,262 @@
+"""Directory-like artifacts on the local filesystem, content-addressed (the `flyte.io.Dir` role for the CPU stack).
+
+Layout under `root`:
+
+    objects/<hex>/...    one immutable directory per distinct content, named by its sha256 digest
+    refs/<name>          the digest most recently stored under a human name (for people reading the store, not lookups)
+    tmp/                 staging for atomic writes
+
+An artifact is a mapping of relative POSIX paths to bytes. Its digest is `sha256:` + sha256 over, for each path in
+sorted order, the path, a NUL, the content length (8 bytes, big-endian) and the content: length-prefixing makes the
+encoding unambiguous, so two different mappings cannot share a preimage. Lookups go by digest, never by URI, so a ref
+stays valid wherever the same bytes are stored. Every read re-hashes what it read, so a file changed on disk after it
+was written raises `ArtifactCorrupt` instead of silently feeding a sampler or trainer the wrong weights.
+
+Pure standard library: importable without torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+
+from rl.protocols import Artifacts
+from rl.types import ArtifactRef
+
+DIGEST_PREFIX = "sha256:"
+_HEX = re.compile(r"[0-9a-f]{64}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+
+
+class ArtifactError(Exception):
+    """Base of the artifact store's errors."""
+
+
+class ArtifactNotFound(ArtifactError, LookupError):
+    """No artifact with the requested digest is stored here."""
+
+
+class ArtifactCorrupt(ArtifactError):
+    """A stored artifact's files no longer hash to its digest (edited, truncated or partly deleted on disk)."""
+
+
+class InvalidArtifact(ArtifactError, ValueError):
+    """An artifact to store, or a ref to look up, is malformed (bad path, non-bytes content, bad digest or name)."""
+
+
+def _check_rel_path(path: str) -> str:
+    if (
+        not isinstance(path, str)
+        or not path
+        or path.startswith("/")
+        or "\\" in path
+        or "\0" in path
+        or any(p in ("", ".", "..") for p in path.split("/"))
+    ):
+        raise InvalidArtifact(
+            f"artifact path {path!r} is not a plain relative POSIX path; use names like 'adapter_model.safetensors' "
+            "or 'sub/dir/file', without '..', '.', empty components, backslashes or a leading '/'"
+        )
+    return path
+
+
+def validate_files(files: Mapping[str, bytes]) -> dict[str, bytes]:
+    """A checked copy of `files`: relative POSIX paths, bytes-like contents, no path both a file and a directory."""
+    out: dict[str, bytes] = {}
+    for path, content in files.items():
+        _check_rel_path(path)
+        if not isinstance(content, bytes | bytearray | memoryview):
+            raise InvalidArtifact(
+                f"artifact file {path!r} holds a {type(content).__name__}, not bytes; encode it first "
+                "(e.g. json.dumps(...).encode())"
+            )
+        out[path] = bytes(content)
+    for path in out:
+        parents = PurePosixPath(path).parents
+        for parent in list(parents)[:-1]:  # the last parent is '.'
+            if str(parent) in out:
+                raise InvalidArtifact(
+                    f"artifact path {str(parent)!r} is a file but {path!r} needs it to be a directory"
+                )
+    return out
+
+
+def compute_digest(files: Mapping[str, bytes]) -> str:
+    """`sha256:<hex>` over sorted relative paths and contents (the encoding is described in the module docstring)."""
+    h = hashlib.sha256()
+    for path in sorted(files):
+        content = files[path]
+        h.update(path.encode("utf-8"))
+        h.update(b"\0")
+        h.update(len(content).to_bytes(8, "big"))
+        h.update(content)
+    return DIGEST_PREFIX + h.hexdigest()
+
+
+def read_dir(path: Path) -> dict[str, bytes]:
+    """Every regular file under `path`, keyed by relative POSIX path. Symlinks are refused (they escape the tree)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise InvalidArtifact(f"{path} is not a directory; pass the directory to store (e.g. a PEFT adapter's output)")
+    files: dict[str, bytes] = {}
+    for p in sorted(path.rglob("*")):
+        if p.is_symlink():
+            raise InvalidArtifact(f"{p} is a symlink; artifacts hold plain files only, copy the target in instead")
+        if p.is_file():
+            files[p.relative_to(path).as_posix()] = p.read_bytes()
+    return files
+
+
+def write_files(files: Mapping[str, bytes], dest_dir: Path) -> Path:
+    """Write `files` under `dest_dir` (created if absent; existing files with other names are left alone)."""
+    files = validate_files(files)
+    dest_dir = Path(dest_dir)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    for rel, content in files.items():
+        target = dest_dir / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+    return dest_dir
+
+
+def _hex_of(ref: ArtifactRef) -> str:
+    digest = ref.digest
+    hex_digest = digest[len(DIGEST_PREFIX) :] if isinstance(digest, str) else ""
+    if not (_HEX.fullmatch(hex_digest) and digest.startswith(DIGEST_PREFIX)):
+        raise InvalidArtifact(
+            f"artifact digest {digest!r} is not of the form 'sha256:<64 lowercase hex>'; "
+            "pass a ref returned by LocalArtifacts.put or put_dir"
+        )
+    return hex_digest
+
+
+class LocalArtifacts:
+    """The `Artifacts` protocol on a local directory: content-addressed, atomic writes, copy-on-read.
+
+    Fault model: a crash mid-`put` leaves only a staging directory under `tmp/` (never a partial object), because an
+    object appears by a single `rename`. Two writers putting the same content race harmlessly (one rename wins; the
+    other's bytes were identical). Files edited on disk are detected at read time (`ArtifactCorrupt`); `put` of the same
+    content repairs a corrupted object.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self._objects = self.root / "objects"
+        self._refs = self.root / "refs"
+        self._tmp = self.root / "tmp"
+        for d in (self._objects, self._refs, self._tmp):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def __repr__(self) -> str:
+        return f"LocalArtifacts({str(self.root)!r})"
+
+    def _object_dir(self, hex_digest: str) -> Path:
+        return self._objects / hex_digest
+
+    def _ref_for(self, hex_digest: str) -> ArtifactRef:
+        return ArtifactRef(uri=self._object_dir(hex_digest).as_uri(), digest=DIGEST_PREFIX + hex_digest)
+
+    def _read_verified(self, ref: ArtifactRef) -> dict[str, bytes]:
+        hex_digest = _hex_of(ref)
+        obj = self._object_dir(hex_digest)
+        if not obj.is_dir():
+            raise ArtifactNotFound(
+                f"no artifact {ref.digest} in {self.root} (ref uri {ref.uri}); store it here with put/put_dir first, "
+                "or open the store that produced the ref"
+            )
+        files = read_dir(obj)
+        actual = compute_digest(files)
+        if actual != ref.digest:
+            raise ArtifactCorrupt(
+                f"artifact {ref.digest} in {obj} now hashes to {actual}: its files were changed on disk. "
+                "Put the original content again to repair it, or regenerate the artifact (e.g. rerun the step that "
+                "produced it)"
+            )
+        return files
+
+    async def put(self, files: Mapping[str, bytes], *, name: str) -> ArtifactRef:
+        """Store `files` (relative POSIX path -> bytes) and return its ref; idempotent for equal content."""
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise InvalidArtifact(
+                f"artifact name {name!r} must be 1-200 characters of letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit (e.g. 'adapter-v3')"
+            )
+        checked = validate_files(files)
+        ref = self._ref_for(_hex_of(ArtifactRef(uri="", digest=compute_digest(checked))))
+        obj = self._object_dir(_hex_of(ref))
+        if obj.is_dir():
+            try:
+                self._read_verified(ref)
+            except ArtifactCorrupt:
+                self._replace(obj, checked)
+        else:
+            self._install(obj, checked)
+        self._write_ref(name, ref.digest)
+        return ref
+
+    def _stage(self, files: Mapping[str, bytes]) -> Path:
+        staging = self._tmp / uuid.uuid4().hex
+        write_files(files, staging)
+        staging.mkdir(exist_ok=True)  # an empty artifact is still a directory
+        return staging
+
+    def _install(self, obj: Path, files: Mapping[str, bytes]) -> None:
+        staging = self._stage(files)
+        try:
+            os.rename(staging, obj)
+        except OSError:
+            # Another writer installed the same digest first; its content is identical by construction.
+            shutil.rmtree(staging, ignore_errors=True)
+            if not obj.is_dir():
+                raise
+
+    def _replace(self, obj: Path, files: Mapping[str, bytes]) -> None:
+        staging = self._stage(files)
+        trash = self._tmp / f"corrupt-{uuid.uuid4().hex}"
+        os.rename(obj, trash)
+        os.rename(staging, obj)
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def _write_ref(self, name: str, digest: str) -> None:
+        tmp = self._tmp / f"ref-{uuid.uuid4().hex}"
+        tmp.write_text(digest + "\n")
+        os.replace(tmp, self._refs / name)
+
+    async def get(self, ref: ArtifactRef) -> dict[str, bytes]:
+        """A private copy of the artifact's files, verified against its digest."""
+        return self._read_verified(ref)
+
+    async def exists(self, ref: ArtifactRef) -> bool:
+        """Whether an object with this digest is stored (cheap: does not re-hash; `get` does)."""
+        return self._object_dir(_hex_of(ref)).is_dir()
+
+    def resolve(self, name: str) -> ArtifactRef:
+        """The ref last stored under `name` (for people and tools inspecting a store; loops pass refs, not names)."""
+        path = self._refs / name
+        if not _NAME.fullmatch(name) or not path.is_file():
+            raise ArtifactNotFound(f"no artifact was stored under the name {name!r} in {self.root}")
+        digest = path.read_text().strip()
+        return self._ref_for(_hex_of(ArtifactRef(uri="", digest=digest)))
+
+    async def put_dir(self, path: Path, name: str) -> ArtifactRef:
+        """Store every file under the directory `path` (e.g. a PEFT adapter's `save_pretrained` output)."""
+        return await put_dir(self, path, name)
+
+    async def materialize(self, ref: ArtifactRef, dest_dir: Path) -> Path:
+        """Write a verified copy of the artifact's files under `dest_dir` and return it (a real directory for PEFT)."""
+        return await materialize(self, ref, dest_dir)
+
+
+async def put_dir(artifacts: Artifacts, path: Path, name: str) -> ArtifactRef:
+    """Store the directory `path` in any `Artifacts` store."""
+    return await artifacts.put(read_dir(path), name=name)
+
+
+async def materialize(artifacts: Artifacts, ref: ArtifactRef, dest_dir: Path) -> Path:
+    """Write the artifact `ref` from any `Artifacts` store under `dest_dir`; returns `dest_dir`."""
+    return write_files(await artifacts.get(ref), dest_dir)
