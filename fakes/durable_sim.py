@@ -1,0 +1,562 @@
+"""A deterministic simulator of Flyte 2's durable execution, on a virtual clock.
+
+Flyte's local mode runs tasks but not the remote semantics the loops rely on (see DESIGN.md). This module
+reproduces them:
+
+- every task call is an *action* whose identity is a content hash of (calling scope, task name, inputs, occurrence);
+  a retried driver *replays* the actions that completed in earlier attempts and runs the rest (seed 002: "completed
+  child actions are not re-executed: the retry replays them from the durable record");
+- `retries=N` per task, with the attempt number visible to the task (`attempt_number()`);
+- `trace`: a call inside a task is recorded and replayed when that task retries (the judge is billed once);
+- `cache=True` returns an earlier result of a pure task, across runs of one simulator;
+- a checkpoint store that belongs to one run's driver attempts (a new run starts fresh);
+- `rerun(run, recover=True, **changed)`: a new run reusing every action of the old one whose identity is unchanged;
+- inputs and outputs are copied at every boundary, so a consumer cannot mutate a producer's value (`flyte.io.Dir`);
+- `timeout_s` per task, on the virtual clock;
+- crash injection: kill the driver at its N-th await point, or follow a seeded `FaultPlan`;
+- an event log that is identical byte for byte for the same seed;
+- `check_replay`: run changed driver code against a recorded history and report the first diverging action.
+
+Public surface: `DurableSimulator`, `RunResult`, `ReplayReport`, `attempt_number`, and the exceptions below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import functools
+import inspect
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fakes.faults import FaultPlan, InjectedTaskFailure
+from fakes.virtual_loop import VirtualTimeLoop
+from rl.identity import content_digest
+
+T = TypeVar("T")
+
+
+class DriverCrash(BaseException):
+    """The simulated driver process died. A BaseException so that a driver's `except Exception` cannot swallow it."""
+
+
+class ReplayDivergence(BaseException):
+    """Changed driver code issued an action that the recorded history does not have."""
+
+    def __init__(self, index: int, task: str, action_id: str, expected: ActionRecord | None) -> None:
+        self.index, self.task, self.action_id, self.expected = index, task, action_id, expected
+        want = f"{expected.task} ({expected.action_id})" if expected else "no further action"
+        super().__init__(
+            f"replay diverged at action #{index}: the code issued {task} ({action_id}) where the history has {want}; "
+            "a run recorded with the old code would re-execute from here instead of resuming"
+        )
+
+
+class TaskFailed(RuntimeError):
+    """A task failed on every attempt its retries allowed."""
+
+    def __init__(self, task: str, action_id: str, attempts: int, cause: BaseException) -> None:
+        self.task, self.action_id, self.attempts, self.cause = task, action_id, attempts, cause
+        super().__init__(f"task {task} ({action_id}) failed after {attempts} attempt(s): {cause!r}")
+
+
+class SimUsageError(RuntimeError):
+    """The simulator was used in a way it cannot model (say, a task called outside `DurableSimulator.run`)."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """One line of the event log. `t` is virtual seconds since the run started."""
+
+    t: float
+    run: str
+    attempt: int
+    kind: str
+    task: str = ""
+    action: str = ""
+    detail: str = ""
+
+    def line(self) -> str:
+        text = f"{self.t:014.6f} {self.run} d{self.attempt} {self.kind:<18} {self.task} {self.action} {self.detail}"
+        return text.rstrip()
+
+
+@dataclass(frozen=True)
+class ActionRecord:
+    """An action as issued by the driver: its identity and its task."""
+
+    action_id: str
+    task: str
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The outcome of one simulated run. `error` is the user's code failing; divergence lives in `ReplayReport`."""
+
+    run_id: str
+    inputs: dict[str, Any]
+    output: Any
+    error: BaseException | None
+    attempts: int
+    crashes: int
+    await_points: int
+    history: tuple[ActionRecord, ...]
+    virtual_time_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    """What `check_replay` found: `ok`, or the first diverging action."""
+
+    ok: bool
+    matched: int
+    divergence: ReplayDivergence | None = None
+
+
+@dataclass
+class _Run:
+    run_id: str
+    driver: Callable[..., Awaitable[Any]]
+    inputs: dict[str, Any]
+    loop: VirtualTimeLoop
+    journal: dict[str, Any] = field(default_factory=dict)
+    traces: dict[tuple[str, str, str, int], Any] = field(default_factory=dict)
+    checkpoint: bytes | None = None
+    recover_from: dict[str, Any] | None = None
+    strict_history: tuple[ActionRecord, ...] | None = None
+    crashes: int = 0
+
+
+@dataclass
+class _DriverAttempt:
+    run: _Run
+    number: int
+    crash_at: int | None
+    points: int = 0
+    crashed: bool = False
+    occurrences: Counter[tuple[str, str]] = field(default_factory=Counter)
+    issued: list[ActionRecord] = field(default_factory=list)
+    supervisor: asyncio.Task[Any] | None = None
+    divergence: ReplayDivergence | None = None
+    killer: asyncio.Task[Any] | None = None
+
+
+@dataclass
+class _TaskAttempt:
+    action_id: str
+    attempt: int
+    trace_occurrences: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+
+_DRIVER: ContextVar[_DriverAttempt | None] = ContextVar("rl_sim_driver", default=None)
+_TASK: ContextVar[_TaskAttempt | None] = ContextVar("rl_sim_task", default=None)
+
+
+def attempt_number() -> int:
+    """The attempt number of the task this code runs in (0 for the first), as FLYTE_ATTEMPT_NUMBER is remotely."""
+    task = _TASK.get()
+    return task.attempt if task is not None else 0
+
+
+def _copy(value: T) -> T:
+    return copy.deepcopy(value)
+
+
+class SimTask:
+    """A task of the simulator: `await task(*args)` inside a simulated run issues one durable action."""
+
+    def __init__(
+        self,
+        sim: DurableSimulator,
+        fn: Callable[..., Awaitable[Any]],
+        *,
+        name: str,
+        retries: int,
+        cache: bool,
+        timeout_s: float | None,
+    ) -> None:
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self.sim, self.fn, self.name = sim, fn, name
+        self.retries, self.cache, self.timeout_s = retries, cache, timeout_s
+        self._signature = inspect.signature(fn)
+        functools.update_wrapper(self, fn)
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        driver = _DRIVER.get()
+        if driver is None:
+            raise SimUsageError(f"task {self.name} was called outside DurableSimulator.run(); start a run first")
+        sim, run = self.sim, driver.run
+        bound = self._signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        inputs = dict(bound.arguments)
+        digest = content_digest(self.name, inputs)
+        scope = _TASK.get().action_id if _TASK.get() is not None else "driver"  # type: ignore[union-attr]
+        occurrence = driver.occurrences[(self.name, digest)]
+        driver.occurrences[(self.name, digest)] += 1
+        action_id = content_digest(scope, self.name, digest, occurrence)[:16]
+        record = ActionRecord(action_id, self.name)
+
+        sim._await_point(driver, f"call {self.name}")
+        if run.strict_history is not None and action_id not in run.journal:
+            index = len(driver.issued)
+            expected = run.strict_history[index] if index < len(run.strict_history) else None
+            sim._diverge(driver, ReplayDivergence(index, self.name, action_id, expected))
+        driver.issued.append(record)
+
+        if action_id in run.journal:
+            sim._log(driver, "action.replayed", self.name, action_id)
+            result = run.journal[action_id]
+        elif run.recover_from is not None and action_id in run.recover_from:
+            sim._log(driver, "action.recovered", self.name, action_id)
+            result = run.journal[action_id] = run.recover_from[action_id]
+        elif self.cache and (self.name, digest) in sim._cache:
+            sim._log(driver, "action.cached", self.name, action_id)
+            result = run.journal[action_id] = sim._cache[(self.name, digest)]
+        else:
+            output = await self._execute(driver, action_id, inputs)
+            if driver.crashed:  # the driver died while this ran: nothing is recorded for it
+                raise DriverCrash(f"driver attempt {driver.number} is dead")
+            result = run.journal[action_id] = _copy(output)
+            if self.cache:
+                sim._cache[(self.name, digest)] = result
+            sim._log(driver, "action.completed", self.name, action_id)
+        sim._await_point(driver, f"return {self.name}")
+        return _copy(result)
+
+    async def _execute(self, driver: _DriverAttempt, action_id: str, inputs: dict[str, Any]) -> Any:
+        sim = self.sim
+        last: BaseException | None = None
+        for attempt in range(self.retries + 1):
+            sim._log(driver, "action.start", self.name, action_id, f"attempt={attempt}")
+            fault = sim.faults.task_fault(self.name, action_id, attempt, self.retries)
+            if fault == "hang" and self.timeout_s is None:
+                fault = None
+            token = _TASK.set(_TaskAttempt(action_id, attempt))
+            try:
+                body = self._body(inputs, fault)
+                output = await (asyncio.wait_for(body, self.timeout_s) if self.timeout_s is not None else body)
+                return output
+            except TimeoutError as exc:
+                last = exc
+                sim._log(driver, "action.timeout", self.name, action_id, f"attempt={attempt} after={self.timeout_s}s")
+            except Exception as exc:
+                last = exc
+                sim._log(driver, "action.failed", self.name, action_id, f"attempt={attempt} {type(exc).__name__}")
+            finally:
+                _TASK.reset(token)
+            if attempt < self.retries:
+                sim._log(driver, "action.retry", self.name, action_id, f"attempt={attempt + 1}")
+        assert last is not None
+        raise TaskFailed(self.name, action_id, self.retries + 1, last) from last
+
+    async def _body(self, inputs: dict[str, Any], fault: str | None) -> Any:
+        if fault == "before":
+            raise InjectedTaskFailure(f"injected failure before {self.name} ran")
+        if fault == "hang":
+            assert self.timeout_s is not None
+            await asyncio.sleep(self.timeout_s * 2)
+        output = await self.fn(**_copy(inputs))
+        if fault == "after":
+            raise InjectedTaskFailure(f"injected failure after {self.name} ran, before its result was recorded")
+        return output
+
+
+class _Tier:
+    """A protocol object whose chosen methods are tasks named `<tier>.<method>`; other attributes pass through."""
+
+    def __init__(self, sim: DurableSimulator, obj: Any, name: str, methods: dict[str, dict[str, Any]]) -> None:
+        self._obj = obj
+        for method, options in methods.items():
+            setattr(self, method, sim.task(getattr(obj, method), name=f"{name}.{method}", **options))
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self._obj, item)
+
+
+class SimCheckpointStore:
+    """The driver's checkpoint (the `flyte.ctx().checkpoint` role): belongs to one run's driver attempts.
+
+    Loads and saves are driver await points. With `atomic=True` (Flyte's behaviour: the blob is uploaded, then
+    committed) a torn write leaves the previous checkpoint; with `atomic=False` it leaves the first half of the bytes.
+    """
+
+    def __init__(self, sim: DurableSimulator) -> None:
+        self._sim = sim
+
+    async def load(self) -> bytes | None:
+        driver = self._sim._require_driver("checkpoint.load")
+        self._sim._await_point(driver, "checkpoint.load")
+        data = driver.run.checkpoint
+        self._sim._log(driver, "checkpoint.load", detail="empty" if data is None else f"{len(data)}B")
+        return data
+
+    async def save(self, data: bytes) -> None:
+        sim = self._sim
+        driver = sim._require_driver("checkpoint.save")
+        sim._await_point(driver, "checkpoint.save")
+        may_crash = driver.run.crashes < sim.faults.max_driver_crashes
+        if may_crash and sim.faults.tear_checkpoint(driver.number, driver.points):
+            if not sim.atomic_checkpoints:
+                driver.run.checkpoint = bytes(data[: len(data) // 2])
+            sim._log(driver, "checkpoint.torn", detail=f"{len(data)}B atomic={sim.atomic_checkpoints}")
+            sim._crash(driver, "killed in the middle of a checkpoint write")
+        driver.run.checkpoint = bytes(data)
+        sim._log(driver, "checkpoint.save", detail=f"{len(data)}B")
+
+
+class DurableSimulator:
+    """Runs async driver code under simulated Flyte durable semantics. One `seed` fixes every fault and interleaving."""
+
+    def __init__(self, seed: int = 0, faults: FaultPlan | None = None, *, atomic_checkpoints: bool = True) -> None:
+        self.seed = seed
+        self.faults = faults if faults is not None else FaultPlan(seed=seed)
+        self.atomic_checkpoints = atomic_checkpoints
+        self.events: list[Event] = []
+        self._cache: dict[tuple[str, str], Any] = {}
+        self._runs = 0
+        self._loop: VirtualTimeLoop | None = None
+        self._journals: dict[str, dict[str, Any]] = {}
+
+    # -- declaring tasks -------------------------------------------------------------------------------------------
+    def task(
+        self,
+        fn: Callable[..., Awaitable[Any]] | None = None,
+        *,
+        name: str | None = None,
+        retries: int = 0,
+        cache: bool = False,
+        timeout_s: float | None = None,
+    ) -> Any:
+        """Make `fn` a simulator task (usable as `@sim.task` or `@sim.task(retries=2)`)."""
+
+        def wrap(f: Callable[..., Awaitable[Any]]) -> SimTask:
+            return SimTask(self, f, name=name or f.__qualname__, retries=retries, cache=cache, timeout_s=timeout_s)
+
+        return wrap(fn) if fn is not None else wrap
+
+    def tier(self, obj: Any, name: str, **methods: dict[str, Any]) -> Any:
+        """Wrap a protocol object so each named method is a task.
+
+        `sim.tier(engine, "rollout", generate={"retries": 2})` makes `generate` the task `rollout.generate`.
+        """
+        return _Tier(self, obj, name, methods)
+
+    def trace(self, fn: Callable[..., Awaitable[T]] | None = None, *, name: str | None = None) -> Any:
+        """Record a call's result inside a task attempt; a retry of that task replays it instead of calling again."""
+
+        def wrap(f: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+            trace_name = name or f.__qualname__
+            signature = inspect.signature(f)
+
+            @functools.wraps(f)
+            async def traced(*args: Any, **kwargs: Any) -> T:
+                driver = self._require_driver(f"trace {trace_name}")
+                task = _TASK.get()
+                bound = signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                digest = content_digest(trace_name, dict(bound.arguments))
+                counter = task.trace_occurrences if task is not None else driver.occurrences
+                occurrence = counter[(trace_name, digest)]
+                counter[(trace_name, digest)] += 1
+                key = (task.action_id if task is not None else "driver", trace_name, digest, occurrence)
+                if key in driver.run.traces:
+                    self._log(driver, "trace.replayed", trace_name, key[0])
+                    return _copy(driver.run.traces[key])  # type: ignore[no-any-return]
+                result = await f(*args, **kwargs)
+                driver.run.traces[key] = _copy(result)
+                self._log(driver, "trace.recorded", trace_name, key[0])
+                return result
+
+            return traced
+
+        return wrap(fn) if fn is not None else wrap
+
+    def checkpoint_store(self) -> SimCheckpointStore:
+        """The checkpoint of whichever run and driver calls it."""
+        return SimCheckpointStore(self)
+
+    @staticmethod
+    def attempt_number() -> int:
+        return attempt_number()
+
+    def now(self) -> float:
+        """Virtual seconds since the current run started."""
+        return self._loop.time() if self._loop is not None else 0.0
+
+    # -- running ---------------------------------------------------------------------------------------------------
+    def run(
+        self,
+        driver: Callable[..., Awaitable[Any]],
+        *,
+        inputs: dict[str, Any] | None = None,
+        retries: int = 0,
+        crash_at: int | Sequence[int] | None = None,
+    ) -> RunResult:
+        """Run `driver(**inputs)` as a driver task with `retries`.
+
+        `crash_at` kills the driver: an int at that await point of the first attempt, a sequence one point per attempt.
+        """
+        return self._start(driver, dict(inputs or {}), retries=retries, crash_at=crash_at)
+
+    def rerun(
+        self,
+        previous: RunResult,
+        *,
+        driver: Callable[..., Awaitable[Any]],
+        recover: bool = True,
+        retries: int = 0,
+        **changed: Any,
+    ) -> RunResult:
+        """Fork a finished run with changed inputs; with `recover`, every action of unchanged identity is reused."""
+        unknown = set(changed) - set(previous.inputs)
+        if unknown:
+            raise ValueError(f"rerun got inputs the original run did not have: {sorted(unknown)}")
+        inputs = {**previous.inputs, **changed}
+        journal = self._journals[previous.run_id] if recover else None
+        return self._start(driver, inputs, retries=retries, crash_at=None, recover_from=journal)
+
+    def check_replay(self, recorded: RunResult, driver: Callable[..., Awaitable[Any]]) -> ReplayReport:
+        """Run `driver` against `recorded`'s history without executing any task; report the first divergent action."""
+        journal = self._journals[recorded.run_id]
+        result = self._start(
+            driver, dict(recorded.inputs), retries=0, crash_at=None, preload=dict(journal), strict=recorded.history
+        )
+        if isinstance(result.error, ReplayDivergence):
+            return ReplayReport(ok=False, matched=result.error.index, divergence=result.error)
+        if result.error is not None:
+            raise result.error
+        return ReplayReport(ok=True, matched=len(result.history))
+
+    def _start(
+        self,
+        driver: Callable[..., Awaitable[Any]],
+        inputs: dict[str, Any],
+        *,
+        retries: int,
+        crash_at: int | Sequence[int] | None,
+        recover_from: dict[str, Any] | None = None,
+        preload: dict[str, Any] | None = None,
+        strict: tuple[ActionRecord, ...] | None = None,
+    ) -> RunResult:
+        self._runs += 1
+        loop = VirtualTimeLoop()
+        run = _Run(f"run-{self._runs:04d}", driver, inputs, loop, recover_from=recover_from, strict_history=strict)
+        if preload is not None:
+            run.journal.update(preload)
+        self._journals[run.run_id] = run.journal
+        schedule = [crash_at] if isinstance(crash_at, int) else list(crash_at or [])
+        self._loop = loop
+        try:
+            return loop.run_until_complete(self._supervise(run, retries, schedule))
+        finally:
+            self._loop = None
+            loop.close()
+
+    async def _supervise(self, run: _Run, retries: int, schedule: list[int]) -> RunResult:
+        me = asyncio.current_task()
+        error: BaseException | None = None
+        output: Any = None
+        attempt = _DriverAttempt(run, 0, None)
+        for number in range(retries + 1):
+            attempt = _DriverAttempt(run, number, schedule[number] if number < len(schedule) else None, supervisor=me)
+            self._log(attempt, "driver.start")
+            token = _DRIVER.set(attempt)
+            main = asyncio.ensure_future(run.driver(**_copy(run.inputs)))
+            _DRIVER.reset(token)
+            try:
+                output = await main
+                error = None
+            except BaseException as exc:
+                error = exc
+            await self._reap(me)
+            killer = attempt.killer
+            if killer is not None and killer.done() and not killer.cancelled():
+                killer.exception()  # retrieved here, so asyncio doesn't report it as lost
+            if attempt.divergence is not None:
+                error = attempt.divergence
+            if error is None:
+                self._log(attempt, "driver.done")
+                break
+            if isinstance(error, ReplayDivergence):
+                self._log(attempt, "replay.diverged", error.task, error.action_id, f"index={error.index}")
+                break
+            if attempt.crashed or isinstance(error, DriverCrash | asyncio.CancelledError):
+                error = error if isinstance(error, DriverCrash) else DriverCrash("driver attempt killed")
+            else:
+                self._log(attempt, "driver.failed", detail=f"{type(error).__name__}: {error}")
+        return RunResult(
+            run_id=run.run_id,
+            inputs=_copy(run.inputs),
+            output=output,
+            error=error,
+            attempts=attempt.number + 1,
+            crashes=run.crashes,
+            await_points=attempt.points,
+            history=tuple(attempt.issued),
+            virtual_time_s=run.loop.time(),
+        )
+
+    @staticmethod
+    async def _reap(supervisor: asyncio.Task[Any] | None) -> None:
+        """Cancel whatever the dead (or finished) driver attempt left running, and wait for it to unwind."""
+        leftovers = [t for t in asyncio.all_tasks() if t is not supervisor and not t.done()]
+        for t in leftovers:
+            t.cancel()
+        if leftovers:
+            await asyncio.gather(*leftovers, return_exceptions=True)
+
+    # -- crash points and the log ----------------------------------------------------------------------------------
+    def _require_driver(self, what: str) -> _DriverAttempt:
+        driver = _DRIVER.get()
+        if driver is None:
+            raise SimUsageError(f"{what} was used outside DurableSimulator.run(); start a run first")
+        return driver
+
+    def _await_point(self, driver: _DriverAttempt, label: str) -> None:
+        if driver.crashed:
+            raise DriverCrash(f"driver attempt {driver.number} is dead")
+        index = driver.points
+        driver.points += 1
+        if driver.crash_at == index:
+            self._crash(driver, f"at await point {index} ({label})")
+        if driver.run.crashes < self.faults.max_driver_crashes and self.faults.crash_driver(driver.number, index):
+            self._crash(driver, f"injected at await point {index} ({label})")
+
+    def _crash(self, driver: _DriverAttempt, why: str) -> None:
+        driver.run.crashes += 1
+        self._log(driver, "driver.crash", detail=why)
+        self._kill(driver, DriverCrash(f"driver attempt {driver.number} killed {why}"))
+
+    def _diverge(self, driver: _DriverAttempt, divergence: ReplayDivergence) -> None:
+        driver.divergence = divergence
+        self._kill(driver, divergence)
+
+    @staticmethod
+    def _kill(driver: _DriverAttempt, exc: BaseException) -> None:
+        """Stop the attempt everywhere at once: nothing it still runs may record a result."""
+        driver.crashed = True
+        current = driver.killer = asyncio.current_task()
+        for t in asyncio.all_tasks():
+            if t is not driver.supervisor and t is not current:
+                t.cancel()
+        raise exc
+
+    def _log(self, driver: _DriverAttempt, kind: str, task: str = "", action: str = "", detail: str = "") -> None:
+        self.events.append(Event(driver.run.loop.time(), driver.run.run_id, driver.number, kind, task, action, detail))
+
+    def log_lines(self) -> list[str]:
+        return [e.line() for e in self.events]
+
+    def count(self, kind: str, task: str | None = None, run: str | None = None) -> int:
+        """How many events of `kind` (optionally for one task and one run) the log holds."""
+        return sum(1 for e in self.events if e.kind == kind and task in (None, e.task) and run in (None, e.run))

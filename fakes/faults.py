@@ -1,0 +1,62 @@
+"""Named fault injectors for the durable simulator, each with a documented probability and a seeded decision.
+
+Every decision is a pure function of (plan seed, injector name, the place it applies to), never of a shared PRNG's
+position, so a fault hits the same action on every run of a seed however the actions interleave.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+
+def _coin(seed: int, *where: object) -> float:
+    """A uniform draw in [0, 1) determined by `seed` and `where` alone."""
+    key = repr((seed, *where)).encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") / 2**64
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """A seeded schedule of faults. All probabilities default to 0 (no faults).
+
+    - `task_failure_p`: an attempt of a task raises `InjectedTaskFailure` — before its body runs, or (half the time)
+      after it, so side effects happened but no result was recorded. Only attempts below the task's retry budget fail,
+      so every task still succeeds within its retries.
+    - `task_hang_p`: an attempt of a task with a timeout sleeps past it (a hung sandbox), so the timeout fires.
+    - `driver_crash_p`: the driver is killed at an await point; at most `max_driver_crashes` per run.
+    - `torn_checkpoint_p`: the driver is killed in the middle of a checkpoint write.
+    """
+
+    seed: int = 0
+    task_failure_p: float = 0.0
+    task_hang_p: float = 0.0
+    driver_crash_p: float = 0.0
+    torn_checkpoint_p: float = 0.0
+    max_driver_crashes: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("task_failure_p", "task_hang_p", "driver_crash_p", "torn_checkpoint_p"):
+            p = getattr(self, name)
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"FaultPlan.{name} must be a probability in [0, 1], got {p!r}")
+
+    def task_fault(self, task: str, action_id: str, attempt: int, retries: int) -> str | None:
+        """'before', 'after' or 'hang' for a faulted attempt; None for a clean one."""
+        if attempt >= retries:
+            return None
+        if _coin(self.seed, "fail", action_id, attempt) < self.task_failure_p:
+            return "before" if _coin(self.seed, "when", action_id, attempt) < 0.5 else "after"
+        if _coin(self.seed, "hang", action_id, attempt) < self.task_hang_p:
+            return "hang"
+        return None
+
+    def crash_driver(self, driver_attempt: int, point: int) -> bool:
+        return _coin(self.seed, "crash", driver_attempt, point) < self.driver_crash_p
+
+    def tear_checkpoint(self, driver_attempt: int, point: int) -> bool:
+        return _coin(self.seed, "tear", driver_attempt, point) < self.torn_checkpoint_p
+
+
+class InjectedTaskFailure(RuntimeError):
+    """A task attempt failed because the fault plan said so (a dead sandbox, a lost upload)."""

@@ -1,0 +1,49 @@
+"""Content identity: a stable digest of a value, the way Flyte identifies an action by the hash of its inputs.
+
+Pure (no flyte or torch import). Dict keys are sorted (mapping order carries no meaning); list order is kept, because a
+list's order is part of its value — which is exactly why a driver must canonicalise step inputs (seed 002's unsorted
+rewards made the train step's identity change between attempts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from typing import Any
+
+
+class UnhashableInputError(TypeError):
+    """A value has no canonical form, so it cannot be part of an action's identity."""
+
+
+def canonical(value: Any) -> Any:
+    """A JSON-ready form of `value` that two equal values share, whatever their container order for mappings."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        # repr round-trips exactly; NaN and infinities would otherwise break JSON and equality.
+        return {"__float__": repr(value)} if not math.isfinite(value) else value
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"__bytes__": hashlib.blake2b(bytes(value), digest_size=16).hexdigest()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {"__type__": type(value).__qualname__, **fields}
+    model_dump = getattr(value, "model_dump", None)
+    if callable(model_dump):  # pydantic models, without importing pydantic here
+        return {"__type__": type(value).__qualname__, **canonical(model_dump())}
+    if isinstance(value, dict):
+        return {str(k): canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, list | tuple):
+        return [canonical(v) for v in value]
+    raise UnhashableInputError(
+        f"cannot derive a content identity for a value of type {type(value).__name__}; "
+        "pass dataclasses, pydantic models, lists, dicts, str, int, float, bool, bytes or None"
+    )
+
+
+def content_digest(*parts: Any) -> str:
+    """A 32-hex-digit blake2b digest of the canonical JSON of `parts`."""
+    payload = json.dumps([canonical(p) for p in parts], sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(payload.encode(), digest_size=16).hexdigest()
