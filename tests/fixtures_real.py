@@ -24,3 +24,37 @@ TEST_MODEL_CONFIG = TinyModelConfig(seed=7, hidden_size=32, layers=2, heads=4, k
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A base model directory built from `TEST_MODEL_CONFIG`; read-only by convention (tests must not modify it)."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), TEST_MODEL_CONFIG)
+
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def make_adapter_dir(model_dir: Path, out_dir: Path, *, seed: int, identity: bool) -> Path:
+    """Save a LoRA adapter (rank 4, all linear layers) for the base model in `model_dir` with PEFT directly.
+
+    `identity=True` is what a trainer's version 0 is (B = 0, so the policy equals the base model); `identity=False`
+    draws A and B at random so the adapter visibly changes the logits, standing in for a trained version.
+    """
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from rl.models import load_base_model
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = get_peft_model(
+            load_base_model(model_dir),
+            LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS, lora_dropout=0.0, init_lora_weights=identity),
+        )
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def adapter_dirs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two adapters for `tiny_model_dir`: "v0" (identity, like a trainer's init) and "trained" (random A and B)."""
+    root = tmp_path_factory.mktemp("adapters")
+    return {
+        "v0": make_adapter_dir(tiny_model_dir, root / "v0", seed=0, identity=True),
+        "trained": make_adapter_dir(tiny_model_dir, root / "trained", seed=1, identity=False),
+    }

@@ -1,0 +1,318 @@
+"""The rollout engine on plain torch: the CPU reference for what vLLM does on a GPU.
+
+One call samples one group: the prompt is encoded once, repeated `n` times, and all `n` sequences decode together
+through a KV cache (`cache`, formerly `past_key_values`), at temperature 1.0 and top_p 1.0, so the recorded
+log-probabilities are the policy's own (the same reason the seed samples vLLM at those settings). Randomness comes
+only from a `torch.Generator` seeded with `request.seed`: the driver derives that seed per (iteration, group)
+(rl.seeding), so a retried request samples the same tokens, and the `n` rows of a group draw independently from one
+stream, so they differ.
+
+A sequence stops when it samples `<eos>` (which is kept in `token_ids`, with its log-prob: stopping is an action the
+policy gradient must credit) or after `max_tokens` tokens. The completion text is decoded with special tokens skipped.
+
+Everything runs on the calling thread and blocks the event loop while it samples: torch's intra-op thread count is
+what makes results bitwise reproducible, and it is only reliably the one set for the thread doing the work. Pass
+`threads=` to pin it; library code sets it nowhere else.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import copy
+import inspect
+import tempfile
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from rl.artifacts import materialize
+from rl.models import load_base_model, load_tokenizer
+from rl.protocols import Artifacts
+from rl.types import ArtifactRef, Rollout, RolloutRequest
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+
+
+class InvalidRolloutRequest(ValueError):
+    """A request the engine cannot serve as asked (bad `n`, `max_tokens`, or a prompt too long for the model)."""
+
+
+class NotAnAdapter(ValueError):
+    """The requested adapter artifact is not a PEFT LoRA adapter directory."""
+
+
+@dataclass(frozen=True)
+class SampledSequence:
+    """One sampled continuation: its tokens (ending with eos if it stopped there) and each token's sampling log-prob."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    stopped_at_eos: bool
+
+
+def _as_ids(ids: Sequence[int] | torch.Tensor) -> list[int]:
+    return [int(t) for t in (ids.tolist() if isinstance(ids, torch.Tensor) else ids)]
+
+
+def _cache_kwarg(model: nn.Module) -> str:
+    """The forward kwarg that takes a KV cache: `cache` from transformers 5.2x, `past_key_values` before."""
+    get_base_model = getattr(model, "get_base_model", None)
+    base = get_base_model() if callable(get_base_model) else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def _cache_of(output: Any) -> Any:
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
+
+
+@torch.inference_mode()
+def sample_group(
+    model: nn.Module,
+    prompt_ids: Sequence[int],
+    *,
+    n: int,
+    max_tokens: int,
+    seed: int,
+    eos_token_id: int,
+) -> list[SampledSequence]:
+    """Sample `n` continuations of one prompt in one batch with a KV cache, at temperature 1.0, top_p 1.0.
+
+    The same arguments (and the same torch thread count) give the same tokens and bitwise-identical log-probs.
+
+    Shape: prompt_ids [P] -> n sequences of length T_i <= max_tokens, each with T_i log-probs.
+    """
+    if n < 1:
+        raise InvalidRolloutRequest(f"n must be >= 1 (the group size), got {n}")
+    if max_tokens < 1:
+        raise InvalidRolloutRequest(f"max_tokens must be >= 1, got {max_tokens}")
+    if not prompt_ids:
+        raise InvalidRolloutRequest("the prompt encodes to no tokens; the tokenizer should at least prepend <bos>")
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long).repeat(n, 1)  # [n, P]
+    cache_kw = _cache_kwarg(model)
+    out = model(input_ids=input_ids, use_cache=True)
+    logits, past = out.logits[:, -1, :], _cache_of(out)  # [n, V]
+    tokens = torch.empty((n, 0), dtype=torch.long)  # [n, t]
+    logps = torch.empty((n, 0), dtype=torch.float32)  # [n, t]
+    finished = torch.zeros(n, dtype=torch.bool)  # [n]
+    lengths = torch.full((n,), max_tokens, dtype=torch.long)  # [n]
+    for t in range(max_tokens):
+        logp = torch.log_softmax(logits.float(), dim=-1)  # [n, V]
+        # Sample from exp(logp), not softmax(logits): the recorded log-prob is then exactly the distribution sampled.
+        nxt = torch.multinomial(logp.exp(), num_samples=1, generator=generator)  # [n, 1]
+        tokens = torch.cat([tokens, nxt], dim=1)
+        logps = torch.cat([logps, logp.gather(1, nxt)], dim=1)
+        newly = (nxt.squeeze(1) == eos_token_id) & ~finished
+        lengths[newly] = t + 1
+        finished |= newly
+        if bool(finished.all()) or t == max_tokens - 1:
+            break
+        # Finished rows keep decoding (their tokens are discarded): one fixed-shape batch keeps the cache simple.
+        out = model(input_ids=nxt, use_cache=True, **{cache_kw: past})
+        logits, past = out.logits[:, -1, :], _cache_of(out)
+    return [
+        SampledSequence(
+            token_ids=tokens[i, : lengths[i]].tolist(),
+            logprobs=logps[i, : lengths[i]].tolist(),
+            stopped_at_eos=bool(finished[i]),
+        )
+        for i in range(n)
+    ]
+
+
+def teacher_forced_logprobs(
+    model: nn.Module, prompt_ids: Sequence[int] | torch.Tensor, completion_ids: Sequence[int] | torch.Tensor
+) -> torch.Tensor:
+    """log π(completion_t | prompt, completion_<t) for each completion token, from one full forward pass.
+
+    Differentiable (no `no_grad` here: the trainer calls it under autograd). Float32 whatever the model's dtype.
+
+    Shape: prompt_ids [P], completion_ids [T] -> [T].
+    """
+    prompt, completion = _as_ids(prompt_ids), _as_ids(completion_ids)
+    if not prompt:
+        raise ValueError("prompt_ids is empty; teacher forcing needs at least one context token (e.g. <bos>)")
+    if not completion:
+        return torch.empty(0, dtype=torch.float32)
+    ids = torch.tensor([prompt + completion], dtype=torch.long)  # [1, P+T]
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1, :]  # [T, V]
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [T, V]
+    return logp.gather(1, torch.tensor(completion).unsqueeze(1)).squeeze(1)  # [T]
+
+
+def batched_teacher_forced_logprobs(
+    model: nn.Module, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`teacher_forced_logprobs` for a batch of (prompt, completion) pairs of any lengths, in one forward pass.
+
+    Rows are right-padded: under causal attention a real token never attends to a pad after it, and position ids
+    start at 0 in every row, so no attention mask is needed and real positions equal the unbatched result up to float
+    rounding of a different batch shape (not bitwise). Returns (logprobs, mask); padded positions hold 0.
+
+    Shape: B prompts [P_b], B completions [T_b] -> logprobs [B, T_max], mask [B, T_max] (bool).
+    """
+    if len(prompt_ids) != len(completion_ids):
+        raise ValueError(
+            f"got {len(prompt_ids)} prompts but {len(completion_ids)} completions; pass one of each per row"
+        )
+    if any(len(p) == 0 for p in prompt_ids):
+        raise ValueError("a prompt is empty; teacher forcing needs at least one context token (e.g. <bos>)")
+    batch = len(prompt_ids)
+    t_max = max((len(c) for c in completion_ids), default=0)
+    if batch == 0 or t_max == 0:
+        return torch.zeros(batch, t_max), torch.zeros(batch, t_max, dtype=torch.bool)
+    rows = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
+    width = max(len(r) for r in rows)
+    ids = torch.full((batch, width), pad_token_id, dtype=torch.long)  # [B, L]
+    for b, r in enumerate(rows):
+        ids[b, : len(r)] = torch.tensor(r)
+    logp_all = torch.log_softmax(model(input_ids=ids).logits.float(), dim=-1)  # [B, L, V]
+    # Completion token t of row b sits at position P_b + t and is predicted from position P_b + t - 1.
+    starts = torch.tensor([len(p) - 1 for p in prompt_ids])  # [B]
+    positions = (starts.unsqueeze(1) + torch.arange(t_max)).clamp(max=width - 2)  # [B, T_max]
+    targets = torch.zeros(batch, t_max, dtype=torch.long)  # [B, T_max]
+    mask = torch.zeros(batch, t_max, dtype=torch.bool)  # [B, T_max]
+    for b, c in enumerate(completion_ids):
+        targets[b, : len(c)] = torch.tensor(list(c), dtype=torch.long)
+        mask[b, : len(c)] = True
+    picked = logp_all.gather(1, positions.unsqueeze(-1).expand(-1, -1, logp_all.shape[-1]))  # [B, T_max, V]
+    logprobs = picked.gather(2, targets.unsqueeze(-1)).squeeze(-1)  # [B, T_max]
+    return logprobs.masked_fill(~mask, 0.0), mask
+
+
+class AdapterCache:
+    """Base model + LoRA adapters loaded from directories, cached by key (an artifact digest), least recently used out.
+
+    Each cached adapter wraps its own copy of the base model. That costs `capacity` x the base model's memory, which is
+    nothing for the tiny CPU model, and keeps every policy a plain, independent `PeftModel` (PEFT's multi-adapter
+    switching would share the base but make an adapter's forward depend on which others were loaded or deleted).
+    Large models belong on vLLM (rl.engines.vllm), which shares one base across LoRA adapters on the GPU.
+    """
+
+    def __init__(self, base_model_dir: Path, *, capacity: int = 2, dtype: torch.dtype = torch.float32) -> None:
+        if capacity < 1:
+            raise ValueError(f"adapter cache capacity must be >= 1, got {capacity}")
+        self.base_model_dir = Path(base_model_dir)
+        self.capacity = capacity
+        self.base = load_base_model(self.base_model_dir, dtype=dtype)
+        self._models: OrderedDict[str, nn.Module] = OrderedDict()
+        self.loads = 0  # adapters loaded from disk, for tests and the benchmark
+
+    def get(self, key: str) -> nn.Module | None:
+        model = self._models.get(key)
+        if model is not None:
+            self._models.move_to_end(key)
+        return model
+
+    def load_dir(self, key: str, adapter_dir: Path) -> nn.Module:
+        """Load the PEFT LoRA adapter in `adapter_dir` over a fresh copy of the base model (frozen, eval mode)."""
+        from peft import PeftModel
+
+        adapter_dir = Path(adapter_dir)
+        present = {p.name for p in adapter_dir.iterdir()} if adapter_dir.is_dir() else set()
+        if ADAPTER_CONFIG not in present or not present & set(ADAPTER_WEIGHTS):
+            raise NotAnAdapter(
+                f"{adapter_dir} is not a PEFT LoRA adapter directory (it holds {sorted(present) or 'nothing'}; "
+                f"expected {ADAPTER_CONFIG} and one of {', '.join(ADAPTER_WEIGHTS)}); pass the adapter a trainer's "
+                "init_adapter/train_step returned"
+            )
+        model = PeftModel.from_pretrained(copy.deepcopy(self.base), str(adapter_dir), is_trainable=False)
+        model.eval()
+        self.loads += 1
+        self._models[key] = model
+        self._models.move_to_end(key)
+        while len(self._models) > self.capacity:
+            self._models.popitem(last=False)
+        return model
+
+
+class TorchSampler:
+    """`RolloutEngine` on torch: one seeded group per call from the requested LoRA adapter, with sampling log-probs.
+
+    The adapter is fetched from `artifacts` by its digest and cached by digest, so a new policy version costs one load
+    and retries of the same version cost none. An adapter is always required: the policy is base + LoRA, and version 0
+    is the trainer's `init_adapter` output (LoRA B = 0, so it samples exactly like the base model).
+    """
+
+    def __init__(
+        self,
+        base_model_dir: Path,
+        artifacts: Artifacts,
+        *,
+        adapter_cache_size: int = 2,
+        threads: int | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if threads is not None:
+            if threads < 1:
+                raise ValueError(f"threads must be >= 1, got {threads}")
+            torch.set_num_threads(threads)
+        self.artifacts = artifacts
+        self.tokenizer = load_tokenizer(base_model_dir)
+        self.adapters = AdapterCache(base_model_dir, capacity=adapter_cache_size, dtype=dtype)
+        self.max_position = int(self.adapters.base.config.max_position_embeddings)
+        eos = self.tokenizer.eos_token_id
+        if eos is None:
+            raise ValueError(f"the tokenizer in {base_model_dir} has no eos token; rebuild it with build_tiny_model")
+        self.eos_token_id = int(eos)
+
+    async def policy(self, adapter: ArtifactRef) -> nn.Module:
+        """The base model with `adapter` applied (loaded on first use, then cached by digest)."""
+        model = self.adapters.get(adapter.digest)
+        if model is None:
+            with tempfile.TemporaryDirectory(prefix="rl-adapter-") as tmp:
+                await materialize(self.artifacts, adapter, Path(tmp))
+                model = self.adapters.load_dir(adapter.digest, Path(tmp))
+        return model
+
+    def encode_prompt(self, question: str) -> list[int]:
+        """Token ids of a prompt as the policy sees it (`<bos>` first)."""
+        return [int(t) for t in self.tokenizer(question)["input_ids"]]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """A completion's text: special tokens (`<eos>`) skipped, characters joined as sampled."""
+        text = self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        assert isinstance(text, str)  # decode of one sequence; the union type covers batch decoding
+        return text
+
+    async def generate(self, request: RolloutRequest) -> list[Rollout]:
+        prompt_ids = self.encode_prompt(request.prompt.question)
+        if len(prompt_ids) + request.max_tokens > self.max_position:
+            raise InvalidRolloutRequest(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({request.max_tokens}) exceeds the model's "
+                f"{self.max_position} positions; shorten the prompt, lower max_tokens, or build a model with a larger "
+                "max_position"
+            )
+        model = await self.policy(request.adapter)
+        seqs = sample_group(
+            model,
+            prompt_ids,
+            n=request.n,
+            max_tokens=request.max_tokens,
+            seed=request.seed,
+            eos_token_id=self.eos_token_id,
+        )
+        return [
+            Rollout(
+                group_id=request.group_id,
+                question=request.prompt.question,
+                answer=request.prompt.answer,
+                completion=self.decode(s.token_ids),
+                prompt_token_ids=list(prompt_ids),
+                token_ids=s.token_ids,
+                logprobs=s.logprobs,
+                policy_version=request.policy_version,
+                seed=request.seed,
+            )
+            for s in seqs
+        ]
