@@ -17,7 +17,7 @@ reproduces them:
 - an event log that is identical byte for byte for the same seed;
 - `check_replay`: run changed driver code against a recorded history and report the first diverging action.
 
-Public surface: `DurableSimulator`, `RunResult`, `ReplayReport`, `attempt_number`, and the exceptions below.
+Public surface: `DurableSimulator`, `RunResult`, `ReplayReport`, `attempt_number`, `run_name`, and the exceptions below.
 """
 
 from __future__ import annotations
@@ -160,9 +160,21 @@ _TASK: ContextVar[_TaskAttempt | None] = ContextVar("rl_sim_task", default=None)
 
 
 def attempt_number() -> int:
-    """The attempt number of the task this code runs in (0 for the first), as FLYTE_ATTEMPT_NUMBER is remotely."""
+    """The attempt number of the task this code runs in (0 for the first), as FLYTE_ATTEMPT_NUMBER is remotely.
+
+    The driver is a task too: called from driver code (outside any child task) it is the driver's attempt number.
+    """
     task = _TASK.get()
-    return task.attempt if task is not None else 0
+    if task is not None:
+        return task.attempt
+    driver = _DRIVER.get()
+    return driver.number if driver is not None else 0
+
+
+def run_name() -> str:
+    """The id of the run this code runs in (`flyte.ctx().action.run_name` remotely); "" outside a run."""
+    driver = _DRIVER.get()
+    return driver.run.run_id if driver is not None else ""
 
 
 def _copy(value: T) -> T:
