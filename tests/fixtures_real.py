@@ -7,6 +7,7 @@ registered in conftest.py, so suites that do not use the real stack do not pay f
 from __future__ import annotations
 
 import os
+import warnings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -40,7 +41,8 @@ def make_adapter_dir(model_dir: Path, out_dir: Path, *, seed: int, identity: boo
 
     from rl.models import load_base_model
 
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         torch.manual_seed(seed)
         model = get_peft_model(
             load_base_model(model_dir),

@@ -24,6 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import copy
 import inspect
 import tempfile
+import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -226,7 +227,10 @@ class AdapterCache:
                 f"expected {ADAPTER_CONFIG} and one of {', '.join(ADAPTER_WEIGHTS)}); pass the adapter a trainer's "
                 "init_adapter/train_step returned"
             )
-        model = PeftModel.from_pretrained(copy.deepcopy(self.base), str(adapter_dir), is_trainable=False)
+        with warnings.catch_warnings():
+            # peft 0.21 probes a property transformers 5.2x deprecated; the warning is theirs and says nothing to users.
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            model = PeftModel.from_pretrained(copy.deepcopy(self.base), str(adapter_dir), is_trainable=False)
         model.eval()
         self.loads += 1
         self._models[key] = model

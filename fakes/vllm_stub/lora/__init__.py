@@ -1,0 +1,1 @@
+"""`vllm.lora` stand-in: only `vllm.lora.request` is provided."""

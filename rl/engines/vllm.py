@@ -1,0 +1,224 @@
+"""The rollout engine on vLLM, exactly as the rollouts page (seed 004) samples: one group per call, LoRA per version.
+
+    LLM(model=<base dir>, enable_lora=True)
+    LoRARequest(f"policy-v{version}", version + 1, <adapter dir>)
+    SamplingParams(n=G, temperature=1.0, top_p=1.0, seed=<seed>, logprobs=0, max_tokens=<max_tokens>)
+
+`logprobs=0` makes vLLM return only the sampled token's log-probability at each position, which is what the trainer's
+importance ratio needs; temperature 1.0 and top_p 1.0 make it the policy's own log-probability (vLLM reports log-probs
+after its sampling adjustments). LoRA ids start at 1 because vLLM reserves 0 for "no adapter".
+
+vLLM caches a LoRA by its integer id, so a second, different adapter under an id it has seen would be served stale.
+The engine therefore remembers which digest each id carried and refuses a conflicting request (`AdapterIdConflict`)
+instead of sampling from the wrong policy.
+
+`vllm` is imported on first use, never at import time (it cannot be installed on CPU machines). Tests inject
+`fakes.vllm_stub`, a stand-in with vLLM's public names and output shapes, through `vllm_module=`. This module imports
+no torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import shutil
+import tempfile
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from rl.artifacts import materialize
+from rl.protocols import Artifacts
+from rl.types import ArtifactRef, Rollout, RolloutRequest
+
+# A generous bound: it catches a misaligned translation (log-probs shifted by a token), not float accumulation noise.
+_CUMULATIVE_ATOL = 1e-2
+
+
+class VLLMUnavailable(ImportError):
+    """vLLM is not installed in this environment."""
+
+
+class AdapterIdConflict(RuntimeError):
+    """Two different adapters were requested under one policy version, so one vLLM LoRA id would name both."""
+
+
+class EngineOutputError(RuntimeError):
+    """vLLM's output lacks or contradicts what the engine asked for (log-probs, one output per prompt, ...)."""
+
+
+def import_vllm() -> ModuleType:
+    """The real `vllm` module, imported now; raises `VLLMUnavailable` with what to do if it is missing."""
+    try:
+        return importlib.import_module("vllm")
+    except ImportError as e:
+        raise VLLMUnavailable(
+            "vllm is not installed: install the GPU extra (`pip install .[gpu]`, or `nox -s gpu`) on a CUDA machine, "
+            "or use rl.engines.torch_sampler.TorchSampler on CPU"
+        ) from e
+
+
+def lora_request_args(version: int, adapter_dir: Path) -> tuple[str, int, str]:
+    """The positional arguments of `LoRARequest` for a policy version: (name, int id, path), as the seed writes them."""
+    if version < 0:
+        raise ValueError(f"policy version must be >= 0, got {version}")
+    return f"policy-v{version}", version + 1, str(adapter_dir)
+
+
+def sampling_params_kwargs(request: RolloutRequest) -> dict[str, Any]:
+    """The `SamplingParams` keyword arguments for one group, as the seed writes them."""
+    return {
+        "n": request.n,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "seed": request.seed,
+        "logprobs": 0,
+        "max_tokens": request.max_tokens,
+    }
+
+
+def _sampled_logprobs(completion: Any, where: str) -> list[float]:
+    token_ids = list(completion.token_ids)
+    per_position = completion.logprobs
+    if per_position is None:
+        raise EngineOutputError(f"{where}: no log-probs came back; SamplingParams(logprobs=0) was not honoured")
+    if len(per_position) != len(token_ids):
+        raise EngineOutputError(
+            f"{where}: {len(per_position)} log-prob entries for {len(token_ids)} tokens; they must align one to one"
+        )
+    out: list[float] = []
+    for t, (token, candidates) in enumerate(zip(token_ids, per_position, strict=True)):
+        entry = candidates.get(token) if candidates is not None else None
+        if entry is None:
+            raise EngineOutputError(
+                f"{where}: position {t} has no log-prob for its sampled token {token} (has {sorted(candidates or {})})"
+            )
+        value = float(entry.logprob)
+        if not (value <= 0.0 and math.isfinite(value)):
+            raise EngineOutputError(f"{where}: position {t} has log-prob {value}; a log-probability is finite and <= 0")
+        out.append(value)
+    cumulative = getattr(completion, "cumulative_logprob", None)
+    if cumulative is not None and abs(float(cumulative) - math.fsum(out)) > _CUMULATIVE_ATOL:
+        raise EngineOutputError(
+            f"{where}: cumulative_logprob {cumulative} disagrees with the sum of per-token log-probs {math.fsum(out)}"
+        )
+    return out
+
+
+def rollouts_from_request_output(output: Any, request: RolloutRequest) -> list[Rollout]:
+    """Translate one vLLM `RequestOutput` (one prompt, `request.n` completions) into rollouts, in completion order.
+
+    Each `CompletionOutput` gives `token_ids` (the sampled ids, `<eos>` included when it stopped there), `text`
+    (detokenized, special tokens skipped) and `logprobs` (per position, a dict token id -> `Logprob`; with
+    `logprobs=0` it holds the sampled token).
+    """
+    where = f"group {request.group_id} (policy v{request.policy_version}, seed {request.seed})"
+    completions = sorted(output.outputs, key=lambda c: c.index)
+    if len(completions) != request.n:
+        raise EngineOutputError(f"{where}: asked for n={request.n} completions, got {len(completions)}")
+    if output.prompt_token_ids is None:
+        raise EngineOutputError(f"{where}: the output carries no prompt_token_ids; the trainer needs them")
+    prompt_ids = [int(t) for t in output.prompt_token_ids]
+    return [
+        Rollout(
+            group_id=request.group_id,
+            question=request.prompt.question,
+            answer=request.prompt.answer,
+            completion=str(c.text),
+            prompt_token_ids=list(prompt_ids),
+            token_ids=[int(t) for t in c.token_ids],
+            logprobs=_sampled_logprobs(c, f"{where}, completion {c.index}"),
+            policy_version=request.policy_version,
+            seed=request.seed,
+        )
+        for c in completions
+    ]
+
+
+class VLLMEngine:
+    """`RolloutEngine` on vLLM: one `LLM` per engine (created on first use), one LoRA adapter per policy version.
+
+    Adapters are fetched from `artifacts` by digest and written once each under `adapter_root` (a private temporary
+    directory unless given), because vLLM loads a LoRA from a directory path.
+    """
+
+    def __init__(
+        self,
+        base_model_dir: Path,
+        artifacts: Artifacts,
+        *,
+        vllm_module: ModuleType | None = None,
+        adapter_root: Path | None = None,
+        llm_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.base_model_dir = Path(base_model_dir)
+        self.artifacts = artifacts
+        self._vllm = vllm_module
+        self._lora_request_cls: Any = None
+        if adapter_root is None:
+            adapter_root = Path(tempfile.mkdtemp(prefix="rl-vllm-"))
+        self.adapter_root = Path(adapter_root)
+        self.adapter_root.mkdir(parents=True, exist_ok=True)
+        self.llm_kwargs = dict(llm_kwargs or {})
+        for reserved in ("model", "enable_lora"):
+            if reserved in self.llm_kwargs:
+                raise ValueError(f"llm_kwargs may not set {reserved!r}; the engine passes it as the seed specifies")
+        self._llm: Any = None
+        self._digest_by_lora_id: dict[int, str] = {}
+        self._adapter_dirs: dict[str, Path] = {}
+
+    @property
+    def vllm(self) -> ModuleType:
+        if self._vllm is None:
+            self._vllm = import_vllm()
+        return self._vllm
+
+    @property
+    def llm(self) -> Any:
+        """The `vllm.LLM`, created on first access: `LLM(model=<base dir>, enable_lora=True, **llm_kwargs)`."""
+        if self._llm is None:
+            self._llm = self.vllm.LLM(model=str(self.base_model_dir), enable_lora=True, **self.llm_kwargs)
+        return self._llm
+
+    def _lora_request(self, version: int, adapter_dir: Path) -> Any:
+        if self._lora_request_cls is None:
+            # Import the submodule by name so it works for the real package and for an injected stand-in alike.
+            self._lora_request_cls = importlib.import_module(f"{self.vllm.__name__}.lora.request").LoRARequest
+        return self._lora_request_cls(*lora_request_args(version, adapter_dir))
+
+    async def _adapter_dir(self, adapter: ArtifactRef) -> Path:
+        cached = self._adapter_dirs.get(adapter.digest)
+        if cached is not None:
+            return cached
+        final = self.adapter_root / adapter.digest.replace(":", "-")
+        if not final.is_dir():
+            staging = self.adapter_root / f".staging-{uuid.uuid4().hex}"
+            await materialize(self.artifacts, adapter, staging)
+            try:
+                staging.rename(final)
+            except OSError:
+                shutil.rmtree(staging, ignore_errors=True)
+                if not final.is_dir():
+                    raise
+        self._adapter_dirs[adapter.digest] = final
+        return final
+
+    async def generate(self, request: RolloutRequest) -> list[Rollout]:
+        name, lora_id, _ = lora_request_args(request.policy_version, Path())
+        seen = self._digest_by_lora_id.get(lora_id)
+        if seen is not None and seen != request.adapter.digest:
+            raise AdapterIdConflict(
+                f"policy version {request.policy_version} (vLLM LoRA {name!r}, id {lora_id}) was first served from "
+                f"adapter {seen} and is now requested with {request.adapter.digest}; vLLM caches LoRAs by id and "
+                "would sample the stale one. Give each distinct adapter its own version, or use a fresh VLLMEngine"
+            )
+        adapter_dir = await self._adapter_dir(request.adapter)
+        lora = self._lora_request(request.policy_version, adapter_dir)
+        sampling = self.vllm.SamplingParams(**sampling_params_kwargs(request))
+        outputs = self.llm.generate([request.prompt.question], sampling, lora_request=lora)
+        self._digest_by_lora_id[lora_id] = request.adapter.digest
+        if len(outputs) != 1:
+            raise EngineOutputError(f"asked vLLM for one prompt's group, got {len(outputs)} request outputs")
+        return rollouts_from_request_output(outputs[0], request)

@@ -1,0 +1,232 @@
+"""VLLMEngine against the vLLM stand-in: the seed's sampling and LoRA arguments go in, faithful rollouts come out."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib.util
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from fixtures_real import adapter_dirs, tiny_model_dir
+
+import fakes.vllm_stub as vllm_stub
+from fakes.vllm_stub import CompletionOutput, Logprob, RequestOutput, SamplingParams
+from fakes.vllm_stub.lora.request import LoRARequest
+from rl.artifacts import LocalArtifacts, read_dir
+from rl.engines.torch_sampler import TorchSampler, teacher_forced_logprobs
+from rl.engines.vllm import (
+    AdapterIdConflict,
+    EngineOutputError,
+    VLLMEngine,
+    VLLMUnavailable,
+    rollouts_from_request_output,
+)
+from rl.protocols import RolloutEngine
+from rl.types import ArtifactRef, Prompt, RolloutRequest
+
+__all__ = ["adapter_dirs", "tiny_model_dir"]
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> LocalArtifacts:
+    return LocalArtifacts(tmp_path_factory.mktemp("store"))
+
+
+@pytest.fixture(scope="module")
+def refs(store: LocalArtifacts, adapter_dirs: dict[str, Path]) -> dict[str, ArtifactRef]:
+    return {name: run(store.put_dir(path, f"adapter-{name}")) for name, path in adapter_dirs.items()}
+
+
+@pytest.fixture
+def engine(tiny_model_dir: Path, store: LocalArtifacts, tmp_path: Path) -> VLLMEngine:
+    return VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, adapter_root=tmp_path / "adapters")
+
+
+def request(adapter: ArtifactRef, **overrides: object) -> RolloutRequest:
+    base = RolloutRequest(
+        group_id=2, prompt=Prompt("4=", "5"), n=6, adapter=adapter, policy_version=3, seed=17, max_tokens=10
+    )
+    return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
+
+
+def test_vllm_engine_is_a_rollout_engine(engine: VLLMEngine) -> None:
+    assert isinstance(engine, RolloutEngine)
+
+
+def test_importing_the_adapter_imports_neither_vllm_nor_torch() -> None:
+    """vLLM is imported lazily, and the translation layer needs no torch."""
+    code = (
+        "import json, sys\nimport rl.engines.vllm\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
+
+
+def test_without_vllm_installed_the_engine_says_what_to_do(tiny_model_dir: Path, store: LocalArtifacts) -> None:
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    with pytest.raises(VLLMUnavailable, match="TorchSampler"):
+        _ = VLLMEngine(tiny_model_dir, store).llm
+
+
+def test_sampling_params_and_lora_request_are_passed_as_the_seed_specifies(
+    engine: VLLMEngine, refs: dict[str, ArtifactRef], store: LocalArtifacts, tiny_model_dir: Path
+) -> None:
+    run(engine.generate(request(refs["trained"])))
+    llm = engine.llm
+    assert llm.init_kwargs["model"] == str(tiny_model_dir)
+    assert llm.init_kwargs["enable_lora"] is True
+    [call] = llm.generate_calls
+    assert call.prompts == ["4="]
+    [sp] = call.sampling_params
+    assert (sp.n, sp.temperature, sp.top_p, sp.seed, sp.logprobs, sp.max_tokens) == (6, 1.0, 1.0, 17, 0, 10)
+    lora = call.lora_request
+    assert isinstance(lora, LoRARequest)
+    assert (lora.lora_name, lora.lora_int_id) == ("policy-v3", 4)
+    assert read_dir(Path(lora.lora_path)) == run(store.get(refs["trained"]))
+
+
+def test_version_zero_gets_lora_id_one_because_vllm_reserves_zero(
+    engine: VLLMEngine, refs: dict[str, ArtifactRef]
+) -> None:
+    run(engine.generate(request(refs["v0"], policy_version=0)))
+    lora = engine.llm.generate_calls[-1].lora_request
+    assert (lora.lora_name, lora.lora_int_id) == ("policy-v0", 1)
+
+
+def test_outputs_become_rollouts_with_the_requests_version_and_the_policys_logprobs(
+    engine: VLLMEngine, refs: dict[str, ArtifactRef], tiny_model_dir: Path, store: LocalArtifacts
+) -> None:
+    req = request(refs["trained"], policy_version=7, group_id=5)
+    rollouts = run(engine.generate(req))
+    assert len(rollouts) == req.n
+    policy = run(TorchSampler(tiny_model_dir, store).policy(refs["trained"]))
+    for r in rollouts:
+        assert (r.policy_version, r.group_id, r.seed, r.question, r.answer) == (7, 5, 17, "4=", "5")
+        assert len(r.logprobs) == len(r.token_ids) >= 1
+        with torch.no_grad():
+            forced = teacher_forced_logprobs(policy, r.prompt_token_ids, r.token_ids)
+        torch.testing.assert_close(torch.tensor(r.logprobs), forced, rtol=0, atol=1e-5)
+
+
+def test_translation_loses_nothing_the_torch_sampler_records(
+    engine: VLLMEngine, refs: dict[str, ArtifactRef], tiny_model_dir: Path, store: LocalArtifacts
+) -> None:
+    """The stub samples with the torch sampler's code, so the two engines' rollouts agree field for field."""
+    req = request(refs["trained"], seed=23)
+    assert run(engine.generate(req)) == run(TorchSampler(tiny_model_dir, store).generate(req))
+
+
+def test_each_adapter_is_written_and_loaded_once(engine: VLLMEngine, refs: dict[str, ArtifactRef]) -> None:
+    for seed in range(3):
+        run(engine.generate(request(refs["trained"], seed=seed)))
+    assert engine.llm.lora_loads == 1
+    assert len([p for p in engine.adapter_root.iterdir() if not p.name.startswith(".")]) == 1
+
+
+def test_a_second_adapter_under_one_version_is_refused_not_served_stale(
+    engine: VLLMEngine, refs: dict[str, ArtifactRef]
+) -> None:
+    run(engine.generate(request(refs["v0"], policy_version=2)))
+    with pytest.raises(AdapterIdConflict, match="stale"):
+        run(engine.generate(request(refs["trained"], policy_version=2)))
+    assert len(run(engine.generate(request(refs["trained"], policy_version=4)))) == 6
+
+
+def test_the_stub_like_vllm_serves_a_stale_adapter_under_a_reused_id(
+    tiny_model_dir: Path, adapter_dirs: dict[str, Path]
+) -> None:
+    """Why the engine guards ids: vLLM caches LoRAs by int id and does not reload a new path under an old id."""
+    llm = vllm_stub.LLM(model=str(tiny_model_dir), enable_lora=True)
+    sp = SamplingParams(n=2, seed=1, logprobs=0, max_tokens=5)
+    first = llm.generate(["1="], sp, lora_request=LoRARequest("a", 1, str(adapter_dirs["v0"])))
+    stale = llm.generate(["1="], sp, lora_request=LoRARequest("b", 1, str(adapter_dirs["trained"])))
+    fresh = llm.generate(["1="], sp, lora_request=LoRARequest("b", 2, str(adapter_dirs["trained"])))
+    assert stale[0].outputs[0].logprobs == first[0].outputs[0].logprobs
+    assert fresh[0].outputs[0].logprobs != first[0].outputs[0].logprobs
+
+
+def test_the_stub_checks_what_vllm_checks(tiny_model_dir: Path, adapter_dirs: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match="id must be > 0"):
+        LoRARequest("policy-v0", 0, "x")
+    with pytest.raises(TypeError, match="supports only"):
+        SamplingParams(n=2, stop=["\n"])
+    llm = vllm_stub.LLM(model=str(tiny_model_dir))
+    with pytest.raises(ValueError, match="enable_lora"):
+        llm.generate(["1="], SamplingParams(), lora_request=LoRARequest("a", 1, str(adapter_dirs["v0"])))
+    with pytest.raises(NotImplementedError, match="temperature"):
+        llm.generate(["1="], SamplingParams(temperature=0.7))
+    [out] = llm.generate(["1="], SamplingParams(n=2, seed=3, max_tokens=4))
+    assert all(c.logprobs is None and c.cumulative_logprob is None for c in out.outputs)
+
+
+def _output(**completion_overrides: object) -> RequestOutput:
+    completion = CompletionOutput(
+        index=0,
+        text="4",
+        token_ids=[8, 1],
+        cumulative_logprob=-1.5,
+        logprobs=[{8: Logprob(-1.0)}, {1: Logprob(-0.5)}],
+        finish_reason="stop",
+    )
+    return RequestOutput(
+        request_id="0",
+        prompt="3=",
+        prompt_token_ids=[2, 7, 14],
+        prompt_logprobs=None,
+        outputs=[dataclasses.replace(completion, **completion_overrides)],  # type: ignore[arg-type]
+    )
+
+
+def test_translating_a_hand_built_output() -> None:
+    ref = ArtifactRef(uri="", digest="sha256:" + "0" * 64)
+    req = request(ref, n=1, prompt=Prompt("3=", "4"), policy_version=1)
+    [r] = rollouts_from_request_output(_output(), req)
+    assert (r.completion, r.token_ids, r.logprobs, r.prompt_token_ids) == ("4", [8, 1], [-1.0, -0.5], [2, 7, 14])
+    assert (r.policy_version, r.answer) == (1, "4")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"logprobs": None}, "logprobs=0"),
+        ({"logprobs": [{8: Logprob(-1.0)}]}, "align"),
+        ({"logprobs": [{9: Logprob(-1.0)}, {1: Logprob(-0.5)}]}, "sampled token 8"),
+        ({"logprobs": [{8: Logprob(0.5)}, {1: Logprob(-0.5)}]}, "<= 0"),
+        ({"cumulative_logprob": -3.0}, "cumulative_logprob"),
+    ],
+)
+def test_malformed_engine_output_raises_a_typed_error(overrides: dict[str, object], match: str) -> None:
+    req = request(ArtifactRef(uri="", digest="sha256:" + "0" * 64), n=1)
+    with pytest.raises(EngineOutputError, match=match):
+        rollouts_from_request_output(_output(**overrides), req)
+
+
+def test_a_wrong_number_of_completions_raises() -> None:
+    req = request(ArtifactRef(uri="", digest="sha256:" + "0" * 64), n=2)
+    with pytest.raises(EngineOutputError, match="n=2"):
+        rollouts_from_request_output(_output(), req)
+
+
+def test_llm_kwargs_cannot_override_what_the_seed_fixes(tiny_model_dir: Path, store: LocalArtifacts) -> None:
+    with pytest.raises(ValueError, match="enable_lora"):
+        VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, llm_kwargs={"enable_lora": False})
