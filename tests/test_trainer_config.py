@@ -18,7 +18,7 @@ def test_defaults_are_valid_and_match_the_seed_loss_constants() -> None:
     ("field", "value"),
     [
         ("lora_rank", 0),
-        ("lora_alpha", 0.0),
+        ("lora_alpha", 0),
         ("lora_dropout", 1.0),
         ("target_modules", ()),
         ("target_modules", ("q_proj", "")),

@@ -22,7 +22,7 @@ class TrainerConfig:
     """
 
     lora_rank: int = 8
-    lora_alpha: float = 16.0
+    lora_alpha: int = 16
     lora_dropout: float = 0.0
     # PEFT's "all-linear" wraps every linear layer except the output head; a tuple names modules explicitly.
     target_modules: str | tuple[str, ...] = "all-linear"
@@ -43,8 +43,8 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.lora_rank, int) or self.lora_rank < 1:
             raise ValueError(f"lora_rank must be a positive int, got {self.lora_rank!r}")
-        if not self.lora_alpha > 0:
-            raise ValueError(f"lora_alpha must be > 0, got {self.lora_alpha!r}")
+        if not isinstance(self.lora_alpha, int) or self.lora_alpha < 1:
+            raise ValueError(f"lora_alpha must be a positive int (PEFT's type), got {self.lora_alpha!r}")
         if not 0.0 <= self.lora_dropout < 1.0:
             raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout!r}")
         if isinstance(self.target_modules, str):

@@ -1,0 +1,454 @@
+"""The PEFT LoRA trainer: one GRPO step as a pure function of (base model, adapter, optimizer state, batch).
+
+Everything a step needs comes in as artifacts and everything it produces goes out as artifacts (the seed's "pass weights
+and optimizer state in and out of the train task as flyte.io.Dir"), so a retried or replayed step recomputes the same
+bytes: the thread count is pinned, every random draw is seeded from (config seed, step, sample), and the adapter config
+is written canonically (PEFT lists `target_modules` in set order, which changes with the interpreter's hash seed).
+
+The per-sample loss closures (`sample_loss_fns`) are the one implementation of the objective; the single-process step
+here and the multi-rank step in `rl.trainer.ddp` both call them, differing only in which samples and what scale.
+
+Zero-advantage samples (every member of a group scored the same) are skipped entirely — surrogate *and* KL term — as the
+seed says ("a group where every completion scored the same gives no signal and is skipped"). So a batch in which no
+sample carries signal takes no optimizer step: the new version's adapter and optimizer state equal the old ones.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import contextlib
+import hashlib
+import io
+import json
+import math
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+
+from rl.advantages import group_normalized_advantages
+from rl.engines.torch_sampler import teacher_forced_logprobs
+from rl.loss import grpo_sample_loss
+from rl.models import load_base_model
+from rl.protocols import Artifacts
+from rl.trainer.config import TrainerConfig
+from rl.types import StepMetrics, TrainBatch, TrainResult
+
+__all__ = [
+    "ADAPTER_FILES",
+    "OPTIMIZER_FILE",
+    "AdapterArtifactError",
+    "BatchError",
+    "OptimizerStateError",
+    "PeftTrainer",
+    "PreparedStep",
+    "RolloutVersionError",
+    "StaleRolloutError",
+    "adapter_files",
+    "check_batch",
+    "new_adapter",
+    "optimizer_files",
+    "pinned_threads",
+    "prepare_step",
+    "sample_loss_fns",
+    "step_metrics",
+]
+
+ADAPTER_FILES: tuple[str, ...] = ("adapter_config.json", "adapter_model.safetensors")
+OPTIMIZER_FILE = "optimizer.pt"
+_OPTIMIZER_FORMAT = 1
+
+
+class BatchError(ValueError):
+    """A TrainBatch is malformed (lengths disagree, an empty completion, a version below 1)."""
+
+
+class RolloutVersionError(BatchError):
+    """A rollout's `policy_version` is impossible or too old for the version being trained."""
+
+
+class StaleRolloutError(RolloutVersionError):
+    """A rollout was sampled more than `max_staleness` versions before the adapter being trained."""
+
+    def __init__(self, index: int, rollout_version: int, trained_version: int, max_staleness: int) -> None:
+        self.index = index
+        self.rollout_version = rollout_version
+        self.trained_version = trained_version
+        self.staleness = trained_version - rollout_version
+        self.max_staleness = max_staleness
+        super().__init__(
+            f"rollout {index} was sampled from policy version {rollout_version} but this step trains version "
+            f"{trained_version} (staleness {self.staleness} > max_staleness {max_staleness}); regenerate it from a "
+            f"newer adapter or raise TrainerConfig.max_staleness"
+        )
+
+
+class AdapterArtifactError(ValueError):
+    """An adapter artifact lacks the files PEFT needs."""
+
+
+class OptimizerStateError(ValueError):
+    """An optimizer-state artifact is missing, unreadable or belongs to a different adapter layout."""
+
+
+@contextlib.contextmanager
+def pinned_threads(threads: int) -> Iterator[None]:
+    """Run the block with torch's intra-op thread count set to `threads` (a reduction's bits depend on it)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _derived_seed(*parts: int) -> int:
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1  # torch.manual_seed takes a non-negative int64
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Artifacts: adapter and optimizer state as bytes
+
+
+def new_adapter(base_dir: Path, config: TrainerConfig, seed: int) -> PeftModel:
+    """A fresh LoRA adapter on the base model in `base_dir`, its initial weights a function of `seed` alone."""
+    base = load_base_model(base_dir)
+    target = config.target_modules if isinstance(config.target_modules, str) else list(config.target_modules)
+    lora = LoraConfig(
+        r=config.lora_rank,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        target_modules=target,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    # Forked so seeding the adapter's init neither depends on nor disturbs the caller's RNG stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = get_peft_model(base, lora)
+    return model
+
+
+def load_policy(base_dir: Path, files: Mapping[str, bytes], *, trainable: bool) -> PeftModel:
+    """The base model in `base_dir` with the adapter in `files` applied; frozen unless `trainable`."""
+    missing = [name for name in ADAPTER_FILES if name not in files]
+    if missing:
+        raise AdapterArtifactError(
+            f"adapter artifact lacks {', '.join(missing)} (has {sorted(files)}); pass an adapter produced by "
+            "PeftTrainer.init_adapter or train_step"
+        )
+    base = load_base_model(base_dir)
+    with tempfile.TemporaryDirectory(prefix="adapter-") as tmp:
+        for name in ADAPTER_FILES:
+            (Path(tmp) / name).write_bytes(files[name])
+        return PeftModel.from_pretrained(base, tmp, is_trainable=trainable)
+
+
+def adapter_files(model: PeftModel) -> dict[str, bytes]:
+    """The adapter's weights and config as artifact files, byte-identical for equal weights and equal LoRA config.
+
+    The config is rewritten canonically: `target_modules` sorted (PEFT writes it in set order), keys sorted, and
+    `base_model_name_or_path` cleared so the bytes do not depend on where the base model lives on this machine.
+    """
+    with tempfile.TemporaryDirectory(prefix="adapter-") as tmp:
+        model.save_pretrained(tmp)
+        config = json.loads((Path(tmp) / "adapter_config.json").read_text())
+        if isinstance(config.get("target_modules"), list):
+            config["target_modules"] = sorted(config["target_modules"])
+        config["base_model_name_or_path"] = None
+        return {
+            "adapter_config.json": (json.dumps(config, indent=2, sort_keys=True) + "\n").encode(),
+            "adapter_model.safetensors": (Path(tmp) / "adapter_model.safetensors").read_bytes(),
+        }
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """The LoRA parameters in module order: the order the optimizer state's indices refer to."""
+    return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+
+
+def build_optimizer(
+    params: Sequence[tuple[str, torch.nn.Parameter]], config: TrainerConfig, state: Mapping[str, bytes] | None
+) -> torch.optim.AdamW:
+    """AdamW over `params`, its moments and step count restored from an optimizer-state artifact's files if given."""
+    optimizer = torch.optim.AdamW(
+        [p for _, p in params],
+        lr=config.lr,
+        betas=config.betas,
+        eps=config.adam_eps,
+        weight_decay=config.weight_decay,
+        foreach=False,  # one code path on every machine, so the bits do not depend on the kernel choice
+    )
+    if state is None:
+        return optimizer
+    if OPTIMIZER_FILE not in state:
+        raise OptimizerStateError(
+            f"optimizer-state artifact lacks {OPTIMIZER_FILE} (has {sorted(state)}); pass the optimizer_state of the "
+            "TrainResult that produced this batch's adapter"
+        )
+    try:
+        saved = torch.load(io.BytesIO(state[OPTIMIZER_FILE]), weights_only=True)
+    except Exception as exc:
+        raise OptimizerStateError(f"optimizer-state artifact's {OPTIMIZER_FILE} is unreadable: {exc}") from exc
+    if saved.get("format") != _OPTIMIZER_FORMAT:
+        raise OptimizerStateError(
+            f"optimizer state has format {saved.get('format')!r}, this trainer reads format {_OPTIMIZER_FORMAT}"
+        )
+    names = [name for name, _ in params]
+    if saved["param_names"] != names:
+        raise OptimizerStateError(
+            f"optimizer state covers {len(saved['param_names'])} parameters that differ from this adapter's "
+            f"{len(names)}; the state and the adapter must come from the same TrainResult"
+        )
+    optimizer.load_state_dict(saved["state_dict"])
+    return optimizer
+
+
+def optimizer_files(optimizer: torch.optim.Optimizer, param_names: Sequence[str]) -> dict[str, bytes]:
+    """The optimizer's state as artifact files; `torch.save` of equal state gives equal bytes."""
+    buffer = io.BytesIO()
+    payload = {"format": _OPTIMIZER_FORMAT, "param_names": list(param_names), "state_dict": optimizer.state_dict()}
+    torch.save(payload, buffer)
+    return {OPTIMIZER_FILE: buffer.getvalue()}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The step
+
+
+def check_batch(batch: TrainBatch, config: TrainerConfig) -> int:
+    """Validate `batch` and return its largest staleness.
+
+    The step trains version `batch.new_version - 1` into `batch.new_version`; a rollout's staleness is
+    `(batch.new_version - 1) - rollout.policy_version`: 0 on-policy, 1 when pipelining one step ahead.
+
+    Raises:
+        BatchError: rewards and rollouts differ in length, `new_version < 1`, or a rollout has no completion tokens or
+            a log-prob count that differs from its token count.
+        RolloutVersionError: a rollout claims a policy version newer than the one being trained.
+        StaleRolloutError: a rollout is more than `config.max_staleness` versions old.
+    """
+    if len(batch.rewards) != len(batch.rollouts):
+        raise BatchError(f"batch {batch.step} has {len(batch.rollouts)} rollouts but {len(batch.rewards)} rewards")
+    if batch.new_version < 1:
+        raise BatchError(f"batch {batch.step} has new_version {batch.new_version}; a trained version is >= 1")
+    trained = batch.new_version - 1
+    worst = 0
+    for i, rollout in enumerate(batch.rollouts):
+        if not rollout.token_ids or not rollout.prompt_token_ids:
+            raise BatchError(
+                f"rollout {i} of batch {batch.step} has {len(rollout.prompt_token_ids)} prompt and "
+                f"{len(rollout.token_ids)} completion tokens; both must be non-empty"
+            )
+        if len(rollout.logprobs) != len(rollout.token_ids):
+            raise BatchError(
+                f"rollout {i} of batch {batch.step} has {len(rollout.token_ids)} tokens but {len(rollout.logprobs)} "
+                "sampling log-probs; the engine must record one per sampled token"
+            )
+        staleness = trained - rollout.policy_version
+        if staleness < 0:
+            raise RolloutVersionError(
+                f"rollout {i} claims policy version {rollout.policy_version}, newer than the version being trained "
+                f"({trained}); batch.new_version or the rollout's version is wrong"
+            )
+        if staleness > config.max_staleness:
+            raise StaleRolloutError(i, rollout.policy_version, trained, config.max_staleness)
+        worst = max(worst, staleness)
+    return worst
+
+
+def sample_loss_fns(
+    model: PeftModel,
+    batch: TrainBatch,
+    advantages: Sequence[float],
+    config: TrainerConfig,
+    *,
+    indices: Sequence[int],
+    loss_scale: float,
+    stats_out: list[dict[str, float]],
+) -> list[Callable[[], torch.Tensor]]:
+    """One closure per sample in `indices`; calling it runs that sample's forward and returns `loss_i * loss_scale`.
+
+    The reference log-probs (the base with the adapter disabled) are computed here, for all of `indices` in one
+    adapter-disabled block, one unbatched forward per sample (so a sample's values do not depend on its neighbours):
+    PEFT's `disable_adapter` costs milliseconds per toggle, more than a tiny model's forward. Each closure computes the
+    new log-probs with the adapter (with grad), takes the rollout's sampling log-probs as old, and returns the seed's
+    per-sample GRPO loss (token mean). Building the graph only when called lets the caller backward and free one sample
+    at a time. Each call appends that sample's unscaled stats (loss, ratio, kl, clip_frac) to `stats_out`.
+
+    `loss_scale` turns the per-sample losses into the batch objective: `1 / n_contributing` in one process gives the
+    mean over samples; a DDP rank uses `world_size / n_contributing` because DDP averages gradients over ranks.
+
+    Dropout masks (if `lora_dropout > 0`) are seeded from (config seed, step, sample index), so a sample's gradient is
+    the same whichever rank or position computes it.
+
+    Shape: each closure returns a 0-d tensor; internally new/old/ref log-probs are [T_i] over sample i's completion.
+    """
+    with torch.no_grad(), model.disable_adapter():
+        ref_logps = {
+            i: teacher_forced_logprobs(model, batch.rollouts[i].prompt_token_ids, batch.rollouts[i].token_ids)  # [T_i]
+            for i in indices
+        }
+
+    def make(i: int) -> Callable[[], torch.Tensor]:
+        rollout = batch.rollouts[i]
+
+        def loss_fn() -> torch.Tensor:
+            torch.manual_seed(_derived_seed(config.seed, batch.step, i))
+            new_logp = teacher_forced_logprobs(model, rollout.prompt_token_ids, rollout.token_ids)  # [T]
+            old_logp = torch.tensor(rollout.logprobs, dtype=torch.float32)  # [T]
+            loss, stats = grpo_sample_loss(
+                new_logp.float(),
+                old_logp,
+                ref_logps[i].float(),
+                advantages[i],
+                clip_eps=config.clip_eps,
+                kl_beta=config.kl_beta,
+                clip_eps_high=config.clip_eps_high,
+            )
+            stats_out.append(stats)
+            return loss * loss_scale
+
+        return loss_fn
+
+    return [make(i) for i in indices]
+
+
+@dataclass
+class PreparedStep:
+    """What every rank of a step holds before any gradient: the model, its optimizer and the batch's signal."""
+
+    model: PeftModel
+    params: list[tuple[str, torch.nn.Parameter]]
+    optimizer: torch.optim.AdamW
+    advantages: list[float]
+    contributing: list[int]
+    skipped: int
+    max_staleness: int
+
+
+def prepare_step(
+    base_dir: Path,
+    batch: TrainBatch,
+    config: TrainerConfig,
+    adapter: Mapping[str, bytes],
+    optimizer_state: Mapping[str, bytes] | None,
+) -> PreparedStep:
+    """Check the batch, compute advantages, and load the adapter (trainable) and its optimizer state."""
+    worst = check_batch(batch, config)
+    advantages = group_normalized_advantages(
+        [r.group_id for r in batch.rollouts], batch.rewards, scale=config.advantage_scale, eps=config.advantage_eps
+    )
+    contributing = [i for i, a in enumerate(advantages) if a != 0.0]
+    model = load_policy(base_dir, adapter, trainable=True)
+    model.train()
+    params = trainable_parameters(model)
+    optimizer = build_optimizer(params, config, optimizer_state)
+    return PreparedStep(
+        model=model,
+        params=params,
+        optimizer=optimizer,
+        advantages=advantages,
+        contributing=contributing,
+        skipped=len(advantages) - len(contributing),
+        max_staleness=worst,
+    )
+
+
+def clip_and_step(prepared: PreparedStep, config: TrainerConfig) -> float:
+    """Clip the accumulated gradient to `config.max_grad_norm`, take one AdamW step, return the pre-clip norm."""
+    grads = [p for _, p in prepared.params if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(grads, config.max_grad_norm) if grads else torch.tensor(0.0)
+    prepared.optimizer.step()
+    return float(norm)
+
+
+def step_metrics(sums: Sequence[float], prepared: PreparedStep, grad_norm: float) -> StepMetrics:
+    """StepMetrics from summed per-sample stats `sums = (loss, kl, clip_frac)` over the contributing samples."""
+    n = len(prepared.contributing)
+    loss, kl, clip_frac = (s / n for s in sums) if n else (0.0, 0.0, 0.0)
+    return StepMetrics(
+        loss=loss,
+        contributing=n,
+        skipped_zero_advantage=prepared.skipped,
+        kl=kl,
+        clip_frac=clip_frac,
+        grad_norm=grad_norm,
+        max_staleness=prepared.max_staleness,
+    )
+
+
+def stat_sums(stats: Sequence[Mapping[str, float]]) -> list[float]:
+    """The (loss, kl, clip_frac) sums over per-sample stats, in the order `step_metrics` reads them."""
+    return [math.fsum(s[key] for s in stats) for key in ("loss", "kl", "clip_frac")]
+
+
+class PeftTrainer:
+    """The Trainer protocol on torch + PEFT, one process: LoRA adapters and AdamW state live in `artifacts`.
+
+    Compute runs on the calling thread (an async method that blocks): in production each step is its own task, and in
+    one process a worker thread would let a concurrent sampler change torch's global thread count mid-step.
+    """
+
+    def __init__(self, base_dir: Path, artifacts: Artifacts, config: TrainerConfig | None = None) -> None:
+        self.base_dir = Path(base_dir)
+        self.artifacts = artifacts
+        self.config = config if config is not None else TrainerConfig()
+
+    async def init_adapter(self, seed: int) -> TrainResult:
+        """Version 0: a fresh LoRA adapter (a function of `seed`) and the optimizer state of a fresh AdamW."""
+        with pinned_threads(self.config.threads):
+            model = new_adapter(self.base_dir, self.config, seed)
+            params = trainable_parameters(model)
+            optimizer = build_optimizer(params, self.config, None)
+            adapter = adapter_files(model)
+            opt_state = optimizer_files(optimizer, [name for name, _ in params])
+        adapter_ref = await self.artifacts.put(adapter, name="adapter-v0")
+        opt_ref = await self.artifacts.put(opt_state, name="optimizer-v0")
+        metrics = StepMetrics(loss=0.0, contributing=0, skipped_zero_advantage=0)
+        return TrainResult(adapter=adapter_ref, optimizer_state=opt_ref, version=0, metrics=metrics)
+
+    async def train_step(self, batch: TrainBatch) -> TrainResult:
+        """One GRPO step on `batch`: returns adapter version `batch.new_version`, its optimizer state and metrics."""
+        adapter = await self.artifacts.get(batch.adapter)
+        opt_state = await self.artifacts.get(batch.optimizer_state) if batch.optimizer_state is not None else None
+        new_adapter_files, new_opt_files, metrics = self.compute_step(batch, adapter, opt_state)
+        adapter_ref = await self.artifacts.put(new_adapter_files, name=f"adapter-v{batch.new_version}")
+        opt_ref = await self.artifacts.put(new_opt_files, name=f"optimizer-v{batch.new_version}")
+        return TrainResult(adapter=adapter_ref, optimizer_state=opt_ref, version=batch.new_version, metrics=metrics)
+
+    def compute_step(
+        self, batch: TrainBatch, adapter: Mapping[str, bytes], optimizer_state: Mapping[str, bytes] | None
+    ) -> tuple[dict[str, bytes], dict[str, bytes], StepMetrics]:
+        """The step on in-memory artifact files: (adapter files, optimizer files, metrics). Pure in its inputs."""
+        config = self.config
+        with pinned_threads(config.threads), torch.random.fork_rng(devices=[]):
+            prepared = prepare_step(self.base_dir, batch, config, adapter, optimizer_state)
+            stats: list[dict[str, float]] = []
+            grad_norm = 0.0
+            if prepared.contributing:
+                fns = sample_loss_fns(
+                    prepared.model,
+                    batch,
+                    prepared.advantages,
+                    config,
+                    indices=prepared.contributing,
+                    loss_scale=1.0 / len(prepared.contributing),
+                    stats_out=stats,
+                )
+                for fn in fns:
+                    fn().backward()  # accumulate; each sample's graph is freed here
+                grad_norm = clip_and_step(prepared, config)
+            metrics = step_metrics(stat_sums(stats), prepared, grad_norm)
+            return (
+                adapter_files(prepared.model),
+                optimizer_files(prepared.optimizer, [name for name, _ in prepared.params]),
+                metrics,
+            )

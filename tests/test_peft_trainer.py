@@ -1,0 +1,209 @@
+"""The PEFT LoRA trainer on the tiny model: deterministic init, pure replayable steps, skipped no-signal samples,
+staleness bounds, and optimizer state that survives the artifact round trip bit for bit."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import io
+import itertools
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import torch
+from fixtures_real import tiny_model_dir
+from trainer_batches import make_batch, make_rollouts, varied_rewards
+
+from rl.artifacts import LocalArtifacts
+from rl.trainer.config import TrainerConfig
+from rl.trainer.peft_trainer import (
+    OPTIMIZER_FILE,
+    BatchError,
+    OptimizerStateError,
+    PeftTrainer,
+    RolloutVersionError,
+    StaleRolloutError,
+    build_optimizer,
+    load_policy,
+    optimizer_files,
+    trainable_parameters,
+)
+from rl.types import TrainResult
+
+__all__ = ["tiny_model_dir"]
+
+T = TypeVar("T")
+CONFIG = TrainerConfig(lora_rank=4, lora_alpha=8, seed=3, threads=1)
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+@pytest.fixture
+def trainer(tiny_model_dir: Path, tmp_path: Path) -> PeftTrainer:
+    return PeftTrainer(tiny_model_dir, LocalArtifacts(tmp_path / "artifacts"), CONFIG)
+
+
+@pytest.fixture(scope="module")
+def rollouts(tiny_model_dir: Path) -> list:
+    return make_rollouts(tiny_model_dir, groups=3, samples=4, seed=11)
+
+
+def _files(trainer: PeftTrainer, result: TrainResult) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    return run(trainer.artifacts.get(result.adapter)), run(trainer.artifacts.get(result.optimizer_state))
+
+
+def test_init_adapter_is_a_function_of_the_seed(trainer: PeftTrainer, tmp_path: Path) -> None:
+    """Same seed, same bytes (also from a second store); another seed, other LoRA weights."""
+    first = run(trainer.init_adapter(seed=5))
+    other_store = PeftTrainer(trainer.base_dir, LocalArtifacts(tmp_path / "other"), CONFIG)
+    again = run(other_store.init_adapter(seed=5))
+    different = run(trainer.init_adapter(seed=6))
+    assert first.version == 0 and first.metrics.contributing == 0
+    assert first.adapter.digest == again.adapter.digest
+    assert first.optimizer_state.digest == again.optimizer_state.digest
+    assert different.adapter.digest != first.adapter.digest
+
+
+def test_init_optimizer_state_is_empty(trainer: PeftTrainer) -> None:
+    """Version 0's optimizer state has no moments yet: the first step starts AdamW from scratch."""
+    init = run(trainer.init_adapter(seed=5))
+    _, opt = _files(trainer, init)
+    saved = torch.load(io.BytesIO(opt[OPTIMIZER_FILE]), weights_only=True)
+    assert saved["state_dict"]["state"] == {}
+    assert len(saved["param_names"]) > 0
+
+
+def test_a_step_changes_the_adapter_and_reports_on_policy_metrics(trainer: PeftTrainer, rollouts: list) -> None:
+    """One step moves the adapter; on-policy samples have ratio 1, so nothing is clipped and the loss starts at 0."""
+    init = run(trainer.init_adapter(seed=5))
+    batch = make_batch(rollouts, varied_rewards(rollouts), init.adapter, init.optimizer_state)
+    result = run(trainer.train_step(batch))
+    assert result.version == 1
+    assert result.adapter.digest != init.adapter.digest
+    assert result.optimizer_state.digest != init.optimizer_state.digest
+    m = result.metrics
+    assert (m.contributing, m.skipped_zero_advantage, m.max_staleness) == (12, 0, 0)
+    assert m.clip_frac == 0.0
+    # At ratio 1 the surrogate's value is -mean(A) = 0 over normalised groups, and the KL to the base is 0.
+    assert abs(m.loss) < 1e-5 and abs(m.kl) < 1e-6
+    assert m.grad_norm > 0.0
+
+
+def test_a_replayed_step_is_bitwise_identical(trainer: PeftTrainer, rollouts: list, tmp_path: Path) -> None:
+    """Replaying a batch (another trainer object, another store, another ambient thread count) gives the same bytes."""
+    init = run(trainer.init_adapter(seed=5))
+    batch = make_batch(rollouts, varied_rewards(rollouts), init.adapter, init.optimizer_state)
+    first = run(trainer.train_step(batch))
+    second_batch = make_batch(rollouts, varied_rewards(rollouts), first.adapter, first.optimizer_state, new_version=2)
+    second = run(trainer.train_step(second_batch))
+
+    replay_store = LocalArtifacts(tmp_path / "replay")
+    replayer = PeftTrainer(trainer.base_dir, replay_store, CONFIG)
+    run(replay_store.put(run(trainer.artifacts.get(first.adapter)), name="a"))
+    run(replay_store.put(run(trainer.artifacts.get(first.optimizer_state)), name="o"))
+    ambient = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        replayed = run(replayer.train_step(second_batch))
+    finally:
+        torch.set_num_threads(ambient)
+    assert replayed.adapter.digest == second.adapter.digest
+    assert replayed.optimizer_state.digest == second.optimizer_state.digest
+    assert replayed.metrics == second.metrics
+
+
+def test_zero_advantage_groups_are_skipped_entirely(trainer: PeftTrainer, rollouts: list) -> None:
+    """A no-signal group is counted and contributes nothing, KL included: appending one leaves the update unchanged."""
+    init = run(trainer.init_adapter(seed=5))
+    with_signal = rollouts[:8]  # groups 0 and 1
+    silent = [dataclasses.replace(r, group_id=9) for r in rollouts[8:]]
+    plain = run(trainer.train_step(make_batch(with_signal, varied_rewards(with_signal), init.adapter, None)))
+    padded_rollouts = with_signal + silent
+    padded_batch = make_batch(padded_rollouts, varied_rewards(padded_rollouts, silent_groups=[9]), init.adapter, None)
+    padded = run(trainer.train_step(padded_batch))
+    assert (padded.metrics.contributing, padded.metrics.skipped_zero_advantage) == (8, 4)
+    assert padded.adapter.digest == plain.adapter.digest
+    assert padded.optimizer_state.digest == plain.optimizer_state.digest
+
+
+def test_a_batch_without_signal_takes_no_step(trainer: PeftTrainer, rollouts: list) -> None:
+    """All groups silent: no optimizer step at all (the KL term of skipped samples is skipped too), so the new version's
+    adapter and optimizer state are byte-identical to the old ones, even after a real step gave AdamW momentum."""
+    init = run(trainer.init_adapter(seed=5))
+    moved = run(trainer.train_step(make_batch(rollouts, varied_rewards(rollouts), init.adapter, init.optimizer_state)))
+    silent = varied_rewards(rollouts, silent_groups=[0, 1, 2])
+    result = run(trainer.train_step(make_batch(rollouts, silent, moved.adapter, moved.optimizer_state, new_version=2)))
+    assert (result.metrics.contributing, result.metrics.skipped_zero_advantage) == (0, 12)
+    assert result.metrics.loss == 0.0 and result.metrics.grad_norm == 0.0
+    assert result.version == 2
+    assert _files(trainer, result) == _files(trainer, moved)
+
+
+def test_the_loss_falls_on_a_fixed_batch(trainer: PeftTrainer, rollouts: list) -> None:
+    """Training repeatedly on one batch (fixed sampling log-probs) lowers the loss each step.
+
+    At a small learning rate: once every ratio has left the clip range [0.8, 1.2] on its advantage's side the surrogate
+    is flat and only the KL term pulls back, so at lr 1e-2 the loss plateaus after about three steps (PPO's design).
+    """
+    config = dataclasses.replace(CONFIG, max_staleness=10, lr=3e-3)
+    trainer = PeftTrainer(trainer.base_dir, trainer.artifacts, config)
+    state = run(trainer.init_adapter(seed=5))
+    rewards = varied_rewards(rollouts)
+    losses = []
+    for version in range(1, 6):
+        batch = make_batch(rollouts, rewards, state.adapter, state.optimizer_state, step=version, new_version=version)
+        state = run(trainer.train_step(batch))
+        losses.append(state.metrics.loss)  # the loss of the adapter the step started from
+    assert all(later < earlier for earlier, later in itertools.pairwise(losses)), losses
+    assert state.metrics.max_staleness == 4
+
+
+def test_stale_rollouts_beyond_the_bound_raise(trainer: PeftTrainer, rollouts: list) -> None:
+    """Staleness = (new_version - 1) - policy_version: at max_staleness a step trains; one more raises, naming it."""
+    init = run(trainer.init_adapter(seed=5))
+    mixed = [*rollouts[:5], dataclasses.replace(rollouts[5], policy_version=-1), *rollouts[6:]]
+    at_bound = run(
+        trainer.train_step(make_batch(rollouts, varied_rewards(rollouts), init.adapter, None, new_version=2))
+    )
+    assert at_bound.metrics.max_staleness == 1
+    with pytest.raises(StaleRolloutError, match="rollout 5 was sampled from policy version -1") as info:
+        run(trainer.train_step(make_batch(mixed, varied_rewards(mixed), init.adapter, None, new_version=2)))
+    assert (info.value.index, info.value.staleness, info.value.max_staleness) == (5, 2, 1)
+    future = [dataclasses.replace(r, policy_version=1) for r in rollouts]
+    with pytest.raises(RolloutVersionError, match="rollout 0 claims policy version 1, newer than the version being"):
+        run(trainer.train_step(make_batch(future, varied_rewards(future), init.adapter, None, new_version=1)))
+
+
+def test_malformed_batches_raise_batch_errors(trainer: PeftTrainer, rollouts: list) -> None:
+    init = run(trainer.init_adapter(seed=5))
+    with pytest.raises(BatchError, match="12 rollouts but 11 rewards"):
+        run(trainer.train_step(make_batch(rollouts, varied_rewards(rollouts)[:-1], init.adapter, None)))
+    short = [dataclasses.replace(rollouts[0], logprobs=rollouts[0].logprobs[:-1]), *rollouts[1:]]
+    with pytest.raises(BatchError, match=r"rollout 0 .* sampling log-probs"):
+        run(trainer.train_step(make_batch(short, varied_rewards(short), init.adapter, None)))
+
+
+def test_optimizer_state_round_trips_exactly_through_the_artifact(trainer: PeftTrainer, rollouts: list) -> None:
+    """Loading a stored optimizer state and saving it again gives the same bytes and bitwise-equal moment tensors."""
+    init = run(trainer.init_adapter(seed=5))
+    result = run(trainer.train_step(make_batch(rollouts, varied_rewards(rollouts), init.adapter, init.optimizer_state)))
+    adapter, opt = _files(trainer, result)
+    model = load_policy(trainer.base_dir, adapter, trainable=True)
+    params = trainable_parameters(model)
+    optimizer = build_optimizer(params, CONFIG, opt)
+    assert optimizer_files(optimizer, [n for n, _ in params]) == opt
+    state = optimizer.state_dict()["state"]
+    assert len(state) == len(params) and all(float(s["step"]) == 1.0 for s in state.values())
+
+
+def test_an_optimizer_state_from_another_adapter_layout_is_refused(trainer: PeftTrainer, rollouts: list) -> None:
+    init = run(trainer.init_adapter(seed=5))
+    narrow = PeftTrainer(trainer.base_dir, trainer.artifacts, dataclasses.replace(CONFIG, target_modules=("q_proj",)))
+    narrow_init = run(narrow.init_adapter(seed=5))
+    batch = make_batch(rollouts, varied_rewards(rollouts), init.adapter, narrow_init.optimizer_state)
+    with pytest.raises(OptimizerStateError, match="same TrainResult"):
+        run(trainer.train_step(batch))
