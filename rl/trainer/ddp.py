@@ -1,0 +1,264 @@
+"""The multi-rank GRPO step: the seed's `ddp_shard_step` and a train step that runs on every rank of a process group.
+
+Gradient normalisation. The batch objective is the mean over the N contributing samples of each sample's token-mean
+loss. DDP's default all-reduce *averages* over the W ranks, so each rank scales its samples' losses by `W / N` (not
+`1 / N`): after the average the gradient is `sum_i grad(loss_i) / N`, the single-process full-batch gradient up to
+summation order (relative error ~1e-7 in float32). We keep DDP's default communication hook rather than registering a
+sum hook, so nothing about DDP's bucketing or hook setup is ours to get wrong.
+
+Deadlock discipline. DDP all-reduces inside `backward()`, so every rank must run the same number of synchronising
+backwards whatever its shard holds (possibly nothing). `ddp_shard_step` gives every rank exactly one, by construction.
+Every rank sees the same batch, so decisions that depend on the batch (staleness errors, "no contributing sample, no
+step") are taken identically everywhere; failures that could differ per rank (reading an artifact) are agreed on with
+one all-reduce before any DDP collective, so one rank's error is every rank's error instead of a hang until the timeout.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import asyncio
+import pickle
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
+
+from rl.artifacts import LocalArtifacts
+from rl.trainer.config import TrainerConfig
+from rl.trainer.peft_trainer import (
+    adapter_files,
+    clip_and_step,
+    optimizer_files,
+    pinned_threads,
+    prepare_step,
+    sample_loss_fns,
+    stat_sums,
+    step_metrics,
+)
+from rl.types import StepMetrics, TrainBatch, TrainResult
+
+__all__ = ["PeerRankError", "ddp_shard_step", "ddp_train_step", "run_local_ddp", "shard"]
+
+
+class PeerRankError(RuntimeError):
+    """Another rank of the step failed; its own error is in that rank's log (rank 0's is re-raised by the launcher)."""
+
+
+def shard(indices: Sequence[int], rank: int, world_size: int) -> list[int]:
+    """Rank `rank`'s share of `indices`: a contiguous slice, sizes differing by at most one, larger slices first.
+
+    Contiguous rather than strided because the batch is in canonical (group, sample) order, so a rank's samples share
+    prompts, and because rank r's slice is then the r-th piece of the single-process order. Ranks past the end get [].
+
+    >>> [shard(range(5), r, 2) for r in range(2)]
+    [[0, 1, 2], [3, 4]]
+    >>> [shard([7], r, 3) for r in range(3)]
+    [[7], [], []]
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size with world_size >= 1, got rank={rank}, world_size={world_size}")
+    items = list(indices)
+    base, extra = divmod(len(items), world_size)
+    start = rank * base + min(rank, extra)
+    return items[start : start + base + (1 if rank < extra else 0)]
+
+
+def ddp_shard_step(
+    ddp_model: DistributedDataParallel,
+    sample_loss_fns: Sequence[Callable[[], torch.Tensor]],
+    sync_forward: Callable[[], torch.Tensor],
+) -> None:
+    """Accumulate per-sample gradients, then synchronise with EXACTLY ONE collective backward (the seed's function).
+
+    Backwards inside `no_sync()` accumulate gradients locally with no collective and free each sample's graph at once;
+    the first forward-backward after the context all-reduces everything accumulated. Every rank therefore runs one
+    forward through `DDP.forward` (`sync_forward`, e.g. a 1-token forward of `ddp_model`) and a zero-scaled backward,
+    unconditionally, so the collective count is the same on every rank by construction, empty shards included.
+
+    A bare `(0.0 * sum(p.sum() for p in params)).backward()` would not do: it never passes through `DDP.forward`, so the
+    reducer is not prepared for the iteration and no all-reduce happens.
+
+    Shape: each `sample_loss_fns[i]()` is a 0-d loss; `sync_forward()` is any tensor computed by `ddp_model(...)`.
+    """
+    with ddp_model.no_sync():
+        for fn in sample_loss_fns:
+            fn().backward()  # local accumulation; this sample's graph is freed here
+    (sync_forward().float().sum() * 0.0).backward()  # the one synchronising backward
+
+
+def _agree(ok: bool) -> bool:
+    """Whether every rank is `ok` (one all-reduce); ranks call it at the same point so it cannot deadlock."""
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def ddp_train_step(
+    rank: int,
+    world_size: int,
+    base_dir: Path,
+    artifacts_root: Path,
+    batch: TrainBatch,
+    config: TrainerConfig,
+) -> TrainResult:
+    """One GRPO step on every rank of the initialised default process group; every rank returns the same TrainResult.
+
+    Each rank loads the same adapter and optimizer state from the `LocalArtifacts` store at `artifacts_root`, computes
+    the losses of its `shard` of the contributing samples through `sample_loss_fns` (the single-process trainer's own
+    closures), and calls `ddp_shard_step`; the all-reduced gradient equals the single-process full-batch gradient (see
+    the module docstring), so every rank clips and steps identically. Rank 0 stores the new adapter and optimizer state
+    and broadcasts the refs (`dist.broadcast_object_list`).
+
+    Raises:
+        ValueError: no default process group, or `rank`/`world_size` disagree with it.
+        BatchError, StaleRolloutError: as `PeftTrainer.train_step` (raised on every rank alike).
+        PeerRankError: this rank was fine but another failed before the collective step or while saving.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError(
+            "ddp_train_step needs an initialised default process group (torch.distributed.init_process_group)"
+        )
+    if dist.get_rank() != rank or dist.get_world_size() != world_size:
+        raise ValueError(
+            f"ddp_train_step was told rank {rank} of {world_size} but the process group says rank "
+            f"{dist.get_rank()} of {dist.get_world_size()}"
+        )
+    artifacts = LocalArtifacts(Path(artifacts_root))
+
+    with pinned_threads(config.threads), torch.random.fork_rng(devices=[]):
+        error: BaseException | None = None
+        try:
+            adapter = asyncio.run(artifacts.get(batch.adapter))
+            opt_state = asyncio.run(artifacts.get(batch.optimizer_state)) if batch.optimizer_state else None
+            prepared = prepare_step(Path(base_dir), batch, config, adapter, opt_state)
+        except Exception as exc:
+            error = exc
+        if not _agree(error is None):
+            if error is not None:
+                raise error
+            raise PeerRankError(f"rank {rank}: another rank failed to load the step's inputs; see its error")
+
+        stats: list[dict[str, float]] = []
+        grad_norm = 0.0
+        n = len(prepared.contributing)
+        if n:  # the same on every rank: all ranks step, or none does
+            ddp_model = DistributedDataParallel(
+                prepared.model,
+                # Every rank loaded the same bytes (verified by digest); broadcasting a large frozen base is waste.
+                init_sync=False,
+            )
+            fns = sample_loss_fns(
+                prepared.model,
+                batch,
+                prepared.advantages,
+                config,
+                indices=shard(prepared.contributing, rank, world_size),
+                loss_scale=world_size / n,
+                stats_out=stats,
+            )
+            # Any in-vocabulary token will do: the forward only has to pass through DDP.forward.
+            sync_ids = torch.tensor([batch.rollouts[0].prompt_token_ids[:1]], dtype=torch.long)  # [1, 1]
+            ddp_shard_step(ddp_model, fns, lambda: ddp_model(input_ids=sync_ids).logits)
+            grad_norm = clip_and_step(prepared, config)
+
+        sums = torch.tensor(stat_sums(stats), dtype=torch.float64)
+        dist.all_reduce(sums)
+        metrics: StepMetrics = step_metrics(sums.tolist(), prepared, grad_norm)
+
+        message: list[Any] = [None]
+        if rank == 0:
+            try:
+                new_adapter = adapter_files(prepared.model)
+                new_opt = optimizer_files(prepared.optimizer, [name for name, _ in prepared.params])
+                adapter_ref = asyncio.run(artifacts.put(new_adapter, name=f"adapter-v{batch.new_version}"))
+                opt_ref = asyncio.run(artifacts.put(new_opt, name=f"optimizer-v{batch.new_version}"))
+                message = [("ok", adapter_ref, opt_ref)]
+            except Exception as exc:
+                message = [("error", f"{type(exc).__name__}: {exc}")]
+                error = exc
+        dist.broadcast_object_list(message, src=0)
+        if message[0][0] != "ok":
+            if error is not None:
+                raise error
+            raise PeerRankError(f"rank {rank}: rank 0 failed to save the step's outputs: {message[0][1]}")
+        _, adapter_ref, opt_ref = message[0]
+        return TrainResult(adapter=adapter_ref, optimizer_state=opt_ref, version=batch.new_version, metrics=metrics)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank_main(
+    rank: int,
+    world_size: int,
+    port: int,
+    timeout_s: float,
+    out_dir: str,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+) -> None:
+    # Two ranks on a shared 2-core machine: one intra-op thread each (steps pin their own count anyway).
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    try:
+        result = fn(rank, world_size, *args)
+    finally:
+        dist.destroy_process_group()
+    with open(Path(out_dir) / f"rank{rank}.pkl", "wb") as f:
+        pickle.dump(result, f)
+
+
+def run_local_ddp(world_size: int, fn: Callable[..., Any], *args: Any, timeout_s: float = 60.0) -> list[Any]:
+    """Run `fn(rank, world_size, *args)` on `world_size` spawned gloo ranks on localhost; return each rank's result.
+
+    For tests and the CPU demo. `fn` and `args` must be picklable (a module-level function). `timeout_s` is the process
+    group's collective timeout, so a rank stuck in a collective fails within it instead of hanging; the whole run is
+    also abandoned (ranks terminated, TimeoutError) if it takes longer than `timeout_s` plus a start-up allowance.
+    An exception in any rank is re-raised here as `torch.multiprocessing.ProcessRaisedException` with its traceback.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    with tempfile.TemporaryDirectory(prefix="rl-ddp-") as out_dir:
+        context = mp.start_processes(
+            _rank_main,
+            args=(world_size, _free_port(), timeout_s, out_dir, fn, args),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
+        assert context is not None
+        # Spawned ranks re-import torch and transformers before the first collective: allow for that on top.
+        deadline = time.monotonic() + timeout_s + 60.0
+        while not context.join(timeout=0.5):
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    if process.is_alive():
+                        process.terminate()
+                for process in context.processes:
+                    process.join(5)
+                raise TimeoutError(f"{world_size} DDP ranks did not finish within {timeout_s + 60.0:.0f} s")
+        results = []
+        for rank in range(world_size):
+            with open(Path(out_dir) / f"rank{rank}.pkl", "rb") as f:
+                results.append(pickle.load(f))
+        return results

@@ -1,0 +1,213 @@
+"""The DDP shard step and the multi-rank train step on 2 spawned gloo ranks: DDP's gradient is the single-process
+full-batch gradient for even, uneven and empty shards, every rank runs the same number of collective backwards, ranks
+end with identical parameters, and the multi-rank step equals `PeftTrainer`'s."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from fixtures_real import tiny_model_dir
+from hypothesis import given
+from hypothesis import strategies as st
+from safetensors.torch import load as load_safetensors
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel
+from trainer_batches import make_batch, make_rollouts, varied_rewards
+
+from rl.advantages import group_normalized_advantages
+from rl.artifacts import LocalArtifacts
+from rl.trainer.config import TrainerConfig
+from rl.trainer.ddp import ddp_shard_step, ddp_train_step, run_local_ddp, shard
+from rl.trainer.peft_trainer import (
+    PeftTrainer,
+    adapter_files,
+    load_policy,
+    new_adapter,
+    sample_loss_fns,
+    trainable_parameters,
+)
+from rl.types import Rollout, TrainResult
+
+__all__ = ["tiny_model_dir"]
+
+CONFIG = TrainerConfig(lora_rank=4, lora_alpha=8, seed=3, threads=1)
+TIMEOUT_S = 30.0
+WORLD = 2
+
+
+@given(st.lists(st.integers(), max_size=30), st.integers(min_value=1, max_value=6))
+def test_shards_partition_the_indices_in_order_with_sizes_within_one(indices: list[int], world_size: int) -> None:
+    """Concatenating the ranks' shards gives back the indices; shard sizes differ by at most one, larger first."""
+    shards = [shard(indices, r, world_size) for r in range(world_size)]
+    assert [i for s in shards for i in s] == indices
+    sizes = [len(s) for s in shards]
+    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+
+
+def test_shard_rejects_a_rank_outside_the_world() -> None:
+    with pytest.raises(ValueError, match="rank=2, world_size=2"):
+        shard([1, 2], 2, 2)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Workers: module-level so spawned ranks can unpickle them.
+
+# (name, contributing sample indices): 2+2, 2+1 and 1+0 samples per rank, and nothing anywhere.
+GRAD_CASES: list[tuple[str, list[int]]] = [
+    ("even", [0, 1, 4, 5]),
+    ("uneven", [0, 4, 8]),
+    ("empty-shard", [6]),
+    ("all-empty", []),
+]
+
+
+def _perturbed_policy(base_dir: Path, adapter: dict[str, bytes]) -> Any:
+    """The adapter with seeded noise on every LoRA weight, so both A and B receive non-zero gradients."""
+    model = load_policy(base_dir, adapter, trainable=True)
+    model.train()
+    generator = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for _, p in trainable_parameters(model):
+            p.add_(0.05 * torch.randn(p.shape, generator=generator))
+    return model
+
+
+def _grads(model: Any) -> dict[str, torch.Tensor]:
+    return {
+        n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().double()
+        for n, p in trainable_parameters(model)
+    }
+
+
+def _grad_worker(
+    rank: int, world_size: int, base_dir: Path, rollouts: list[Rollout], rewards: list[float], adapter: dict[str, bytes]
+) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    batch = make_batch(rollouts, rewards, _dummy_ref(), None)
+    advantages = group_normalized_advantages([r.group_id for r in rollouts], rewards)
+    report: dict[str, Any] = {}
+    for name, indices in GRAD_CASES:
+        n = max(len(indices), 1)
+        reference = _perturbed_policy(base_dir, adapter)
+        for fn in sample_loss_fns(
+            reference, batch, advantages, CONFIG, indices=indices, loss_scale=1.0 / n, stats_out=[]
+        ):
+            fn().backward()
+        expected = _grads(reference)
+
+        model = _perturbed_policy(base_dir, adapter)
+        ddp_model = DistributedDataParallel(model, init_sync=False)
+        counts = {"forward": 0, "allreduce": 0}
+
+        def count_forward(*_: Any, counts: dict[str, int] = counts) -> None:
+            counts["forward"] += 1
+
+        # Unannotated on purpose: DDP compares a hook's annotations with real types, and this module's are strings.
+        def counting_allreduce(state, bucket, counts=counts):  # type: ignore[no-untyped-def]
+            counts["allreduce"] += 1
+            return allreduce_hook(state, bucket)
+
+        ddp_model.register_forward_pre_hook(count_forward)
+        ddp_model.register_comm_hook(None, counting_allreduce)
+        mine = shard(indices, rank, world_size)
+        fns = sample_loss_fns(model, batch, advantages, CONFIG, indices=mine, loss_scale=world_size / n, stats_out=[])
+        sync_ids = torch.tensor([[2]])
+        ddp_shard_step(
+            ddp_model, fns, lambda ddp_model=ddp_model, sync_ids=sync_ids: ddp_model(input_ids=sync_ids).logits
+        )
+        got = _grads(model)
+        rel = max(
+            (
+                float((got[k] - expected[k]).norm() / expected[k].norm())
+                if expected[k].norm() > 0
+                else float(got[k].norm())
+            )
+            for k in expected
+        )
+        optimizer = torch.optim.AdamW([p for _, p in trainable_parameters(model)], lr=1e-2)
+        optimizer.step()
+        digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for _, p in trainable_parameters(model)))
+        report[name] = {
+            "shard": mine,
+            "max_rel_err": rel,
+            "expected_norm": float(sum(float(g.norm()) for g in expected.values())),
+            "counts": dict(counts),
+            "param_digest": digest.hexdigest(),
+        }
+        dist.barrier()
+    return report
+
+
+def _dummy_ref() -> Any:
+    from rl.types import ArtifactRef
+
+    return ArtifactRef(uri="unused://", digest="sha256:" + "0" * 64)
+
+
+@pytest.fixture(scope="module")
+def rollouts(tiny_model_dir: Path) -> list[Rollout]:
+    return make_rollouts(tiny_model_dir, groups=3, samples=4, seed=21)
+
+
+@pytest.mark.slow
+def test_ddp_gradient_equals_the_single_process_full_batch_gradient(
+    tiny_model_dir: Path, rollouts: list[Rollout]
+) -> None:
+    """For even, uneven, empty and all-empty shards: relative error <= 1e-5 on every rank, one DDP forward and the
+    same number of all-reduces on every rank, and identical parameters after an optimizer step."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        adapter = adapter_files(new_adapter(tiny_model_dir, CONFIG, seed=5))
+    reports = run_local_ddp(
+        WORLD, _grad_worker, tiny_model_dir, rollouts, varied_rewards(rollouts), adapter, timeout_s=TIMEOUT_S
+    )
+    for name, indices in GRAD_CASES:
+        per_rank = [r[name] for r in reports]
+        assert [i for r in per_rank for i in r["shard"]] == indices, name
+        for r in per_rank:
+            assert r["max_rel_err"] <= 1e-5, (name, r)
+            assert r["counts"]["forward"] == 1, (name, r)
+        if indices:
+            assert per_rank[0]["expected_norm"] > 0, name
+        assert len({r["counts"]["allreduce"] for r in per_rank}) == 1 and per_rank[0]["counts"]["allreduce"] >= 1, name
+        assert len({r["param_digest"] for r in per_rank}) == 1, name
+    assert [len(r["empty-shard"]["shard"]) for r in reports] == [1, 0]
+
+
+@pytest.mark.slow
+def test_the_multi_rank_train_step_equals_the_single_process_step(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Two ranks, 9 contributing samples (5 + 4) and one no-signal group: both ranks return the same TrainResult, and
+    its adapter matches the single-process step's to float32 rounding."""
+    rollouts = make_rollouts(tiny_model_dir, groups=4, samples=3, seed=31)
+    rewards = varied_rewards(rollouts, silent_groups=[2])
+    artifacts = LocalArtifacts(tmp_path / "store")
+    trainer = PeftTrainer(tiny_model_dir, artifacts, CONFIG)
+    init = asyncio.run(trainer.init_adapter(seed=5))
+    # Step once first so the LoRA B matrices are non-zero and the compared step moves A as well as B.
+    v1 = asyncio.run(trainer.train_step(make_batch(rollouts, rewards, init.adapter, init.optimizer_state)))
+    batch = make_batch(rollouts, rewards, v1.adapter, v1.optimizer_state, step=1, new_version=2)
+
+    results: list[TrainResult] = run_local_ddp(
+        WORLD, ddp_train_step, tiny_model_dir, tmp_path / "store", batch, CONFIG, timeout_s=TIMEOUT_S
+    )
+    single = asyncio.run(trainer.train_step(batch))
+
+    assert results[0] == results[1]
+    multi = results[0]
+    assert multi.version == 2
+    assert (multi.metrics.contributing, multi.metrics.skipped_zero_advantage) == (9, 3)
+    assert multi.metrics.loss == pytest.approx(single.metrics.loss, rel=1e-5, abs=1e-7)
+    assert multi.metrics.grad_norm == pytest.approx(single.metrics.grad_norm, rel=1e-5)
+    got = load_safetensors(asyncio.run(artifacts.get(multi.adapter))["adapter_model.safetensors"])
+    want = load_safetensors(asyncio.run(artifacts.get(single.adapter))["adapter_model.safetensors"])
+    before = load_safetensors(asyncio.run(artifacts.get(v1.adapter))["adapter_model.safetensors"])
+    assert got.keys() == want.keys()
+    for key in want:
+        assert not torch.equal(want[key], before[key]), key
+        torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-6)
