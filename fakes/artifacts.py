@@ -17,7 +17,7 @@ class MissingArtifactError(FileNotFoundError):
 
 
 class MemoryArtifacts:
-    """Content-addressed: equal files give equal refs, so a replayed step that recomputes an artifact gets its ref back."""
+    """Content-addressed: equal files give equal refs, so a replayed step that recomputes an artifact gets its ref."""
 
     def __init__(self) -> None:
         self._blobs: dict[str, dict[str, bytes]] = {}

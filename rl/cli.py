@@ -11,7 +11,10 @@ import sys
 from collections.abc import Sequence
 
 # Modules that provide sub-commands, in the order `rl --help` lists them.
-COMMAND_MODULES: list[str] = []
+COMMAND_MODULES: list[str] = [
+    "rl.commands.chaos",
+    "rl.commands.bench",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,6 +8,7 @@ rewards made the train step's identity change between attempts).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -18,8 +19,21 @@ class UnhashableInputError(TypeError):
     """A value has no canonical form, so it cannot be part of an action's identity."""
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+_SCALARS = frozenset({type(None), bool, int, str})
+
+
 def canonical(value: Any) -> Any:
     """A JSON-ready form of `value` that two equal values share, whatever their container order for mappings."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is list or kind is tuple:
+        return [canonical(v) for v in value]
     if value is None or isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
@@ -28,7 +42,7 @@ def canonical(value: Any) -> Any:
     if isinstance(value, bytes | bytearray | memoryview):
         return {"__bytes__": hashlib.blake2b(bytes(value), digest_size=16).hexdigest()}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {f.name: canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        fields = {name: canonical(getattr(value, name)) for name in _field_names(type(value))}
         return {"__type__": type(value).__qualname__, **fields}
     model_dump = getattr(value, "model_dump", None)
     if callable(model_dump):  # pydantic models, without importing pydantic here

@@ -17,6 +17,53 @@ def test_rl_help_lists_usage(capsys):
 
 def test_rl_console_script_runs_without_heavy_imports():
     """The CLI entry point imports neither torch nor flyte just to print help."""
-    code = "import sys; from rl.cli import build_parser; build_parser(); print(sorted({'torch','flyte'} & set(sys.modules)))"
+    code = (
+        "import sys; from rl.cli import build_parser; build_parser(); "
+        "print(sorted({'torch', 'flyte'} & set(sys.modules)))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def _json_tail(out: str) -> dict:
+    import json
+
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_rl_chaos_json_reports_scenarios_failures_rate_and_crash_points(capsys):
+    """`rl chaos --json` ends with an object holding the public keys; exit 0 when all invariants hold."""
+    assert main(["chaos", "--loop", "grpo-pipelined", "--seeds", "3", "--json"]) == 0
+    summary = _json_tail(capsys.readouterr().out)
+    assert summary["scenarios"] == 3 and summary["failures"] == 0
+    assert summary["crash_points"] > 60 and summary["scenarios_per_s"] > 0
+
+
+def test_rl_chaos_failure_prints_the_seed_and_the_reproducing_command(capsys, monkeypatch):
+    import fakes.chaos as chaos
+
+    def broken(pipelined):
+        return lambda seed: chaos.ScenarioReport("grpo", seed, ["iteration 2 was trained 2 times"], 1, 2)
+
+    monkeypatch.setattr(chaos, "grpo_random", broken)
+    assert main(["chaos", "--loop", "grpo", "--seed", "7"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL seed=7: iteration 2 was trained 2 times" in out
+    assert "reproduce: rl chaos --loop grpo --seed 7" in out
+
+
+def test_rl_bench_json_has_the_public_figures(capsys, monkeypatch):
+    import fakes.bench as bench
+
+    monkeypatch.setattr(bench, "scenario_speed", lambda: {"scenarios_per_s": 1.0})
+    assert main(["bench", "--json"]) == 0
+    figures = _json_tail(capsys.readouterr().out)
+    for key in (
+        "replay_ms_per_action",
+        "replayed_actions_per_s",
+        "pipelined_over_max_gen_train",
+        "pipelined_over_sequential",
+        "scenarios_per_s",
+    ):
+        assert key in figures
+    assert figures["pipelined_over_max_gen_train"] <= 1.02

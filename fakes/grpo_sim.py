@@ -1,0 +1,116 @@
+"""The GRPO driver on the durable simulator with fake tiers, and the invariants every run of it must satisfy.
+
+Tier options follow the seeds: rollouts and rewards retry twice, the trainer once; latencies are virtual seconds
+in the proportions of seed 000's measured loop (generation dominates, the trainer has a cold start).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from fakes.artifacts import MemoryArtifacts
+from fakes.durable_sim import DurableSimulator, RunResult
+from fakes.faults import FaultPlan
+from fakes.grpo_tiers import FakeEngine, FakeEvaluator, FakeScorer, FakeTrainer, LatencyModel, RecordingReporter
+from rl.loop.grpo import GrpoConfig, GrpoOutcome, GrpoTiers, run_grpo, sample_prompts
+from rl.problems import DigitSuccessor
+
+
+@dataclass(frozen=True)
+class Latencies:
+    """Virtual seconds per call. Defaults: a group takes ~30–60 s, a step ~20 s plus 0.5 s a sample."""
+
+    generate: LatencyModel = field(default_factory=lambda: LatencyModel(base_s=30.0, per_item_s=1.0, jitter_s=30.0))
+    score: LatencyModel = field(default_factory=lambda: LatencyModel(base_s=0.5, jitter_s=0.5))
+    train: LatencyModel = field(default_factory=lambda: LatencyModel(base_s=20.0, per_item_s=0.5))
+    evaluate: LatencyModel = field(default_factory=lambda: LatencyModel(base_s=10.0))
+    train_cold_start_s: float = 0.0
+
+
+@dataclass
+class GrpoSim:
+    """One simulated GRPO deployment: the simulator, the tiers as its tasks, and the raw fakes behind them."""
+
+    sim: DurableSimulator
+    config: GrpoConfig
+    tiers: GrpoTiers
+    artifacts: MemoryArtifacts
+    trainer: FakeTrainer
+    reporter: RecordingReporter
+
+    async def driver(self) -> GrpoOutcome:
+        return await run_grpo(self.config, self.tiers, self.sim.checkpoint_store())
+
+    def run(self, *, retries: int = 0, crash_at: int | list[int] | None = None) -> RunResult:
+        return self.sim.run(self.driver, retries=retries, crash_at=crash_at)
+
+
+def grpo_sim(
+    config: GrpoConfig, *, seed: int = 0, faults: FaultPlan | None = None, latencies: Latencies = Latencies()
+) -> GrpoSim:
+    sim = DurableSimulator(seed=seed, faults=faults)
+    artifacts = MemoryArtifacts()
+    prompts = DigitSuccessor()
+    engine = FakeEngine(artifacts, latency=latencies.generate)
+    trainer = FakeTrainer(
+        artifacts,
+        max_staleness=config.max_staleness,
+        latency=latencies.train,
+        cold_start_s=latencies.train_cold_start_s,
+    )
+    reporter = RecordingReporter()
+    tiers = GrpoTiers(
+        engine=sim.tier(engine, "rollout", generate={"retries": 2, "timeout_s": 600.0}),
+        scorer=sim.tier(FakeScorer(latency=latencies.score), "reward", score_group={"retries": 2}),
+        trainer=sim.tier(trainer, "train", init_adapter={"retries": 1}, train_step={"retries": 1}),
+        artifacts=artifacts,
+        prompts=prompts,
+        evaluator=sim.tier(
+            FakeEvaluator(artifacts, prompts.eval_prompts(), latency=latencies.evaluate),
+            "eval",
+            evaluate={"retries": 1},
+        ),
+        reporter=reporter,
+    )
+    return GrpoSim(sim, config, tiers, artifacts, trainer, reporter)
+
+
+def lineage_violations(config: GrpoConfig, setup: GrpoSim, outcome: GrpoOutcome) -> list[str]:
+    """Read the final adapter's lineage: versions 1..N once each, and every iteration's prompts trained exactly once."""
+    import asyncio
+
+    from fakes.grpo_tiers import decode_table
+
+    files = asyncio.run(setup.artifacts.get(outcome.adapter))
+    lineage: list[dict[str, Any]] = decode_table(files)["lineage"]
+    problems: list[str] = []
+    versions = [entry["version"] for entry in lineage]
+    if versions != list(range(1, config.iterations + 1)):
+        problems.append(f"adapter lineage has versions {versions}, expected 1..{config.iterations} each exactly once")
+    train_prompts = setup.tiers.prompts.train_prompts()
+    for it in range(config.iterations):
+        steps = [e for e in lineage if e["step"] == it]
+        if len(steps) != 1:
+            problems.append(f"iteration {it} was trained {len(steps)} times")
+            continue
+        expected = sorted({p.question for p in sample_prompts(config, train_prompts, it)})
+        if steps[0]["prompts"] != expected:
+            problems.append(f"iteration {it} trained prompts {steps[0]['prompts']}, expected {expected}")
+    return problems
+
+
+def outcome_violations(reference: GrpoOutcome, outcome: GrpoOutcome) -> list[str]:
+    """Differences from the uninterrupted run: adapter, optimizer state, history and evals must match bitwise."""
+    problems = []
+    if outcome.adapter.digest != reference.adapter.digest:
+        problems.append("final adapter differs from the uninterrupted run's")
+    if outcome.optimizer_state.digest != reference.optimizer_state.digest:
+        problems.append("final optimizer state differs from the uninterrupted run's")
+    if replace(outcome, resumed_from=-1) != replace(reference, resumed_from=-1):
+        if outcome.history != reference.history:
+            rows = [r.iteration for r in outcome.history]
+            problems.append(f"history differs from the uninterrupted run's (iterations {rows})")
+        if outcome.evals != reference.evals:
+            problems.append("held-out evaluations differ from the uninterrupted run's")
+    return problems

@@ -1,0 +1,251 @@
+"""Deterministic fakes of the GRPO tiers: the engine's policy is a small logits table the fake trainer really updates.
+
+The policy is a table `W[row][digit]` of logits, one row per prompt (prompt "d=" is row d). The engine samples a digit
+`a` from softmax(W[row]) and answers "####a"; the trainer takes a clipped-ratio policy-gradient step on the table with
+the rollouts' sampling log-probs, so a wrong advantage, a stale sample or a reordered batch changes the bits of the
+result. Everything is pure Python floats: the same inputs give bitwise-identical outputs on every machine.
+
+Fault model: these fakes raise nothing on their own; failures, hangs and crashes come from the simulator's FaultPlan.
+Latency model: `LatencyModel` draws each call's virtual duration from a digest of its inputs (so a replay agrees).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rl.advantages import group_normalized_advantages
+from rl.metrics import avg_at_k, pass_at_k
+from rl.protocols import Artifacts
+from rl.rewards import extract_answer, score
+from rl.types import ArtifactRef, EvalResult, IterationMetrics, Prompt, Rollout, RolloutRequest, StepMetrics, TrainBatch
+from rl.types import TrainResult as TrainResult
+
+DIGITS = 10
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """Virtual seconds for one call: `base_s + per_item_s * items`, plus up to `jitter_s` drawn from the call's key."""
+
+    base_s: float = 0.0
+    per_item_s: float = 0.0
+    jitter_s: float = 0.0
+
+    def seconds(self, items: int, key: object) -> float:
+        u = int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "big") / 2**64
+        return self.base_s + self.per_item_s * items + self.jitter_s * u
+
+
+def _row(question: str, rows: int) -> int:
+    head = question.rstrip("=").strip()
+    if head.isdigit():
+        return int(head) % rows
+    return int.from_bytes(hashlib.blake2b(question.encode(), digest_size=4).digest(), "big") % rows
+
+
+def _softmax(logits: Sequence[float]) -> list[float]:
+    top = max(logits)
+    exps = [math.exp(x - top) for x in logits]
+    total = sum(exps)
+    return [e / total for e in exps]
+
+
+def encode_table(table: list[list[float]], **meta: object) -> dict[str, bytes]:
+    return {"policy.json": json.dumps({"table": table, **meta}, sort_keys=True).encode()}
+
+
+def decode_table(files: dict[str, bytes]) -> dict[str, Any]:
+    return json.loads(files["policy.json"])
+
+
+class FakeEngine:
+    """RolloutEngine over the logits table stored in the adapter artifact."""
+
+    def __init__(self, artifacts: Artifacts, *, rows: int = DIGITS, latency: LatencyModel = LatencyModel()) -> None:
+        self.artifacts, self.rows, self.latency = artifacts, rows, latency
+        self.calls = 0
+        self._tables: dict[str, list[list[float]]] = {}  # by adapter digest, as a real engine caches LoRA weights
+
+    async def _table(self, adapter: ArtifactRef) -> list[list[float]]:
+        if adapter.digest not in self._tables:
+            self._tables[adapter.digest] = decode_table(await self.artifacts.get(adapter))["table"]
+        return self._tables[adapter.digest]
+
+    async def generate(self, request: RolloutRequest) -> list[Rollout]:
+        self.calls += 1
+        table = await self._table(request.adapter)
+        row = _row(request.prompt.question, self.rows)
+        probs = _softmax(table[row])
+        rng = random.Random(request.seed)
+        rollouts = []
+        for _ in range(request.n):
+            digit = rng.choices(range(DIGITS), weights=probs, k=1)[0]
+            rollouts.append(
+                Rollout(
+                    group_id=request.group_id,
+                    question=request.prompt.question,
+                    answer=request.prompt.answer,
+                    completion=f"####{digit}",
+                    prompt_token_ids=[row],
+                    token_ids=[digit],
+                    logprobs=[math.log(probs[digit])],
+                    policy_version=request.policy_version,
+                    seed=request.seed,
+                )
+            )
+        await asyncio.sleep(self.latency.seconds(request.n, (request.seed, request.group_id)))
+        return rollouts
+
+
+class FakeScorer:
+    """Scorer: the seed's reward (`rl.rewards.score`), one call per group."""
+
+    def __init__(self, *, latency: LatencyModel = LatencyModel()) -> None:
+        self.latency = latency
+        self.calls = 0
+
+    async def score_group(self, rollouts: Sequence[Rollout]) -> list[float]:
+        self.calls += 1
+        rewards = [score(r.completion, r.answer) for r in rollouts]
+        await asyncio.sleep(self.latency.seconds(len(rollouts), [r.completion for r in rollouts]))
+        return rewards
+
+
+class StaleRolloutError(ValueError):
+    """A rollout was generated by a policy further behind the trained one than the staleness bound allows."""
+
+
+class FakeTrainer:
+    """Trainer: a clipped-ratio policy-gradient step with momentum on the logits table.
+
+    Pure in its inputs (adapter and optimizer state in and out as artifacts), so a replayed step recomputes the same
+    bits. Each adapter carries its lineage — (version, step, prompts trained) for every step behind it — so a test can
+    prove from the final adapter alone that each iteration was trained exactly once. `executions` counts step calls.
+    """
+
+    def __init__(
+        self,
+        artifacts: Artifacts,
+        *,
+        rows: int = DIGITS,
+        lr: float = 2.0,
+        momentum: float = 0.5,
+        clip_eps: float = 0.2,
+        max_staleness: int = 1,
+        latency: LatencyModel = LatencyModel(),
+        cold_start_s: float = 0.0,
+    ) -> None:
+        self.artifacts, self.rows, self.lr, self.momentum = artifacts, rows, lr, momentum
+        self.clip_eps, self.max_staleness, self.latency, self.cold_start_s = (
+            clip_eps,
+            max_staleness,
+            latency,
+            cold_start_s,
+        )
+        self.executions: list[int] = []
+
+    async def init_adapter(self, seed: int) -> TrainResult:
+        rng = random.Random(seed)
+        table = [[rng.uniform(-0.1, 0.1) for _ in range(DIGITS)] for _ in range(self.rows)]
+        adapter = await self.artifacts.put(encode_table(table, lineage=[]), name="adapter-v0")
+        opt = await self.artifacts.put(encode_table([[0.0] * DIGITS for _ in range(self.rows)]), name="optimizer-v0")
+        return TrainResult(adapter=adapter, optimizer_state=opt, version=0, metrics=StepMetrics(0.0, 0, 0))
+
+    async def train_step(self, batch: TrainBatch) -> TrainResult:
+        self.executions.append(batch.step)
+        policy = decode_table(await self.artifacts.get(batch.adapter))
+        table: list[list[float]] = [list(r) for r in policy["table"]]
+        lineage: list[object] = list(policy["lineage"])
+        if batch.optimizer_state is None:
+            raise ValueError("FakeTrainer.train_step needs the optimizer state that init_adapter returned")
+        optimizer = decode_table(await self.artifacts.get(batch.optimizer_state))
+        velocity: list[list[float]] = [list(r) for r in optimizer["table"]]
+        trained_version = batch.new_version - 1
+        staleness = [trained_version - r.policy_version for r in batch.rollouts]
+        for i, s in enumerate(staleness):
+            if not 0 <= s <= self.max_staleness:
+                raise StaleRolloutError(
+                    f"rollout {i} (group {batch.rollouts[i].group_id}) was generated by policy "
+                    f"v{batch.rollouts[i].policy_version} but step {batch.step} trains v{trained_version}: staleness "
+                    f"{s} is outside [0, {self.max_staleness}]"
+                )
+        advantages = group_normalized_advantages([r.group_id for r in batch.rollouts], batch.rewards)
+        grad = [[0.0] * DIGITS for _ in range(self.rows)]
+        contributing = skipped = clipped = 0
+        loss = 0.0
+        for rollout, adv in zip(batch.rollouts, advantages, strict=True):
+            if adv == 0.0:
+                skipped += 1
+                continue
+            contributing += 1
+            row, digit = rollout.prompt_token_ids[0], rollout.token_ids[0]
+            probs = _softmax(table[row])
+            ratio = math.exp(math.log(probs[digit]) - rollout.logprobs[0])
+            loss -= min(ratio * adv, max(min(ratio, 1 + self.clip_eps), 1 - self.clip_eps) * adv)
+            if (adv > 0 and ratio > 1 + self.clip_eps) or (adv < 0 and ratio < 1 - self.clip_eps):
+                clipped += 1  # the clipped branch is flat: no gradient
+                continue
+            for j in range(DIGITS):
+                grad[row][j] += adv * ratio * ((1.0 if j == digit else 0.0) - probs[j])
+        if contributing:
+            for row in range(self.rows):
+                for j in range(DIGITS):
+                    velocity[row][j] = self.momentum * velocity[row][j] + grad[row][j] / contributing
+                    table[row][j] += self.lr * velocity[row][j]
+        prompts = sorted({r.question for r in batch.rollouts})
+        lineage.append({"version": batch.new_version, "step": batch.step, "prompts": prompts})
+        await asyncio.sleep(self.cold_start_s + self.latency.seconds(len(batch.rollouts), batch.step))
+        adapter = await self.artifacts.put(encode_table(table, lineage=lineage), name=f"adapter-v{batch.new_version}")
+        opt = await self.artifacts.put(encode_table(velocity), name=f"optimizer-v{batch.new_version}")
+        metrics = StepMetrics(
+            loss=loss / contributing if contributing else 0.0,
+            contributing=contributing,
+            skipped_zero_advantage=skipped,
+            clip_frac=clipped / contributing if contributing else 0.0,
+            max_staleness=max(staleness, default=0),
+        )
+        return TrainResult(adapter=adapter, optimizer_state=opt, version=batch.new_version, metrics=metrics)
+
+
+class FakeEvaluator:
+    """Evaluator: k samples per held-out prompt from the adapter's table, scored by exact answer."""
+
+    def __init__(self, artifacts: Artifacts, prompts: Sequence[Prompt], *, latency: LatencyModel = LatencyModel()):
+        # Its own latency-free sampler: one evaluation's duration is `latency`, not one engine call per problem.
+        self.engine, self.prompts, self.latency = FakeEngine(artifacts), list(prompts), latency
+        self.calls = 0
+
+    async def evaluate(self, adapter: ArtifactRef, policy_version: int, k: int, seed: int) -> EvalResult:
+        self.calls += 1
+        correct: list[int] = []
+        for i, prompt in enumerate(self.prompts):
+            request = RolloutRequest(i, prompt, k, adapter, policy_version, seed + i)
+            group = await self.engine.generate(request)
+            correct.append(sum(extract_answer(r.completion) == prompt.answer for r in group))
+        await asyncio.sleep(self.latency.seconds(len(self.prompts) * k, (policy_version, seed)))
+        return EvalResult(
+            policy_version=policy_version,
+            k=k,
+            avg_at_k=avg_at_k(correct, k),
+            pass_at_k=sum(pass_at_k(k, c, k) for c in correct) / len(correct) if correct else 0.0,
+            problems=len(correct),
+        )
+
+
+class RecordingReporter:
+    """Reporter that keeps every publication, for tests that check what a user would have seen."""
+
+    def __init__(self) -> None:
+        self.publications: list[tuple[int, str]] = []
+        self.last: list[IterationMetrics] = []
+
+    async def publish(self, history: Sequence[IterationMetrics], *, status: str) -> None:
+        self.publications.append((len(history), status))
+        self.last = list(history)

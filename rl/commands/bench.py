@@ -1,0 +1,26 @@
+"""`rl bench`: side-by-side figures for this machine (simulator, GRPO loop on fakes; more sections as they land)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("bench", help="print benchmark figures measured side by side in one run")
+    p.add_argument("--json", action="store_true", help="end with one JSON object of every figure")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fakes.bench import simulator_bench
+
+    figures: dict[str, Any] = {}
+    figures.update(simulator_bench())
+    width = max(len(k) for k in figures)
+    for key, value in figures.items():
+        print(f"{key:<{width}}  {value:.4g}" if isinstance(value, float) else f"{key:<{width}}  {value}")
+    if args.json:
+        print(json.dumps({k: (round(v, 6) if isinstance(v, float) else v) for k, v in figures.items()}))
+    return 0

@@ -1,0 +1,138 @@
+"""The GRPO driver's checkpoint: a versioned, self-verifying JSON document.
+
+The blob is `{"schema": N, "digest": <content digest of state>, "state": {...}}`. A digest mismatch means a torn or
+tampered write, a missing schema means a foreign blob, and a different configuration digest means the checkpoint
+belongs to another run shape: each is its own error type, and each message says what to do.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rl.identity import content_digest
+from rl.protocols import Artifacts, StateStore
+from rl.types import ArtifactRef, EvalResult, IterationMetrics
+
+SCHEMA_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """The driver's checkpoint cannot be resumed from."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """The blob is not a complete checkpoint (torn write, damaged storage, or not ours)."""
+
+
+class CheckpointSchemaError(CheckpointError):
+    """The checkpoint was written by another schema version of this driver."""
+
+
+class CheckpointConfigMismatchError(CheckpointError):
+    """The checkpoint was written by a run with another configuration."""
+
+
+class MissingAdapterError(CheckpointError):
+    """The checkpoint names an adapter or optimizer state that the artifact store no longer has."""
+
+
+@dataclass(frozen=True)
+class DriverState:
+    """Everything a later driver attempt needs to continue at `iteration + 1` exactly as an uninterrupted run would."""
+
+    config_digest: str
+    iteration: int
+    adapter: ArtifactRef
+    adapter_version: int
+    optimizer_state: ArtifactRef
+    history: list[IterationMetrics] = field(default_factory=list)
+    evals: list[EvalResult] = field(default_factory=list)
+    # The adapter that generated the next pipelined batch (one step behind `adapter`), and the eval still in flight.
+    previous_adapter: ArtifactRef | None = None
+    previous_version: int = 0
+    pending_eval: tuple[ArtifactRef, int] | None = None
+
+    @classmethod
+    def initial(cls, config_digest: str, adapter: ArtifactRef, optimizer_state: ArtifactRef) -> DriverState:
+        return cls(config_digest, -1, adapter, 0, optimizer_state)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> DriverState:
+        pending = d.get("pending_eval")
+        previous = d.get("previous_adapter")
+        return cls(
+            config_digest=d["config_digest"],
+            iteration=d["iteration"],
+            adapter=ArtifactRef(**d["adapter"]),
+            adapter_version=d["adapter_version"],
+            optimizer_state=ArtifactRef(**d["optimizer_state"]),
+            history=[IterationMetrics.from_dict(row) for row in d["history"]],
+            evals=[EvalResult(**e) for e in d["evals"]],
+            previous_adapter=ArtifactRef(**previous) if previous else None,
+            previous_version=d["previous_version"],
+            pending_eval=(ArtifactRef(**pending[0]), pending[1]) if pending else None,
+        )
+
+
+def encode_state(state: DriverState) -> bytes:
+    body = state.to_json()
+    return json.dumps({"schema": SCHEMA_VERSION, "digest": content_digest(body), "state": body}).encode()
+
+
+def decode_state(blob: bytes) -> DriverState:
+    try:
+        doc = json.loads(blob)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointCorruptError(
+            f"the driver checkpoint ({len(blob)} bytes) is not valid JSON — a torn write or a foreign file. "
+            "Delete it to restart the run from iteration 0, or restore the previous checkpoint."
+        ) from exc
+    if not isinstance(doc, dict) or "schema" not in doc or "state" not in doc or "digest" not in doc:
+        raise CheckpointCorruptError(
+            "the driver checkpoint is JSON but not a GRPO driver checkpoint (no schema/digest/state); "
+            "point the run at its own checkpoint or delete this one to start from iteration 0"
+        )
+    if doc["schema"] != SCHEMA_VERSION:
+        raise CheckpointSchemaError(
+            f"the checkpoint has schema {doc['schema']!r}; this driver reads schema {SCHEMA_VERSION}. "
+            "Resume it with the version of the package that wrote it, or start a new run."
+        )
+    if content_digest(doc["state"]) != doc["digest"]:
+        raise CheckpointCorruptError(
+            "the driver checkpoint's digest does not match its contents (a partial or altered write); "
+            "delete it to restart from iteration 0, or restore the previous checkpoint"
+        )
+    try:
+        return DriverState.from_json(doc["state"])
+    except (KeyError, TypeError) as exc:
+        raise CheckpointCorruptError(f"the driver checkpoint lacks a field: {exc}") from exc
+
+
+async def load_state(store: StateStore, config: Any, artifacts: Artifacts) -> DriverState | None:
+    """The state to resume from, or None for a fresh run. Raises a `CheckpointError` subtype when it can't resume."""
+    blob = await store.load()
+    if blob is None:
+        return None
+    state = decode_state(blob)
+    if state.config_digest != config.digest():
+        raise CheckpointConfigMismatchError(
+            f"the checkpoint was written by a run with configuration {state.config_digest[:12]}, this run has "
+            f"{config.digest()[:12]}; resume with the original configuration, or start a new run (a new run has its "
+            "own checkpoint)"
+        )
+    for what, ref in (("adapter", state.adapter), ("optimizer state", state.optimizer_state)):
+        if not await artifacts.exists(ref):
+            raise MissingAdapterError(
+                f"the checkpoint at iteration {state.iteration} names {what} {ref.uri}, which the artifact store no "
+                "longer has; restore it or start a new run"
+            )
+    return state
+
+
+async def save_state(store: StateStore, state: DriverState) -> None:
+    await store.save(encode_state(state))

@@ -1,0 +1,327 @@
+"""The GRPO driver of seed 000: sequential and pipelined, checkpointed, with evaluation off the critical path.
+
+Plain async code over the tier protocols (no flyte import): in production each tier method awaits a Flyte task, in
+tests it is a fake on the durable simulator. The driver owns ordering, identity and resume; the tiers own the work.
+
+Guarantees (each is a test): train-step inputs are canonical (groups in id order, whatever order they finished in);
+rollouts are seeded per (run seed, iteration, group); a checkpoint after every iteration lets a later attempt continue
+at the next iteration with its history; a checkpoint of another configuration, a torn or foreign one, or one naming
+a missing adapter is a typed error; a NaN reward names its group and sample and nothing of that iteration is committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from rl.identity import content_digest
+from rl.loop.checkpoint import DriverState, load_state, save_state
+from rl.protocols import Artifacts, Evaluator, PromptSource, Reporter, RolloutEngine, Scorer, StateStore, Trainer
+from rl.rewards import extract_answer
+from rl.seeding import derive_seed, rollout_seed
+from rl.types import ArtifactRef, EvalResult, IterationMetrics, Prompt, Rollout, RolloutRequest, TrainBatch
+
+
+class GrpoInputError(ValueError):
+    """The run's configuration or prompts cannot work; nothing was started."""
+
+
+class NonFiniteRewardError(ValueError):
+    """A scorer returned NaN or an infinity; the iteration was not committed."""
+
+
+class StaleBatchError(ValueError):
+    """A batch holds rollouts further behind the trained policy than `max_staleness` allows."""
+
+
+class EngineContractError(RuntimeError):
+    """A rollout engine returned something the protocol forbids (wrong count, version or group)."""
+
+
+@dataclass(frozen=True)
+class GrpoConfig:
+    """One run's shape. Its digest is stored in the checkpoint: resuming under another configuration is refused."""
+
+    iterations: int = 4
+    prompts_per_iteration: int = 4
+    group_size: int = 4
+    seed: int = 0
+    max_tokens: int = 4
+    pipelined: bool = False
+    max_staleness: int = 1
+    eval_k: int = 4
+    evaluate: bool = True
+
+    def digest(self) -> str:
+        return content_digest(self)
+
+    def validate(self, train_prompts: Sequence[Prompt]) -> None:
+        if self.iterations < 1:
+            raise GrpoInputError(f"iterations must be >= 1, got {self.iterations}")
+        if self.group_size < 2:
+            raise GrpoInputError(
+                f"group_size must be >= 2 (GRPO normalises rewards within a group), got {self.group_size}"
+            )
+        if not train_prompts:
+            raise GrpoInputError("the prompt source has no training prompts; give it at least one")
+        if not 1 <= self.prompts_per_iteration <= len(train_prompts):
+            raise GrpoInputError(
+                f"prompts_per_iteration must be in [1, {len(train_prompts)}] (the number of training prompts), "
+                f"got {self.prompts_per_iteration}"
+            )
+        if self.max_staleness < (1 if self.pipelined else 0):
+            raise GrpoInputError("the pipelined loop trains one-step-stale rollouts: max_staleness must be >= 1")
+        if self.evaluate and self.eval_k < 1:
+            raise GrpoInputError(f"eval_k must be >= 1, got {self.eval_k}")
+
+
+@dataclass(frozen=True)
+class GrpoTiers:
+    """The tiers the driver calls. `evaluator` and `reporter` are optional."""
+
+    engine: RolloutEngine
+    scorer: Scorer
+    trainer: Trainer
+    artifacts: Artifacts
+    prompts: PromptSource
+    evaluator: Evaluator | None = None
+    reporter: Reporter | None = None
+
+
+@dataclass(frozen=True)
+class GrpoOutcome:
+    adapter: ArtifactRef
+    adapter_version: int
+    optimizer_state: ArtifactRef
+    history: list[IterationMetrics]
+    evals: list[EvalResult] = field(default_factory=list)
+    resumed_from: int = -1
+
+
+def sample_prompts(config: GrpoConfig, prompts: Sequence[Prompt], iteration: int) -> list[Prompt]:
+    """The iteration's prompts: a seeded draw without replacement, the same on every attempt."""
+    rng = random.Random(derive_seed(config.seed, "prompts", iteration))
+    return rng.sample(list(prompts), config.prompts_per_iteration)
+
+
+async def generate_and_score(
+    config: GrpoConfig, tiers: GrpoTiers, iteration: int, adapter: ArtifactRef, version: int
+) -> tuple[list[Rollout], list[float]]:
+    """Launch every group at once, score each the moment it lands, return both in canonical (group id) order."""
+    prompts = sample_prompts(config, tiers.prompts.train_prompts(), iteration)
+    requests = [
+        RolloutRequest(
+            group_id=gid,
+            prompt=p,
+            n=config.group_size,
+            adapter=adapter,
+            policy_version=version,
+            seed=rollout_seed(config.seed, iteration, gid),
+            max_tokens=config.max_tokens,
+        )
+        for gid, p in enumerate(prompts)
+    ]
+    generating = [asyncio.ensure_future(tiers.engine.generate(r)) for r in requests]
+    groups: dict[int, list[Rollout]] = {}
+    scoring: dict[int, asyncio.Future[list[float]]] = {}
+    try:
+        for finished in asyncio.as_completed(generating):
+            group = await finished
+            gid = _check_group(group, requests, version)
+            groups[gid] = group
+            scoring[gid] = asyncio.ensure_future(tiers.scorer.score_group(group))
+        await asyncio.gather(*scoring.values())
+    finally:
+        for fut in generating:
+            fut.cancel()
+        for scored in scoring.values():
+            scored.cancel()
+    rollouts: list[Rollout] = []
+    rewards: list[float] = []
+    for gid in sorted(groups):
+        group_rewards = scoring[gid].result()
+        if len(group_rewards) != len(groups[gid]):
+            raise EngineContractError(
+                f"scorer returned {len(group_rewards)} rewards for group {gid} of {len(groups[gid])}"
+            )
+        for sample, reward in enumerate(group_rewards):
+            if reward != reward or reward in (float("inf"), float("-inf")):
+                raise NonFiniteRewardError(
+                    f"iteration {iteration}: the scorer returned {reward} for group {gid}, sample {sample} "
+                    f"(prompt {groups[gid][sample].question!r}); iteration {iteration} was not trained or "
+                    "checkpointed. Fix the reward function so it always returns a finite float."
+                )
+        rollouts.extend(groups[gid])
+        rewards.extend(float(r) for r in group_rewards)
+    return rollouts, rewards
+
+
+def _check_group(group: list[Rollout], requests: list[RolloutRequest], version: int) -> int:
+    if not group:
+        raise EngineContractError("the engine returned an empty group")
+    gid = group[0].group_id
+    if not 0 <= gid < len(requests) or len(group) != requests[gid].n:
+        raise EngineContractError(f"the engine returned {len(group)} rollouts for group {gid}; expected a full group")
+    if any(r.group_id != gid or r.policy_version != version for r in group):
+        raise EngineContractError(f"group {gid} mixes group ids or policy versions (expected v{version})")
+    return gid
+
+
+def iteration_metrics(
+    iteration: int,
+    version: int,
+    rollouts: list[Rollout],
+    rewards: list[float],
+    result_loss: float,
+    contributing: int,
+    no_signal: int,
+    max_staleness: int,
+) -> IterationMetrics:
+    n = len(rollouts)
+    best = max(range(n), key=lambda i: rewards[i])
+    return IterationMetrics(
+        iteration=iteration,
+        adapter_version=version,
+        num_rollouts=n,
+        mean_reward=sum(rewards) / n,
+        max_reward=max(rewards),
+        accuracy=sum(extract_answer(r.completion) == r.answer for r in rollouts) / n,
+        format_rate=sum("####" in r.completion for r in rollouts) / n,
+        mean_loss=result_loss,
+        contributing=contributing,
+        sample_question=rollouts[best].question,
+        sample_completion=rollouts[best].completion,
+        sample_reward=rewards[best],
+        no_signal_groups=no_signal,
+        max_staleness=max_staleness,
+    )
+
+
+async def _train(
+    config: GrpoConfig,
+    tiers: GrpoTiers,
+    state: DriverState,
+    iteration: int,
+    rollouts: list[Rollout],
+    rewards: list[float],
+) -> DriverState:
+    new_version = state.adapter_version + 1
+    staleness = [state.adapter_version - r.policy_version for r in rollouts]
+    worst = max(staleness)
+    if worst > config.max_staleness or min(staleness) < 0:
+        raise StaleBatchError(
+            f"iteration {iteration}: rollouts from policy versions {sorted({r.policy_version for r in rollouts})} "
+            f"cannot train v{state.adapter_version} with max_staleness={config.max_staleness}"
+        )
+    batch = TrainBatch(
+        step=iteration,
+        rollouts=rollouts,
+        rewards=rewards,
+        adapter=state.adapter,
+        optimizer_state=state.optimizer_state,
+        new_version=new_version,
+    )
+    result = await tiers.trainer.train_step(batch)
+    if result.version != new_version:
+        raise EngineContractError(
+            f"trainer returned adapter v{result.version} for step {iteration}; expected v{new_version}"
+        )
+    from rl.advantages import no_signal_groups
+
+    row = iteration_metrics(
+        iteration,
+        new_version,
+        rollouts,
+        rewards,
+        result.metrics.loss,
+        result.metrics.contributing,
+        len(no_signal_groups([r.group_id for r in rollouts], rewards)),
+        worst,
+    )
+    return replace(
+        state,
+        iteration=iteration,
+        previous_adapter=state.adapter,
+        previous_version=state.adapter_version,
+        adapter=result.adapter,
+        adapter_version=new_version,
+        optimizer_state=result.optimizer_state,
+        history=[*state.history, row],
+    )
+
+
+async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> GrpoOutcome:
+    """Run (or resume) the loop to `config.iterations`; return the final adapter, optimizer state and history."""
+    config.validate(tiers.prompts.train_prompts())
+    state = await load_state(store, config, tiers.artifacts)
+    resumed_from = state.iteration if state is not None else -1
+    if state is None:
+        init = await tiers.trainer.init_adapter(derive_seed(config.seed, "init"))
+        state = DriverState.initial(config.digest(), init.adapter, init.optimizer_state)
+    await _publish(tiers, state, "running")
+
+    evaluating = _launch_eval(config, tiers, state.pending_eval)
+    start = state.iteration + 1
+    pending = None
+    if config.pipelined and start < config.iterations:
+        # The batch for `start` was (or will be) generated by the adapter before the last trained one: one step stale.
+        gen_adapter, gen_version = (
+            (state.previous_adapter, state.previous_version)
+            if state.previous_adapter is not None
+            else (state.adapter, state.adapter_version)
+        )
+        pending = asyncio.ensure_future(generate_and_score(config, tiers, start, gen_adapter, gen_version))
+    try:
+        for it in range(start, config.iterations):
+            if config.pipelined:
+                assert pending is not None
+                rollouts, rewards = await pending
+                if it + 1 < config.iterations:
+                    pending = asyncio.ensure_future(
+                        generate_and_score(config, tiers, it + 1, state.adapter, state.adapter_version)
+                    )
+            else:
+                rollouts, rewards = await generate_and_score(config, tiers, it, state.adapter, state.adapter_version)
+            state = await _train(config, tiers, state, it, rollouts, rewards)
+            # Evaluation of step N runs while step N+1 generates and trains; it is awaited only after N+1.
+            finished_eval = await evaluating if evaluating is not None else None
+            state = replace(
+                state,
+                evals=[*state.evals, finished_eval] if finished_eval is not None else state.evals,
+                pending_eval=(state.adapter, state.adapter_version) if config.evaluate else None,
+            )
+            evaluating = _launch_eval(config, tiers, state.pending_eval)
+            await _publish(tiers, state, "running")
+            await save_state(store, state)
+        if evaluating is not None:
+            state = replace(state, evals=[*state.evals, await evaluating], pending_eval=None)
+    finally:
+        for fut in (pending, evaluating):
+            if fut is not None:
+                fut.cancel()
+    await _publish(tiers, state, "complete")
+    return GrpoOutcome(
+        adapter=state.adapter,
+        adapter_version=state.adapter_version,
+        optimizer_state=state.optimizer_state,
+        history=list(state.history),
+        evals=list(state.evals),
+        resumed_from=resumed_from,
+    )
+
+
+def _launch_eval(
+    config: GrpoConfig, tiers: GrpoTiers, pending: tuple[ArtifactRef, int] | None
+) -> asyncio.Future[EvalResult] | None:
+    if pending is None or tiers.evaluator is None or not config.evaluate:
+        return None
+    adapter, version = pending
+    seed = derive_seed(config.seed, "eval", version)
+    return asyncio.ensure_future(tiers.evaluator.evaluate(adapter, version, config.eval_k, seed))
+
+
+async def _publish(tiers: GrpoTiers, state: DriverState, status: str) -> None:
+    if tiers.reporter is not None:
+        await tiers.reporter.publish(state.history, status=status)
