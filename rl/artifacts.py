@@ -37,8 +37,12 @@ class ArtifactError(Exception):
     """Base of the artifact store's errors."""
 
 
-class ArtifactNotFound(ArtifactError, LookupError):
-    """No artifact with the requested digest is stored here."""
+class ArtifactNotFound(ArtifactError, FileNotFoundError):
+    """No artifact with the requested digest is stored here.
+
+    A `FileNotFoundError`, like the in-memory fake's `MissingArtifactError`, so a driver handles a lost artifact the
+    same way whichever store it runs on.
+    """
 
 
 class ArtifactCorrupt(ArtifactError):

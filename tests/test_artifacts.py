@@ -99,6 +99,8 @@ def test_missing_artifact_raises_not_found(tmp_path: Path) -> None:
         run(store.get(ref))
     with pytest.raises(ArtifactNotFound):
         store.resolve("never-stored")
+    with pytest.raises(FileNotFoundError):  # what the in-memory fake raises too
+        run(store.get(ref))
 
 
 @pytest.mark.parametrize("damage", ["edit", "truncate", "delete", "add"])
