@@ -46,6 +46,22 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session
+def chaos(session: nox.Session) -> None:
+    """1,000 seeded fault scenarios per loop plus a kill-at-every-await-point sweep, on the simulator."""
+    _install_cpu(session)
+    seeds = session.posargs[0] if session.posargs else "1000"
+    for loop in ("grpo", "grpo-pipelined"):
+        session.run("rl", "chaos", "--loop", loop, "--seeds", seeds, env=HYPOTHESIS_ENV)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks printed side by side: simulator replay, chaos scenario rate, pipelining on the virtual clock."""
+    _install_cpu(session)
+    session.run("rl", "bench", *session.posargs, env=HYPOTHESIS_ENV)
+
+
+@nox.session
 def gpu(session: nox.Session) -> None:
     """Real vLLM, CUDA LoRA training and multi-GPU DDP. Needs a CUDA machine; vllm brings its own torch."""
     session.install("-e", ".[test,gpu]")
