@@ -1,0 +1,211 @@
+"""The GRPO policy loss: a PPO-style clipped importance-ratio surrogate plus a k3 KL penalty towards the reference.
+
+For one completion of T tokens with advantage A (Shao et al., "DeepSeekMath", 2024, eq. 3, token-level form):
+
+    r_t  = exp(new_t - old_t)                                          importance ratio, new over behaviour policy
+    L    = -( mean_t min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A)  -  beta mean_t k3_t )
+    k3_t = exp(d_t) - d_t - 1,   d_t = ref_t - new_t                   (Schulman, "Approximating KL divergence")
+
+and a batch's loss is the mean over completions of their token-mean losses (the seed's aggregation, GRPO's 1/G sum_i
+1/|o_i| sum_t). `old` is the log-probability under the policy that sampled the token (one step stale when generation
+overlaps training), `ref` under the frozen base with the adapter off; only `new` carries gradient.
+
+Each term is its own small function so a variant (another KL estimator, another aggregation) is a new function, not a
+flag threaded through one method.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "LossSample",
+    "clip_fraction",
+    "clipped_surrogate",
+    "grpo_batch_loss",
+    "grpo_sample_loss",
+    "importance_ratio",
+    "k3_kl",
+]
+
+
+def importance_ratio(new_logp: Tensor, old_logp: Tensor) -> Tensor:
+    """Per-token importance ratio `r_t = exp(new_t - old_t)` of the policy being trained over the one that sampled.
+
+    PPO (Schulman et al., 2017) as used by GRPO (DeepSeekMath). Gradient flows through `new_logp` only.
+
+    Shape: `new_logp`, `old_logp`: `[T]` -> `[T]`.
+    """
+    return torch.exp(new_logp - old_logp.detach())
+
+
+def clipped_surrogate(ratio: Tensor, advantage: float, clip_eps_low: float, clip_eps_high: float) -> Tensor:
+    """Per-token pessimistic surrogate `min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A)`.
+
+    PPO's clipped objective as GRPO uses it (DeepSeekMath, eq. 3); separate low and high bounds are DAPO's "clip-higher"
+    (Yu et al., 2025). Where the clip binds on the side that would raise the objective (A > 0 and r > 1 + eps_high, or
+    A < 0 and r < 1 - eps_low) the term is constant in `r`, so its gradient is zero: a stale sample cannot push the
+    policy further than the trust region. On the other side the unclipped term is kept, so a move that lowers the
+    objective is always corrected.
+
+    Shape: `ratio`: `[T]` -> `[T]`.
+    """
+    clipped = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
+    return torch.minimum(ratio * advantage, clipped * advantage)
+
+
+def k3_kl(ref_logp: Tensor, new_logp: Tensor) -> Tensor:
+    """Per-token k3 estimator of KL(new || ref): `exp(d) - d - 1` with `d = ref - new`, on tokens sampled from new.
+
+    Schulman, "Approximating KL divergence" (2020): unbiased, always >= 0, and lower-variance than `-d` (k1) or `d**2/2`
+    (k2). Computed as `expm1(d) - d`, the same value without the cancellation of `exp(d) - 1` near `d = 0`, so it stays
+    >= 0 in floating point and is exactly 0 where `ref == new`. Gradient flows through `new_logp` only.
+
+    Shape: `ref_logp`, `new_logp`: `[T]` -> `[T]`.
+    """
+    delta = ref_logp.detach() - new_logp
+    return torch.expm1(delta) - delta
+
+
+def clip_fraction(ratio: Tensor, clip_eps_low: float, clip_eps_high: float) -> Tensor:
+    """Fraction of tokens whose ratio lies outside `[1 - eps_low, 1 + eps_high]`, whatever the advantage's sign.
+
+    The seed's diagnostic `mean(|r - 1| > eps)` when the bounds are equal: how far the sampling policy has drifted from
+    the one being trained, not how many tokens had their gradient cut (that also depends on the sign of A).
+
+    Shape: `ratio`: `[T]` -> `[]`.
+    """
+    shifted = ratio.detach() - 1.0
+    outside = (shifted < -clip_eps_low) | (shifted > clip_eps_high)
+    return outside.to(ratio.dtype).mean()
+
+
+def grpo_sample_loss(
+    new_logp: Tensor,
+    old_logp: Tensor,
+    ref_logp: Tensor,
+    advantage: float,
+    clip_eps: float = 0.2,
+    kl_beta: float = 0.03,
+    clip_eps_high: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Token-level clipped-ratio GRPO loss of ONE completion, with the k3 KL penalty; the seed's formula.
+
+        loss = -( mean_t min(r_t A, clip(r_t, 1 - eps, 1 + eps_high) A) - kl_beta * mean_t k3_t )
+
+    `clip_eps` is the lower bound's epsilon and, unless `clip_eps_high` is given, the upper one's too. At `r = 1` the
+    surrogate's gradient equals REINFORCE's, `-A / T` per token (its value, `-A`, does not).
+
+    Shape: `new_logp`, `old_logp`, `ref_logp`: `[T]`, `T >= 1`, floating point -> loss `[]`.
+
+    Returns:
+        `(loss, stats)`: the scalar loss (differentiable w.r.t. `new_logp`) and python floats `loss`, `ratio` (mean
+        importance ratio), `kl` (mean k3) and `clip_frac` (see `clip_fraction`).
+
+    Raises:
+        ValueError: inputs that are not 1-D floating tensors of one length >= 1, a non-finite advantage, or a negative
+            or non-finite `clip_eps`, `clip_eps_high` or `kl_beta`; the message says which.
+    """
+    _check_logps(new_logp, old_logp, ref_logp)
+    advantage = _finite("advantage", advantage)
+    eps_low = _non_negative("clip_eps", clip_eps)
+    eps_high = eps_low if clip_eps_high is None else _non_negative("clip_eps_high", clip_eps_high)
+    beta = _non_negative("kl_beta", kl_beta)
+
+    ratio = importance_ratio(new_logp, old_logp)  # [T]
+    surrogate = clipped_surrogate(ratio, advantage, eps_low, eps_high).mean()  # []
+    kl = k3_kl(ref_logp, new_logp).mean()  # []
+    loss = -(surrogate - beta * kl)
+    stats = {
+        "loss": float(loss.detach()),
+        "ratio": float(ratio.detach().mean()),
+        "kl": float(kl.detach()),
+        "clip_frac": float(clip_fraction(ratio, eps_low, eps_high)),
+    }
+    return loss, stats
+
+
+class LossSample(NamedTuple):
+    """One completion's inputs to the loss: its per-token log-probs under the three policies and its advantage.
+
+    Shape: `new_logp`, `old_logp`, `ref_logp`: `[T_i]`; the length may differ between samples.
+    """
+
+    new_logp: Tensor
+    old_logp: Tensor
+    ref_logp: Tensor
+    advantage: float
+
+
+def grpo_batch_loss(
+    samples: Sequence[LossSample],
+    clip_eps: float = 0.2,
+    kl_beta: float = 0.03,
+    clip_eps_high: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """The loss of a batch of completions: each completion's token-mean loss, then the mean over completions.
+
+    Every completion weighs the same whatever its length, as in the seed and GRPO's `1/G sum_i 1/|o_i| sum_t`. A
+    trainer that back-propagates `grpo_sample_loss(...)[0] / len(samples)` one sample at a time (to free each graph)
+    accumulates the same gradient.
+
+    Shape: each sample's tensors `[T_i]` -> loss `[]`.
+
+    Returns:
+        `(loss, stats)`: the scalar mean loss and the per-sample stats of `grpo_sample_loss` averaged over samples with
+        the same weights as the loss (`loss` is the batch loss itself).
+
+    Raises:
+        ValueError: an empty batch, or any sample `grpo_sample_loss` rejects (the message names its index).
+    """
+    if len(samples) == 0:
+        raise ValueError("grpo_batch_loss needs at least one sample")
+    losses: list[Tensor] = []
+    sums = {"ratio": 0.0, "kl": 0.0, "clip_frac": 0.0}
+    for i, sample in enumerate(samples):
+        new_logp, old_logp, ref_logp, advantage = sample
+        try:
+            loss, stats = grpo_sample_loss(new_logp, old_logp, ref_logp, advantage, clip_eps, kl_beta, clip_eps_high)
+        except ValueError as err:
+            raise ValueError(f"samples[{i}]: {err}") from None
+        losses.append(loss)
+        for key in sums:
+            sums[key] += stats[key]
+    batch_loss = torch.stack(losses).mean()
+    n = len(samples)
+    return batch_loss, {"loss": float(batch_loss.detach()), **{key: total / n for key, total in sums.items()}}
+
+
+def _check_logps(new_logp: object, old_logp: object, ref_logp: object) -> None:
+    lengths: dict[str, int] = {}
+    for name, t in (("new_logp", new_logp), ("old_logp", old_logp), ("ref_logp", ref_logp)):
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 1:
+            raise ValueError(f"{name} must be 1-D (one completion's tokens), got shape {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got {t.dtype}")
+        lengths[name] = t.shape[0]
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"log-prob tensors must have one length, got {lengths}")
+    if lengths["new_logp"] < 1:
+        raise ValueError("log-prob tensors are empty: a completion needs at least one token")
+
+
+def _finite(name: str, value: float) -> float:
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return value
+
+
+def _non_negative(name: str, value: float) -> float:
+    value = _finite(name, value)
+    if value < 0.0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return value
