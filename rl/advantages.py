@@ -61,9 +61,12 @@ def group_normalized_advantages(
         group_rewards = [rewards_f[i] for i in members]
         if _all_equal(group_rewards):
             continue
+        # fmean (via fsum) and pstdev (via exact fractions) are correctly rounded from exact sums, so the advantages do
+        # not depend on the order of the samples.
         mean = statistics.fmean(group_rewards)
-        # pstdev is computed from exact fractions and correctly rounded, so the result is independent of sample order.
         denominator = statistics.pstdev(group_rewards) + eps if scale == "group" else 1.0
+        if denominator == 0.0:
+            continue  # eps=0 and a spread so small its std underflows (e.g. [0.0, 5e-324]): nothing to scale by
         for i in members:
             advantages[i] = (rewards_f[i] - mean) / denominator
     return advantages

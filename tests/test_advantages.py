@@ -145,6 +145,11 @@ def test_group_advantages_are_bounded_by_sqrt_group_size_minus_one(data):
         assert all(abs(adv[i]) <= bound * (1 + 1e-12) for i in members)
 
 
+def test_a_spread_whose_std_underflows_gives_zeros_not_a_division_error():
+    """With eps=0, a group whose std rounds to 0 (a subnormal spread) gets zeros, not a ZeroDivisionError."""
+    assert group_normalized_advantages([0, 0], [0.0, 5e-324], eps=0.0) == [0.0, 0.0]
+
+
 def test_one_outlier_among_equals_reaches_the_bound():
     """The bound is tight: G-1 equal rewards and one outlier give the outlier sqrt(G-1) when eps=0."""
     adv = group_normalized_advantages([0] * 5, [0.0, 0.0, 0.0, 0.0, 1.0], eps=0.0)
