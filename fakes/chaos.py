@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from fakes.faults import FaultPlan
-from fakes.grpo_sim import grpo_sim, lineage_violations, outcome_violations
-from rl.loop.grpo import GrpoConfig, GrpoOutcome
+from fakes.grpo_sim import GrpoDriver, grpo_sim, lineage_violations, outcome_violations
+from rl.loop.grpo import GrpoConfig, GrpoOutcome, run_grpo
 
 # The issue's floor: >= 4 iterations of >= 4 groups x 4 samples.
 CHAOS_GRPO = GrpoConfig(iterations=4, prompts_per_iteration=4, group_size=4, seed=0)
@@ -46,41 +46,54 @@ def fault_plan(seed: int) -> FaultPlan:
     )
 
 
-def _grpo_config(pipelined: bool, run_seed: int) -> GrpoConfig:
-    return replace(CHAOS_GRPO, pipelined=pipelined, seed=run_seed)
+def _grpo_config(pipelined: bool, run_seed: int, base: GrpoConfig = CHAOS_GRPO) -> GrpoConfig:
+    return replace(base, pipelined=pipelined, seed=run_seed)
 
 
 @functools.cache
-def _grpo_reference(pipelined: bool, run_seed: int) -> GrpoOutcome:
-    result = grpo_sim(_grpo_config(pipelined, run_seed), seed=run_seed).run()
+def _grpo_reference(
+    pipelined: bool, run_seed: int, driver: GrpoDriver = run_grpo, base: GrpoConfig = CHAOS_GRPO
+) -> GrpoOutcome:
+    result = grpo_sim(_grpo_config(pipelined, run_seed, base), seed=run_seed, driver=driver).run()
     if not result.ok:
         raise RuntimeError(f"the uninterrupted reference run failed: {result.error!r}")
     return result.output
 
 
 def _grpo_check(
-    loop: str, pipelined: bool, seed: int, run_seed: int, faults: FaultPlan | None, crash_at: int | None
+    loop: str,
+    pipelined: bool,
+    seed: int,
+    run_seed: int,
+    faults: FaultPlan | None,
+    crash_at: int | None,
+    driver: GrpoDriver = run_grpo,
+    base: GrpoConfig = CHAOS_GRPO,
 ) -> ScenarioReport:
-    config = _grpo_config(pipelined, run_seed)
-    setup = grpo_sim(config, seed=run_seed, faults=faults)
+    config = _grpo_config(pipelined, run_seed, base)
+    setup = grpo_sim(config, seed=run_seed, faults=faults, driver=driver)
     result = setup.run(retries=(faults.max_driver_crashes if faults else 0) + 1, crash_at=crash_at)
     if not result.ok:
         violations = [f"run did not finish: {result.error!r}"]
     else:
-        violations = outcome_violations(_grpo_reference(pipelined, run_seed), result.output)
+        violations = outcome_violations(_grpo_reference(pipelined, run_seed, driver, base), result.output)
         violations += lineage_violations(config, setup, result.output)
     if crash_at is not None and result.crashes < 1:
         violations.append(f"the driver was never killed at await point {crash_at}")
     return ScenarioReport(loop, seed, violations, result.crashes, result.attempts)
 
 
-def grpo_random(pipelined: bool) -> Callable[[int], ScenarioReport]:
+def grpo_random(
+    pipelined: bool, *, driver: GrpoDriver = run_grpo, config: GrpoConfig = CHAOS_GRPO
+) -> Callable[[int], ScenarioReport]:
     loop = "grpo-pipelined" if pipelined else "grpo"
-    return lambda seed: _grpo_check(loop, pipelined, seed, seed % RUN_SEEDS, fault_plan(seed), None)
+    return lambda seed: _grpo_check(loop, pipelined, seed, seed % RUN_SEEDS, fault_plan(seed), None, driver, config)
 
 
-def grpo_sweep(pipelined: bool) -> list[ScenarioReport]:
+def grpo_sweep(
+    pipelined: bool, *, driver: GrpoDriver = run_grpo, config: GrpoConfig = CHAOS_GRPO, run_seed: int = 0
+) -> list[ScenarioReport]:
     """Kill the driver at each await point of the uninterrupted run in turn."""
     loop = "grpo-pipelined" if pipelined else "grpo"
-    points = grpo_sim(_grpo_config(pipelined, 0), seed=0).run().await_points
-    return [_grpo_check(loop, pipelined, point, 0, None, point) for point in range(points)]
+    points = grpo_sim(_grpo_config(pipelined, run_seed, config), seed=run_seed, driver=driver).run().await_points
+    return [_grpo_check(loop, pipelined, point, run_seed, None, point, driver, config) for point in range(points)]

@@ -6,6 +6,7 @@ in the proportions of seed 000's measured loop (generation dominates, the traine
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -15,6 +16,10 @@ from fakes.faults import FaultPlan
 from fakes.grpo_tiers import FakeEngine, FakeEvaluator, FakeScorer, FakeTrainer, LatencyModel, RecordingReporter
 from rl.loop.grpo import GrpoConfig, GrpoOutcome, GrpoTiers, run_grpo, sample_prompts
 from rl.problems import DigitSuccessor
+from rl.protocols import StateStore
+
+# A driver with `run_grpo`'s signature: ours, or a fork's under the conformance suite.
+GrpoDriver = Callable[[GrpoConfig, GrpoTiers, StateStore], Awaitable[GrpoOutcome]]
 
 
 @dataclass(frozen=True)
@@ -38,16 +43,22 @@ class GrpoSim:
     artifacts: MemoryArtifacts
     trainer: FakeTrainer
     reporter: RecordingReporter
+    driver_fn: GrpoDriver = run_grpo
 
     async def driver(self) -> GrpoOutcome:
-        return await run_grpo(self.config, self.tiers, self.sim.checkpoint_store())
+        return await self.driver_fn(self.config, self.tiers, self.sim.checkpoint_store())
 
     def run(self, *, retries: int = 0, crash_at: int | list[int] | None = None) -> RunResult:
         return self.sim.run(self.driver, retries=retries, crash_at=crash_at)
 
 
 def grpo_sim(
-    config: GrpoConfig, *, seed: int = 0, faults: FaultPlan | None = None, latencies: Latencies = Latencies()
+    config: GrpoConfig,
+    *,
+    seed: int = 0,
+    faults: FaultPlan | None = None,
+    latencies: Latencies = Latencies(),
+    driver: GrpoDriver = run_grpo,
 ) -> GrpoSim:
     sim = DurableSimulator(seed=seed, faults=faults)
     artifacts = MemoryArtifacts()
@@ -73,7 +84,7 @@ def grpo_sim(
         ),
         reporter=reporter,
     )
-    return GrpoSim(sim, config, tiers, artifacts, trainer, reporter)
+    return GrpoSim(sim, config, tiers, artifacts, trainer, reporter, driver)
 
 
 def lineage_violations(config: GrpoConfig, setup: GrpoSim, outcome: GrpoOutcome) -> list[str]:
