@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
+import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +28,11 @@ from rl.trainer.config import TrainerConfig
 from rl.trainer.ddp import ddp_shard_step, ddp_train_step, run_local_ddp, shard
 from rl.trainer.peft_trainer import (
     PeftTrainer,
-    adapter_files,
     load_policy,
-    new_adapter,
     sample_loss_fns,
     trainable_parameters,
 )
-from rl.types import Rollout, TrainResult
+from rl.types import Rollout, TrainBatch, TrainResult
 
 __all__ = ["tiny_model_dir"]
 
@@ -150,23 +151,87 @@ def _dummy_ref() -> Any:
     return ArtifactRef(uri="unused://", digest="sha256:" + "0" * 64)
 
 
+def _failing_steps(
+    rank: int, world_size: int, base_dir: Path, artifacts_root: Path, stale: Any, good: Any
+) -> list[str]:
+    """Two steps that must fail without a hang: a stale batch (every rank), then a store only rank 1 cannot read."""
+    outcomes = []
+    for batch, root in ((stale, artifacts_root), (good, artifacts_root if rank == 0 else artifacts_root / "missing")):
+        start = time.monotonic()
+        try:
+            ddp_train_step(rank, world_size, base_dir, root, batch, CONFIG)
+            outcomes.append("ok")
+        except Exception as exc:
+            outcomes.append(type(exc).__name__)
+        # A hang would last until the collective timeout; an agreed failure takes about one model load.
+        assert time.monotonic() - start < TIMEOUT_S / 3, f"rank {rank} took {time.monotonic() - start:.1f} s"
+    return outcomes
+
+
+def _all_rank_checks(rank: int, world_size: int, jobs: dict[str, tuple[Any, ...]]) -> dict[str, Any]:
+    """Every multi-rank check in one spawn (spawning costs seconds of imports per rank): each job's result, or the
+    error it raised, so each test reports its own failure."""
+    workers = {"grads": _grad_worker, "train": ddp_train_step, "failures": _failing_steps}
+    out: dict[str, Any] = {}
+    for name, args in jobs.items():
+        try:
+            out[name] = workers[name](rank, world_size, *args)
+        except Exception:
+            out[name] = RuntimeError(f"rank {rank}, job {name}:\n{traceback.format_exc()}")
+    return out
+
+
+@dataclass
+class DdpRun:
+    """The inputs the parent prepared and what each rank returned, per job."""
+
+    base_dir: Path
+    artifacts: LocalArtifacts
+    train_batch: TrainBatch
+    v1: TrainResult
+    per_rank: list[dict[str, Any]]
+
+    def results(self, job: str) -> list[Any]:
+        for rank_out in self.per_rank:
+            if isinstance(rank_out[job], Exception):
+                raise rank_out[job]
+        return [rank_out[job] for rank_out in self.per_rank]
+
+
 @pytest.fixture(scope="module")
-def rollouts(tiny_model_dir: Path) -> list[Rollout]:
-    return make_rollouts(tiny_model_dir, groups=3, samples=4, seed=21)
+def ddp_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> DdpRun:
+    store_root = tmp_path_factory.mktemp("ddp-store")
+    artifacts = LocalArtifacts(store_root)
+    trainer = PeftTrainer(tiny_model_dir, artifacts, CONFIG)
+    init = asyncio.run(trainer.init_adapter(seed=5))
+
+    grad_rollouts = make_rollouts(tiny_model_dir, groups=3, samples=4, seed=21)
+    adapter = asyncio.run(artifacts.get(init.adapter))
+
+    # 4 groups of 3, one silent: 9 contributing samples, sharded 5 + 4.
+    train_rollouts = make_rollouts(tiny_model_dir, groups=4, samples=3, seed=31)
+    train_rewards = varied_rewards(train_rollouts, silent_groups=[2])
+    # Step once first so the LoRA B matrices are non-zero and the compared step moves A as well as B.
+    v1 = asyncio.run(trainer.train_step(make_batch(train_rollouts, train_rewards, init.adapter, init.optimizer_state)))
+    train_batch = make_batch(train_rollouts, train_rewards, v1.adapter, v1.optimizer_state, step=1, new_version=2)
+
+    stale = make_batch(train_rollouts, train_rewards, init.adapter, init.optimizer_state, new_version=3)
+    good = make_batch(train_rollouts, train_rewards, init.adapter, init.optimizer_state)
+
+    jobs = {
+        "grads": (tiny_model_dir, grad_rollouts, varied_rewards(grad_rollouts), adapter),
+        "train": (tiny_model_dir, store_root, train_batch, CONFIG),
+        "failures": (tiny_model_dir, store_root, stale, good),
+    }
+    per_rank = run_local_ddp(WORLD, _all_rank_checks, jobs, timeout_s=TIMEOUT_S)
+    return DdpRun(tiny_model_dir, artifacts, train_batch, v1, per_rank)
 
 
 @pytest.mark.slow
-def test_ddp_gradient_equals_the_single_process_full_batch_gradient(
-    tiny_model_dir: Path, rollouts: list[Rollout]
-) -> None:
+def test_ddp_gradient_equals_the_single_process_full_batch_gradient(ddp_run: DdpRun) -> None:
     """For even, uneven, empty and all-empty shards: relative error <= 1e-5 on every rank, one DDP forward and the
     same number of all-reduces on every rank, and identical parameters after an optimizer step."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        adapter = adapter_files(new_adapter(tiny_model_dir, CONFIG, seed=5))
-    reports = run_local_ddp(
-        WORLD, _grad_worker, tiny_model_dir, rollouts, varied_rewards(rollouts), adapter, timeout_s=TIMEOUT_S
-    )
+    reports = ddp_run.results("grads")
     for name, indices in GRAD_CASES:
         per_rank = [r[name] for r in reports]
         assert [i for r in per_rank for i in r["shard"]] == indices, name
@@ -181,22 +246,12 @@ def test_ddp_gradient_equals_the_single_process_full_batch_gradient(
 
 
 @pytest.mark.slow
-def test_the_multi_rank_train_step_equals_the_single_process_step(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_the_multi_rank_train_step_equals_the_single_process_step(ddp_run: DdpRun) -> None:
     """Two ranks, 9 contributing samples (5 + 4) and one no-signal group: both ranks return the same TrainResult, and
     its adapter matches the single-process step's to float32 rounding."""
-    rollouts = make_rollouts(tiny_model_dir, groups=4, samples=3, seed=31)
-    rewards = varied_rewards(rollouts, silent_groups=[2])
-    artifacts = LocalArtifacts(tmp_path / "store")
-    trainer = PeftTrainer(tiny_model_dir, artifacts, CONFIG)
-    init = asyncio.run(trainer.init_adapter(seed=5))
-    # Step once first so the LoRA B matrices are non-zero and the compared step moves A as well as B.
-    v1 = asyncio.run(trainer.train_step(make_batch(rollouts, rewards, init.adapter, init.optimizer_state)))
-    batch = make_batch(rollouts, rewards, v1.adapter, v1.optimizer_state, step=1, new_version=2)
-
-    results: list[TrainResult] = run_local_ddp(
-        WORLD, ddp_train_step, tiny_model_dir, tmp_path / "store", batch, CONFIG, timeout_s=TIMEOUT_S
-    )
-    single = asyncio.run(trainer.train_step(batch))
+    results: list[TrainResult] = ddp_run.results("train")
+    artifacts = ddp_run.artifacts
+    single = asyncio.run(PeftTrainer(ddp_run.base_dir, artifacts, CONFIG).train_step(ddp_run.train_batch))
 
     assert results[0] == results[1]
     multi = results[0]
@@ -206,8 +261,16 @@ def test_the_multi_rank_train_step_equals_the_single_process_step(tiny_model_dir
     assert multi.metrics.grad_norm == pytest.approx(single.metrics.grad_norm, rel=1e-5)
     got = load_safetensors(asyncio.run(artifacts.get(multi.adapter))["adapter_model.safetensors"])
     want = load_safetensors(asyncio.run(artifacts.get(single.adapter))["adapter_model.safetensors"])
-    before = load_safetensors(asyncio.run(artifacts.get(v1.adapter))["adapter_model.safetensors"])
+    before = load_safetensors(asyncio.run(artifacts.get(ddp_run.v1.adapter))["adapter_model.safetensors"])
     assert got.keys() == want.keys()
     for key in want:
         assert not torch.equal(want[key], before[key]), key
         torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_failures_surface_on_every_rank_instead_of_hanging(ddp_run: DdpRun) -> None:
+    """A stale batch raises StaleRolloutError on every rank; one rank's unreadable input fails that rank with its own
+    error and the other with PeerRankError, each well within the collective timeout."""
+    outcomes = ddp_run.results("failures")
+    assert outcomes == [["StaleRolloutError", "PeerRankError"], ["StaleRolloutError", "ArtifactNotFound"]]

@@ -25,6 +25,7 @@ import io
 import json
 import math
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +109,14 @@ def pinned_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
+@contextlib.contextmanager
+def _quiet_peft() -> Iterator[None]:
+    with warnings.catch_warnings():
+        # peft 0.21 probes a property transformers 5.2x deprecated; the warning is theirs and says nothing to users.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
+
+
 def _derived_seed(*parts: int) -> int:
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1  # torch.manual_seed takes a non-negative int64
@@ -130,7 +139,7 @@ def new_adapter(base_dir: Path, config: TrainerConfig, seed: int) -> PeftModel:
         task_type="CAUSAL_LM",
     )
     # Forked so seeding the adapter's init neither depends on nor disturbs the caller's RNG stream.
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), _quiet_peft():
         torch.manual_seed(seed)
         model = get_peft_model(base, lora)
     return model
@@ -148,7 +157,8 @@ def load_policy(base_dir: Path, files: Mapping[str, bytes], *, trainable: bool) 
     with tempfile.TemporaryDirectory(prefix="adapter-") as tmp:
         for name in ADAPTER_FILES:
             (Path(tmp) / name).write_bytes(files[name])
-        return PeftModel.from_pretrained(base, tmp, is_trainable=trainable)
+        with _quiet_peft():
+            return PeftModel.from_pretrained(base, tmp, is_trainable=trainable)
 
 
 def adapter_files(model: PeftModel) -> dict[str, bytes]:
