@@ -1,0 +1,44 @@
+"""Versioned copy-on-write volumes on the local filesystem, and the rollout buffer built on them.
+
+`LocalVolumeStore` implements `rl.protocols.VolumeVersion` / `WritableVolume` (the `ROVolume` / `Volume` roles of seeds
+000 and 002) from plain directories; `RolloutBuffer` keeps one `iter-NNNNN.jsonl` per iteration on a chain of its
+versions. See `rl.volumes.local` for which filesystems get true copy-on-write and how it is guaranteed elsewhere.
+"""
+
+from __future__ import annotations
+
+from rl.volumes.local import (
+    FileEntry,
+    InvalidNameError,
+    InvalidPathError,
+    LocalVolumeStore,
+    LocalVolumeVersion,
+    LocalWritableVolume,
+    SharedFileModifiedError,
+    ShareMode,
+    UnsupportedFileError,
+    VersionNotFoundError,
+    VolumeCorruptedError,
+    VolumeError,
+    VolumeSealedError,
+    WriterConflictError,
+    probe_share_mode,
+)
+
+__all__ = [
+    "FileEntry",
+    "InvalidNameError",
+    "InvalidPathError",
+    "LocalVolumeStore",
+    "LocalVolumeVersion",
+    "LocalWritableVolume",
+    "ShareMode",
+    "SharedFileModifiedError",
+    "UnsupportedFileError",
+    "VersionNotFoundError",
+    "VolumeCorruptedError",
+    "VolumeError",
+    "VolumeSealedError",
+    "WriterConflictError",
+    "probe_share_mode",
+]

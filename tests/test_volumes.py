@@ -1,0 +1,518 @@
+"""Local copy-on-write volumes: a state machine against a dict model, then the guarantees one at a time."""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from rl.protocols import VolumeVersion, WritableVolume
+from rl.volumes import (
+    InvalidNameError,
+    InvalidPathError,
+    LocalVolumeStore,
+    LocalWritableVolume,
+    SharedFileModifiedError,
+    UnsupportedFileError,
+    VersionNotFoundError,
+    VolumeCorruptedError,
+    VolumeSealedError,
+    WriterConflictError,
+    probe_share_mode,
+)
+
+# Never a file and a directory at once ("d" is only ever a directory), so any write sequence is legal.
+PATHS = ("a.txt", "b.bin", "d/c.txt", "d/e/f.txt")
+MAX_OPEN = 3
+NOBODY = 65534
+
+
+def read_tree(root: Path) -> dict[str, bytes]:
+    """Every regular file under root by POSIX relative path."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def force_rmtree(path: Path) -> None:
+    """Remove a tree that holds sealed (0555) directories, as a non-root owner too."""
+    for dirpath, _, _ in os.walk(path):
+        os.chmod(dirpath, 0o700)
+    shutil.rmtree(path)
+
+
+def wchar() -> int:
+    """Bytes this process passed to write-like syscalls (write, sendfile, copy_file_range): links add none."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("wchar"))
+
+
+def in_child(fn: Callable[[], int]) -> int:
+    """Run fn in a forked child that exits without any cleanup (as a crashed process would); return its exit code."""
+    pid = os.fork()
+    if pid == 0:
+        code = 70
+        try:
+            code = fn()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+class VolumeMachine(RuleBasedStateMachine):
+    """Random fork / write / delete / finalize / abandon / crash sequences checked against {version: {path: bytes}}."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = Path(tempfile.mkdtemp(prefix="rl-volumes-"))
+        self.store = LocalVolumeStore(self.tmp / "store", durable=False)
+        self.finalized: dict[str, dict[str, bytes]] = {}
+        self.open: dict[str, tuple[LocalWritableVolume, dict[str, bytes]]] = {}
+        self.crashed: list[str] = []
+        self.counter = 0
+
+    def fresh_name(self) -> str:
+        self.counter += 1
+        return f"vol-{self.counter}"
+
+    @initialize(files=st.dictionaries(st.sampled_from(PATHS), st.binary(max_size=32), max_size=3))
+    def build_world(self, files: dict[str, bytes]) -> None:
+        rw = self.store.new(self.fresh_name())
+        for path, content in files.items():
+            rw.write_bytes(path, content)
+        self.finalized[rw.finalize("world").version] = files
+
+    def pick_open(self, data: st.DataObject) -> str:
+        """An open writer's name, forking one first if none is open (preconditions would leave most rules disabled)."""
+        if not self.open:
+            self.fork(data)
+        return data.draw(st.sampled_from(sorted(self.open)))
+
+    @precondition(lambda self: len(self.open) < MAX_OPEN)
+    @rule()
+    def new_volume(self) -> None:
+        name = self.fresh_name()
+        self.open[name] = (self.store.new(name), {})
+
+    @precondition(lambda self: len(self.open) < MAX_OPEN)
+    @rule(data=st.data())
+    def fork(self, data: st.DataObject) -> None:
+        version = data.draw(st.sampled_from(sorted(self.finalized)))
+        # Reusing a crashed writer's name must start from the parent, not from the files the dead writer left behind.
+        name = self.crashed.pop() if self.crashed else self.fresh_name()
+        self.open[name] = (self.store.open(version).fork(name), dict(self.finalized[version]))
+
+    @rule(
+        data=st.data(),
+        path=st.sampled_from(PATHS),
+        content=st.binary(max_size=32),
+        how=st.sampled_from(["write_bytes", "open_w", "open_a", "unshare_r+"]),
+    )
+    def write(self, data: st.DataObject, path: str, content: bytes, how: str) -> None:
+        rw, model = self.open[self.pick_open(data)]
+        if how == "write_bytes":
+            rw.write_bytes(path, content)
+            model[path] = content
+        elif how == "open_w":
+            with rw.open_for_write(path, "wb") as f:
+                f.write(content)
+            model[path] = content
+        elif how == "open_a":
+            with rw.open_for_write(path, "ab") as f:
+                f.write(content)
+            model[path] = model.get(path, b"") + content
+        elif path in model:
+            # Plain user code writing in place, after asking for a private copy.
+            with open(rw.unshare(path), "r+b") as f:
+                f.write(content)
+            old = model[path]
+            model[path] = content + old[len(content) :]
+
+    @rule(data=st.data(), path=st.sampled_from(PATHS))
+    def delete(self, data: st.DataObject, path: str) -> None:
+        rw, model = self.open[self.pick_open(data)]
+        if path in model:
+            rw.delete(path)
+            del model[path]
+        elif not (rw.mount() / path).is_dir():
+            with pytest.raises(FileNotFoundError):
+                rw.delete(path)
+
+    @rule(data=st.data(), message=st.text(max_size=8))
+    def finalize(self, data: st.DataObject, message: str) -> None:
+        rw, model = self.open.pop(self.pick_open(data))
+        version = rw.finalize(message)
+        assert version.version not in self.finalized, "a fresh name cannot collide with an existing version"
+        assert read_tree(version.path()) == model
+        self.finalized[version.version] = model
+
+    @rule(data=st.data(), content=st.binary(min_size=1, max_size=32))
+    def exception_mid_write_abandons(self, data: st.DataObject, content: bytes) -> None:
+        name = self.pick_open(data)
+        rw, _ = self.open.pop(name)
+        with pytest.raises(RuntimeError, match="mid-write"), rw, rw.open_for_write("partial.bin", "wb") as f:
+            f.write(content)
+            raise RuntimeError("mid-write")
+        assert rw.closed
+        # The name is free again and nothing it wrote was published.
+        self.store.new(name).abandon()
+
+    @rule(data=st.data())
+    def crash_before_finalize(self, data: st.DataObject) -> None:
+        name = self.pick_open(data)
+        rw, _ = self.open.pop(name)
+        with open(rw.mount() / "torn.bin", "wb") as f:
+            f.write(b"half a rec")
+        # Losing the writer without finalize or abandon is what a killed process does: the lock goes (refcounting frees
+        # it here, no gc needed), its files stay in staging until the name's next writer discards them.
+        del rw
+        self.crashed.append(name)
+
+    @rule(data=st.data())
+    def second_writer_is_refused(self, data: st.DataObject) -> None:
+        name = self.pick_open(data)
+        with pytest.raises(WriterConflictError, match="already has a writer"):
+            self.store.new(name)
+        version = data.draw(st.sampled_from(sorted(self.finalized)))
+        with pytest.raises(WriterConflictError, match="exactly one writer"):
+            self.store.open(version).fork(name)
+
+    @invariant()
+    def every_finalized_version_reads_back_exactly(self) -> None:
+        assert {v.version for v in self.store.versions()} == set(self.finalized), "a version became visible unfinalized"
+        for version, model in self.finalized.items():
+            v = self.store.open(version)
+            assert read_tree(v.path()) == model
+            v.verify()
+
+    @invariant()
+    def each_fork_sees_only_its_own_writes(self) -> None:
+        for rw, model in self.open.values():
+            assert read_tree(rw.mount()) == model
+
+    def teardown(self) -> None:
+        for rw, _ in self.open.values():
+            rw.abandon()
+        force_rmtree(self.tmp)
+
+
+TestVolumeMachine = VolumeMachine.TestCase
+TestVolumeMachine.settings = settings(settings.default, stateful_step_count=15)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LocalVolumeStore:
+    return LocalVolumeStore(tmp_path / "store")
+
+
+def make_world(store: LocalVolumeStore, name: str = "world", files: dict[str, bytes] | None = None):
+    rw = store.new(name)
+    for rel, data in (files or {"docs/a.txt": b"alpha", "docs/b.txt": b"beta"}).items():
+        rw.write_bytes(rel, data)
+    return rw.finalize(f"build {name}")
+
+
+def test_local_volumes_implement_the_protocols(store):
+    """A finalized version is a `VolumeVersion` and a fork a `WritableVolume`."""
+    world = make_world(store)
+    rw = world.fork("trial")
+    assert isinstance(world, VolumeVersion)
+    assert isinstance(rw, WritableVolume)
+    rw.abandon()
+
+
+@pytest.mark.parametrize("share", ["hardlink", "copy", "reflink"])
+def test_a_forks_writes_are_invisible_to_its_parent_and_siblings_in_every_share_mode(tmp_path, share):
+    """Whichever way files are shared, writes through the helpers change only the fork that made them."""
+    if share == "reflink" and probe_share_mode(tmp_path) != "reflink":
+        pytest.skip(f"{tmp_path}'s filesystem does not support reflinks")
+    store = LocalVolumeStore(tmp_path / "store", share=share)
+    world = make_world(store)
+    one, two = world.fork("one"), world.fork("two")
+    one.write_text("docs/a.txt", "changed")
+    with one.open_for_write("docs/b.txt", "a") as f:
+        f.write("+more")
+    one.write_text("new.txt", "new")
+    assert read_tree(two.mount()) == {"docs/a.txt": b"alpha", "docs/b.txt": b"beta"}
+    assert read_tree(world.path()) == {"docs/a.txt": b"alpha", "docs/b.txt": b"beta"}
+    v1 = one.finalize("one")
+    two.delete("docs/a.txt")
+    v2 = two.finalize("two")
+    assert read_tree(v1.path()) == {"docs/a.txt": b"changed", "docs/b.txt": b"beta+more", "new.txt": b"new"}
+    assert read_tree(v2.path()) == {"docs/b.txt": b"beta"}
+    world.verify(deep=True)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux's /proc/self/io to count bytes written")
+@pytest.mark.parametrize("share", ["auto", "copy"])
+def test_a_fork_of_a_large_file_copies_no_bytes_unless_the_store_must_copy(tmp_path, share):
+    """Forking a 16 MiB world writes no bytes with links or reflinks (all of it with share="copy": the probe works)."""
+    size = 16 << 20
+    store = LocalVolumeStore(tmp_path / "store", share=share)
+    world = make_world(store, files={"big.bin": os.urandom(size)})
+    before = wchar()
+    rw = world.fork("trial")
+    written = wchar() - before
+    parent_file, fork_file = world.path() / "big.bin", rw.mount() / "big.bin"
+    if store.share_mode == "copy":
+        assert written >= size
+    else:
+        assert written < 64 << 10, f"{store.share_mode} fork wrote {written} bytes"
+    if store.share_mode == "hardlink":
+        assert os.stat(parent_file).st_ino == os.stat(fork_file).st_ino
+    rw.abandon()
+
+
+def test_inherited_files_are_read_only_and_the_helpers_break_the_link(store):
+    """Inherited files have no write bits; `unshare` gives a private writable file and the parent keeps its bytes."""
+    world = make_world(store)
+    rw = world.fork("trial")
+    inherited = rw.mount() / "docs/a.txt"
+    assert stat.S_IMODE(inherited.stat().st_mode) & 0o222 == 0
+    path = rw.unshare("docs/a.txt")
+    assert path.stat().st_mode & 0o200
+    assert not os.path.samefile(path, world.path() / "docs/a.txt")
+    path.write_text("mine")
+    assert world.read_text("docs/a.txt") == "alpha"
+    assert rw.finalize("t").read_text("docs/a.txt") == "mine"
+
+
+def test_a_second_writer_is_refused_with_a_clear_error(store):
+    """`fork(name)` or `new(name)` while `name` has an open writer raises WriterConflictError naming the fix."""
+    world = make_world(store)
+    rw = world.fork("trial")
+    with pytest.raises(WriterConflictError) as err:
+        world.fork("trial")
+    assert "already has a writer" in str(err.value) and "Finalize or abandon" in str(err.value)
+    with pytest.raises(WriterConflictError):
+        store.new("trial")
+    rw.finalize("done")
+    world.fork("trial").abandon()  # free again once the first writer is done
+
+
+def test_a_writer_in_another_process_is_refused(store):
+    """The single-writer lock holds across processes, not just within one."""
+    world = make_world(store)
+    rw = world.fork("trial")
+
+    def other_process() -> int:
+        try:
+            LocalVolumeStore(store.root).open(world.version).fork("trial")
+        except WriterConflictError as exc:
+            return 0 if f"pid {os.getppid()}" in str(exc) else 2
+        return 1
+
+    assert in_child(other_process) == 0
+    rw.abandon()
+
+
+def test_a_finalized_writer_refuses_every_write(store):
+    """After finalize (or abandon) the writable volume raises VolumeSealedError instead of writing anything."""
+    rw = store.new("world")
+    rw.write_text("a.txt", "a")
+    version = rw.finalize("sealed")
+    for call in (rw.mount, lambda: rw.write_text("b.txt", "b"), lambda: rw.open_for_write("a.txt"), rw.abandon):
+        with pytest.raises(VolumeSealedError, match=f"finalized as {version.version}"):
+            call()
+    other = store.new("other")
+    other.abandon()
+    with pytest.raises(VolumeSealedError, match="abandoned"):
+        other.finalize("too late")
+
+
+def test_a_finalized_version_is_read_only_on_disk(tmp_path):
+    """Sealed files and directories have no write bits, so an unprivileged writer gets PermissionError."""
+    # A world-traversable root, so a child that dropped root's privileges can reach the files.
+    base = Path(tempfile.mkdtemp(prefix="rl-volumes-ro-"))
+    try:
+        os.chmod(base, 0o755)
+        store = LocalVolumeStore(base / "store")
+        world = make_world(store)
+        fork_dir = world.fork("trial").mount()
+        for path in [world.path(), *world.path().rglob("*")]:
+            assert stat.S_IMODE(path.stat().st_mode) & 0o222 == 0, path
+
+        def unprivileged_writes() -> int:
+            if os.geteuid() == 0:
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+            refused = 0
+            for path, mode in (
+                (world.path() / "docs/a.txt", "r+b"),
+                (world.path() / "docs/new.txt", "wb"),
+                (fork_dir / "docs/a.txt", "ab"),
+            ):
+                try:
+                    with open(path, mode):
+                        pass
+                except PermissionError:
+                    refused += 1
+            return 0 if refused == 3 else 1
+
+        assert in_child(unprivileged_writes) == 0
+        assert world.read_text("docs/a.txt") == "alpha"
+        world.verify(deep=True)
+    finally:
+        force_rmtree(base)
+
+
+def test_writing_a_sealed_version_behind_the_stores_back_is_detected(store):
+    """A writer that bypasses modes (root, an owner's chmod) is caught by verify; fork refuses the damaged version."""
+    world = make_world(store)
+    victim = world.path() / "docs/a.txt"
+    os.chmod(victim, 0o644)
+    with open(victim, "ab") as f:
+        f.write(b" tampered")
+    with pytest.raises(VolumeCorruptedError, match=r"docs/a\.txt"):
+        world.verify()
+    with pytest.raises(VolumeCorruptedError, match="modified after it was finalized"):
+        world.fork("trial")
+    store.new("trial").abandon()  # the refused fork released its name
+
+
+@pytest.mark.skipif(probe_share_mode(tempfile.gettempdir()) != "hardlink", reason="only hard links share an inode")
+def test_an_in_place_write_to_a_shared_inode_is_refused_at_finalize(tmp_path):
+    """Root writing an inherited hard link in place corrupts the parent; finalize says so instead of sealing it."""
+    store = LocalVolumeStore(tmp_path / "store", share="hardlink")
+    world = make_world(store)
+    rw = world.fork("trial")
+    shared = rw.mount() / "docs/a.txt"
+    os.chmod(shared, 0o644)  # what root's CAP_DAC_OVERRIDE amounts to
+    with open(shared, "r+b") as f:
+        f.write(b"ALPHA")  # same size: only the bytes tell
+    with pytest.raises(SharedFileModifiedError, match="written in place"):
+        rw.finalize("trial")
+    rw.abandon()
+    with pytest.raises(VolumeCorruptedError):
+        world.verify()
+
+
+def test_a_crash_between_writing_and_finalizing_leaves_no_version(store):
+    """A process killed after writing but before finalizing publishes nothing; the name's next writer starts clean."""
+    world = make_world(store)
+    before = store.versions()
+
+    def crash() -> int:
+        rw = LocalVolumeStore(store.root).open(world.version).fork("trial")
+        rw.write_text("docs/a.txt", "uncommitted")
+        with open(rw.mount() / "torn.bin", "wb") as f:
+            f.write(b"half")
+            os._exit(0)  # the kill: no finalize, no abandon, no cleanup
+        return 1
+
+    assert in_child(crash) == 0
+    assert store.versions() == before
+    assert (store.root / "staging" / "trial").exists()
+    rw = world.fork("trial")
+    assert read_tree(rw.mount()) == read_tree(world.path())
+    rw.abandon()
+
+
+def test_a_crash_inside_finalize_before_publishing_leaves_no_version(store, monkeypatch):
+    """If finalize dies just before its publishing rename, no version (not even a partial one) is listed."""
+    world = make_world(store)
+
+    def power_loss(src, dst):
+        raise OSError("simulated crash before publish")
+
+    with pytest.raises(OSError, match="simulated crash"), world.fork("trial") as rw:
+        rw.write_text("new.txt", "x" * 1000)
+        monkeypatch.setattr(os, "rename", power_loss)
+        rw.finalize("never published")
+    monkeypatch.undo()
+    assert store.versions() == [world]
+    assert not (store.root / "staging" / "trial").exists()
+
+
+def test_discard_abandoned_removes_dead_writers_only(store):
+    """Staging left by a dead writer is discarded; a live writer's staging is kept."""
+    world = make_world(store)
+    live = world.fork("live")
+    dead = world.fork("dead")
+    dead.write_text("x", "x")
+    del dead
+    gc.collect()
+    assert store.discard_abandoned() == ["dead"]
+    assert live.mount().exists()
+    live.abandon()
+
+
+def test_every_version_stays_addressable(store):
+    """A version opens by id, unique prefix, or name (latest); unknown keys say what exists."""
+    v1 = make_world(store, "buf", {"iter-1": b"1"})
+    rw = v1.fork("buf")
+    rw.write_bytes("iter-2", b"2")
+    v2 = rw.finalize("second")
+    assert store.open(v1.version) == v1
+    assert store.open(v2.version[:10]) == v2
+    assert store.open("buf") == v2
+    assert store.versions("buf") == [v1, v2]
+    assert v2.parent == v1.version and v1.parent is None
+    assert read_tree(v1.path()) == {"iter-1": b"1"}
+    with pytest.raises(VersionNotFoundError, match="buf"):
+        store.open("nope")
+
+
+def test_finalizing_the_same_content_twice_returns_the_same_version(store):
+    """Versions are content-addressed: a retried build (same name, parent, message, files) is the published version."""
+    first = make_world(store)
+    second = make_world(store)
+    assert first == second and len(store.versions()) == 1
+    fork = first.fork("other")
+    assert fork.finalize("build world").content_digest == first.content_digest
+
+
+@pytest.mark.parametrize("bad", ["", "../x", "a/../../x", "/etc/passwd", "."])
+def test_paths_outside_the_mount_are_refused(store, bad):
+    """Helpers refuse absolute paths and '..' rather than writing outside the volume."""
+    with store.new("world") as rw, pytest.raises(InvalidPathError):
+        rw.write_text(bad, "x")
+
+
+def test_a_symlink_cannot_carry_a_write_out_of_the_mount(store, tmp_path):
+    """A symlinked directory inside the mount is not followed by the helpers."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    with store.new("world") as rw:
+        os.symlink(outside, rw.mount() / "link")
+        with pytest.raises(InvalidPathError, match="symlink"):
+            rw.write_text("link/escape.txt", "x")
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("bad", ["", ".hidden", "a/b", "x" * 201, "0" * 64])
+def test_invalid_names_are_refused(store, bad):
+    """Names must be safe directory names and not look like version ids."""
+    with pytest.raises(InvalidNameError):
+        store.new(bad)
+
+
+def test_symlinks_executables_and_empty_directories_survive_fork_and_finalize(store):
+    """A world is more than regular files: modes, links and empty directories round-trip through a fork."""
+    rw = store.new("world")
+    rw.write_text("bin/run.sh", "#!/bin/sh\necho hi\n")
+    os.chmod(rw.mount() / "bin/run.sh", 0o755)
+    os.symlink("bin/run.sh", rw.mount() / "run")
+    (rw.mount() / "workspace").mkdir()
+    world = rw.finalize("world")
+    assert world.files["bin/run.sh"].executable and world.symlinks == {"run": "bin/run.sh"}
+    child = world.fork("trial").finalize("trial")
+    assert child.content_digest == world.content_digest
+    assert (child.path() / "workspace").is_dir() and os.readlink(child.path() / "run") == "bin/run.sh"
+    assert os.stat(child.path() / "bin/run.sh").st_mode & 0o111
+
+
+def test_a_fifo_in_the_mount_is_refused_at_finalize(store):
+    """A version holds files, directories and symlinks; anything else is named in the error."""
+    with store.new("world") as rw:
+        os.mkfifo(rw.mount() / "pipe")
+        with pytest.raises(UnsupportedFileError, match=r"pipe in volume 'world' is a FIFO"):
+            rw.finalize("x")
