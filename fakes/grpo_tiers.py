@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl.advantages import group_normalized_advantages
-from rl.metrics import avg_at_k, pass_at_k
 from rl.protocols import Artifacts
-from rl.rewards import extract_answer, score
+from rl.rewards import score
+from rl.scoring import SamplingEvaluator
 from rl.types import ArtifactRef, EvalResult, IterationMetrics, Prompt, Rollout, RolloutRequest, StepMetrics, TrainBatch
 from rl.types import TrainResult as TrainResult
 
@@ -214,29 +214,19 @@ class FakeTrainer:
         return TrainResult(adapter=adapter, optimizer_state=opt, version=batch.new_version, metrics=metrics)
 
 
-class FakeEvaluator:
-    """Evaluator: k samples per held-out prompt from the adapter's table, scored by exact answer."""
+class FakeEvaluator(SamplingEvaluator):
+    """Evaluator: the real `SamplingEvaluator` over a latency-free FakeEngine, taking `latency` virtual seconds."""
 
     def __init__(self, artifacts: Artifacts, prompts: Sequence[Prompt], *, latency: LatencyModel = LatencyModel()):
-        # Its own latency-free sampler: one evaluation's duration is `latency`, not one engine call per problem.
-        self.engine, self.prompts, self.latency = FakeEngine(artifacts), list(prompts), latency
+        super().__init__(FakeEngine(artifacts), prompts)
+        self.latency = latency
         self.calls = 0
 
     async def evaluate(self, adapter: ArtifactRef, policy_version: int, k: int, seed: int) -> EvalResult:
         self.calls += 1
-        correct: list[int] = []
-        for i, prompt in enumerate(self.prompts):
-            request = RolloutRequest(i, prompt, k, adapter, policy_version, seed + i)
-            group = await self.engine.generate(request)
-            correct.append(sum(extract_answer(r.completion) == prompt.answer for r in group))
+        result = await super().evaluate(adapter, policy_version, k, seed)
         await asyncio.sleep(self.latency.seconds(len(self.prompts) * k, (policy_version, seed)))
-        return EvalResult(
-            policy_version=policy_version,
-            k=k,
-            avg_at_k=avg_at_k(correct, k),
-            pass_at_k=sum(pass_at_k(k, c, k) for c in correct) / len(correct) if correct else 0.0,
-            problems=len(correct),
-        )
+        return result
 
 
 class RecordingReporter:
@@ -246,6 +236,8 @@ class RecordingReporter:
         self.publications: list[tuple[int, str]] = []
         self.last: list[IterationMetrics] = []
 
-    async def publish(self, history: Sequence[IterationMetrics], *, status: str) -> None:
+    async def publish(
+        self, history: Sequence[IterationMetrics], *, status: str, evals: Sequence[EvalResult] = ()
+    ) -> None:
         self.publications.append((len(history), status))
         self.last = list(history)

@@ -1,4 +1,4 @@
-"""What the drivers call. Each tier is a small Protocol; production binds them to Flyte tasks, tests to fakes on the simulator.
+"""What the drivers call. Each tier is a small Protocol; production binds them to Flyte tasks, tests to fakes.
 
 Every method is async because in production each call is a remote task (an action); the driver never knows which it has.
 """
@@ -72,7 +72,9 @@ class Artifacts(Protocol):
 class Reporter(Protocol):
     """Publishes the live report (the `flyte.report` role)."""
 
-    async def publish(self, history: Sequence[IterationMetrics], *, status: str) -> None: ...
+    async def publish(
+        self, history: Sequence[IterationMetrics], *, status: str, evals: Sequence[EvalResult] = ()
+    ) -> None: ...
 
 
 @runtime_checkable

@@ -71,6 +71,11 @@ def correctness_reward(completion: str, answer: str) -> float:
     return CORRECT_BONUS if predicted is not None and predicted == _canonical_reference(answer) else 0.0
 
 
+def is_correct(completion: str, answer: str) -> bool:
+    """Whether the completion's extracted answer equals the reference, both canonicalised (accuracy, pass@k)."""
+    return correctness_reward(completion, answer) > 0.0
+
+
 def score(completion: str, answer: str) -> float:
     """The seed's reward: `format_reward` + `correctness_reward`, so one of 0.0, 0.2, 1.0, 1.2."""
     return format_reward(completion) + correctness_reward(completion, answer)

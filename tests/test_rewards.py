@@ -112,3 +112,14 @@ def test_unknown_reward_name_raises_key_error_listing_known_names():
     message = str(info.value)
     assert "rubric-v2" in message
     assert all(name in message for name in REWARDS)
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer", "expected"),
+    [("#### 1,200", "1200", True), ("#### 1200", "1,200", True), ("answer 41", "42", False), ("no number", "4", False)],
+)
+def test_is_correct_compares_canonical_answers(completion, answer, expected):
+    """Accuracy counts a completion right exactly when its canonical answer equals the canonical reference."""
+    from rl.rewards import is_correct
+
+    assert is_correct(completion, answer) is expected

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from rl.identity import content_digest
 from rl.loop.checkpoint import DriverState, load_state, save_state
 from rl.protocols import Artifacts, Evaluator, PromptSource, Reporter, RolloutEngine, Scorer, StateStore, Trainer
-from rl.rewards import extract_answer
+from rl.rewards import is_correct
 from rl.seeding import derive_seed, rollout_seed
 from rl.types import ArtifactRef, EvalResult, IterationMetrics, Prompt, Rollout, RolloutRequest, TrainBatch
 
@@ -187,7 +187,7 @@ def iteration_metrics(
         num_rollouts=n,
         mean_reward=sum(rewards) / n,
         max_reward=max(rewards),
-        accuracy=sum(extract_answer(r.completion) == r.answer for r in rollouts) / n,
+        accuracy=sum(is_correct(r.completion, r.answer) for r in rollouts) / n,
         format_rate=sum("####" in r.completion for r in rollouts) / n,
         mean_loss=result_loss,
         contributing=contributing,
@@ -324,4 +324,4 @@ def _launch_eval(
 
 async def _publish(tiers: GrpoTiers, state: DriverState, status: str) -> None:
     if tiers.reporter is not None:
-        await tiers.reporter.publish(state.history, status=status)
+        await tiers.reporter.publish(state.history, status=status, evals=state.evals)
