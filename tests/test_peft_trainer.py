@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import io
 import itertools
+import json
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -207,3 +208,13 @@ def test_an_optimizer_state_from_another_adapter_layout_is_refused(trainer: Peft
     batch = make_batch(rollouts, varied_rewards(rollouts), init.adapter, narrow_init.optimizer_state)
     with pytest.raises(OptimizerStateError, match="same TrainResult"):
         run(trainer.train_step(batch))
+
+
+def test_the_adapter_config_is_written_canonically(trainer: PeftTrainer) -> None:
+    """Bytes that depend on neither the hash seed (PEFT writes target_modules in set order) nor the base's location,
+    so a step replayed in another process or on another machine gives the same digest."""
+    files, _ = _files(trainer, run(trainer.init_adapter(seed=5)))
+    config = json.loads(files["adapter_config.json"])
+    assert config["target_modules"] == sorted(config["target_modules"]) and len(config["target_modules"]) == 14
+    assert config["base_model_name_or_path"] is None
+    assert str(trainer.base_dir) not in files["adapter_config.json"].decode()
