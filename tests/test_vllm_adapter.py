@@ -27,6 +27,7 @@ from rl.engines.vllm import (
     VLLMUnavailable,
     rollouts_from_request_output,
 )
+from rl.models import load_tokenizer
 from rl.protocols import RolloutEngine
 from rl.types import ArtifactRef, Prompt, RolloutRequest
 
@@ -103,6 +104,19 @@ def test_sampling_params_and_lora_request_are_passed_as_the_seed_specifies(
     assert isinstance(lora, LoRARequest)
     assert (lora.lora_name, lora.lora_int_id) == ("policy-v3", 4)
     assert read_dir(Path(lora.lora_path)) == run(store.get(refs["trained"]))
+
+
+def test_with_the_models_tokenizer_prompts_go_as_token_ids_and_text_is_decoded_locally(
+    tiny_model_dir: Path, store: LocalArtifacts, refs: dict[str, ArtifactRef], tmp_path: Path
+) -> None:
+    """transformers 5's AutoTokenizer (vLLM's) mangles the character vocab, so the engine can bypass it."""
+    tokenizer = load_tokenizer(tiny_model_dir)
+    engine = VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, adapter_root=tmp_path / "a", tokenizer=tokenizer)
+    req = request(refs["trained"], prompt=Prompt("a b\n4=", "5"))
+    rollouts = run(engine.generate(req))
+    [call] = engine.llm.generate_calls
+    assert call.prompts == [{"prompt_token_ids": tokenizer("a b\n4=")["input_ids"]}]
+    assert rollouts == run(TorchSampler(tiny_model_dir, store).generate(req))
 
 
 def test_version_zero_gets_lora_id_one_because_vllm_reserves_zero(
@@ -225,6 +239,12 @@ def test_a_wrong_number_of_completions_raises() -> None:
     req = request(ArtifactRef(uri="", digest="sha256:" + "0" * 64), n=2)
     with pytest.raises(EngineOutputError, match="n=2"):
         rollouts_from_request_output(_output(), req)
+
+
+def test_prompt_ids_other_than_those_sent_raise() -> None:
+    req = request(ArtifactRef(uri="", digest="sha256:" + "0" * 64), n=1)
+    with pytest.raises(EngineOutputError, match="prompt ids"):
+        rollouts_from_request_output(_output(), req, expected_prompt_ids=[2, 7])
 
 
 def test_llm_kwargs_cannot_override_what_the_seed_fixes(tiny_model_dir: Path, store: LocalArtifacts) -> None:

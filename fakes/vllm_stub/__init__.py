@@ -10,12 +10,13 @@ translation code against this module in the unit tests. What it reproduces of vL
   `cumulative_logprob`). `<eos>` stays in `token_ids` and out of `text`.
 - LoRA adapters are cached by `lora_int_id`, like vLLM: a second adapter under a known id is *not* loaded (the stale
   adapter is served). A `LoRARequest` without `enable_lora=True` and an adapter rank above `max_lora_rank` are errors.
+- A prompt is text or a `TokensPrompt` dict `{"prompt_token_ids": [...]}` (then `RequestOutput.prompt` is None).
 - A per-request `seed` makes sampling reproducible; `seed=None` samples from fresh entropy.
 
 What it does not do raises rather than silently differing: temperature or top_p other than 1.0 and `logprobs` > 0
 (`NotImplementedError`), any other sampling field such as stop strings (`TypeError`). Prompts of one call run one after
-another, not batched, and sampled bits need not match a GPU's. Every call is recorded (`LLM.init_kwargs`, `LLM.generate_calls`) so tests can assert what an
-adapter passed.
+another, not batched, and sampled bits need not match a GPU's. Every call is recorded (`LLM.init_kwargs`,
+`LLM.generate_calls`) so tests can assert what an adapter passed.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ class SamplingParams:
 class GenerateCall:
     """One recorded `LLM.generate` call."""
 
-    prompts: list[str]
+    prompts: list[str | dict[str, Any]]
     sampling_params: list[SamplingParams]
     lora_request: LoRARequest | None
 
@@ -163,7 +164,7 @@ class LLM:
 
     def generate(
         self,
-        prompts: str | list[str],
+        prompts: str | dict[str, Any] | list[str | dict[str, Any]],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         *,
         lora_request: LoRARequest | None = None,
@@ -171,7 +172,7 @@ class LLM:
     ) -> list[RequestOutput]:
         from rl.engines.torch_sampler import sample_group
 
-        prompt_list = [prompts] if isinstance(prompts, str) else list(prompts)
+        prompt_list = [prompts] if isinstance(prompts, str | dict) else list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
         params = list(sampling_params) if isinstance(sampling_params, list) else [sampling_params] * len(prompt_list)
@@ -186,7 +187,10 @@ class LLM:
                 raise NotImplementedError("the vLLM stub samples at temperature 1.0 and top_p 1.0 only")
             if sp.logprobs not in (None, 0):
                 raise NotImplementedError("the vLLM stub returns only the sampled token's log-prob (logprobs=0)")
-            prompt_ids = [int(t) for t in self.tokenizer(prompt)["input_ids"]]
+            if isinstance(prompt, dict):  # a TokensPrompt: vLLM skips tokenization and reports no prompt text
+                prompt_ids, prompt_text = [int(t) for t in prompt["prompt_token_ids"]], None
+            else:
+                prompt_ids, prompt_text = [int(t) for t in self.tokenizer(prompt)["input_ids"]], prompt
             seed = sp.seed if sp.seed is not None else secrets.randbits(31)
             max_tokens = sp.max_tokens if sp.max_tokens is not None else 16
             seqs = sample_group(model, prompt_ids, n=sp.n, max_tokens=max_tokens, seed=seed, eos_token_id=eos)
@@ -214,7 +218,7 @@ class LLM:
             results.append(
                 RequestOutput(
                     request_id=str(self._requests),
-                    prompt=prompt,
+                    prompt=prompt_text,
                     prompt_token_ids=prompt_ids,
                     prompt_logprobs=None,
                     outputs=outputs,

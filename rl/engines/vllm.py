@@ -12,6 +12,11 @@ vLLM caches a LoRA by its integer id, so a second, different adapter under an id
 The engine therefore remembers which digest each id carried and refuses a conflicting request (`AdapterIdConflict`)
 instead of sampling from the wrong policy.
 
+Prompts go to vLLM as text, as in the seed, unless the engine is given the model's own `tokenizer`: then they go as
+token ids (`{"prompt_token_ids": [...]}`) and completions are decoded with it. The tiny character model needs that:
+transformers 5's `AutoTokenizer`, which vLLM loads, builds a `Qwen2Tokenizer` for any model_type qwen2, and that one
+drops spaces and newlines.
+
 `vllm` is imported on first use, never at import time (it cannot be installed on CPU machines). Tests inject
 `fakes.vllm_stub`, a stand-in with vLLM's public names and output shapes, through `vllm_module=`. This module imports
 no torch.
@@ -24,7 +29,7 @@ import math
 import shutil
 import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -107,12 +112,19 @@ def _sampled_logprobs(completion: Any, where: str) -> list[float]:
     return out
 
 
-def rollouts_from_request_output(output: Any, request: RolloutRequest) -> list[Rollout]:
+def rollouts_from_request_output(
+    output: Any,
+    request: RolloutRequest,
+    *,
+    decode: Callable[[list[int]], str] | None = None,
+    expected_prompt_ids: list[int] | None = None,
+) -> list[Rollout]:
     """Translate one vLLM `RequestOutput` (one prompt, `request.n` completions) into rollouts, in completion order.
 
     Each `CompletionOutput` gives `token_ids` (the sampled ids, `<eos>` included when it stopped there), `text`
     (detokenized, special tokens skipped) and `logprobs` (per position, a dict token id -> `Logprob`; with
-    `logprobs=0` it holds the sampled token).
+    `logprobs=0` it holds the sampled token). `decode`, when given, replaces vLLM's `text` (see the module docstring);
+    `expected_prompt_ids`, when given, must equal the prompt ids vLLM reports.
     """
     where = f"group {request.group_id} (policy v{request.policy_version}, seed {request.seed})"
     completions = sorted(output.outputs, key=lambda c: c.index)
@@ -121,12 +133,14 @@ def rollouts_from_request_output(output: Any, request: RolloutRequest) -> list[R
     if output.prompt_token_ids is None:
         raise EngineOutputError(f"{where}: the output carries no prompt_token_ids; the trainer needs them")
     prompt_ids = [int(t) for t in output.prompt_token_ids]
+    if expected_prompt_ids is not None and prompt_ids != list(expected_prompt_ids):
+        raise EngineOutputError(f"{where}: vLLM reports prompt ids {prompt_ids}, the engine sent {expected_prompt_ids}")
     return [
         Rollout(
             group_id=request.group_id,
             question=request.prompt.question,
             answer=request.prompt.answer,
-            completion=str(c.text),
+            completion=decode([int(t) for t in c.token_ids]) if decode is not None else str(c.text),
             prompt_token_ids=list(prompt_ids),
             token_ids=[int(t) for t in c.token_ids],
             logprobs=_sampled_logprobs(c, f"{where}, completion {c.index}"),
@@ -140,6 +154,8 @@ def rollouts_from_request_output(output: Any, request: RolloutRequest) -> list[R
 class VLLMEngine:
     """`RolloutEngine` on vLLM: one `LLM` per engine (created on first use), one LoRA adapter per policy version.
 
+    Pass `tokenizer=rl.models.load_tokenizer(base_model_dir)` for the tiny character model (see the module docstring).
+
     Adapters are fetched from `artifacts` by digest and written once each under `adapter_root` (a private temporary
     directory unless given), because vLLM loads a LoRA from a directory path.
     """
@@ -152,6 +168,7 @@ class VLLMEngine:
         vllm_module: ModuleType | None = None,
         adapter_root: Path | None = None,
         llm_kwargs: Mapping[str, Any] | None = None,
+        tokenizer: Any | None = None,
     ) -> None:
         self.base_model_dir = Path(base_model_dir)
         self.artifacts = artifacts
@@ -168,6 +185,7 @@ class VLLMEngine:
         self._llm: Any = None
         self._digest_by_lora_id: dict[int, str] = {}
         self._adapter_dirs: dict[str, Path] = {}
+        self.tokenizer = tokenizer
 
     @property
     def vllm(self) -> ModuleType:
@@ -217,8 +235,19 @@ class VLLMEngine:
         adapter_dir = await self._adapter_dir(request.adapter)
         lora = self._lora_request(request.policy_version, adapter_dir)
         sampling = self.vllm.SamplingParams(**sampling_params_kwargs(request))
-        outputs = self.llm.generate([request.prompt.question], sampling, lora_request=lora)
+        prompt: Any = request.prompt.question
+        prompt_ids: list[int] | None = None
+        decode: Callable[[list[int]], str] | None = None
+        if self.tokenizer is not None:
+            prompt_ids = [int(t) for t in self.tokenizer(request.prompt.question)["input_ids"]]
+            prompt = {"prompt_token_ids": prompt_ids}
+            decode = self._decode
+        outputs = self.llm.generate([prompt], sampling, lora_request=lora)
         self._digest_by_lora_id[lora_id] = request.adapter.digest
         if len(outputs) != 1:
             raise EngineOutputError(f"asked vLLM for one prompt's group, got {len(outputs)} request outputs")
-        return rollouts_from_request_output(outputs[0], request)
+        return rollouts_from_request_output(outputs[0], request, decode=decode, expected_prompt_ids=prompt_ids)
+
+    def _decode(self, token_ids: list[int]) -> str:
+        assert self.tokenizer is not None
+        return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))

@@ -10,6 +10,7 @@ Encoding prepends `<bos>` (so the first prompt character has a context to be pre
 
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -123,7 +124,21 @@ def build_tiny_model(out_dir: Path, config: TinyModelConfig = TinyModelConfig())
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
+    _declare_tokenizer_class(out_dir / "tokenizer_config.json")
     return out_dir
+
+
+def _declare_tokenizer_class(path: Path) -> None:
+    """Name the tokenizer class by its transformers 4.x name, which 5.x keeps as an alias.
+
+    transformers 5 writes `TokenizersBackend`, a class 4.x lacks, so 4.x's `AutoTokenizer` (what vLLM builds on) would
+    refuse the directory; 4.x honours `PreTrainedTokenizerFast`. transformers 5's `AutoTokenizer` ignores the field for
+    model_type qwen2 and builds a `Qwen2Tokenizer`, which drops spaces and newlines: load with `load_tokenizer`, and
+    give vLLM token ids (`rl.engines.vllm.VLLMEngine(tokenizer=...)`).
+    """
+    config = json.loads(path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _check_model_dir(model_dir: Path, required: tuple[str, ...]) -> Path:
