@@ -1,0 +1,13 @@
+"""Seed 002's agentic RL domain: pure code plus the bodies of its tiers, importable without flyte or ray.
+
+- `types`: Weights, WorldRef, TrialSpec, Turn, Trajectory, Rubric, Reward, StepResult, TrainerInfo (frozen pydantic)
+- `world`: the world of N_DOCS documents, one holding the hashed secret, deterministic from (seed, world id)
+- `worlds`: the WorldStore / Workspace protocols and `VolumeWorlds` over copy-on-write volumes
+- `agent`: one trial — the policy-driven agent loop in a private fork, seeded by trial id
+- `judge`: the deterministic verifier, the rubric formula with seeded noise, the reward
+- `bandit`: the bandit update and `BanditTrainer`, exactly-once by its applied-steps ledger
+- `ray_trainer`: the trainer as a detached, namespaced Ray actor (extra `ray`, imported lazily)
+- `tiers`: SandboxTier, JudgeTier, TrainerTier (what Flyte or simulator tasks wrap) and LocalAgenticTiers
+
+The driver is `rl.loop.agentic.train`.
+"""
