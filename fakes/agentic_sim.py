@@ -1,0 +1,226 @@
+"""Seed 002's agentic loop on the durable simulator: its tiers bound as simulator tasks, with the seed's fault knobs.
+
+Bindings (the seed's task options): `sandbox.build_world` cached; `sandbox.generate` retries=1, timeout 300 s;
+`judge.verify_and_judge` retries=2 with the judge call under `sim.trace` (`judge.call_judge`); `trainer.setup_trainer`;
+`trainer.train_step` retries=1, timeout 600 s. Latency runs on the virtual clock: 0.2 s per tool call (turn), 0.5 s per
+judge call.
+
+Fault model, each injector seeded and documented:
+- `flaky_trial_rate` (a run input): a trial's sandbox dies on attempt 0 when its seeded coin falls under the rate; the
+  retry regenerates the identical trajectory (seed 002).
+- `judge_flake_rate` (a run input): judging fails on attempt 0 *after* the judge answered; the retry replays the traced
+  answer and bills nothing (seed 002).
+- `dead_trials`: these trials' sandboxes die on every attempt, so their generate fails after its retries and the driver
+  must skip them.
+- a `FaultPlan`: task failures (before or after the body), hung sandboxes past their timeout, driver crashes.
+
+The trainer lives on a run-scoped "cluster" (`RunScopedCluster`): created once per run by name, surviving driver
+attempts — the seed's `ReusePolicy(scope="run")` Ray cluster — with a fake process id per trainer.
+The judge (`BilledJudge`) bills a call when its answer arrives; a call cut off by a driver crash was never answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fakes.durable_sim import DurableSimulator, RunResult, attempt_number, run_name
+from fakes.faults import FaultPlan
+from fakes.memory_worlds import MemoryWorlds
+from rl.agentic.agent import SandboxFailure
+from rl.agentic.bandit import BanditTrainer
+from rl.agentic.judge import judge_score
+from rl.agentic.tiers import JudgeTier, SandboxTier, TrainerTier
+from rl.agentic.types import Rubric, Trajectory, TrialSpec, Weights, WorldRef
+from rl.agentic.worlds import WorldStore
+from rl.loop.agentic import AgenticOutcome, train
+
+GENERATE = "sandbox.generate"
+BUILD_WORLD = "sandbox.build_world"
+JUDGE = "judge.verify_and_judge"
+JUDGE_CALL = "judge.call_judge"
+SETUP = "trainer.setup_trainer"
+TRAIN_STEP = "trainer.train_step"
+
+FIRST_TRAINER_PID = 4100
+
+
+class BilledJudge:
+    """The vendor judge: answers `judge_score` after `latency_s`, and bills each answered call by (trial, rubric)."""
+
+    def __init__(self, latency_s: float = 0.5) -> None:
+        self.latency_s = latency_s
+        self.started: Counter[tuple[str, str]] = Counter()
+        self.billed: Counter[tuple[str, str]] = Counter()
+
+    async def __call__(self, traj: Trajectory, rubric: Rubric) -> float:
+        key = (traj.trial_id, rubric.name)
+        self.started[key] += 1
+        await asyncio.sleep(self.latency_s)
+        self.billed[key] += 1
+        return judge_score(traj, rubric)
+
+
+class RunScopedCluster:
+    """Trainers by run name: one per run, created on first attach, alive across that run's driver attempts."""
+
+    def __init__(self, first_pid: int = FIRST_TRAINER_PID) -> None:
+        self.trainers: dict[str, BanditTrainer] = {}
+        self._next_pid = first_pid
+
+    def attach(self, world_ids: Sequence[str]) -> BanditTrainer:
+        key = run_name()
+        trainer = self.trainers.get(key)
+        if trainer is None:
+            trainer = self.trainers[key] = BanditTrainer(world_ids, identity=self._next_pid)
+            self._next_pid += 1
+        trainer.check_world_ids(world_ids)
+        return trainer
+
+
+class FlakySandboxTier(SandboxTier):
+    """`SandboxTier` whose `dead_trials` fail on every attempt (a poisoned sandbox image, say)."""
+
+    def __init__(self, worlds: WorldStore, *, dead_trials: Iterable[str] = (), tool_latency_s: float = 0.2) -> None:
+        super().__init__(worlds, attempt=attempt_number, run_name=run_name, tool_latency_s=tool_latency_s)
+        self.dead_trials = frozenset(dead_trials)
+
+    async def generate(self, spec: TrialSpec, weights: Weights, world: WorldRef, flaky_rate: float = 0.0) -> Trajectory:
+        if spec.trial_id in self.dead_trials:
+            await asyncio.sleep(self.tool_latency_s)
+            raise SandboxFailure(f"sandbox for {spec.trial_id} died on attempt {attempt_number()} (a dead trial)")
+        return await super().generate(spec, weights, world, flaky_rate)
+
+
+class SimAgenticTiers:
+    """The `rl.loop.agentic.AgenticTiers` of one simulator: each method a task with the seed's options."""
+
+    def __init__(self, sim: DurableSimulator, sandbox: SandboxTier, judge: JudgeTier, trainer: TrainerTier) -> None:
+        self.build_world = sim.task(sandbox.build_world, name=BUILD_WORLD, cache=True)
+        self.generate = sim.task(sandbox.generate, name=GENERATE, retries=1, timeout_s=300)
+        self.verify_and_judge = sim.task(judge.verify_and_judge, name=JUDGE, retries=2)
+        self.setup_trainer = sim.task(trainer.setup_trainer, name=SETUP)
+        self.train_step = sim.task(trainer.train_step, name=TRAIN_STEP, retries=1, timeout_s=600)
+
+    @staticmethod
+    def driver_attempt() -> int:
+        return attempt_number()
+
+
+def default_inputs(seed: int = 0) -> dict[str, Any]:
+    """Every input of the driver, with the seed's defaults (3 steps x 3 prompts x 2 samples over 3 worlds)."""
+    return {
+        "n_steps": 3,
+        "n_worlds": 3,
+        "prompts_per_step": 3,
+        "n_samples": 2,
+        "rubric": Rubric(),
+        "crash_driver_at_step": -1,
+        "flaky_trial_rate": 0.0,
+        "judge_flake_rate": 0.0,
+        "seed": seed,
+        "lr": 2.0,
+        "max_turns": 6,
+        "sort_rewards": True,
+    }
+
+
+class AgenticSim:
+    """One simulator with the agentic tiers bound on it; `run` / `rerun` drive `rl.loop.agentic.train`."""
+
+    def __init__(
+        self,
+        seed: int = 0,
+        faults: FaultPlan | None = None,
+        *,
+        worlds: WorldStore | None = None,
+        dead_trials: Iterable[str] = (),
+        tool_latency_s: float = 0.2,
+        judge_latency_s: float = 0.5,
+    ) -> None:
+        self.seed = seed
+        self.sim = DurableSimulator(seed, faults=faults)
+        self.worlds: WorldStore = worlds if worlds is not None else MemoryWorlds()
+        self.judge = BilledJudge(judge_latency_s)
+        self.cluster = RunScopedCluster()
+        sandbox = FlakySandboxTier(self.worlds, dead_trials=dead_trials, tool_latency_s=tool_latency_s)
+        judge = JudgeTier(self.sim.trace(self.judge, name=JUDGE_CALL), attempt=attempt_number)
+        self.tiers = SimAgenticTiers(self.sim, sandbox, judge, TrainerTier(self.cluster.attach))
+
+    async def driver(self, **inputs: Any) -> AgenticOutcome:
+        return await train(self.tiers, **inputs)
+
+    def run(self, *, retries: int = 1, crash_at: int | Sequence[int] | None = None, **inputs: Any) -> RunResult:
+        """Run the driver on `inputs` over `default_inputs(seed)`, with `retries` driver retries and `crash_at`."""
+        unknown = set(inputs) - set(default_inputs())
+        if unknown:
+            raise TypeError(f"unknown driver inputs {sorted(unknown)}; known: {sorted(default_inputs())}")
+        return self.sim.run(
+            self.driver, inputs={**default_inputs(self.seed), **inputs}, retries=retries, crash_at=crash_at
+        )
+
+    def rerun(self, previous: RunResult, *, retries: int = 1, **changed: Any) -> RunResult:
+        """Fork a finished run with changed inputs (`rubric=...`), recovering every action of unchanged identity."""
+        return self.sim.rerun(previous, driver=self.driver, retries=retries, **changed)
+
+    def trainer_of(self, result: RunResult) -> BanditTrainer | None:
+        return self.cluster.trainers.get(result.run_id)
+
+    def report(self, result: RunResult) -> AgenticReport:
+        return AgenticReport.of(self, result)
+
+
+@dataclass(frozen=True)
+class AgenticReport:
+    """Seed 002's failure table for one run, counted from the simulator's event log and the outcome."""
+
+    ok: bool
+    error: str
+    trials_total: int
+    trials_completed: int
+    trials_skipped: int
+    generate_succeeded: int
+    trial_retries: int
+    judge_succeeded: int
+    judge_retries: int
+    judge_calls: int
+    judge_replays: int
+    train_steps: int
+    train_steps_replayed: int
+    trainer_ids: list[int]
+    driver_attempts: int
+    mean_turns_by_step: list[float]
+    mean_reward_by_step: list[float]
+    virtual_time_s: float
+    skipped: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, harness: AgenticSim, result: RunResult) -> AgenticReport:
+        sim, run = harness.sim, result.run_id
+        inputs = result.inputs
+        outcome: AgenticOutcome | None = result.output if result.ok else None
+        history = outcome.history if outcome is not None else []
+        return cls(
+            ok=result.ok,
+            error="" if result.error is None else f"{type(result.error).__name__}: {result.error}",
+            trials_total=inputs["n_steps"] * inputs["prompts_per_step"] * inputs["n_samples"],
+            trials_completed=sum(h.n_trials for h in history),
+            trials_skipped=len(outcome.skipped) if outcome is not None else 0,
+            generate_succeeded=sim.count("action.completed", GENERATE, run),
+            trial_retries=sim.count("action.retry", GENERATE, run),
+            judge_succeeded=sim.count("action.completed", JUDGE, run),
+            judge_retries=sim.count("action.retry", JUDGE, run),
+            judge_calls=sim.count("trace.recorded", JUDGE_CALL, run),
+            judge_replays=sim.count("trace.replayed", JUDGE_CALL, run),
+            train_steps=sim.count("action.completed", TRAIN_STEP, run),
+            train_steps_replayed=sim.count("action.replayed", TRAIN_STEP, run),
+            trainer_ids=sorted({h.actor_pid for h in history}),
+            driver_attempts=result.attempts,
+            mean_turns_by_step=[h.mean_turns for h in history],
+            mean_reward_by_step=[h.mean_reward for h in history],
+            virtual_time_s=round(result.virtual_time_s, 3),
+            skipped=[s.trial_id for s in outcome.skipped] if outcome is not None else [],
+        )

@@ -1,0 +1,204 @@
+"""The durable agentic driver of seed 002, as plain async code over its tiers (no flyte import).
+
+In production each tier method awaits a Flyte task; on the simulator it is a task of `fakes.durable_sim`. The driver
+has no checkpoint, state file or resume flag: a retried driver replays its completed actions and resumes at the first
+incomplete one, which works only because every action's inputs are the same on every attempt.
+
+Guarantees (each is a test): trials launch concurrently and are judged as each lands; a trial whose task still fails
+after its retries is skipped and counted, never fatal to the step; the train step's rewards are canonical (sorted by
+trial id) so a replayed step hashes identically — `sort_rewards=False` reproduces the seed's bug; `crash_driver_at_step`
+kills driver attempt 0 right after that step, as the seed's failure-injected run does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from rl.agentic.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
+
+T = TypeVar("T")
+
+PROMPT = "find the secret"
+
+
+class AgenticInputError(ValueError):
+    """The run's shape cannot work; nothing was started."""
+
+
+class InjectedDriverCrash(RuntimeError):
+    """The seed's `crash_driver_at_step`: driver attempt 0 dies right after that step; the retry must replay it."""
+
+
+class AgenticTiers(Protocol):
+    """What the driver calls. Each `async` method is one durable action; `driver_attempt` is FLYTE_ATTEMPT_NUMBER."""
+
+    def driver_attempt(self) -> int: ...
+
+    async def build_world(self, world_id: str, seed: int) -> WorldRef: ...
+
+    async def setup_trainer(self, world_ids: list[str]) -> Weights: ...
+
+    async def generate(self, spec: TrialSpec, weights: Weights, world: WorldRef, flaky_rate: float) -> Trajectory: ...
+
+    async def verify_and_judge(self, traj: Trajectory, rubric: Rubric, judge_flake_rate: float) -> Reward: ...
+
+    async def train_step(self, step: int, rewards: list[Reward], world_ids: list[str], lr: float) -> StepResult: ...
+
+
+class SkippedTrial(BaseModel):
+    """A trial dropped from its step, and why (its generate or its judging failed after every retry)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    trial_id: str
+    stage: str
+    reason: str
+
+
+class AgenticOutcome(BaseModel):
+    """The driver's result: one `StepResult` per step, the trials it skipped, and the attempt that finished."""
+
+    model_config = ConfigDict(frozen=True)
+
+    history: list[StepResult]
+    skipped: list[SkippedTrial]
+    driver_attempt: int
+
+
+def world_ids_for(n_worlds: int) -> list[str]:
+    return [f"w{i}" for i in range(n_worlds)]
+
+
+def trial_specs(
+    step: int, world_ids: list[str], prompts_per_step: int, n_samples: int, *, seed: int, max_turns: int
+) -> list[TrialSpec]:
+    """The step's trials, `s<step>-p<prompt>-n<sample>`; prompt p explores world p mod n_worlds."""
+    return [
+        TrialSpec(
+            trial_id=f"s{step}-p{p}-n{s}",
+            step=step,
+            world_id=world_ids[p % len(world_ids)],
+            prompt=PROMPT,
+            max_turns=max_turns,
+            seed=seed,
+        )
+        for p in range(prompts_per_step)
+        for s in range(n_samples)
+    ]
+
+
+def canonical_rewards(rewards: list[Reward]) -> list[Reward]:
+    """Rewards in trial-id order: `as_completed` order differs between attempts; the step's identity must not."""
+    return sorted(rewards, key=lambda r: r.trial_id)
+
+
+async def _landed(key: str, call: Callable[[], Awaitable[T]]) -> tuple[str, T | Exception]:
+    """Await one action and hand back (its key, its result or its failure), so `as_completed` can say which landed.
+
+    `call` makes the awaitable only once this task runs, so a task cancelled before it starts leaves nothing unawaited.
+    """
+    try:
+        return key, await call()
+    except Exception as exc:  # a task that failed after its retries: the caller skips it
+        return key, exc
+
+
+def _launch(key: str, call: Callable[[], Awaitable[T]]) -> asyncio.Future[tuple[str, T | Exception]]:
+    """Start one action now. If the driver dies first, its orphaned failure is retrieved, not logged as lost."""
+    future = asyncio.ensure_future(_landed(key, call))
+    future.add_done_callback(_retrieve)
+    return future
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+async def run_step(
+    tiers: AgenticTiers,
+    specs: list[TrialSpec],
+    weights: Weights,
+    worlds: dict[str, WorldRef],
+    rubric: Rubric,
+    *,
+    flaky_trial_rate: float,
+    judge_flake_rate: float,
+) -> tuple[list[Reward], list[SkippedTrial]]:
+    """Generate every trial at once and judge each the moment it lands; returns rewards in landing order."""
+    gens = [
+        _launch(sp.trial_id, functools.partial(tiers.generate, sp, weights, worlds[sp.world_id], flaky_trial_rate))
+        for sp in specs
+    ]
+    skipped: list[SkippedTrial] = []
+    judges: list[asyncio.Future[tuple[str, Reward | Exception]]] = []
+    for landed in asyncio.as_completed(gens):
+        trial_id, traj = await landed
+        if isinstance(traj, Exception):
+            skipped.append(SkippedTrial(trial_id=trial_id, stage="generate", reason=repr(traj)))
+            continue
+        judges.append(_launch(trial_id, functools.partial(tiers.verify_and_judge, traj, rubric, judge_flake_rate)))
+    rewards: list[Reward] = []
+    for trial_id, reward in await asyncio.gather(*judges):
+        if isinstance(reward, Exception):
+            skipped.append(SkippedTrial(trial_id=trial_id, stage="verify_and_judge", reason=repr(reward)))
+        else:
+            rewards.append(reward)
+    return rewards, skipped
+
+
+async def train(
+    tiers: AgenticTiers,
+    *,
+    n_steps: int = 3,
+    n_worlds: int = 3,
+    prompts_per_step: int = 3,
+    n_samples: int = 2,
+    rubric: Rubric | None = None,
+    crash_driver_at_step: int = -1,
+    flaky_trial_rate: float = 0.0,
+    judge_flake_rate: float = 0.0,
+    seed: int = 0,
+    lr: float = 2.0,
+    max_turns: int = 6,
+    sort_rewards: bool = True,
+) -> AgenticOutcome:
+    """Seed 002's `train`: build worlds, attach the trainer, then per step generate → judge → one durable train step."""
+    if n_steps < 1 or n_worlds < 1 or prompts_per_step < 1 or n_samples < 1:
+        raise AgenticInputError(
+            f"n_steps, n_worlds, prompts_per_step and n_samples must all be >= 1; got {n_steps}, {n_worlds}, "
+            f"{prompts_per_step}, {n_samples}"
+        )
+    rubric = rubric if rubric is not None else Rubric()
+    attempt = tiers.driver_attempt()
+    world_ids = world_ids_for(n_worlds)
+    built = await asyncio.gather(*(tiers.build_world(w, seed) for w in world_ids))
+    worlds = dict(zip(world_ids, built, strict=True))
+    weights = await tiers.setup_trainer(world_ids)
+
+    history: list[StepResult] = []
+    skipped: list[SkippedTrial] = []
+    for step in range(n_steps):
+        specs = trial_specs(step, world_ids, prompts_per_step, n_samples, seed=seed, max_turns=max_turns)
+        rewards, lost = await run_step(
+            tiers,
+            specs,
+            weights,
+            worlds,
+            rubric,
+            flaky_trial_rate=flaky_trial_rate,
+            judge_flake_rate=judge_flake_rate,
+        )
+        skipped.extend(sorted(lost, key=lambda s: s.trial_id))
+        batch = canonical_rewards(rewards) if sort_rewards else rewards
+        result = await tiers.train_step(step, batch, world_ids, lr)
+        weights = result.weights
+        history.append(result)
+        if attempt == 0 and step == crash_driver_at_step:
+            raise InjectedDriverCrash(f"driver crash after step {step} on attempt 0 (crash_driver_at_step={step})")
+    return AgenticOutcome(history=history, skipped=skipped, driver_attempt=attempt)
