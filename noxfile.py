@@ -37,6 +37,13 @@ def slow(session: nox.Session) -> None:
 
 
 @nox.session
+def ray(session: nox.Session) -> None:
+    """The detached Ray trainer actor against a real local Ray (`ray.init` on this machine)."""
+    _install_cpu(session, "ray")
+    session.run("pytest", "-m", "ray", *session.posargs, env=HYPOTHESIS_ENV)
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     """ruff check, ruff format --check, mypy on rl/."""
     _install_cpu(session, "lint")
