@@ -1,0 +1,118 @@
+"""`rl demo agentic`: seed 002's durable agentic loop on the simulator, printing the seed's failure table.
+
+`rl demo` is shared with the GRPO demo, so this module does not register a top-level command: the `demo` command calls
+`add_agentic_demo(demo_subparsers)`. Heavy imports (the simulator, rich) happen inside the handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from typing import Any
+
+
+def add_agentic_demo(demo_subparsers: Any) -> argparse.ArgumentParser:
+    """Register `agentic` under `rl demo`; returns its parser."""
+    parser: argparse.ArgumentParser = demo_subparsers.add_parser(
+        "agentic",
+        help="the durable agentic RL loop (seed 002) on the simulator, with its failure table",
+        description=(
+            "Run seed 002's agentic loop (forked worlds, sandboxed trials, verifier + memoised judge, exactly-once "
+            "bandit trainer) on the deterministic durable-execution simulator and print the seed's failure table. "
+            "The seed's failure-injected run: --crash-driver-at-step 1 --flaky-trial-rate 0.25 --judge-flake-rate 0.3"
+        ),
+    )
+    parser.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
+    parser.add_argument("--worlds", type=int, default=3, help="worlds; prompt p explores world p mod W (default 3)")
+    parser.add_argument("--prompts-per-step", type=int, default=3, help="prompts per step (default 3)")
+    parser.add_argument("--samples", type=int, default=2, help="trials per prompt (default 2)")
+    parser.add_argument(
+        "--crash-driver-at-step", type=int, default=-1, metavar="K", help="kill driver attempt 0 after step K"
+    )
+    parser.add_argument(
+        "--flaky-trial-rate", type=float, default=0.0, metavar="P", help="sandboxes that die on attempt 0"
+    )
+    parser.add_argument(
+        "--judge-flake-rate", type=float, default=0.0, metavar="Q", help="judge tasks failing after the judge call"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the one seed every draw and fault derives from")
+    parser.add_argument("--json", action="store_true", help="end with one JSON line of the table's counts")
+    parser.set_defaults(func=run_agentic_demo)
+    return parser
+
+
+def _check_rates(args: argparse.Namespace) -> str | None:
+    for flag, value in (("--flaky-trial-rate", args.flaky_trial_rate), ("--judge-flake-rate", args.judge_flake_rate)):
+        if not 0.0 <= value <= 1.0:
+            return f"{flag} must be a probability in [0, 1], got {value}"
+    return None
+
+
+def _arrow(values: list[float]) -> str:
+    return " → ".join(f"{v:g}" for v in values) or "-"
+
+
+def run_agentic_demo(args: argparse.Namespace) -> int:
+    """Run the demo; exit status 0 when the run finished."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from fakes.agentic_sim import AgenticSim
+
+    console = Console(highlight=False)
+    problem = _check_rates(args)
+    if problem is not None:
+        console.print(f"error: {problem}")
+        return 2
+    harness = AgenticSim(seed=args.seed)
+    inputs = {
+        "n_steps": args.steps,
+        "n_worlds": args.worlds,
+        "prompts_per_step": args.prompts_per_step,
+        "n_samples": args.samples,
+        "crash_driver_at_step": args.crash_driver_at_step,
+        "flaky_trial_rate": args.flaky_trial_rate,
+        "judge_flake_rate": args.judge_flake_rate,
+    }
+    retries = 1 if 0 <= args.crash_driver_at_step < args.steps else 0
+    result = harness.run(retries=retries, **inputs)
+    t = harness.report(result)
+
+    table = Table(title=f"agentic RL, failure-injected (seed={args.seed})")
+    table.add_column("")
+    table.add_column("count", justify="right")
+    table.add_column("note")
+    table.add_row(
+        "generate succeeded / retried",
+        f"{t.generate_succeeded} / {t.trial_retries}",
+        f"{t.trial_retries} sandbox failures retried; {t.trials_skipped} trials skipped after their retries",
+    )
+    table.add_row(
+        "verify_and_judge succeeded / retried",
+        f"{t.judge_succeeded} / {t.judge_retries}",
+        f"judge called {t.judge_calls} times for {t.trials_completed} trials; {t.judge_replays} retries replayed it",
+    )
+    trainers = ", ".join(str(i) for i in t.trainer_ids) or "-"
+    table.add_row("train_step", str(t.train_steps), f"trainer identity {trainers}; {t.train_steps_replayed} replayed")
+    k = args.crash_driver_at_step
+    crash = "no crash injected"
+    if retries:
+        crash = f"crashed after step {k}; attempt 2 replayed steps 0–{k} and ran the rest"
+    table.add_row("driver", f"{t.driver_attempts} attempts", crash)
+    turns, rewards = t.mean_turns_by_step, t.mean_reward_by_step
+    learned = len(turns) > 1 and turns[-1] < turns[0]
+    table.add_row("learning", "✓" if learned else "✗", f"mean turns {_arrow(turns)}; mean reward {_arrow(rewards)}")
+    console.print(table)
+    if not t.ok:
+        console.print(f"run failed: {t.error}")
+    console.print(
+        f"seed={args.seed}  reproduce: rl demo agentic --steps {args.steps} --worlds {args.worlds} "
+        f"--prompts-per-step {args.prompts_per_step} --samples {args.samples} "
+        f"--crash-driver-at-step {args.crash_driver_at_step} --flaky-trial-rate {args.flaky_trial_rate} "
+        f"--judge-flake-rate {args.judge_flake_rate} --seed {args.seed}",
+        soft_wrap=True,
+    )
+    if args.json:
+        print(json.dumps({"seed": args.seed, **asdict(t)}, sort_keys=True), flush=True)
+    return 0 if t.ok else 1
