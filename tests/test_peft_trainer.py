@@ -8,6 +8,7 @@ import dataclasses
 import io
 import itertools
 import json
+import pickle
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -174,6 +175,7 @@ def test_stale_rollouts_beyond_the_bound_raise(trainer: PeftTrainer, rollouts: l
     with pytest.raises(StaleRolloutError, match="rollout 5 was sampled from policy version -1") as info:
         run(trainer.train_step(make_batch(mixed, varied_rewards(mixed), init.adapter, None, new_version=2)))
     assert (info.value.index, info.value.staleness, info.value.max_staleness) == (5, 2, 1)
+    assert pickle.loads(pickle.dumps(info.value)).index == 5  # crosses process boundaries intact
     future = [dataclasses.replace(r, policy_version=1) for r in rollouts]
     with pytest.raises(RolloutVersionError, match="rollout 0 claims policy version 1, newer than the version being"):
         run(trainer.train_step(make_batch(future, varied_rewards(future), init.adapter, None, new_version=1)))

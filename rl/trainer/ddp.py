@@ -20,14 +20,15 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import asyncio
+import concurrent.futures
 import pickle
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -47,6 +48,8 @@ from rl.trainer.peft_trainer import (
     step_metrics,
 )
 from rl.types import StepMetrics, TrainBatch, TrainResult
+
+T = TypeVar("T")
 
 __all__ = ["PeerRankError", "ddp_shard_step", "ddp_train_step", "run_local_ddp", "shard"]
 
@@ -97,6 +100,17 @@ def ddp_shard_step(
     (sync_forward().float().sum() * 0.0).backward()  # the one synchronising backward
 
 
+def _run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run an artifact-store coroutine to completion from synchronous rank code, even under a running event loop (an
+    async task body calling `ddp_train_step`), where `asyncio.run` would refuse."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
 def _agree(ok: bool) -> bool:
     """Whether every rank is `ok` (one all-reduce); ranks call it at the same point so it cannot deadlock."""
     flag = torch.tensor([1 if ok else 0], dtype=torch.int64)
@@ -139,8 +153,8 @@ def ddp_train_step(
     with pinned_threads(config.threads), torch.random.fork_rng(devices=[]):
         error: BaseException | None = None
         try:
-            adapter = asyncio.run(artifacts.get(batch.adapter))
-            opt_state = asyncio.run(artifacts.get(batch.optimizer_state)) if batch.optimizer_state else None
+            adapter = _run_sync(artifacts.get(batch.adapter))
+            opt_state = _run_sync(artifacts.get(batch.optimizer_state)) if batch.optimizer_state else None
             prepared = prepare_step(Path(base_dir), batch, config, adapter, opt_state)
         except Exception as exc:
             error = exc
@@ -181,8 +195,8 @@ def ddp_train_step(
             try:
                 new_adapter = adapter_files(prepared.model)
                 new_opt = optimizer_files(prepared.optimizer, [name for name, _ in prepared.params])
-                adapter_ref = asyncio.run(artifacts.put(new_adapter, name=f"adapter-v{batch.new_version}"))
-                opt_ref = asyncio.run(artifacts.put(new_opt, name=f"optimizer-v{batch.new_version}"))
+                adapter_ref = _run_sync(artifacts.put(new_adapter, name=f"adapter-v{batch.new_version}"))
+                opt_ref = _run_sync(artifacts.put(new_opt, name=f"optimizer-v{batch.new_version}"))
                 message = [("ok", adapter_ref, opt_ref)]
             except Exception as exc:
                 message = [("error", f"{type(exc).__name__}: {exc}")]

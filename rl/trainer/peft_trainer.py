@@ -8,9 +8,10 @@ is written canonically (PEFT lists `target_modules` in set order, which changes 
 The per-sample loss closures (`sample_loss_fns`) are the one implementation of the objective; the single-process step
 here and the multi-rank step in `rl.trainer.ddp` both call them, differing only in which samples and what scale.
 
-Zero-advantage samples (every member of a group scored the same) are skipped entirely — surrogate *and* KL term — as the
-seed says ("a group where every completion scored the same gives no signal and is skipped"). So a batch in which no
-sample carries signal takes no optimizer step: the new version's adapter and optimizer state equal the old ones.
+Zero-advantage samples (all of a group that scored the same, or a sample scoring exactly its group's mean) are skipped
+entirely — surrogate *and* KL term — as the seed says ("a group where every completion scored the same gives no signal
+and is skipped"). So a batch in which no sample carries signal takes no optimizer step: the new version's adapter and
+optimizer state are byte-identical to the old ones.
 """
 
 from __future__ import annotations
@@ -52,13 +53,18 @@ __all__ = [
     "RolloutVersionError",
     "StaleRolloutError",
     "adapter_files",
+    "build_optimizer",
     "check_batch",
+    "clip_and_step",
+    "load_policy",
     "new_adapter",
     "optimizer_files",
     "pinned_threads",
     "prepare_step",
     "sample_loss_fns",
+    "stat_sums",
     "step_metrics",
+    "trainable_parameters",
 ]
 
 ADAPTER_FILES: tuple[str, ...] = ("adapter_config.json", "adapter_model.safetensors")
@@ -88,6 +94,10 @@ class StaleRolloutError(RolloutVersionError):
             f"{trained_version} (staleness {self.staleness} > max_staleness {max_staleness}); regenerate it from a "
             f"newer adapter or raise TrainerConfig.max_staleness"
         )
+
+    def __reduce__(self) -> tuple[type, tuple[int, int, int, int]]:
+        # Rebuilt from its fields, so it survives pickling between processes (DDP ranks, remote tasks).
+        return (type(self), (self.index, self.rollout_version, self.trained_version, self.max_staleness))
 
 
 class AdapterArtifactError(ValueError):
