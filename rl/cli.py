@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 # Modules that provide sub-commands, in the order `rl --help` lists them.
 COMMAND_MODULES: list[str] = [
+    "rl.commands.demo",
     "rl.commands.chaos",
     "rl.commands.bench",
 ]

@@ -11,6 +11,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from transformers.utils import logging as transformers_logging
+
 from rl.artifacts import LocalArtifacts
 from rl.engines.torch_sampler import TorchSampler
 from rl.identity import content_digest
@@ -23,6 +25,9 @@ from rl.scoring import RewardScorer, SamplingEvaluator
 from rl.state import FileStateStore
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
+
+# A per-load "Loading weights" bar from transformers would bury the demo's own progress bar.
+transformers_logging.disable_progress_bar()
 
 # Measured to learn the digit task on 2 CPU cores: init 0.2, LoRA on every linear layer, lr 1e-2, 8 prompts x 8.
 DEMO_MODEL = TinyModelConfig(seed=0, initializer_range=0.2)

@@ -44,8 +44,9 @@ def _charts_svg(history: Sequence[IterationMetrics], evals: Sequence[EvalResult]
                 )
             if baseline is not None:
                 ax.axhline(baseline, color="#94a3b8", linestyle="--", linewidth=1, label="best constant answer")
-            ax.set_ylim(0, 1)
             ax.legend(fontsize=7, loc="upper left")
+        if field in ("accuracy", "format_rate"):
+            ax.set_ylim(0, 1)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("iteration", fontsize=8)
         ax.tick_params(labelsize=7)

@@ -215,3 +215,9 @@ def test_checkpoint_naming_a_missing_adapter_is_a_clear_error():
     artifacts.lose(outcome.adapter)
     with pytest.raises(MissingAdapterError, match="no longer has"):
         asyncio.run(run_grpo(CONFIG, _plain_tiers(CONFIG, artifacts), store))
+
+
+@pytest.mark.parametrize(("every", "versions"), [(2, [2, 4]), (3, [3, 4]), (1, [1, 2, 3, 4])])
+def test_eval_every_evaluates_multiples_and_always_the_last_version(every, versions):
+    setup = grpo_sim(replace(CONFIG, eval_every=every), seed=1)
+    assert [e.policy_version for e in setup.run().output.evals] == versions

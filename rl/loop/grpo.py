@@ -53,6 +53,7 @@ class GrpoConfig:
     max_staleness: int = 1
     eval_k: int = 4
     evaluate: bool = True
+    eval_every: int = 1  # evaluate adapter versions divisible by this, and always the last one
 
     def digest(self) -> str:
         return content_digest(self)
@@ -73,8 +74,11 @@ class GrpoConfig:
             )
         if self.max_staleness < (1 if self.pipelined else 0):
             raise GrpoInputError("the pipelined loop trains one-step-stale rollouts: max_staleness must be >= 1")
-        if self.evaluate and self.eval_k < 1:
-            raise GrpoInputError(f"eval_k must be >= 1, got {self.eval_k}")
+        if self.evaluate and (self.eval_k < 1 or self.eval_every < 1):
+            raise GrpoInputError(f"eval_k and eval_every must be >= 1, got {self.eval_k} and {self.eval_every}")
+
+    def evaluates(self, version: int) -> bool:
+        return self.evaluate and (version % self.eval_every == 0 or version == self.iterations)
 
 
 @dataclass(frozen=True)
@@ -290,7 +294,9 @@ async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> G
             state = replace(
                 state,
                 evals=[*state.evals, finished_eval] if finished_eval is not None else state.evals,
-                pending_eval=(state.adapter, state.adapter_version) if config.evaluate else None,
+                pending_eval=(state.adapter, state.adapter_version)
+                if config.evaluates(state.adapter_version)
+                else None,
             )
             evaluating = _launch_eval(config, tiers, state.pending_eval)
             await _publish(tiers, state, "running")

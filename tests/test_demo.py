@@ -1,0 +1,38 @@
+"""The GRPO demo on the real CPU stack: files a person reads, a JSON summary a script reads, resumable."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rl.cli import main
+from rl.types import IterationMetrics
+
+
+def test_demo_writes_metrics_jsonl_report_html_and_a_json_summary(tmp_path, capsys):
+    """`rl demo grpo --json`: one IterationMetrics per line, a report with charts, the summary's public keys."""
+    out = tmp_path / "demo"
+    assert (
+        main(["demo", "grpo", "--iterations", "3", "--prompts", "2", "--samples", "2", "--out", str(out), "--json"])
+        == 0
+    )
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("accuracy_first", "accuracy_last", "constant_baseline_accuracy", "iterations", "wall_s"):
+        assert key in summary
+    assert summary["iterations"] == 3 and summary["constant_baseline_accuracy"] == pytest.approx(0.1)
+    rows = [IterationMetrics.from_dict(json.loads(line)) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r.iteration for r in rows] == [0, 1, 2]
+    page = (out / "report.html").read_text()
+    assert "status: <b>complete</b>" in page and page.count("<svg") == 1 and "Best sample" in page
+
+
+def test_demo_resumes_a_finished_run_without_training_again(tmp_path, capsys):
+    """A second `rl demo grpo` in the same directory resumes from its checkpoint instead of starting over."""
+    args = ["demo", "grpo", "--iterations", "2", "--prompts", "2", "--samples", "2", "--out", str(tmp_path), "--json"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(args) == 0
+    second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert first["resumed_from"] == -1 and second["resumed_from"] == 1
+    assert second["accuracy_last"] == first["accuracy_last"]
