@@ -58,6 +58,12 @@ def sampler(tiny_model_dir: Path, store: LocalArtifacts) -> TorchSampler:
     return TorchSampler(tiny_model_dir, store)
 
 
+@pytest.fixture(scope="module")
+def exact_sampler(tiny_model_dir: Path, store: LocalArtifacts) -> TorchSampler:
+    """Adapters unmerged: its policy runs exactly the PEFT forward the trainer differentiates."""
+    return TorchSampler(tiny_model_dir, store, merge_adapters=False)
+
+
 def request(adapter: ArtifactRef, **overrides: object) -> RolloutRequest:
     base = RolloutRequest(
         group_id=3, prompt=Prompt("7=", "8"), n=8, adapter=adapter, policy_version=5, seed=11, max_tokens=12
@@ -69,13 +75,14 @@ def test_torch_sampler_is_a_rollout_engine(sampler: TorchSampler) -> None:
     assert isinstance(sampler, RolloutEngine)
 
 
+@pytest.mark.parametrize("merged", [True, False], ids=["merged", "exact"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_sampling_logprobs_equal_teacher_forced_logprobs(
-    sampler: TorchSampler, refs: dict[str, ArtifactRef], seed: int
+    sampler: TorchSampler, exact_sampler: TorchSampler, refs: dict[str, ArtifactRef], seed: int, merged: bool
 ) -> None:
-    """The log-prob recorded while sampling a token is the policy's log-prob of that token in context (<= 1e-5)."""
-    rollouts = run(sampler.generate(request(refs["trained"], seed=seed)))
-    model = run(sampler.policy(refs["trained"]))
+    """A sampled token's recorded log-prob is the trainer's teacher-forced PEFT log-prob of it in context (<= 1e-5)."""
+    rollouts = run((sampler if merged else exact_sampler).generate(request(refs["trained"], seed=seed)))
+    model = run(exact_sampler.policy(refs["trained"]))
     with torch.no_grad():
         for r in rollouts:
             forced = teacher_forced_logprobs(model, r.prompt_token_ids, r.token_ids)  # [T]
@@ -146,8 +153,10 @@ def test_sequences_stop_at_eos_or_max_tokens(sampler: TorchSampler, refs: dict[s
 
 
 def test_adapter_round_trip_through_the_store_gives_bitwise_identical_logits(
-    tiny_model_dir: Path, store: LocalArtifacts, sampler: TorchSampler, tmp_path: Path
+    tiny_model_dir: Path, store: LocalArtifacts, exact_sampler: TorchSampler, tmp_path: Path
 ) -> None:
+    """An adapter saved, stored, fetched by digest and loaded computes the same logits, bit for bit."""
+    sampler = exact_sampler
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(5)
@@ -164,6 +173,16 @@ def test_adapter_round_trip_through_the_store_gives_bitwise_identical_logits(
         base = load_base_model(tiny_model_dir)(input_ids=ids).logits
     assert torch.equal(before, after)
     assert not torch.equal(after, base)
+
+
+def test_merging_changes_logits_by_rounding_only(
+    sampler: TorchSampler, exact_sampler: TorchSampler, refs: dict[str, ArtifactRef]
+) -> None:
+    ids = torch.tensor([sampler.encode_prompt("5=#### 6")])  # [1, L]
+    with torch.no_grad():
+        merged = run(sampler.policy(refs["trained"]))(input_ids=ids).logits  # [1, L, V]
+        exact = run(exact_sampler.policy(refs["trained"]))(input_ids=ids).logits
+    torch.testing.assert_close(merged, exact, rtol=0, atol=1e-5)
 
 
 def test_version_zero_adapter_samples_exactly_like_the_base_model(

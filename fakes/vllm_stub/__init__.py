@@ -8,6 +8,7 @@ translation code against this module in the unit tests. What it reproduces of vL
   (`index`, `text`, `token_ids`, `cumulative_logprob`, `logprobs`, `finish_reason`).
 - `logprobs=0` gives, per position, `{sampled_token_id: Logprob(logprob=...)}`; `logprobs=None` gives `None` (and no
   `cumulative_logprob`). `<eos>` stays in `token_ids` and out of `text`.
+- LoRA adapters are merged into a base copy, as `TorchSampler` does by default, so the two engines sample alike.
 - LoRA adapters are cached by `lora_int_id`, like vLLM: a second adapter under a known id is *not* loaded (the stale
   adapter is served). A `LoRARequest` without `enable_lora=True` and an adapter rank above `max_lora_rank` are errors.
 - A prompt is text or a `TokensPrompt` dict `{"prompt_token_ids": [...]}` (then `RequestOutput.prompt` is None).
@@ -139,7 +140,7 @@ class LLM:
         self.max_lora_rank = max_lora_rank
         self.tokenizer = load_tokenizer(Path(model))
         # vLLM keeps many more LoRAs on the CPU than it runs at once; the stub never evicts.
-        self._cache = AdapterCache(Path(model), capacity=1 << 16)
+        self._cache = AdapterCache(Path(model), capacity=1 << 16, merge=True)
         self._loras: dict[int, _Loaded] = {}
         self._requests = 0
         self.lora_loads = 0
