@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     demo = subparsers.add_parser("demo", help="run a loop end to end on this machine")
     loops = demo.add_subparsers(dest="loop", metavar="LOOP", required=True)
     grpo = loops.add_parser("grpo", help="GRPO + LoRA on a tiny offline model, learning a prompt-dependent task")
