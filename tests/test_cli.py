@@ -56,7 +56,7 @@ def test_rl_bench_json_has_the_public_figures(capsys, monkeypatch):
     import fakes.bench as bench
 
     monkeypatch.setattr(bench, "scenario_speed", lambda: {"scenarios_per_s": 1.0})
-    assert main(["bench", "--json"]) == 0
+    assert main(["bench", "--sections", "sim", "--json"]) == 0
     figures = _json_tail(capsys.readouterr().out)
     for key in (
         "replay_ms_per_action",
@@ -67,3 +67,21 @@ def test_rl_bench_json_has_the_public_figures(capsys, monkeypatch):
     ):
         assert key in figures
     assert figures["pipelined_over_max_gen_train"] <= 1.02
+
+
+def test_rl_bench_refuses_an_unknown_section(capsys):
+    assert main(["bench", "--sections", "sim,gpus"]) == 2
+    assert "unknown section" in capsys.readouterr().err
+
+
+def test_cpu_bench_measures_sampler_ceiling_and_train_step():
+    """The CPU section reports the sampler's tokens/s against its teacher-forced ceiling and a full train step."""
+    from rl.bench_cpu import cpu_stack_bench
+
+    figures = cpu_stack_bench(groups=2, group_size=2, max_tokens=3, steps=1)
+    assert figures["sampler_tokens_per_s"] > 0 and figures["teacher_forced_tokens_per_s"] > 0
+    assert (
+        figures["sampler_over_teacher_forced"]
+        == figures["sampler_tokens_per_s"] / figures["teacher_forced_tokens_per_s"]
+    )
+    assert figures["train_step_s"] > 0 and figures["train_step_samples"] == 4

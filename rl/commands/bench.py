@@ -4,20 +4,36 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="print benchmark figures measured side by side in one run")
     p.add_argument("--json", action="store_true", help="end with one JSON object of every figure")
+    p.add_argument(
+        "--sections",
+        default="sim,cpu",
+        help="comma-separated: sim (simulator, chaos rate, pipelining), cpu (tiny-model sampler and trainer)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from fakes.bench import simulator_bench
-
+    sections = {s.strip() for s in args.sections.split(",") if s.strip()}
+    unknown = sections - {"sim", "cpu"}
+    if unknown:
+        print(f"rl bench: unknown section(s) {sorted(unknown)}; choose from sim, cpu", file=sys.stderr)
+        return 2
     figures: dict[str, Any] = {}
-    figures.update(simulator_bench())
+    if "sim" in sections:
+        from fakes.bench import simulator_bench
+
+        figures.update(simulator_bench())
+    if "cpu" in sections:
+        from rl.bench_cpu import cpu_stack_bench
+
+        figures.update(cpu_stack_bench())
     width = max(len(k) for k in figures)
     for key, value in figures.items():
         print(f"{key:<{width}}  {value:.4g}" if isinstance(value, float) else f"{key:<{width}}  {value}")
