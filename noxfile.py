@@ -53,6 +53,13 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session
+def demo(session: nox.Session) -> None:
+    """The GRPO demo: a tiny offline model learns a prompt-dependent task on the CPU (~1-2 min), report in runs/."""
+    _install_cpu(session)
+    session.run("rl", "demo", "grpo", *(session.posargs or ["--fresh"]), env=HYPOTHESIS_ENV)
+
+
+@nox.session
 def chaos(session: nox.Session) -> None:
     """1,000 seeded fault scenarios per loop plus a kill-at-every-await-point sweep, on the simulator."""
     _install_cpu(session)
