@@ -7,6 +7,19 @@ versions. See `rl.volumes.local` for which filesystems get true copy-on-write an
 
 from __future__ import annotations
 
+from rl.volumes.buffer import (
+    PANDAS_DTYPES,
+    ROW_FIELDS,
+    IterationExistsError,
+    IterationNotFoundError,
+    RescoreStats,
+    RewardFn,
+    RolloutBuffer,
+    RowSchemaError,
+    encode_rows,
+    iteration_file,
+    rollout_rows,
+)
 from rl.volumes.local import (
     FileEntry,
     InvalidNameError,
@@ -26,12 +39,20 @@ from rl.volumes.local import (
 )
 
 __all__ = [
+    "PANDAS_DTYPES",
+    "ROW_FIELDS",
     "FileEntry",
     "InvalidNameError",
     "InvalidPathError",
+    "IterationExistsError",
+    "IterationNotFoundError",
     "LocalVolumeStore",
     "LocalVolumeVersion",
     "LocalWritableVolume",
+    "RescoreStats",
+    "RewardFn",
+    "RolloutBuffer",
+    "RowSchemaError",
     "ShareMode",
     "SharedFileModifiedError",
     "UnsupportedFileError",
@@ -40,5 +61,8 @@ __all__ = [
     "VolumeError",
     "VolumeSealedError",
     "WriterConflictError",
+    "encode_rows",
+    "iteration_file",
     "probe_share_mode",
+    "rollout_rows",
 ]
