@@ -2,10 +2,10 @@
 
 Scoring (the contract between this module, the samplers and `rl.rewards.score`): a rollout is scored on its
 *completion only* — the text the policy generated after the prompt, decoded with special tokens (`<eos>`) skipped —
-as `rl.rewards.score(rollout.completion, prompt.answer)`. The prompt is never included: "3=" itself holds a digit,
-and `extract_answer` falls back to the last integer in the text, so scoring prompt + completion would credit an empty
-completion with the prompt's own digit. A bare "4" therefore earns 1.0 on "3=", and "#### 4" earns 1.2 (the format
-bonus); "45" earns 0.0 (the last integer is 45).
+as `rl.rewards.score(rollout.completion, prompt.answer)`. The prompt is never included: `extract_answer` falls back
+to the last number in the text, so scoring prompt + completion would score a completion without a number on the
+prompt's own number (for word problems that number is sometimes the answer). So on "3=": "4" earns 1.0, "#### 4"
+earns 1.2 (the format bonus), "45" earns 0.0 (the last number is 45) and "" earns 0.0.
 """
 
 from __future__ import annotations

@@ -95,3 +95,15 @@ def test_constant_baseline_is_the_most_common_answers_share() -> None:
     assert constant_baseline_accuracy(prompts) == 0.5
     with pytest.raises(ValueError, match="empty"):
         constant_baseline_accuracy([])
+
+
+@pytest.mark.parametrize(
+    ("completion", "reward"), [("4", 1.0), ("#### 4", 1.2), ("x4\n", 1.0), ("45", 0.0), ("#### 5", 0.2), ("", 0.0)]
+)
+def test_digit_successor_completions_are_scored_alone(completion: str, reward: float) -> None:
+    """The scoring contract in rl.problems: rl.rewards.score(completion, answer), the prompt left out."""
+    from rl.rewards import score
+
+    prompt = DigitSuccessor().train_prompts()[3]
+    assert (prompt.question, prompt.answer) == ("3=", "4")
+    assert score(completion, prompt.answer) == pytest.approx(reward)
