@@ -29,6 +29,7 @@ from rl.volumes import (
     WriterConflictError,
     probe_share_mode,
 )
+from rl.volumes.bench import bench_fork, format_bench
 
 # Never a file and a directory at once ("d" is only ever a directory), so any write sequence is legal.
 PATHS = ("a.txt", "b.bin", "d/c.txt", "d/e/f.txt")
@@ -516,3 +517,14 @@ def test_a_fifo_in_the_mount_is_refused_at_finalize(store):
         os.mkfifo(rw.mount() / "pipe")
         with pytest.raises(UnsupportedFileError, match=r"pipe in volume 'world' is a FIFO"):
             rw.finalize("x")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux's /proc/self/io to count bytes written")
+def test_bench_fork_measures_a_fork_against_a_full_copy(tmp_path):
+    """The benchmark runs end to end at a small size, counts the copy's bytes, and leaves nothing behind."""
+    result = bench_fork(4 << 20, directory=tmp_path, file_bytes=256 << 10, settle_s=0)
+    assert result["files"] == 16 and result["copy_bytes_written"] >= 4 << 20
+    if result["share_mode"] != "copy":
+        assert result["fork_bytes_written"] < 4096
+    assert "fork vs copy" in format_bench(result)
+    assert list(tmp_path.iterdir()) == []
