@@ -1,0 +1,67 @@
+"""The conformance suite: the laws of every tier protocol and of the GRPO driver, as pytest base classes.
+
+Two ways to run it against your implementation:
+
+- subclass a contract and provide its fixtures (`class TestMyEngine(RolloutEngineContract): ...`), or
+- bind an `Implementation` and run the packaged suite:
+  `pytest --pyargs rl.conformance.test_suite --rl-impl my_pkg.my_module:IMPL`.
+
+Public API (names are stable): `ArtifactsContract`, `StateStoreContract`, `RolloutEngineContract`, `ScorerContract`,
+`TrainerContract`, `GrpoDriverContract`, `LoopContract` (all of them), `Capabilities`, `Implementation`,
+`load_implementation`. Attributes load lazily, so the pytest plugin that imports this package stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rl.conformance.capabilities import Capabilities
+    from rl.conformance.contracts import (
+        ArtifactsContract,
+        RolloutEngineContract,
+        ScorerContract,
+        StateStoreContract,
+        TrainerContract,
+    )
+    from rl.conformance.driver import GrpoDriverContract
+    from rl.conformance.implementation import Implementation, load_implementation
+    from rl.conformance.loop import LoopContract
+
+_EXPORTS = {
+    "Capabilities": "rl.conformance.capabilities",
+    "Implementation": "rl.conformance.implementation",
+    "load_implementation": "rl.conformance.implementation",
+    "ArtifactsContract": "rl.conformance.contracts",
+    "StateStoreContract": "rl.conformance.contracts",
+    "RolloutEngineContract": "rl.conformance.contracts",
+    "ScorerContract": "rl.conformance.contracts",
+    "TrainerContract": "rl.conformance.contracts",
+    "GrpoDriverContract": "rl.conformance.driver",
+    "LoopContract": "rl.conformance.loop",
+}
+
+__all__ = [
+    "ArtifactsContract",
+    "Capabilities",
+    "GrpoDriverContract",
+    "Implementation",
+    "LoopContract",
+    "RolloutEngineContract",
+    "ScorerContract",
+    "StateStoreContract",
+    "TrainerContract",
+    "load_implementation",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rl.conformance' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

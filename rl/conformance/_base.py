@@ -1,0 +1,86 @@
+"""What every contract shares: capability and seed fixtures, one event loop per test, the hypothesis settings."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, ClassVar, TypeVar
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from rl.conformance.capabilities import Capabilities
+
+T = TypeVar("T")
+
+Run = Callable[[Awaitable[T]], T]
+"""The `rl_run` fixture's type: run an awaitable to completion on the test's event loop and return its result."""
+
+
+def law_settings(max_examples: int) -> settings:
+    """Hypothesis settings of a law: deterministic (no database, no wall-clock deadline) and few examples.
+
+    The implementation under test comes from a fixture and is reused across examples (the laws hold whatever state
+    it is in), so the function-scoped-fixture health check is off; data is drawn inside the test, never via fixtures.
+    """
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.differing_executors,
+            HealthCheck.too_slow,
+        ],
+    )
+
+
+def tier(name: str) -> Callable[[type[T]], type[T]]:
+    """Mark every law defined in the decorated class (not inherited ones) with `rl_<name>`, so `-m rl_<name>` selects
+    one tier even in the aggregate `LoopContract`."""
+    mark = getattr(pytest.mark, f"rl_{name}")
+
+    def decorate(cls: type[T]) -> type[T]:
+        for attr, value in list(vars(cls).items()):
+            if attr.startswith("test_") and callable(value):
+                setattr(cls, attr, mark(value))
+        return cls
+
+    return decorate
+
+
+class ContractBase:
+    """Fixtures every contract has. Override `capabilities` to declare what your implementation lacks."""
+
+    pytestmark: ClassVar[list[pytest.MarkDecorator]] = [pytest.mark.rl_conformance]
+
+    @pytest.fixture
+    def capabilities(self) -> Capabilities:
+        """Return a `rl.conformance.Capabilities`; the default claims every capability."""
+        return Capabilities()
+
+    @pytest.fixture
+    def rl_seed(self, request: pytest.FixtureRequest) -> int:
+        """The run seed every law derives its seeds from: `--rl-seed` (default 0)."""
+        return int(request.config.getoption("rl_seed", default=0) or 0)
+
+    @pytest.fixture
+    def rl_run(self) -> Iterator[Run[Any]]:
+        """Run an awaitable on this test's event loop (one loop per test, closed afterwards); returns its result."""
+        loop = asyncio.new_event_loop()
+
+        def run(awaitable: Awaitable[T]) -> T:
+            return loop.run_until_complete(_as_coroutine(awaitable))
+
+        try:
+            yield run
+        finally:
+            try:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                loop.close()
+
+
+async def _as_coroutine(awaitable: Awaitable[T]) -> T:
+    return await awaitable

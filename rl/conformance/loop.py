@@ -1,0 +1,39 @@
+"""The aggregate contract: every tier's laws against one implementation of the whole loop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rl.conformance._base import Run
+from rl.conformance.contracts import (
+    ArtifactsContract,
+    RolloutEngineContract,
+    ScorerContract,
+    StateStoreContract,
+    TrainerContract,
+)
+from rl.conformance.driver import GrpoDriverContract
+from rl.protocols import Trainer
+from rl.types import ArtifactRef
+
+__all__ = ["LoopContract"]
+
+
+class LoopContract(
+    ArtifactsContract,
+    StateStoreContract,
+    RolloutEngineContract,
+    ScorerContract,
+    TrainerContract,
+    GrpoDriverContract,
+):
+    """Every law of every tier. Provide `artifacts`, `state_store`, `engine`, `scorer` and `trainer` (the engine and the
+    trainer should request `artifacts` so they share one store); `driver` defaults to `rl.loop.grpo.run_grpo`, and the
+    engine's `adapter` to the trainer's version-0 adapter."""
+
+    @pytest.fixture
+    def adapter(self, trainer: Trainer, rl_run: Run[Any]) -> ArtifactRef:
+        """The engine laws' adapter: `trainer.init_adapter(0)`'s version-0 adapter."""
+        return rl_run(trainer.init_adapter(0)).adapter

@@ -1,0 +1,101 @@
+"""The conformance suite's pytest plugin (entry point `rl_conformance`): only what has to be global.
+
+- `--rl-impl module:attr`: the `rl.conformance.Implementation` the packaged suite (`rl.conformance.test_suite`) binds;
+- `--rl-seed N`: the seed every law derives its seeds from (default 0);
+- the markers `rl_conformance` (every law) and `rl_<tier>` (one tier's laws);
+- after a failing law, the command that reruns exactly it with the same seed.
+
+Installed with the package, so it loads in every pytest run of that environment: it imports nothing but pytest and the
+standard library, and does nothing unless contract tests are collected.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Generator
+
+import pytest
+
+SUITE_MODULE = "rl.conformance.test_suite"
+TIER_MARKERS = {
+    "rl_artifacts": "the Artifacts laws",
+    "rl_state_store": "the StateStore laws",
+    "rl_engine": "the RolloutEngine laws",
+    "rl_scorer": "the Scorer laws",
+    "rl_trainer": "the Trainer laws",
+    "rl_driver": "the GRPO driver laws (simulator sweeps and fault scenarios)",
+}
+_REPRODUCE = pytest.StashKey[list[str]]()
+
+# Plain `assert`s in the contracts explain themselves when they fail, whether or not the package is installed editable.
+_CONTRACT_MODULES = ("rl.conformance._base", "rl.conformance.contracts", "rl.conformance.driver", "rl.conformance.loop")
+pytest.register_assert_rewrite(*(m for m in _CONTRACT_MODULES if m not in sys.modules))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("rl-conformance", "flyte-rl conformance suite")
+    group.addoption(
+        "--rl-impl",
+        dest="rl_impl",
+        default=None,
+        metavar="MODULE:ATTR",
+        help="the rl.conformance.Implementation that `pytest --pyargs rl.conformance.test_suite` checks",
+    )
+    group.addoption(
+        "--rl-seed",
+        dest="rl_seed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="seed of the conformance laws (requests, run seeds, fault scenarios); default 0",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "rl_conformance: a law of the flyte-rl conformance suite")
+    for name, what in TIER_MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {what} of the flyte-rl conformance suite")
+    config.stash[_REPRODUCE] = []
+
+
+def reproduce_command(item: pytest.Item) -> str:
+    """The command that reruns exactly this law with the same seed (and implementation, for the packaged suite)."""
+    seed = item.config.getoption("rl_seed", default=0)
+    module = getattr(getattr(item, "module", None), "__name__", "")
+    if module == SUITE_MODULE:
+        node = "::".join([SUITE_MODULE, *item.nodeid.split("::")[1:]])
+        impl = item.config.getoption("rl_impl", default=None)
+        impl_arg = f" --rl-impl {shlex.quote(impl)}" if impl else ""
+        return f"pytest --pyargs {shlex.quote(node)}{impl_arg} --rl-seed {seed}"
+    return f"pytest {shlex.quote(item.nodeid)} --rl-seed {seed}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report: pytest.TestReport = yield
+    if report.failed and item.get_closest_marker("rl_conformance") is not None:
+        line = reproduce_command(item)
+        report.sections.append(("rl-conformance: reproduce", line))
+        item.config.stash.setdefault(_REPRODUCE, []).append(line)
+    return report
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not any(item.get_closest_marker("rl_conformance") for item in session.items):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        impl = session.config.getoption("rl_impl", default=None)
+        seed = session.config.getoption("rl_seed", default=0)
+        reporter.write_line(f"rl-conformance: seed={seed}" + (f" impl={impl}" if impl else ""))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
+    lines = config.stash.get(_REPRODUCE, [])
+    if lines:
+        terminalreporter.section("rl-conformance: reproduce each failed law with")
+        for line in lines:
+            terminalreporter.write_line(line)

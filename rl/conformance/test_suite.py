@@ -1,0 +1,122 @@
+"""The packaged suite: every contract bound to the implementation `--rl-impl` names. Run it from any directory:
+
+    pytest --pyargs rl.conformance.test_suite --rl-impl my_package.conformance:IMPL [--rl-seed N]
+
+A tier the implementation does not provide (its factory is None) skips, and the skip says which factory is missing.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import pytest
+
+from fakes.artifacts import MemoryArtifacts
+from fakes.grpo_sim import GrpoDriver
+from rl.conformance._base import Run
+from rl.conformance.capabilities import Capabilities
+from rl.conformance.contracts import (
+    ArtifactsContract,
+    RolloutEngineContract,
+    ScorerContract,
+    StateStoreContract,
+    TrainerContract,
+)
+from rl.conformance.driver import GrpoDriverContract
+from rl.conformance.implementation import Implementation, ImplementationError, load_implementation
+from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer
+from rl.types import ArtifactRef
+
+
+@pytest.fixture(scope="session")
+def implementation(request: pytest.FixtureRequest) -> Implementation:
+    """The `Implementation` named by `--rl-impl`."""
+    spec = request.config.getoption("rl_impl", default=None)
+    if not spec:
+        pytest.fail(
+            "rl.conformance.test_suite checks the implementation named by --rl-impl; pass "
+            "--rl-impl package.module:ATTRIBUTE naming an rl.conformance.Implementation",
+            pytrace=False,
+        )
+    try:
+        return load_implementation(spec)
+    except ImplementationError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+def _factory(implementation: Implementation, name: str, laws: str) -> Any:
+    factory = getattr(implementation, name)
+    if factory is None:
+        pytest.skip(f"{implementation.name} provides no `{name}` factory, so the {laws} laws do not apply")
+    return factory
+
+
+class _Bound:
+    """Fixtures every bound contract shares: the implementation's capabilities and its (or an in-memory) store."""
+
+    @pytest.fixture
+    def capabilities(self, implementation: Implementation) -> Capabilities:
+        return implementation.capabilities
+
+    @pytest.fixture
+    def artifacts(self, implementation: Implementation) -> Artifacts:
+        factory = implementation.artifacts
+        return factory() if factory is not None else MemoryArtifacts()
+
+
+class TestArtifacts(_Bound, ArtifactsContract):
+    @pytest.fixture
+    def artifacts(self, implementation: Implementation) -> Artifacts:
+        return _factory(implementation, "artifacts", "Artifacts")()
+
+
+class TestStateStore(_Bound, StateStoreContract):
+    @pytest.fixture
+    def state_store(self, implementation: Implementation) -> StateStore:
+        return _factory(implementation, "state_store", "StateStore")()
+
+
+class TestRolloutEngine(_Bound, RolloutEngineContract):
+    @pytest.fixture
+    def engine(self, implementation: Implementation, artifacts: Artifacts) -> RolloutEngine:
+        return _factory(implementation, "engine", "RolloutEngine")(artifacts)
+
+    @pytest.fixture
+    def adapter(self, implementation: Implementation, artifacts: Artifacts, rl_run: Run[Any]) -> ArtifactRef:
+        if implementation.adapter is not None:
+            made = implementation.adapter(artifacts)
+            return rl_run(made) if inspect.isawaitable(made) else made
+        if implementation.trainer is not None:
+            return rl_run(implementation.trainer(artifacts).init_adapter(0)).adapter
+        pytest.skip(
+            f"{implementation.name} provides neither an `adapter` nor a `trainer` factory, so the RolloutEngine laws "
+            "have no adapter to sample from"
+        )
+
+
+class TestScorer(_Bound, ScorerContract):
+    @pytest.fixture
+    def scorer(self, implementation: Implementation) -> Scorer:
+        return _factory(implementation, "scorer", "Scorer")()
+
+
+class TestTrainer(_Bound, TrainerContract):
+    @pytest.fixture
+    def trainer(self, implementation: Implementation, artifacts: Artifacts) -> Trainer:
+        return _factory(implementation, "trainer", "Trainer")(artifacts)
+
+    @pytest.fixture
+    def engine(self, implementation: Implementation, artifacts: Artifacts) -> RolloutEngine:
+        if implementation.engine is None:
+            pytest.skip(
+                f"{implementation.name} provides no `engine` factory, and the Trainer laws sample their training "
+                "batches with the implementation's engine"
+            )
+        return implementation.engine(artifacts)
+
+
+class TestGrpoDriver(_Bound, GrpoDriverContract):
+    @pytest.fixture
+    def driver(self, implementation: Implementation) -> GrpoDriver:
+        return _factory(implementation, "driver", "GRPO driver")
