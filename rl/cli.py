@@ -14,6 +14,7 @@ from collections.abc import Sequence
 COMMAND_MODULES: list[str] = [
     "rl.commands.demo",
     "rl.commands.chaos",
+    "rl.commands.rescore",
     "rl.commands.bench",
 ]
 

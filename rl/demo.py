@@ -58,7 +58,9 @@ def _window_mean(rows: Sequence[IterationMetrics]) -> float:
     return sum(r.accuracy for r in rows) / len(rows)
 
 
-async def run_demo(config: GrpoConfig, out: Path, *, console: Console | None = None) -> dict[str, Any]:
+async def run_demo(
+    config: GrpoConfig, out: Path, *, console: Console | None = None, buffer: bool = True
+) -> dict[str, Any]:
     """Run (or resume) the demo in `out`; return the summary the `--json` line carries."""
     progress = Progress(
         TextColumn("[bold]{task.description}"),
@@ -68,7 +70,7 @@ async def run_demo(config: GrpoConfig, out: Path, *, console: Console | None = N
         TimeElapsedColumn(),
         console=console,
     )
-    deployment = local_grpo(out, config, report_interval_s=15.0)
+    deployment = local_grpo(out, config, report_interval_s=15.0, buffer=buffer)
     with progress:
         reporter = ProgressReporter(deployment.reporter, progress, config.iterations)
         tiers = replace(deployment.tiers, reporter=reporter)
@@ -85,6 +87,7 @@ async def run_demo(config: GrpoConfig, out: Path, *, console: Console | None = N
         "heldout_pass_at_k_last": outcome.evals[-1].pass_at_k if outcome.evals else float("nan"),
         "adapter_version": outcome.adapter_version,
         "resumed_from": outcome.resumed_from,
+        "buffer_version": outcome.buffer_version,
         "report": str(deployment.reporter.report_path),
         "metrics": str(deployment.reporter.metrics_path),
     }

@@ -25,6 +25,7 @@ from rl.scoring import RewardScorer, SamplingEvaluator
 from rl.state import FileStateStore
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
+from rl.volumes.sink import VolumeRolloutSink
 
 # A per-load "Loading weights" bar from transformers would bury the demo's own progress bar.
 transformers_logging.disable_progress_bar()
@@ -59,7 +60,10 @@ def local_grpo(
     reward: str = "default",
     reporter: Reporter | None = None,
     report_interval_s: float = 2.0,
+    buffer: bool = True,
 ) -> LocalDeployment:
+    """Assemble the tiers under `out_dir`: base-*/ (model), artifacts/, volumes/ (rollout buffer), checkpoint.json,
+    metrics.jsonl and report.html."""
     out_dir = Path(out_dir)
     base = base_model(out_dir, model)
     artifacts = LocalArtifacts(out_dir / "artifacts")
@@ -76,5 +80,6 @@ def local_grpo(
         prompts=problems,
         evaluator=SamplingEvaluator(engine, problems.eval_prompts(), max_tokens=config.max_tokens),
         reporter=reporter if reporter is not None else file_reporter,
+        buffer=VolumeRolloutSink(out_dir / "volumes") if buffer else None,
     )
     return LocalDeployment(tiers, FileStateStore(out_dir / "checkpoint.json"), file_reporter, base)

@@ -78,6 +78,20 @@ class Reporter(Protocol):
 
 
 @runtime_checkable
+class RolloutSink(Protocol):
+    """The rollout buffer of seed 000: each trained iteration's rollouts and rewards, as a chain of volume versions."""
+
+    async def append(
+        self, iteration: int, rollouts: Sequence[Rollout], rewards: Sequence[float], parent: str | None
+    ) -> str:
+        """Fork `parent` (None: a new buffer), add the iteration, return the new version's id.
+
+        Appending the same rows for an iteration again (a replayed step) returns the same version.
+        """
+        ...
+
+
+@runtime_checkable
 class PromptSource(Protocol):
     """The training and held-out problems."""
 

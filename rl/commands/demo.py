@@ -21,6 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     grpo.add_argument("--samples", type=int, default=8, help="completions per prompt, the group size (default 8)")
     grpo.add_argument("--pipelined", action="store_true", help="overlap generation of batch N+1 with training N")
     grpo.add_argument("--fresh", action="store_true", help="delete a previous run in --out instead of resuming it")
+    grpo.add_argument("--no-buffer", action="store_true", help="don't keep rollouts on the versioned volume buffer")
     grpo.add_argument("--json", action="store_true", help="end with one JSON object of the results")
     grpo.set_defaults(func=run_grpo_demo)
     try:
@@ -45,7 +46,7 @@ def run_grpo_demo(args: argparse.Namespace) -> int:
         iterations=args.iterations, seed=args.seed, prompts=args.prompts, samples=args.samples, pipelined=args.pipelined
     )
     start = time.perf_counter()
-    summary = asyncio.run(run_demo(config, args.out, console=console))
+    summary = asyncio.run(run_demo(config, args.out, console=console, buffer=not args.no_buffer))
     summary["wall_s"] = round(time.perf_counter() - start, 2)
     print(
         f"GRPO demo: {summary['iterations']} iterations in {summary['wall_s']} s; training accuracy "

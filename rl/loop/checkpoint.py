@@ -53,6 +53,7 @@ class DriverState:
     previous_adapter: ArtifactRef | None = None
     previous_version: int = 0
     pending_eval: tuple[ArtifactRef, int] | None = None
+    buffer_version: str | None = None
 
     @classmethod
     def initial(cls, config_digest: str, adapter: ArtifactRef, optimizer_state: ArtifactRef) -> DriverState:
@@ -76,6 +77,7 @@ class DriverState:
             previous_adapter=ArtifactRef(**previous) if previous else None,
             previous_version=d["previous_version"],
             pending_eval=(ArtifactRef(**pending[0]), pending[1]) if pending else None,
+            buffer_version=d.get("buffer_version"),
         )
 
 

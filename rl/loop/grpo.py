@@ -12,13 +12,25 @@ a missing adapter is a typed error; a NaN reward names its group and sample and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 
 from rl.identity import content_digest
 from rl.loop.checkpoint import DriverState, load_state, save_state
-from rl.protocols import Artifacts, Evaluator, PromptSource, Reporter, RolloutEngine, Scorer, StateStore, Trainer
+from rl.protocols import (
+    Artifacts,
+    Evaluator,
+    PromptSource,
+    Reporter,
+    RolloutEngine,
+    RolloutSink,
+    Scorer,
+    StateStore,
+    Trainer,
+)
 from rl.rewards import is_correct
 from rl.seeding import derive_seed, rollout_seed
 from rl.types import ArtifactRef, EvalResult, IterationMetrics, Prompt, Rollout, RolloutRequest, TrainBatch
@@ -83,7 +95,13 @@ class GrpoConfig:
 
 @dataclass(frozen=True)
 class GrpoTiers:
-    """The tiers the driver calls. `evaluator` and `reporter` are optional."""
+    """The tiers the driver calls. `evaluator`, `reporter` and `group` are optional.
+
+    `group(name)` is entered around the work of one iteration (`iter-<N>`: its rollouts, rewards and train step) and
+    around each evaluation launch (`eval-v<version>`), the `flyte.group` role: every action started inside it, in
+    tasks created there too, belongs to that group. Pipelined, iteration N+1's generation is launched inside its own
+    group while iteration N trains in `iter-<N>`.
+    """
 
     engine: RolloutEngine
     scorer: Scorer
@@ -92,6 +110,12 @@ class GrpoTiers:
     prompts: PromptSource
     evaluator: Evaluator | None = None
     reporter: Reporter | None = None
+    buffer: RolloutSink | None = None
+    group: Callable[[str], AbstractContextManager[object]] | None = None
+
+    def scope(self, name: str) -> AbstractContextManager[object]:
+        """`group(name)`, or a no-op when no grouping is bound."""
+        return self.group(name) if self.group is not None else contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -102,6 +126,7 @@ class GrpoOutcome:
     history: list[IterationMetrics]
     evals: list[EvalResult] = field(default_factory=list)
     resumed_from: int = -1
+    buffer_version: str | None = None
 
 
 def sample_prompts(config: GrpoConfig, prompts: Sequence[Prompt], iteration: int) -> list[Prompt]:
@@ -276,19 +301,27 @@ async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> G
             if state.previous_adapter is not None
             else (state.adapter, state.adapter_version)
         )
-        pending = asyncio.ensure_future(generate_and_score(config, tiers, start, gen_adapter, gen_version))
+        with tiers.scope(f"iter-{start}"):
+            pending = asyncio.ensure_future(generate_and_score(config, tiers, start, gen_adapter, gen_version))
     try:
         for it in range(start, config.iterations):
-            if config.pipelined:
-                assert pending is not None
-                rollouts, rewards = await pending
-                if it + 1 < config.iterations:
-                    pending = asyncio.ensure_future(
-                        generate_and_score(config, tiers, it + 1, state.adapter, state.adapter_version)
+            with tiers.scope(f"iter-{it}"):
+                if config.pipelined:
+                    assert pending is not None
+                    rollouts, rewards = await pending
+                    if it + 1 < config.iterations:
+                        with tiers.scope(f"iter-{it + 1}"):
+                            pending = asyncio.ensure_future(
+                                generate_and_score(config, tiers, it + 1, state.adapter, state.adapter_version)
+                            )
+                else:
+                    rollouts, rewards = await generate_and_score(
+                        config, tiers, it, state.adapter, state.adapter_version
                     )
-            else:
-                rollouts, rewards = await generate_and_score(config, tiers, it, state.adapter, state.adapter_version)
-            state = await _train(config, tiers, state, it, rollouts, rewards)
+                state = await _train(config, tiers, state, it, rollouts, rewards)
+            if tiers.buffer is not None:
+                version = await tiers.buffer.append(it, rollouts, rewards, state.buffer_version)
+                state = replace(state, buffer_version=version)
             # Evaluation of step N runs while step N+1 generates and trains; it is awaited only after N+1.
             finished_eval = await evaluating if evaluating is not None else None
             state = replace(
@@ -315,6 +348,7 @@ async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> G
         history=list(state.history),
         evals=list(state.evals),
         resumed_from=resumed_from,
+        buffer_version=state.buffer_version,
     )
 
 
@@ -325,7 +359,8 @@ def _launch_eval(
         return None
     adapter, version = pending
     seed = derive_seed(config.seed, "eval", version)
-    return asyncio.ensure_future(tiers.evaluator.evaluate(adapter, version, config.eval_k, seed))
+    with tiers.scope(f"eval-v{version}"):
+        return asyncio.ensure_future(tiers.evaluator.evaluate(adapter, version, config.eval_k, seed))
 
 
 async def _publish(tiers: GrpoTiers, state: DriverState, status: str) -> None:
