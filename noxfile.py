@@ -69,6 +69,24 @@ def chaos(session: nox.Session) -> None:
 
 
 @nox.session
+def conformance(session: nox.Session) -> None:
+    """The conformance suite as a fork runs it: the installed package, from a temporary directory outside the repo (so
+    neither our conftest.py nor our pytest settings leak in), against our fakes and the real CPU stack."""
+    import tempfile
+
+    session.install(*CPU_CONSTRAINTS, ".[test]")
+    repo = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="rl-conformance-") as tmp:
+        session.chdir(tmp)
+        try:
+            for impl in ("fakes.conformance_impl:FAKES", "fakes.conformance_impl:REAL_CPU"):
+                suite = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", impl, "-p", "no:cacheprovider")
+                session.run("pytest", *suite, *session.posargs, env=HYPOTHESIS_ENV)
+        finally:
+            session.chdir(repo)
+
+
+@nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks printed side by side: simulator replay, chaos scenario rate, pipelining on the virtual clock."""
     _install_cpu(session)
