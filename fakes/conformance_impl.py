@@ -2,7 +2,8 @@
 
 - `FAKES`: the deterministic fakes of every tier and our driver (fast; what `tests/test_conformance.py` checks).
 - `REAL_CPU`: the real CPU stack on a tiny model built into a temporary directory on first use: `LocalArtifacts`,
-  the torch sampler and the PEFT trainer. torch is imported only when one of its factories runs.
+  `FileStateStore`, the torch sampler, the PEFT trainer and `RewardScorer`. torch is imported only when one of its
+  factories runs. It binds no driver: the driver laws run a driver on the fakes, and ours is checked under FAKES.
 
     pytest --pyargs rl.conformance.test_suite --rl-impl fakes.conformance_impl:FAKES
     pytest --pyargs rl.conformance.test_suite --rl-impl fakes.conformance_impl:REAL_CPU
@@ -25,6 +26,8 @@ from rl.conformance.capabilities import Capabilities
 from rl.conformance.implementation import Implementation
 from rl.loop.grpo import run_grpo
 from rl.protocols import Artifacts
+from rl.scoring import RewardScorer
+from rl.state import FileStateStore
 from rl.types import ArtifactRef
 
 if TYPE_CHECKING:
@@ -87,12 +90,17 @@ def peft_trainer(artifacts: Artifacts) -> PeftTrainer:
     return PeftTrainer(tiny_base_model(), artifacts, TrainerConfig(lora_rank=4, lora_alpha=8, threads=1))
 
 
-# No real Scorer or StateStore is committed yet (rl/scoring.py and rl/state.py are in progress), and the driver laws
-# run on the fakes whatever the tiers: those tiers are left out here and their laws skip, naming the missing factory.
+def file_state_store() -> FileStateStore:
+    """A `FileStateStore` on a checkpoint file that does not exist yet, in its own temporary directory."""
+    return FileStateStore(_temp_dir("rl-conformance-state-") / "checkpoint.json")
+
+
 REAL_CPU = Implementation(
     name="real-cpu",
     artifacts=local_artifacts,
+    state_store=file_state_store,
     engine=torch_sampler,
+    scorer=RewardScorer,
     trainer=peft_trainer,
     capabilities=Capabilities(),
 )
