@@ -28,7 +28,7 @@ import functools
 import inspect
 import pickle
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -131,6 +131,8 @@ class _Run:
     traces: dict[tuple[str, str, str, int], Any] = field(default_factory=dict)
     checkpoint: bytes | None = None
     recover_from: dict[str, Any] | None = None
+    failures: dict[str, TaskFailed] = field(default_factory=dict)
+    inflight: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
     strict_history: tuple[ActionRecord, ...] | None = None
     crashes: int = 0
 
@@ -185,6 +187,12 @@ class _Unpicklable:
 
     def __init__(self, value: Any) -> None:
         self.value = copy.deepcopy(value)
+
+
+def _retrieve(execution: asyncio.Future[Any]) -> None:
+    """Mark an action's failure as seen: an orphaned action may fail with nobody left awaiting it."""
+    if not execution.cancelled():
+        execution.exception()
 
 
 def _freeze(value: Any) -> bytes | _Unpicklable:
@@ -247,6 +255,9 @@ class SimTask:
             sim._diverge(driver, ReplayDivergence(index, self.name, action_id, expected))
         driver.issued.append(issued)
 
+        if action_id in run.failures:
+            sim._log(driver, "action.replayed", self.name, action_id, "failed")
+            raise run.failures[action_id]
         if action_id in run.journal:
             sim._log(driver, "action.replayed", self.name, action_id)
             record = run.journal[action_id]
@@ -257,15 +268,34 @@ class SimTask:
             sim._log(driver, "action.cached", self.name, action_id)
             record = run.journal[action_id] = sim._cache[(self.name, digest)]
         else:
-            output = await self._execute(driver, action_id, inputs)
-            if driver.crashed:  # the driver died while this ran: nothing is recorded for it
-                raise DriverCrash(f"driver attempt {driver.number} is dead")
-            record = run.journal[action_id] = _freeze(output)
-            if self.cache:
-                sim._cache[(self.name, digest)] = record
-            sim._log(driver, "action.completed", self.name, action_id)
+            execution = run.inflight.get(action_id)
+            if execution is not None:
+                # Remotely the retried driver re-submits the same action name, finds it running, and monitors it.
+                sim._log(driver, "action.attached", self.name, action_id)
+            else:
+                execution = asyncio.ensure_future(self._run_action(driver, action_id, digest, inputs))
+                execution.add_done_callback(_retrieve)
+                run.inflight[action_id] = execution
+            # The action outlives a dead driver: cancelling this caller must not cancel the action.
+            record = await asyncio.shield(execution)
         sim._await_point(driver, f"return {self.name}")
         return _thaw(record)
+
+    async def _run_action(self, driver: _DriverAttempt, action_id: str, digest: str, inputs: dict[str, Any]) -> Any:
+        """One action's execution, independent of the driver attempt that launched it; records its outcome."""
+        sim, run = self.sim, driver.run
+        try:
+            output = await self._execute(driver, action_id, inputs)
+        except TaskFailed as failure:
+            run.failures[action_id] = failure
+            raise
+        finally:
+            run.inflight.pop(action_id, None)
+        record = run.journal[action_id] = _freeze(output)
+        if self.cache:
+            sim._cache[(self.name, digest)] = record
+        sim._log(driver, "action.completed", self.name, action_id)
+        return record
 
     async def _execute(self, driver: _DriverAttempt, action_id: str, inputs: dict[str, Any]) -> Any:
         sim = self.sim
@@ -512,7 +542,7 @@ class DurableSimulator:
                 error = None
             except BaseException as exc:
                 error = exc
-            await self._reap(me)
+            await self._reap(me, spare=set(run.inflight.values()))
             killer = attempt.killer
             if killer is not None and killer.done() and not killer.cancelled():
                 killer.exception()  # retrieved here, so asyncio doesn't report it as lost
@@ -528,6 +558,9 @@ class DurableSimulator:
                 error = error if isinstance(error, DriverCrash) else DriverCrash("driver attempt killed")
             else:
                 self._log(attempt, "driver.failed", detail=f"{type(error).__name__}: {error}")
+        for action_id in list(run.inflight):
+            self._log(attempt, "action.aborted", detail=f"{action_id}: the run ended while it ran")
+        await self._reap(me)  # the run is over: its orphaned actions are aborted with it
         return RunResult(
             run_id=run.run_id,
             inputs=_copy(run.inputs),
@@ -541,9 +574,12 @@ class DurableSimulator:
         )
 
     @staticmethod
-    async def _reap(supervisor: asyncio.Task[Any] | None) -> None:
-        """Cancel whatever the dead (or finished) driver attempt left running, and wait for it to unwind."""
-        leftovers = [t for t in asyncio.all_tasks() if t is not supervisor and not t.done()]
+    async def _reap(supervisor: asyncio.Task[Any] | None, spare: Collection[asyncio.Future[Any]] = ()) -> None:
+        """Cancel the driver code a dead (or finished) attempt left running, and wait for it to unwind.
+
+        Actions in `spare` keep running: remotely they are their own executions, which a driver's death doesn't stop.
+        """
+        leftovers = [t for t in asyncio.all_tasks() if t is not supervisor and t not in spare and not t.done()]
         for t in leftovers:
             t.cancel()
         if leftovers:
@@ -580,8 +616,9 @@ class DurableSimulator:
         """Stop the attempt everywhere at once: nothing it still runs may record a result."""
         driver.crashed = True
         current = driver.killer = asyncio.current_task()
+        actions = set(driver.run.inflight.values()) if not isinstance(exc, ReplayDivergence) else set()
         for t in asyncio.all_tasks():
-            if t is not driver.supervisor and t is not current:
+            if t is not driver.supervisor and t is not current and t not in actions:
                 t.cancel()
         raise exc
 

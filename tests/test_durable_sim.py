@@ -426,3 +426,81 @@ def test_driver_crash_cannot_be_swallowed_by_a_broad_except():
 
     result = sim.run(driver, crash_at=0)
     assert isinstance(result.error, DriverCrash)
+
+
+def test_an_action_in_flight_when_the_driver_dies_keeps_running_and_the_retry_attaches_to_it():
+    """Flyte's remote controller: a re-submitted action name that exists is monitored ("already exists, continuing
+    to monitor"), so a judge call in flight during a driver crash is made once, not twice."""
+    sim = DurableSimulator(seed=60)
+    started: list[int] = []
+
+    @sim.task
+    async def judge(i: int) -> int:
+        started.append(i)
+        await asyncio.sleep(100)
+        return i
+
+    async def driver() -> list[int]:
+        futs = [asyncio.ensure_future(judge(i)) for i in range(3)]
+        return [await f for f in futs]
+
+    # Points 0..2 are the three calls; kill at the first return (point 3), while two judges are still running.
+    result = sim.run(driver, retries=1, crash_at=3)
+    assert result.ok and result.output == [0, 1, 2]
+    assert sorted(started) == [0, 1, 2]  # each body ran exactly once across both attempts
+    assert sim.count("action.attached") + sim.count("action.replayed") == 3
+
+
+def test_an_action_that_failed_every_retry_replays_its_failure_without_running_again():
+    """A failed action keeps its failed outcome: the retried driver sees the same TaskFailed, the body doesn't rerun."""
+    sim = DurableSimulator(seed=61)
+    runs: list[int] = []
+
+    @sim.task(retries=1)
+    async def trial() -> None:
+        runs.append(attempt_number())
+        raise RuntimeError("sandbox died")
+
+    attempts = {"n": 0}
+
+    async def driver() -> str:
+        attempts["n"] += 1
+        try:
+            await trial()
+        except TaskFailed:
+            if attempts["n"] == 1:
+                raise RuntimeError("driver crashed after the trial failed") from None
+            return "skipped"
+        return "unreachable"
+
+    result = sim.run(driver, retries=1)
+    assert result.output == "skipped"
+    assert runs == [0, 1]
+
+
+def test_actions_orphaned_by_a_crash_are_aborted_when_the_run_ends():
+    """A run that finishes without re-issuing an orphaned action doesn't leave it running forever."""
+    sim = DurableSimulator(seed=62)
+
+    @sim.task
+    async def slow(i: int) -> int:
+        await asyncio.sleep(1000)
+        return i
+
+    @sim.task
+    async def fast() -> int:
+        return 0
+
+    calls = {"n": 0}
+
+    async def driver() -> str:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            background = asyncio.ensure_future(slow(1))
+            await fast()  # the crash comes at fast's return, while slow runs
+            await background
+        return "took another path"
+
+    result = sim.run(driver, retries=1, crash_at=[2])  # points: call slow, call fast, return fast
+    assert result.output == "took another path"
+    assert sim.count("action.aborted") == 1

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "rescore", help="re-score a run's stored rollouts with another reward, without generating"
     )
