@@ -1,6 +1,6 @@
 """Front doors: `nox -s unit` (all CPU tests), `nox -s lint`, `nox -s gpu`, and the rest below.
 
-CPU sessions install torch through constraints/cpu.txt so pip takes the local CPU wheel instead of a multi-GB CUDA build.
+CPU sessions install torch through constraints/cpu.txt, so pip takes the CPU wheel instead of a multi-GB CUDA build.
 Virtualenvs are reused between runs (`nox -R` skips the install step entirely).
 """
 
@@ -61,10 +61,10 @@ def demo(session: nox.Session) -> None:
 
 @nox.session
 def chaos(session: nox.Session) -> None:
-    """1,000 seeded fault scenarios per loop plus a kill-at-every-await-point sweep, on the simulator."""
+    """1,000 seeded fault scenarios per loop (GRPO, pipelined GRPO, agentic) plus a kill-at-every-point sweep."""
     _install_cpu(session)
     seeds = session.posargs[0] if session.posargs else "1000"
-    for loop in ("grpo", "grpo-pipelined"):
+    for loop in ("grpo", "grpo-pipelined", "agentic"):
         session.run("rl", "chaos", "--loop", loop, "--seeds", seeds, env=HYPOTHESIS_ENV)
 
 

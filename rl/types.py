@@ -1,7 +1,7 @@
 """Data that crosses tier boundaries: immutable, JSON-serialisable, and accepted by Flyte's dataclass type engine.
 
-Lists stay lists (not tuples) because Flyte's dataclass transformer round-trips them; the dataclasses are frozen so a tier
-cannot rebind a field of a value it received.
+Lists stay lists (not tuples) because Flyte's dataclass transformer round-trips them; the dataclasses are frozen so a
+tier cannot rebind a field of a value it received.
 """
 
 from __future__ import annotations
