@@ -85,3 +85,11 @@ def test_cpu_bench_measures_sampler_ceiling_and_train_step():
         == figures["sampler_tokens_per_s"] / figures["teacher_forced_tokens_per_s"]
     )
     assert figures["train_step_s"] > 0 and figures["train_step_samples"] == 4
+
+
+def test_rl_bench_volumes_section_compares_a_fork_with_a_full_copy(capsys):
+    """The fork of a world writes (almost) nothing, the full copy writes every byte: both measured in one run."""
+    assert main(["bench", "--sections", "volumes", "--world-gib", "0.01", "--json"]) == 0
+    figures = _json_tail(capsys.readouterr().out)
+    assert figures["volume_copy_bytes_written"] >= figures["volume_size_bytes"]
+    assert figures["volume_fork_bytes_written"] < figures["volume_size_bytes"] / 100

@@ -13,17 +13,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="end with one JSON object of every figure")
     p.add_argument(
         "--sections",
-        default="sim,cpu",
-        help="comma-separated: sim (simulator, chaos rate, pipelining), cpu (tiny-model sampler and trainer)",
+        default="sim,cpu,volumes",
+        help="comma-separated: sim (simulator, chaos rate, pipelining), cpu (tiny-model sampler and trainer), "
+        "volumes (fork vs full copy of a world)",
     )
+    p.add_argument("--world-gib", type=float, default=1.0, help="world size for the volumes section (default 1 GiB)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     sections = {s.strip() for s in args.sections.split(",") if s.strip()}
-    unknown = sections - {"sim", "cpu"}
+    unknown = sections - {"sim", "cpu", "volumes"}
     if unknown:
-        print(f"rl bench: unknown section(s) {sorted(unknown)}; choose from sim, cpu", file=sys.stderr)
+        print(f"rl bench: unknown section(s) {sorted(unknown)}; choose from sim, cpu, volumes", file=sys.stderr)
         return 2
     figures: dict[str, Any] = {}
     if "sim" in sections:
@@ -34,6 +36,11 @@ def run(args: argparse.Namespace) -> int:
         from rl.bench_cpu import cpu_stack_bench
 
         figures.update(cpu_stack_bench())
+    if "volumes" in sections:
+        from rl.volumes.bench import bench_fork
+
+        fork = bench_fork(int(args.world_gib * (1 << 30)))
+        figures.update({f"volume_{k}": v for k, v in fork.items()})
     width = max(len(k) for k in figures)
     for key, value in figures.items():
         print(f"{key:<{width}}  {value:.4g}" if isinstance(value, float) else f"{key:<{width}}  {value}")
