@@ -1,0 +1,152 @@
+"""The multi-node GRPO trainer on a `ClusteredTaskEnvironment`, and the pipelined driver that calls it (seed 000).
+
+`train_step_clustered` has `train_step`'s call shape, so the driver is the same `run_grpo` with another train task.
+Every rank runs the task body: it joins the process group torchrun set up (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`), copies
+the adapter and optimizer state into a rank-local `LocalArtifacts` store, and calls `rl.trainer.ddp.ddp_train_step`
+(the seed's `ddp_shard_step`: one synchronising backward per rank, empty shards included). Rank 0 saves the new
+adapter and optimizer state; here it also uploads them as Dirs and broadcasts the paths, so every rank returns the
+same outputs (rank 0's return value is the task's output; the others are discarded but must match in type).
+
+A clustered task has no controller: it must not call another task (`tests/test_flyte_clustered.py` checks this
+statically, since in local mode such a call would silently work). The loop stays in the plain-environment driver.
+
+Outside torchrun (Flyte's local mode, a single process) the task forms a one-rank gloo group of its own, so the same
+body runs end to end on a laptop.
+"""
+
+from __future__ import annotations
+
+import socket
+import tempfile
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+from flyte.io import Dir
+
+from rl.flyte.bindings import DirArtifacts, local_base, quiet_transformers, ref_of, upload_dir
+from rl.flyte.config import GrpoRunConfig
+from rl.flyte.envs import CLUSTER_TIMEOUT, cluster_train_env, grpo_clustered_driver_env
+from rl.flyte.grpo import GrpoRunResult, TrainOutput, run_driver
+from rl.trainer.config import TrainerConfig
+from rl.types import ArtifactRef, Rollout, TrainBatch
+
+__all__ = ["cluster_train_env", "grpo_clustered_driver_env", "train_rl_clustered", "train_step_clustered"]
+
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)  # a desynchronised collective fails in minutes, not NCCL's default 30
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def join_process_group() -> tuple[int, int, str, bool]:
+    """(rank, world size, device, whether this call created the group): torchrun's group, or a one-rank gloo group.
+
+    Each rank binds its own GPU (`cuda:<LOCAL_RANK>`) before NCCL initialises, as NCCL's object collectives expect.
+    """
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), "cpu", False
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        if torch.cuda.is_available():
+            local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local_rank)
+            dist.init_process_group("nccl", timeout=COLLECTIVE_TIMEOUT)
+            return dist.get_rank(), dist.get_world_size(), f"cuda:{local_rank}", True
+        dist.init_process_group("gloo", timeout=COLLECTIVE_TIMEOUT)
+        return dist.get_rank(), dist.get_world_size(), "cpu", True
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1, timeout=COLLECTIVE_TIMEOUT
+    )
+    return 0, 1, "cpu", True
+
+
+async def _stage(store_root: Path, directory: Dir, name: str) -> ArtifactRef:
+    """Copy a Dir artifact (verified against its digest) into this rank's local store."""
+    from rl.artifacts import LocalArtifacts
+
+    files = await DirArtifacts().get(ref_of(directory))
+    return await LocalArtifacts(store_root).put(files, name=name)
+
+
+async def _publish(store_root: Path, ref: ArtifactRef, name: str) -> str:
+    """Upload an artifact of the local store as a Dir; returns its path (rank 0 only)."""
+    from rl.artifacts import LocalArtifacts
+
+    with tempfile.TemporaryDirectory(prefix="rl-publish-") as tmp:
+        local = await LocalArtifacts(store_root).materialize(ref, Path(tmp) / name)
+        return (await upload_dir(local, name)).path
+
+
+@cluster_train_env.task(retries=1, timeout=CLUSTER_TIMEOUT)
+async def train_step_clustered(
+    base: Dir,
+    adapter: Dir,
+    optimizer_state: Dir,
+    rollouts: list[Rollout],
+    rewards: list[float],
+    step: int,
+    new_version: int,
+    trainer: TrainerConfig,
+) -> TrainOutput:
+    """One GRPO step on every rank (DDP over the LoRA adapter); the result equals the single-process step's."""
+    import torch.distributed as dist
+
+    from rl.trainer.ddp import ddp_train_step
+    from rl.types import TrainResult
+
+    quiet_transformers()
+    rank, world_size, device, own_group = join_process_group()
+    try:
+        base_dir = await local_base(base)
+        with tempfile.TemporaryDirectory(prefix=f"rl-rank{rank}-") as tmp:
+            root = Path(tmp)
+            batch = TrainBatch(
+                step=step,
+                rollouts=rollouts,
+                rewards=rewards,
+                adapter=await _stage(root, adapter, "adapter-in"),
+                optimizer_state=None
+                if optimizer_state.is_empty
+                else await _stage(root, optimizer_state, "optimizer-in"),
+                new_version=new_version,
+            )
+            extra = {"device": device} if device != "cpu" else {}  # the GPU path of ddp_train_step
+            result: TrainResult = ddp_train_step(rank, world_size, base_dir, root, batch, trainer, **extra)
+            paths: list[object] = [None, None]
+            if rank == 0:
+                paths = [
+                    await _publish(root, result.adapter, f"adapter-v{new_version}"),
+                    await _publish(root, result.optimizer_state, f"optimizer-v{new_version}"),
+                ]
+            dist.broadcast_object_list(paths, src=0)
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+    adapter_path, optimizer_path = (str(p) for p in paths)
+    return TrainOutput(
+        adapter=Dir.from_existing_remote(adapter_path, dir_cache_key=result.adapter.digest),
+        optimizer_state=Dir.from_existing_remote(optimizer_path, dir_cache_key=result.optimizer_state.digest),
+        version=result.version,
+        metrics=result.metrics,
+    )
+
+
+PIPELINED = replace(GrpoRunConfig(), grpo=replace(GrpoRunConfig().grpo, pipelined=True))
+
+
+@grpo_clustered_driver_env.task(report=True, retries=2)
+async def train_rl_clustered(config: GrpoRunConfig = PIPELINED) -> GrpoRunResult:
+    """The pipelined loop: iteration N+1 generates (one step stale) while the clustered trainer trains N.
+
+    The clipped importance ratio in the trainer's loss is what makes one-step-stale rollouts sound; `max_staleness`
+    in the config bounds it. `config.grpo.pipelined=False` runs the same loop sequentially, for comparison.
+    """
+    return await run_driver(config, step_task=train_step_clustered, title="GRPO + LoRA, clustered trainer")

@@ -1,0 +1,190 @@
+"""Run configuration for the Flyte tasks: typed task inputs and the `smoke` and `stress` profiles.
+
+Everything a run can vary travels as a task input (frozen dataclasses Flyte's type engine serialises), so it is part of
+each action's identity and shows in the UI. What a run *cannot* vary — the resources, GPUs and replica counts of each
+tier — is fixed when the environments are declared; `rl.flyte.envs` reads it from environment variables at deploy time.
+
+Profiles:
+
+- `smoke`: the tiny character model built offline from a seed, the torch sampler, a CPU-friendly PEFT step, the
+  digit-successor task; 3 iterations of 4 prompts x 8 samples. Runs in Flyte's local mode in seconds and on any cluster.
+- `stress`: the examples' large shape — a real model you prefetched (`base_uri`, e.g. Qwen3-8B), vLLM rollouts,
+  20 pipelined iterations of 32 prompts x 6 samples at 512 tokens, LoRA rank 16 on the attention projections, a seeded
+  arithmetic task. Needs GPUs (and the multi-GPU tiers for the clustered trainer); it is not exercised by the tests.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from rl.loop.grpo import GrpoConfig
+from rl.models.tiny import TinyModelConfig
+from rl.problems import DigitSuccessor
+from rl.protocols import PromptSource
+from rl.trainer.config import TrainerConfig
+from rl.types import Prompt
+
+ENGINES = ("torch", "vllm")
+
+
+class ConfigError(ValueError):
+    """A run configuration that cannot work; raised before any task starts."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Which rollout engine a `generate` / `evaluate` task builds, and its knobs.
+
+    `kind="torch"`: `rl.engines.torch_sampler.TorchSampler` on the CPU (`threads`, `merge_adapters`).
+    `kind="vllm"`: `rl.engines.vllm.VLLMEngine` on the task's GPU; `vllm` is imported only then. `token_ids=True` sends
+    prompt token ids and decodes with the model's own tokenizer (required for the tiny character model).
+    """
+
+    kind: str = "torch"
+    threads: int = 1
+    merge_adapters: bool = True
+    token_ids: bool = True
+    gpu_memory_utilization: float = 0.85
+    max_model_len: int = 2048
+    max_lora_rank: int = 16
+    enforce_eager: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in ENGINES:
+            raise ConfigError(f"engine kind must be one of {ENGINES}, got {self.kind!r}")
+        if self.threads < 1:
+            raise ConfigError(f"engine threads must be >= 1, got {self.threads}")
+
+    def vllm_kwargs(self) -> dict[str, object]:
+        """Keyword arguments for `vllm.LLM` beyond the model and `enable_lora` (which the engine sets itself)."""
+        return {
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "max_model_len": self.max_model_len,
+            "max_lora_rank": self.max_lora_rank,
+            "max_loras": 1,
+            "enforce_eager": self.enforce_eager,
+        }
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The base model: `uri` (a Hugging Face model directory already in your object store) or, when empty, the tiny
+    model built offline from `tiny` by the cached `build_base` task."""
+
+    uri: str = ""
+    tiny: TinyModelConfig = field(default_factory=lambda: TinyModelConfig(seed=0, initializer_range=0.2))
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """Failure injection for demonstrations and tests: the driver dies once, right after checkpointing an iteration.
+
+    The crash happens when `crash_after_iteration` has just been checkpointed, on a driver attempt whose
+    `FLYTE_ATTEMPT_NUMBER` is 0 and while `crash_marker` (a file path, if given) does not exist; the marker is written
+    just before the crash. On a cluster the attempt number alone makes it fire once; Flyte's local mode never sets the
+    attempt number, so local runs need the marker.
+    """
+
+    crash_after_iteration: int = -1
+    crash_marker: str = ""
+
+
+@dataclass(frozen=True)
+class GrpoRunConfig:
+    """One GRPO run: the loop's shape (`grpo`, whose digest guards the checkpoint), the model, engine, trainer, reward
+    and problem set. Build one with `smoke()` or `stress(base_uri=...)` and adjust with `dataclasses.replace`."""
+
+    profile: str = "smoke"
+    grpo: GrpoConfig = field(
+        default_factory=lambda: GrpoConfig(iterations=3, prompts_per_iteration=4, group_size=8, max_tokens=4, eval_k=2)
+    )
+    model: ModelSpec = field(default_factory=ModelSpec)
+    engine: EngineSpec = field(default_factory=EngineSpec)
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=1e-2, threads=1))
+    reward: str = "default"
+    problems: str = "digits"
+    faults: FaultSpec = field(default_factory=FaultSpec)
+
+    def __post_init__(self) -> None:
+        if self.problems not in PROBLEM_SETS:
+            raise ConfigError(f"problems must be one of {sorted(PROBLEM_SETS)}, got {self.problems!r}")
+        if self.model.uri == "" and self.engine.kind == "vllm" and not self.engine.token_ids:
+            raise ConfigError(
+                "the tiny model's character tokenizer only works with vLLM given token ids: set engine.token_ids=True"
+            )
+
+
+def smoke(**changes: object) -> GrpoRunConfig:
+    """The CPU-friendly profile (see the module docstring); keyword arguments replace top-level fields."""
+    return replace(GrpoRunConfig(), **changes)  # type: ignore[arg-type]
+
+
+def stress(base_uri: str, **changes: object) -> GrpoRunConfig:
+    """The examples' large profile on a prefetched model at `base_uri` (see the module docstring)."""
+    if not base_uri:
+        raise ConfigError("the stress profile needs base_uri: a model directory in your object store")
+    config = GrpoRunConfig(
+        profile="stress",
+        grpo=GrpoConfig(
+            iterations=20,
+            prompts_per_iteration=32,
+            group_size=6,
+            max_tokens=512,
+            pipelined=True,
+            eval_k=4,
+            eval_every=5,
+        ),
+        model=ModelSpec(uri=base_uri),
+        engine=EngineSpec(kind="vllm", token_ids=False, max_model_len=2048, max_lora_rank=16),
+        trainer=TrainerConfig(
+            lora_rank=16, lora_alpha=32, lr=2e-5, target_modules=("k_proj", "o_proj", "q_proj", "v_proj"), threads=4
+        ),
+        problems="arithmetic",
+    )
+    return replace(config, **changes)  # type: ignore[arg-type]
+
+
+PROFILES: dict[str, Callable[..., GrpoRunConfig]] = {"smoke": smoke, "stress": stress}
+
+
+@dataclass(frozen=True)
+class ArithmeticProblems:
+    """Seeded two-operand arithmetic for a real language model: `count` training and `held_out` evaluation problems.
+
+    The prompt asks for the answer after `####`, the marker the seed's reward gives its format bonus for.
+    """
+
+    count: int = 256
+    held_out: int = 32
+    seed: int = 0
+
+    def _problems(self, n: int, offset: int) -> list[Prompt]:
+        rng = random.Random(self.seed * 1_000_003 + offset)
+        out: list[Prompt] = []
+        for _ in range(n):
+            a, b = rng.randint(2, 99), rng.randint(2, 99)
+            op = rng.choice("+-*")
+            value = a + b if op == "+" else a - b if op == "-" else a * b
+            out.append(
+                Prompt(question=f"Compute {a} {op} {b}. End with the line '#### <answer>'.\n", answer=str(value))
+            )
+        return out
+
+    def train_prompts(self) -> Sequence[Prompt]:
+        return self._problems(self.count, 0)
+
+    def eval_prompts(self) -> Sequence[Prompt]:
+        return self._problems(self.held_out, 1)
+
+
+PROBLEM_SETS: dict[str, Callable[[], PromptSource]] = {"digits": DigitSuccessor, "arithmetic": ArithmeticProblems}
+
+
+def problem_set(name: str) -> PromptSource:
+    """The named problem set (`digits`: the tiny model's digit successor; `arithmetic`: for real models)."""
+    try:
+        return PROBLEM_SETS[name]()
+    except KeyError:
+        raise ConfigError(f"unknown problem set {name!r}; choose one of {sorted(PROBLEM_SETS)}") from None

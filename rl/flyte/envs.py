@@ -1,0 +1,192 @@
+"""One `flyte.TaskEnvironment` per tier, each its own failure domain: resources, retries and timeouts are its own.
+
+GRPO (seed 000/004): `rollout` (an L4 per replica; vLLM), `reward` (CPU), `train` (an L4; PEFT), `train-cluster`
+(a `ClusteredTaskEnvironment`: `replicas` pods x `nproc_per_node` ranks under `TorchRun`, the whole set restarted
+together by `ClusterFailurePolicy`), and two small CPU drivers whose `depends_on` names every tier they call, so
+deploying a driver deploys its loop. Agentic (seed 002): `sandbox`, `judge`, `trainer` and a driver, all CPU.
+
+Sizing is fixed at deploy time, from the client's environment (re-injected into every environment so a task's import
+in its container sees the same values):
+
+- `RL_FLYTE_TIERS`: `gpu` (default: the seeds' sizes, one GPU per rollout replica and trainer, a 2 x 1-GPU clustered
+  trainer), `cpu` (no GPU anywhere: the `smoke` profile on any cluster), or `stress` (bigger pods, a 2 x 4-GPU
+  clustered trainer; the `stress` profile).
+- `RL_FLYTE_GPU`: the GPU model for the GPU tiers (default `L4`).
+- `RL_FLYTE_REUSE=1`: keep rollout replicas warm with `flyte.ReusePolicy` (the engine stays loaded between calls).
+  Reusable containers need Union; off by default so the loop deploys on open-source Flyte.
+
+The image is built from this package: the Debian base image plus `uv sync` of this project's `pyproject.toml` with the
+`gpu` extra (vLLM) on GPU tiers — `Image.with_uv_project(..., project_install_mode="install_project")`. Inside a task's
+container the package is already installed and the pyproject is absent, so the layer is only declared client-side.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import flyte
+from flyte.clustered import ClusteredTaskEnvironment, ClusterFailurePolicy, TorchRun
+
+TIERS = os.environ.get("RL_FLYTE_TIERS", "gpu")
+GPU_TYPE = os.environ.get("RL_FLYTE_GPU", "L4")
+REUSE = os.environ.get("RL_FLYTE_REUSE", "0") == "1"
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+# The same values inside every task's container; models arrive as flyte.io.Dir, so nothing reaches for the Hub.
+ENV_VARS = {
+    "RL_FLYTE_TIERS": TIERS,
+    "RL_FLYTE_GPU": GPU_TYPE,
+    "RL_FLYTE_REUSE": "1" if REUSE else "0",
+    "HF_HUB_OFFLINE": "1",
+}
+
+
+@dataclass(frozen=True)
+class TierSizing:
+    """Per-pod resources of each GRPO tier and the clustered trainer's shape for one `RL_FLYTE_TIERS` value."""
+
+    rollout: flyte.Resources
+    train: flyte.Resources
+    cluster_pod: flyte.Resources
+    cluster_replicas: int
+    cluster_nproc_per_node: int
+    rollout_replicas: int | tuple[int, int]
+
+
+def _gpu(cpu: int, memory: str, gpus: int) -> flyte.Resources:
+    return flyte.Resources(cpu=cpu, memory=memory, gpu=flyte.GPU(GPU_TYPE, gpus), shm="auto")  # type: ignore[arg-type]
+
+
+def sizing(tiers: str = TIERS) -> TierSizing:
+    """The tier sizes for `tiers` (`gpu`, `cpu` or `stress`)."""
+    if tiers == "gpu":
+        return TierSizing(_gpu(4, "24Gi", 1), _gpu(4, "24Gi", 1), _gpu(4, "24Gi", 1), 2, 1, (1, 4))
+    if tiers == "cpu":
+        cpu = flyte.Resources(cpu=2, memory="4Gi")
+        return TierSizing(cpu, cpu, cpu, 2, 1, (1, 2))
+    if tiers == "stress":
+        return TierSizing(_gpu(6, "40Gi", 1), _gpu(8, "60Gi", 1), _gpu(16, "120Gi", 4), 2, 4, (2, 4))
+    raise ValueError(f"RL_FLYTE_TIERS must be 'gpu', 'cpu' or 'stress', got {tiers!r}")
+
+
+def rl_image(gpu: bool) -> flyte.Image:
+    """The Debian base image with this project installed by `uv sync` (plus vLLM when `gpu`)."""
+    image = flyte.Image.from_debian_base(name="flyte-rl-gpu" if gpu else "flyte-rl", python_version=(3, 11))
+    if PYPROJECT.is_file():  # client side, where the project is; in a container the package is already installed
+        image = image.with_uv_project(
+            PYPROJECT, project_install_mode="install_project", extra_args="--extra gpu" if gpu else None
+        )
+    if REUSE:
+        image = image.with_pip_packages("unionai-reuse>=0.1.3")
+    return image
+
+
+SIZES = sizing()
+GPU_TIERS = TIERS != "cpu"
+image = rl_image(GPU_TIERS)
+cpu_image = rl_image(False)
+
+# Per-tier timeouts: a bound on one attempt's running time, so a hung engine or a stuck collective fails and retries.
+ROLLOUT_TIMEOUT = flyte.Timeout(max_runtime=timedelta(minutes=20))
+REWARD_TIMEOUT = flyte.Timeout(max_runtime=timedelta(minutes=5))
+TRAIN_TIMEOUT = flyte.Timeout(max_runtime=timedelta(minutes=30))
+CLUSTER_TIMEOUT = flyte.Timeout(max_runtime=timedelta(minutes=45), max_queued_time=timedelta(minutes=30))
+
+# ----------------------------------------------------------------------------------------------------- GRPO tiers
+
+rollout_env = flyte.TaskEnvironment(
+    name="rl-grpo-rollout",
+    description="GRPO rollouts: one group per call from the requested LoRA adapter (vLLM on GPU, torch on CPU).",
+    image=image,
+    resources=SIZES.rollout,
+    env_vars=ENV_VARS,
+    # concurrency=1: one engine per replica batches internally; parallelism comes from replicas.
+    reusable=flyte.ReusePolicy(replicas=SIZES.rollout_replicas, concurrency=1, idle_ttl=600) if REUSE else None,
+)
+
+reward_env = flyte.TaskEnvironment(
+    name="rl-grpo-reward",
+    description="GRPO rewards: the verifiable reward over one group per call. CPU only.",
+    image=cpu_image,
+    resources=flyte.Resources(cpu=1, memory="2Gi"),
+    env_vars=ENV_VARS,
+)
+
+train_env = flyte.TaskEnvironment(
+    name="rl-grpo-train",
+    description="GRPO trainer: one PEFT LoRA step per call, adapter and optimizer state in and out as directories.",
+    image=image,
+    resources=SIZES.train,
+    env_vars=ENV_VARS,
+)
+
+cluster_train_env = ClusteredTaskEnvironment(
+    name="rl-grpo-train-cluster",
+    description="GRPO trainer across nodes: DDP over the LoRA adapter; rank 0 saves and broadcasts.",
+    image=image,
+    resources=SIZES.cluster_pod,  # per pod
+    env_vars=ENV_VARS,
+    replicas=SIZES.cluster_replicas,
+    nproc_per_node=SIZES.cluster_nproc_per_node,
+    # Static rendezvous and no in-pod restarts: when any rank fails the JobSet restarts as a whole (partial restarts
+    # would leave ranks out of step), up to twice, before the attempt fails and the task's own retries take over.
+    runtime=TorchRun(rdzv_backend="static", max_restarts=0),
+    failure_policy=ClusterFailurePolicy(max_restarts=2, restart_on_host_maintenance=True),
+)
+
+grpo_driver_env = flyte.TaskEnvironment(
+    name="rl-grpo-driver",
+    description="The GRPO loop: fans out rollouts, scores groups as they land, trains, checkpoints, reports.",
+    image=cpu_image,
+    resources=flyte.Resources(cpu=1, memory="2Gi"),
+    env_vars=ENV_VARS,
+    depends_on=[rollout_env, reward_env, train_env],
+)
+
+grpo_clustered_driver_env = flyte.TaskEnvironment(
+    name="rl-grpo-driver-clustered",
+    description="The pipelined GRPO loop: generation of N+1 overlaps the clustered train step of N.",
+    image=cpu_image,
+    resources=flyte.Resources(cpu=1, memory="2Gi"),
+    env_vars=ENV_VARS,
+    # train_env still serves build_base and init_adapter.
+    depends_on=[rollout_env, reward_env, train_env, cluster_train_env],
+)
+
+# --------------------------------------------------------------------------------------------------- agentic tiers
+
+sandbox_env = flyte.TaskEnvironment(
+    name="rl-agentic-sandbox",
+    description="Agentic trials: one pod per trial, a private copy of its world.",
+    image=cpu_image,
+    resources=flyte.Resources(cpu="500m", memory="1Gi"),
+    env_vars=ENV_VARS,
+)
+
+judge_env = flyte.TaskEnvironment(
+    name="rl-agentic-judge",
+    description="Verifier plus rubric judge; the judge call is traced so a retry never bills it twice.",
+    image=cpu_image,
+    resources=flyte.Resources(cpu="500m", memory="512Mi"),
+    env_vars=ENV_VARS,
+)
+
+agentic_trainer_env = flyte.TaskEnvironment(
+    name="rl-agentic-trainer",
+    description="The bandit trainer: a pure step, weights in and weights out.",
+    image=cpu_image,
+    resources=flyte.Resources(cpu=1, memory="2Gi"),
+    env_vars=ENV_VARS,
+)
+
+agentic_driver_env = flyte.TaskEnvironment(
+    name="rl-agentic-driver",
+    description="The durable agentic loop: trials fan out, are judged as they land, one train step per step.",
+    image=cpu_image,
+    resources=flyte.Resources(cpu=1, memory="1Gi"),
+    env_vars=ENV_VARS,
+    depends_on=[sandbox_env, judge_env, agentic_trainer_env],
+)

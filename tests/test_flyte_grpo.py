@@ -1,0 +1,125 @@
+"""The GRPO tasks of `rl.flyte.grpo` in Flyte's real local mode, on the tiny model.
+
+The Flyte binding must add orchestration and nothing else: its run trains the same adapter, bit for bit, as the same
+components wired in one process (`rl.local`), and a driver that dies after an iteration resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from flyte_support import LocalFlyte, isolated_flyte
+
+from rl.artifacts import compute_digest, read_dir
+from rl.flyte.config import FaultSpec, GrpoRunConfig, smoke
+from rl.flyte.grpo import GrpoRunResult, train_rl
+from rl.local import local_grpo
+from rl.loop.checkpoint import decode_state
+from rl.loop.grpo import GrpoOutcome, run_grpo
+
+pytestmark = pytest.mark.flyte
+
+CONFIG = smoke()
+
+
+@pytest.fixture
+def flyte_local(tmp_path, monkeypatch):
+    with isolated_flyte(tmp_path, monkeypatch) as local:
+        yield local
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> GrpoOutcome:
+    """The same configuration run in one process on the same components, without Flyte."""
+    config: GrpoRunConfig = CONFIG
+    deployment = local_grpo(
+        tmp_path_factory.mktemp("reference"),
+        config.grpo,
+        model=config.model.tiny,
+        trainer=config.trainer,
+        reward=config.reward,
+    )
+    return asyncio.run(run_grpo(config.grpo, deployment.tiers, deployment.store))
+
+
+def _digest(directory_path: str) -> str:
+    return compute_digest(read_dir(Path(directory_path)))
+
+
+def _adapter_uploads(raw_data_path: Path) -> list[str]:
+    """Names of every adapter directory a train task uploaded into the run's raw data (`adapter-v<N>`)."""
+    return sorted(p.name for p in raw_data_path.rglob("adapter-v*") if p.is_dir())
+
+
+def test_train_rl_runs_three_iterations_and_trains_what_the_in_process_loop_trains(flyte_local: LocalFlyte, reference):
+    """000: the driver task runs every iteration once; the Flyte tiers reproduce the in-process adapter bit for bit."""
+    run = flyte_local.run(train_rl, config=CONFIG)
+    result: GrpoRunResult = run.output
+
+    assert [row.iteration for row in result.history] == [0, 1, 2]
+    assert [row.adapter_version for row in result.history] == [1, 2, 3]
+    assert result.adapter_version == 3 and result.resumed_from == -1
+    assert [e.policy_version for e in result.evals] == [1, 2, 3]
+    # The adapter is a Dir whose hash is its content digest, and that content is the in-process run's.
+    assert result.adapter.hash == _digest(result.adapter.path) == reference.adapter.digest
+    assert result.optimizer_state.hash == reference.optimizer_state.digest
+    assert result.history == reference.history
+    assert result.evals == reference.evals
+    assert sum(row.contributing for row in result.history) > 0  # the smoke profile has signal to learn from
+
+
+def test_train_rl_publishes_a_report_with_the_metrics_of_every_iteration(flyte_local: LocalFlyte):
+    """000: "report=True and flyte.report.replace.aio publish reward, accuracy, and loss after every iteration"."""
+    run = flyte_local.run(train_rl, config=CONFIG)
+    page = run.report_html()
+    last = run.output.history[-1]
+    assert "status: <b>complete</b>" in page
+    assert f"iteration {last.iteration} · adapter v{last.adapter_version}" in page
+    assert f"mean reward {last.mean_reward:.3f}" in page and f"accuracy {last.accuracy:.3f}" in page
+    assert f"loss {last.mean_loss:.4f}" in page
+    assert page.count("<svg") == 1  # the reward / accuracy / format / loss charts
+    assert "profile smoke" in page and "engine torch" in page
+
+
+def test_a_driver_that_fails_after_iteration_one_resumes_from_its_checkpoint(flyte_local: LocalFlyte, reference):
+    """000: a later attempt "loads that state and continues from the next iteration instead of from the start".
+
+    Local mode never sets FLYTE_ATTEMPT_NUMBER, so the failure is armed by a marker file: attempt 1 writes it and dies
+    right after checkpointing iteration 1; attempt 2 finds it and runs on. The run cache is off, so an iteration run
+    twice would upload its adapter twice.
+    """
+    marker = flyte_local.root / "crashed"
+    config = replace(CONFIG, faults=FaultSpec(crash_after_iteration=1, crash_marker=str(marker)))
+    run = flyte_local.run(train_rl.override(retries=1), config=config, disable_run_cache=True)
+    result: GrpoRunResult = run.output
+
+    assert marker.is_file()  # attempt 1 did fail
+    assert result.resumed_from == 1  # attempt 2 loaded the checkpoint of iteration 1, not iteration 0
+    assert [row.iteration for row in result.history] == [0, 1, 2]
+    assert [row.adapter_version for row in result.history] == [1, 2, 3]
+    assert _adapter_uploads(flyte_local.raw_data_path) == ["adapter-v0", "adapter-v1", "adapter-v2", "adapter-v3"]
+    # Resuming changed nothing about what was trained.
+    assert result.adapter.hash == reference.adapter.digest
+    assert result.history == reference.history
+    checkpoint = decode_state((flyte_local.raw_data_path / "checkpoint").read_bytes())
+    assert checkpoint.iteration == 2 and checkpoint.adapter.digest == result.adapter.hash
+    assert "resumed from the checkpoint after iteration 1" in run.report_html()
+
+
+def test_the_driver_declares_every_tier_it_calls_and_the_tiers_their_own_failure_handling():
+    """000: "depends_on lists every environment the driver calls, so deploying the driver deploys the whole loop"."""
+    from rl.flyte import envs, grpo
+
+    declared = {env.name for env in envs.grpo_driver_env.depends_on}
+    assert declared == {envs.rollout_env.name, envs.reward_env.name, envs.train_env.name}
+    called = [grpo.build_base, grpo.init_adapter, grpo.generate, grpo.score_group, grpo.train_step, grpo.evaluate]
+    assert {task.parent_env_name for task in called} == declared
+    for task in called:
+        assert task.retries.count >= 1, task.name
+        assert task.timeout is not None, task.name
+    assert grpo.train_rl.retries.count >= 1 and grpo.train_rl.report
+    assert json.dumps(envs.ENV_VARS)  # the sizing the container re-reads travels with every environment
