@@ -13,8 +13,10 @@ kills driver attempt 0 right after that step, as the seed's failure-injected run
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -167,8 +169,13 @@ async def train(
     lr: float = 2.0,
     max_turns: int = 6,
     sort_rewards: bool = True,
+    group: Callable[[str], AbstractContextManager[object]] | None = None,
 ) -> AgenticOutcome:
-    """Seed 002's `train`: build worlds, attach the trainer, then per step generate → judge → one durable train step."""
+    """Seed 002's `train`: build worlds, attach the trainer, then per step generate → judge → one durable train step.
+
+    `group(name)`, when given, is entered around each step's actions (`step-<N>`: its trials, judgments and train
+    step), the `flyte.group` role.
+    """
     if n_steps < 1 or n_worlds < 1 or prompts_per_step < 1 or n_samples < 1:
         raise AgenticInputError(
             f"n_steps, n_worlds, prompts_per_step and n_samples must all be >= 1; got {n_steps}, {n_worlds}, "
@@ -185,18 +192,19 @@ async def train(
     skipped: list[SkippedTrial] = []
     for step in range(n_steps):
         specs = trial_specs(step, world_ids, prompts_per_step, n_samples, seed=seed, max_turns=max_turns)
-        rewards, lost = await run_step(
-            tiers,
-            specs,
-            weights,
-            worlds,
-            rubric,
-            flaky_trial_rate=flaky_trial_rate,
-            judge_flake_rate=judge_flake_rate,
-        )
-        skipped.extend(sorted(lost, key=lambda s: s.trial_id))
-        batch = canonical_rewards(rewards) if sort_rewards else rewards
-        result = await tiers.train_step(step, batch, world_ids, lr)
+        with group(f"step-{step}") if group is not None else contextlib.nullcontext():
+            rewards, lost = await run_step(
+                tiers,
+                specs,
+                weights,
+                worlds,
+                rubric,
+                flaky_trial_rate=flaky_trial_rate,
+                judge_flake_rate=judge_flake_rate,
+            )
+            skipped.extend(sorted(lost, key=lambda s: s.trial_id))
+            batch = canonical_rewards(rewards) if sort_rewards else rewards
+            result = await tiers.train_step(step, batch, world_ids, lr)
         weights = result.weights
         history.append(result)
         if attempt == 0 and step == crash_driver_at_step:
