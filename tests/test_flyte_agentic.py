@@ -1,0 +1,102 @@
+"""Seed 002's agentic loop as Flyte tasks (`rl.flyte.agentic`) in Flyte's real local mode.
+
+What local mode can show is checked here against the simulator's run of the same seed; what it cannot (driver replay,
+the trace memo across retries, `flyte.rerun`, attempt-0-only faults, enforced timeouts) must be reported as remote-only
+rather than silently skipped. The simulator's own tests prove those behaviours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from flyte_support import LocalFlyte, isolated_flyte
+
+from fakes.agentic_sim import AgenticSim
+from rl.agentic.types import Rubric
+from rl.flyte import agentic
+from rl.flyte.agentic import SMOKE, AgenticRunResult, RemoteOnlyError, fork, train
+
+pytestmark = pytest.mark.flyte
+
+CONFIG = replace(SMOKE, tool_latency_s=0.0)
+TRIALS = CONFIG.n_steps * CONFIG.prompts_per_step * CONFIG.n_samples
+
+
+@pytest.fixture
+def flyte_local(tmp_path, monkeypatch):
+    agentic.JUDGE_CALLS.clear()
+    with isolated_flyte(tmp_path, monkeypatch) as local:
+        yield local
+
+
+def _trial_worlds(raw_data_path: Path, step: int) -> list[Path]:
+    """The sealed copies of the worlds of `step`'s trials that generate tasks uploaded (one per executed trial)."""
+    return [p for p in raw_data_path.rglob(f"world-*-s{step}-p*-n*") if p.is_dir()]
+
+
+def test_the_agentic_driver_runs_locally_and_learns_what_the_simulator_learns(flyte_local: LocalFlyte):
+    """002: every trial completes, the judge is called once per trial, and the bandit learns (turns fall)."""
+    run = flyte_local.run(train, config=CONFIG)
+    result: AgenticRunResult = run.output
+    simulated = AgenticSim(seed=CONFIG.seed).run(retries=0, n_steps=CONFIG.n_steps).output
+
+    assert [h.n_trials for h in result.history] == [6, 6, 6] and result.skipped == []
+    assert [h.weights for h in result.history] == [h.weights for h in simulated.history]
+    assert [h.mean_turns for h in result.history] == [h.mean_turns for h in simulated.history]
+    assert [h.mean_reward for h in result.history] == [h.mean_reward for h in simulated.history]
+    assert result.history[-1].mean_turns < result.history[0].mean_turns
+    assert len(agentic.JUDGE_CALLS) == TRIALS and set(agentic.JUDGE_CALLS.values()) == {1}
+    # Every trial forked its world and sealed its own copy; the worlds it forked are unchanged.
+    assert len(_trial_worlds(flyte_local.raw_data_path, 0)) == CONFIG.prompts_per_step * CONFIG.n_samples
+
+
+def test_what_local_mode_cannot_show_is_reported_as_remote_only(flyte_local: LocalFlyte):
+    """Trace replay, driver replay, rerun, attempt-0 faults and timeouts are named in the result and in the report."""
+    run = flyte_local.run(train, config=CONFIG)
+    result: AgenticRunResult = run.output
+    assert result.local_mode
+    topics = [note.split(":")[0] for note in result.remote_only]
+    assert topics == ["driver replay", "trace memo", "attempt-0-only faults", "rerun", "timeouts"]
+    page = run.report_html()
+    assert "Not exercised in this run" in page and "status: <b>complete</b>" in page
+    assert all(topic in page for topic in topics)
+    assert page.count("<tr>") == 1 + CONFIG.n_steps  # the header and one row per step
+
+
+def test_crash_injection_and_fork_refuse_local_mode_with_the_way_to_see_them(flyte_local: LocalFlyte):
+    """Local mode never sets the attempt number and cannot rerun: both say so instead of misbehaving."""
+    with pytest.raises(Exception, match="crash_driver_at_step needs a cluster"):
+        flyte_local.run(train, config=CONFIG, crash_driver_at_step=1)
+    with pytest.raises(RemoteOnlyError, match="fork needs a Flyte cluster"):
+        fork("a-finished-run", Rubric(name="v2-efficiency", efficiency_weight=1.0))
+
+
+def test_a_failed_trial_is_skipped_and_the_step_still_trains(flyte_local: LocalFlyte):
+    """002: a trial that fails after its retries is skipped, never fatal to the step (every trial fails here)."""
+    result: AgenticRunResult = flyte_local.run(train, config=replace(CONFIG, n_steps=1), flaky_trial_rate=1.0).output
+    assert [h.n_trials for h in result.history] == [0]
+    assert [h.weights.version for h in result.history] == [1]
+    assert len(result.skipped) == CONFIG.prompts_per_step * CONFIG.n_samples
+    assert {s.stage for s in result.skipped} == {"generate"}
+    assert agentic.JUDGE_CALLS == {}
+
+
+def test_a_new_rubric_locally_reuses_the_worlds_and_the_first_steps_rollouts(flyte_local: LocalFlyte):
+    """002's re-scoring, the open-source way: a second run with a new rubric hits the cache for every action whose
+    inputs did not change (worlds, step-0 trials); judging re-runs everywhere, later steps regenerate."""
+    first = flyte_local.run(train, config=CONFIG).output
+    per_step = CONFIG.prompts_per_step * CONFIG.n_samples
+    counts = [len(_trial_worlds(flyte_local.raw_data_path, step)) for step in range(CONFIG.n_steps)]
+    assert counts == [per_step] * CONFIG.n_steps
+
+    rubric = Rubric(correctness_weight=1.0, efficiency_weight=1.0, tidiness_weight=0.5, name="v2-efficiency")
+    second = flyte_local.run(train, config=CONFIG, rubric=rubric).output
+    rerun_counts = [len(_trial_worlds(flyte_local.raw_data_path, step)) for step in range(CONFIG.n_steps)]
+    assert rerun_counts[0] == per_step  # step 0's trials were not regenerated
+    assert rerun_counts[1:] == [2 * per_step] * (CONFIG.n_steps - 1)  # new weights, new trials
+    assert {rubric_name for _, rubric_name in agentic.JUDGE_CALLS} == {"v1", "v2-efficiency"}
+    assert sum(agentic.JUDGE_CALLS.values()) == 2 * TRIALS
+    assert first.history[0].mean_turns == second.history[0].mean_turns  # identical trajectories, re-scored
+    assert first.history[0].mean_reward != second.history[0].mean_reward
