@@ -37,6 +37,13 @@ def slow(session: nox.Session) -> None:
 
 
 @nox.session
+def integration(session: nox.Session) -> None:
+    """The Flyte tasks in Flyte's real local mode (`flyte`-marked tests): both loops end to end on the tiny model."""
+    session.install(*CPU_CONSTRAINTS, "-e", ".[test]")
+    session.run("pytest", "-m", "flyte", *session.posargs, env=HYPOTHESIS_ENV)
+
+
+@nox.session
 def ray(session: nox.Session) -> None:
     """The detached Ray trainer actor against a real local Ray (`ray.init` on this machine)."""
     _install_cpu(session, "ray")
