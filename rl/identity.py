@@ -33,6 +33,9 @@ def canonical(value: Any) -> Any:
     if kind in _SCALARS:
         return value
     if kind is list or kind is tuple:
+        # Token ids, log-probs and rewards are long flat lists of scalars: pass them through when nothing needs work.
+        if all(type(v) in _SCALARS or (type(v) is float and math.isfinite(v)) for v in value):
+            return value if kind is list else list(value)
         return [canonical(v) for v in value]
     if value is None or isinstance(value, bool | int | str):
         return value
