@@ -102,6 +102,11 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def gpu(session: nox.Session) -> None:
-    """Real vLLM, CUDA LoRA training and multi-GPU DDP. Needs a CUDA machine; vllm brings its own torch."""
+    """Real vLLM, CUDA LoRA training and multi-GPU DDP. Needs a CUDA machine; vllm brings its own torch.
+
+    RL_GPU_STRICT=1: a missing CUDA or vllm fails the run instead of skipping every test (a green job that tested
+    nothing); fewer GPUs than a test needs still skips it.
+    """
     session.install("-e", ".[test,gpu]")
-    session.run("pytest", "gpu_tests", "-m", "gpu", *session.posargs, env=HYPOTHESIS_ENV)
+    env = {**HYPOTHESIS_ENV, "RL_GPU_STRICT": "1"}
+    session.run("pytest", "gpu_tests", "-m", "gpu", *session.posargs, env=env)

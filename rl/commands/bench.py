@@ -18,10 +18,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "volumes (fork vs full copy of a world)",
     )
     p.add_argument("--world-gib", type=float, default=1.0, help="world size for the volumes section (default 1 GiB)")
+    p.add_argument(
+        "--gpu",
+        action="store_true",
+        help="instead: vLLM sampler tokens/s against HF generate, and the CUDA train step (needs CUDA and vllm)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.gpu:
+        from rl.bench_gpu import run_gpu_bench
+
+        return run_gpu_bench(json_out=args.json)
     sections = {s.strip() for s in args.sections.split(",") if s.strip()}
     unknown = sections - {"sim", "cpu", "volumes"}
     if unknown:

@@ -145,10 +145,11 @@ def teacher_forced_logprobs(
         raise ValueError("prompt_ids is empty; teacher forcing needs at least one context token (e.g. <bos>)")
     if not completion:
         return torch.empty(0, dtype=torch.float32)
-    ids = torch.tensor([prompt + completion], dtype=torch.long)  # [1, P+T]
+    device = next(model.parameters()).device  # the model's (CPU, or CUDA for the GPU trainer); the result lives there
+    ids = torch.tensor([prompt + completion], dtype=torch.long, device=device)  # [1, P+T]
     logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1, :]  # [T, V]
     logp = torch.log_softmax(logits.float(), dim=-1)  # [T, V]
-    return logp.gather(1, torch.tensor(completion).unsqueeze(1)).squeeze(1)  # [T]
+    return logp.gather(1, torch.tensor(completion, device=device).unsqueeze(1)).squeeze(1)  # [T]
 
 
 def batched_teacher_forced_logprobs(

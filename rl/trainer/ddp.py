@@ -111,9 +111,9 @@ def _run_sync(coro: Coroutine[Any, Any, T]) -> T:
         return pool.submit(asyncio.run, coro).result()
 
 
-def _agree(ok: bool) -> bool:
+def _agree(ok: bool, device: torch.device) -> bool:
     """Whether every rank is `ok` (one all-reduce); ranks call it at the same point so it cannot deadlock."""
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int64)
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int64, device=device)  # NCCL reduces CUDA tensors only
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
 
@@ -125,8 +125,13 @@ def ddp_train_step(
     artifacts_root: Path,
     batch: TrainBatch,
     config: TrainerConfig,
+    *,
+    device: str | torch.device = "cpu",
 ) -> TrainResult:
     """One GRPO step on every rank of the initialised default process group; every rank returns the same TrainResult.
+
+    `device` is this rank's compute device: "cpu" under gloo, this rank's `cuda:<local rank>` under NCCL (the caller
+    sets `torch.cuda.set_device` to it before `init_process_group`, as NCCL's object collectives expect).
 
     Each rank loads the same adapter and optimizer state from the `LocalArtifacts` store at `artifacts_root`, computes
     the losses of its `shard` of the contributing samples through `sample_loss_fns` (the single-process trainer's own
@@ -149,16 +154,17 @@ def ddp_train_step(
             f"{dist.get_rank()} of {dist.get_world_size()}"
         )
     artifacts = LocalArtifacts(Path(artifacts_root))
+    device = torch.device(device)
 
     with pinned_threads(config.threads), torch.random.fork_rng(devices=[]):
         error: BaseException | None = None
         try:
             adapter = _run_sync(artifacts.get(batch.adapter))
             opt_state = _run_sync(artifacts.get(batch.optimizer_state)) if batch.optimizer_state else None
-            prepared = prepare_step(Path(base_dir), batch, config, adapter, opt_state)
+            prepared = prepare_step(Path(base_dir), batch, config, adapter, opt_state, device=device)
         except Exception as exc:
             error = exc
-        if not _agree(error is None):
+        if not _agree(error is None, device):
             if error is not None:
                 raise error
             raise PeerRankError(f"rank {rank}: another rank failed to load the step's inputs; see its error")
@@ -182,11 +188,11 @@ def ddp_train_step(
                 stats_out=stats,
             )
             # Any in-vocabulary token will do: the forward only has to pass through DDP.forward.
-            sync_ids = torch.tensor([batch.rollouts[0].prompt_token_ids[:1]], dtype=torch.long)  # [1, 1]
+            sync_ids = torch.tensor([batch.rollouts[0].prompt_token_ids[:1]], dtype=torch.long, device=device)  # [1, 1]
             ddp_shard_step(ddp_model, fns, lambda: ddp_model(input_ids=sync_ids).logits)
             grad_norm = clip_and_step(prepared, config)
 
-        sums = torch.tensor(stat_sums(stats), dtype=torch.float64)
+        sums = torch.tensor(stat_sums(stats), dtype=torch.float64, device=device)
         dist.all_reduce(sums)
         metrics: StepMetrics = step_metrics(sums.tolist(), prepared, grad_norm)
 

@@ -30,6 +30,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -155,8 +156,10 @@ def new_adapter(base_dir: Path, config: TrainerConfig, seed: int) -> PeftModel:
     return model
 
 
-def load_policy(base_dir: Path, files: Mapping[str, bytes], *, trainable: bool) -> PeftModel:
-    """The base model in `base_dir` with the adapter in `files` applied; frozen unless `trainable`."""
+def load_policy(
+    base_dir: Path, files: Mapping[str, bytes], *, trainable: bool, device: str | torch.device = "cpu"
+) -> PeftModel:
+    """The base model in `base_dir` with the adapter in `files` applied, on `device`; frozen unless `trainable`."""
     missing = [name for name in ADAPTER_FILES if name not in files]
     if missing:
         raise AdapterArtifactError(
@@ -168,7 +171,8 @@ def load_policy(base_dir: Path, files: Mapping[str, bytes], *, trainable: bool) 
         for name in ADAPTER_FILES:
             (Path(tmp) / name).write_bytes(files[name])
         with _quiet_peft():
-            return PeftModel.from_pretrained(base, tmp, is_trainable=trainable)
+            model = PeftModel.from_pretrained(base, tmp, is_trainable=trainable)
+    return model.to(device)  # a no-op on the CPU
 
 
 def adapter_files(model: PeftModel) -> dict[str, bytes]:
@@ -214,7 +218,8 @@ def build_optimizer(
             "TrainResult that produced this batch's adapter"
         )
     try:
-        saved = torch.load(io.BytesIO(state[OPTIMIZER_FILE]), weights_only=True)
+        # Read onto the CPU; `load_state_dict` moves the moments to each parameter's device (CPU or CUDA).
+        saved = torch.load(io.BytesIO(state[OPTIMIZER_FILE]), weights_only=True, map_location="cpu")
     except Exception as exc:
         raise OptimizerStateError(f"optimizer-state artifact's {OPTIMIZER_FILE} is unreadable: {exc}") from exc
     if saved.get("format") != _OPTIMIZER_FORMAT:
@@ -231,10 +236,26 @@ def build_optimizer(
     return optimizer
 
 
+def _on_cpu(obj: Any) -> Any:
+    """`obj` with every tensor in its dicts, lists and tuples moved to the CPU (CPU tensors come back as they are)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if isinstance(obj, dict):
+        return {k: _on_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_on_cpu(v) for v in obj)
+    return obj
+
+
 def optimizer_files(optimizer: torch.optim.Optimizer, param_names: Sequence[str]) -> dict[str, bytes]:
-    """The optimizer's state as artifact files; `torch.save` of equal state gives equal bytes."""
+    """The optimizer's state as artifact files; `torch.save` of equal state gives equal bytes.
+
+    Tensors are saved from the CPU (a no-op for a CPU trainer), so the bytes do not name a CUDA device and the state
+    loads on any machine.
+    """
     buffer = io.BytesIO()
-    payload = {"format": _OPTIMIZER_FORMAT, "param_names": list(param_names), "state_dict": optimizer.state_dict()}
+    state_dict = _on_cpu(optimizer.state_dict())
+    payload = {"format": _OPTIMIZER_FORMAT, "param_names": list(param_names), "state_dict": state_dict}
     torch.save(payload, buffer)
     return {OPTIMIZER_FILE: buffer.getvalue()}
 
@@ -323,7 +344,7 @@ def sample_loss_fns(
         def loss_fn() -> torch.Tensor:
             torch.manual_seed(_derived_seed(config.seed, batch.step, i))
             new_logp = teacher_forced_logprobs(model, rollout.prompt_token_ids, rollout.token_ids)  # [T]
-            old_logp = torch.tensor(rollout.logprobs, dtype=torch.float32)  # [T]
+            old_logp = torch.tensor(rollout.logprobs, dtype=torch.float32, device=new_logp.device)  # [T]
             loss, stats = grpo_sample_loss(
                 new_logp.float(),
                 old_logp,
@@ -360,14 +381,16 @@ def prepare_step(
     config: TrainerConfig,
     adapter: Mapping[str, bytes],
     optimizer_state: Mapping[str, bytes] | None,
+    *,
+    device: str | torch.device = "cpu",
 ) -> PreparedStep:
-    """Check the batch, compute advantages, and load the adapter (trainable) and its optimizer state."""
+    """Check the batch, compute advantages, and load the adapter (trainable, on `device`) and its optimizer state."""
     worst = check_batch(batch, config)
     advantages = group_normalized_advantages(
         [r.group_id for r in batch.rollouts], batch.rewards, scale=config.advantage_scale, eps=config.advantage_eps
     )
     contributing = [i for i, a in enumerate(advantages) if a != 0.0]
-    model = load_policy(base_dir, adapter, trainable=True)
+    model = load_policy(base_dir, adapter, trainable=True, device=device)
     model.train()
     params = trainable_parameters(model)
     optimizer = build_optimizer(params, config, optimizer_state)
@@ -415,12 +438,23 @@ class PeftTrainer:
 
     Compute runs on the calling thread (an async method that blocks): in production each step is its own task, and in
     one process a worker thread would let a concurrent sampler change torch's global thread count mid-step.
+
+    `device` is where a step's forward and backward run ("cpu", or "cuda"/"cuda:N" on a GPU). Version 0 is always
+    initialised on the CPU, so its bytes are the same on every machine; artifacts never name a device.
     """
 
-    def __init__(self, base_dir: Path, artifacts: Artifacts, config: TrainerConfig | None = None) -> None:
+    def __init__(
+        self,
+        base_dir: Path,
+        artifacts: Artifacts,
+        config: TrainerConfig | None = None,
+        *,
+        device: str | torch.device = "cpu",
+    ) -> None:
         self.base_dir = Path(base_dir)
         self.artifacts = artifacts
         self.config = config if config is not None else TrainerConfig()
+        self.device = torch.device(device)
 
     async def init_adapter(self, seed: int) -> TrainResult:
         """Version 0: a fresh LoRA adapter (a function of `seed`) and the optimizer state of a fresh AdamW."""
@@ -450,7 +484,7 @@ class PeftTrainer:
         """The step on in-memory artifact files: (adapter files, optimizer files, metrics). Pure in its inputs."""
         config = self.config
         with pinned_threads(config.threads), torch.random.fork_rng(devices=[]):
-            prepared = prepare_step(self.base_dir, batch, config, adapter, optimizer_state)
+            prepared = prepare_step(self.base_dir, batch, config, adapter, optimizer_state, device=self.device)
             stats: list[dict[str, float]] = []
             grad_norm = 0.0
             if prepared.contributing:

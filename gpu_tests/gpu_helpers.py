@@ -1,0 +1,192 @@
+"""Helpers for the GPU tests (imported by name: pytest puts gpu_tests/ on sys.path): requirement checks, fixed batches,
+random adapters, and the log-prob comparison between vLLM and the trainer.
+
+Everything that decides a test's inputs runs on the CPU from seeds (the batches are sampled from the float32 base model
+with `rl.engines.torch_sampler.sample_group`), so a test's inputs are the same on every machine and only the code under
+test runs on the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import math
+import statistics
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rl.gpu import cuda_unavailable_reason, strict, vllm_unavailable_reason
+from rl.types import Rollout
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Requirements: skip with the precise reason, or fail under RL_GPU_STRICT=1
+
+
+def missing_requirement(min_gpus: int = 1, *, needs_vllm: bool = False) -> tuple[str, bool] | None:
+    """What this machine lacks for a test needing `min_gpus` GPUs (and vllm): (reason, whether RL_GPU_STRICT=1 makes it
+    a failure), or None. No CUDA at all and no vllm can fail; too few GPUs only ever skips."""
+    reason = cuda_unavailable_reason(1)
+    if reason is not None:
+        return reason, True
+    reason = cuda_unavailable_reason(min_gpus)
+    if reason is not None:
+        return reason, False
+    reason = vllm_unavailable_reason() if needs_vllm else None
+    return (reason, True) if reason is not None else None
+
+
+def _missing(reason: str, *, may_fail: bool) -> None:
+    if may_fail and strict():
+        pytest.fail(f"{reason} [RL_GPU_STRICT=1: this machine must provide it]", pytrace=False)
+    pytest.skip(reason)
+
+
+def requires_cuda() -> None:
+    """Skip (fail under RL_GPU_STRICT=1) unless CUDA is usable."""
+    reason = cuda_unavailable_reason(1)
+    if reason is not None:
+        _missing(reason, may_fail=True)
+
+
+def requires_gpus(n: int) -> None:
+    """Skip unless `n` CUDA GPUs are visible (under RL_GPU_STRICT=1, no CUDA at all fails; too few GPUs skips)."""
+    requires_cuda()
+    reason = cuda_unavailable_reason(n)
+    if reason is not None:
+        _missing(reason, may_fail=False)
+
+
+def requires_vllm() -> None:
+    """Skip (fail under RL_GPU_STRICT=1) unless vllm is installed."""
+    reason = vllm_unavailable_reason()
+    if reason is not None:
+        _missing(reason, may_fail=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Fixed inputs, sampled on the CPU
+
+
+def digit_prompt(d: int) -> tuple[str, str]:
+    """The digit task's prompt and answer (`rl.problems.DigitSuccessor`)."""
+    return f"{d % 10}=", str((d + 1) % 10)
+
+
+def base_rollouts(
+    base_dir: Path, *, groups: int, samples: int, max_tokens: int, seed: int, policy_version: int = 0
+) -> list[Rollout]:
+    """`groups` x `samples` rollouts of the digit prompts sampled from the float32 base model on the CPU.
+
+    The base model is what a version-0 adapter samples (PEFT initialises LoRA's B to zero), so these are exactly the
+    rollouts, token ids and sampling log-probs a sampler of version 0 records: the first step's ratios are 1.
+    """
+    from rl.engines.torch_sampler import sample_group
+    from rl.models import load_base_model, load_tokenizer
+
+    tokenizer = load_tokenizer(base_dir)
+    model = load_base_model(base_dir)
+    rollouts = []
+    for g in range(groups):
+        question, answer = digit_prompt(g)
+        prompt_ids = [int(t) for t in tokenizer(question)["input_ids"]]
+        group_seed = seed * 1000 + g
+        for s in sample_group(
+            model, prompt_ids, n=samples, max_tokens=max_tokens, seed=group_seed, eos_token_id=tokenizer.eos_token_id
+        ):
+            rollouts.append(
+                Rollout(
+                    group_id=g,
+                    question=question,
+                    answer=answer,
+                    completion=str(tokenizer.decode(s.token_ids, skip_special_tokens=True)),
+                    prompt_token_ids=prompt_ids,
+                    token_ids=s.token_ids,
+                    logprobs=s.logprobs,
+                    policy_version=policy_version,
+                    seed=group_seed,
+                )
+            )
+    return rollouts
+
+
+def varied_rewards(rollouts: Sequence[Rollout], silent_groups: Sequence[int] = ()) -> list[float]:
+    """Rewards that differ within every group except `silent_groups` (all 0.5 there: no signal).
+
+    Within a group the rewards cycle through 1/8, 1/4, 1/2, 1 (offset by the group id), so for groups of up to 4
+    samples no member equals its group's mean and every advantage outside the silent groups is non-zero.
+    """
+    return [
+        0.5 if r.group_id in silent_groups else 2.0 ** ((i * 7 + r.group_id) % 4) / 8.0 for i, r in enumerate(rollouts)
+    ]
+
+
+def random_adapter(base_dir: Path, *, seed: int, scale: float = 0.05, lora_rank: int = 8) -> dict[str, bytes]:
+    """A LoRA adapter (the trainer's layout: rank `lora_rank`, every linear layer) with every A and B entry drawn from
+    N(0, scale^2) under `seed`: a stand-in for a trained version whose log-probs differ visibly from any other's."""
+    import torch
+
+    from rl.trainer.config import TrainerConfig
+    from rl.trainer.peft_trainer import adapter_files, new_adapter, trainable_parameters
+
+    config = TrainerConfig(lora_rank=lora_rank, lora_alpha=2 * lora_rank)
+    model = new_adapter(base_dir, config, seed)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in trainable_parameters(model):
+            p.copy_(scale * torch.randn(p.shape, generator=generator))
+    return adapter_files(model)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# vLLM's sampling log-probs against the trainer's teacher-forced log-probs
+
+
+def trainer_policy(base_dir: Path, adapter: dict[str, bytes], device: Any) -> Any:
+    """The trainer's view of an adapter: float32 base + LoRA (unmerged PEFT forward), frozen, on `device`."""
+    from rl.trainer.peft_trainer import load_policy
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        model = load_policy(base_dir, adapter, trainable=False, device=device)
+    model.eval()
+    return model
+
+
+def logprob_gaps(rollouts: Sequence[Rollout], policy: Any) -> list[float]:
+    """|sampling log-prob - teacher-forced log-prob under `policy`| for every completion token of `rollouts`."""
+    import torch
+
+    from rl.engines.torch_sampler import teacher_forced_logprobs
+
+    gaps: list[float] = []
+    with torch.no_grad():
+        for r in rollouts:
+            forced = teacher_forced_logprobs(policy, r.prompt_token_ids, r.token_ids).double().cpu()  # [T]
+            sampled = torch.tensor(r.logprobs, dtype=torch.float64)  # [T]
+            gaps.extend((sampled - forced).abs().tolist())
+    return gaps
+
+
+@dataclass(frozen=True)
+class GapSummary:
+    tokens: int
+    mean: float
+    max: float
+
+    def __str__(self) -> str:
+        return f"mean |Δ| {self.mean:.4f}, max |Δ| {self.max:.4f} over {self.tokens} tokens"
+
+
+def summarize(gaps: Sequence[float]) -> GapSummary:
+    if not gaps:
+        raise ValueError("no tokens to compare; the rollouts have empty completions")
+    if not all(math.isfinite(g) for g in gaps):
+        raise AssertionError(f"non-finite log-prob gap among {len(gaps)} tokens")
+    return GapSummary(tokens=len(gaps), mean=statistics.fmean(gaps), max=max(gaps))

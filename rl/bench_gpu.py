@@ -1,0 +1,212 @@
+"""`rl bench --gpu`: the vLLM sampler's tokens/s against Hugging Face `generate` on the same model, and the CUDA train
+step's time, measured side by side in one process on one GPU.
+
+The model is `rl.gpu.VLLM_MODEL` (built offline), the policy its version-0 LoRA adapter from `PeftTrainer.init_adapter`.
+Both samplers draw the same work: every digit prompt, `n` samples each, exactly `max_tokens` new tokens per sample
+(vLLM `ignore_eos=True`, HF `min_new_tokens`), temperature 1 and top_p 1, in bf16, all sequences in one call.
+
+- vLLM: `LLM(enable_lora=True, dtype=bfloat16)` with CUDA graphs (`enforce_eager=False`, as production runs it), the
+  adapter as a `LoRARequest`, `SamplingParams(n=..., logprobs=0)`: what `VLLMEngine` asks for.
+- HF: the trainer's float32 model with the adapter merged, cast to bf16, `model.generate(do_sample=True, top_k=0)`.
+- Train step: `PeftTrainer(device="cuda").compute_step` on a batch of the HF samples (old log-probs teacher-forced, so
+  ratios are 1) with rewards that differ within every group, so every sample contributes.
+
+Each figure is the median of `repeats` timed runs after one warm-up. Without CUDA nothing is measured and the command
+exits 2 with the reason; without vllm the HF and train-step figures are printed and it exits 1.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rl.gpu import VLLM_MODEL, cuda_unavailable_reason, vllm_llm_kwargs, vllm_unavailable_reason
+
+__all__ = ["GpuBenchConfig", "gpu_bench", "run_gpu_bench"]
+
+
+@dataclass(frozen=True)
+class GpuBenchConfig:
+    prompts: int = 10  # the ten digit prompts "0=" .. "9="
+    n: int = 8  # samples per prompt (the GRPO group size)
+    max_tokens: int = 64  # new tokens per sample, exactly
+    repeats: int = 3
+    gpu_memory_utilization: float = 0.3
+    enforce_eager: bool = False
+
+
+def _median_seconds(fn: Callable[[], Any], repeats: int, sync: Callable[[], None]) -> tuple[float, Any]:
+    fn()  # warm-up: kernels, allocator, CUDA graphs
+    sync()
+    times, out = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), out
+
+
+def gpu_bench(config: GpuBenchConfig = GpuBenchConfig(), *, with_vllm: bool = True) -> dict[str, Any]:
+    """Measure and return the figures (see the module docstring). Needs CUDA; vLLM only when `with_vllm`."""
+    import torch
+
+    from rl.artifacts import LocalArtifacts
+    from rl.engines.torch_sampler import teacher_forced_logprobs
+    from rl.models import build_tiny_model, load_tokenizer
+    from rl.trainer.config import TrainerConfig
+    from rl.trainer.peft_trainer import PeftTrainer, load_policy
+    from rl.types import Rollout, TrainBatch
+
+    device = torch.device("cuda", 0)
+    figures: dict[str, Any] = {"gpu": torch.cuda.get_device_name(device), **asdict(config)}
+    with tempfile.TemporaryDirectory(prefix="rl-bench-gpu-") as tmp:
+        root = Path(tmp)
+        base = build_tiny_model(root / "model", VLLM_MODEL)
+        tokenizer = load_tokenizer(base)
+        artifacts = LocalArtifacts(root / "artifacts")
+        trainer = PeftTrainer(base, artifacts, TrainerConfig(lr=1e-3), device=device)
+        init = asyncio.run(trainer.init_adapter(seed=0))
+        adapter = asyncio.run(artifacts.get(init.adapter))
+        opt_state = asyncio.run(artifacts.get(init.optimizer_state)) if init.optimizer_state else None
+        questions = [f"{d % 10}=" for d in range(config.prompts)]
+        prompt_ids = [[int(t) for t in tokenizer(q)["input_ids"]] for q in questions]
+        sequences = config.prompts * config.n
+        tokens = sequences * config.max_tokens
+
+        def sync() -> None:
+            torch.cuda.synchronize(device)
+
+        if with_vllm:
+            import vllm
+            from vllm.lora.request import LoRARequest
+
+            adapter_dir = root / "adapter-v0"
+            adapter_dir.mkdir()
+            for name, content in adapter.items():
+                (adapter_dir / name).write_bytes(content)
+            kwargs = vllm_llm_kwargs(
+                gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=config.enforce_eager
+            )
+            start = time.perf_counter()
+            llm = vllm.LLM(model=str(base), enable_lora=True, **kwargs)
+            figures["vllm_startup_s"] = round(time.perf_counter() - start, 1)
+            lora = LoRARequest("policy-v0", 1, str(adapter_dir))
+            sampling = vllm.SamplingParams(
+                n=config.n,
+                temperature=1.0,
+                top_p=1.0,
+                seed=0,
+                logprobs=0,
+                max_tokens=config.max_tokens,
+                ignore_eos=True,
+            )
+            requests = [{"prompt_token_ids": ids} for ids in prompt_ids]
+
+            def vllm_generate() -> int:
+                outputs = llm.generate(requests, sampling, lora_request=lora, use_tqdm=False)
+                return sum(len(c.token_ids) for o in outputs for c in o.outputs)
+
+            seconds, produced = _median_seconds(vllm_generate, config.repeats, sync)
+            if produced != tokens:
+                raise RuntimeError(f"vLLM produced {produced} tokens, expected {tokens} (ignore_eos was not honoured)")
+            figures["vllm_s"] = round(seconds, 4)
+            figures["vllm_tokens_per_s"] = round(tokens / seconds, 1)
+            del llm
+
+        # merge_and_unload and .to() change a model in place: HF gets its own copy, the float32 one scores the batch.
+        policy = load_policy(base, adapter, trainable=False, device=device).eval()
+        hf_model = load_policy(base, adapter, trainable=False, device=device).merge_and_unload()
+        hf_model = hf_model.to(torch.bfloat16).eval()
+        input_ids = torch.tensor([ids for ids in prompt_ids for _ in range(config.n)], device=device)  # [P*n, 3]
+        torch.manual_seed(0)
+
+        @torch.inference_mode()
+        def hf_generate() -> Any:
+            return hf_model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                max_new_tokens=config.max_tokens,
+                min_new_tokens=config.max_tokens,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+
+        seconds, generated = _median_seconds(hf_generate, config.repeats, sync)
+        figures["hf_generate_s"] = round(seconds, 4)
+        figures["hf_generate_tokens_per_s"] = round(tokens / seconds, 1)
+        if "vllm_tokens_per_s" in figures:
+            figures["vllm_speedup"] = round(figures["vllm_tokens_per_s"] / figures["hf_generate_tokens_per_s"], 2)
+
+        # The train step on those samples: old log-probs teacher-forced under version 0, so ratios start at 1.
+        completions = generated[:, input_ids.shape[1] :].tolist()
+        rollouts = []
+        with torch.no_grad():
+            for i, completion in enumerate(completions):
+                group = i // config.n
+                ids = prompt_ids[group]
+                old = teacher_forced_logprobs(policy, ids, completion).tolist()
+                rollouts.append(
+                    Rollout(
+                        group_id=group,
+                        question=questions[group],
+                        answer=str((group + 1) % 10),
+                        completion="",
+                        prompt_token_ids=ids,
+                        token_ids=completion,
+                        logprobs=old,
+                        policy_version=0,
+                        seed=0,
+                    )
+                )
+        rewards = [float(i % config.n) for i in range(len(rollouts))]  # distinct within every group: all contribute
+        batch = TrainBatch(
+            step=0,
+            rollouts=rollouts,
+            rewards=rewards,
+            adapter=init.adapter,
+            optimizer_state=init.optimizer_state,
+            new_version=1,
+        )
+        seconds, (_, _, metrics) = _median_seconds(
+            lambda: trainer.compute_step(batch, adapter, opt_state), config.repeats, sync
+        )
+        figures["train_step_s"] = round(seconds, 4)
+        figures["train_samples"] = metrics.contributing
+        figures["train_tokens_per_s"] = round(tokens / seconds, 1)
+    return figures
+
+
+def run_gpu_bench(*, json_out: bool = False, config: GpuBenchConfig = GpuBenchConfig()) -> int:
+    """Print the GPU figures; 0 when all were measured, 1 when vLLM is missing, 2 (nothing measured) without CUDA."""
+    reason = cuda_unavailable_reason(1)
+    if reason is not None:
+        print(f"rl bench --gpu: {reason}. Run it on a machine with an NVIDIA GPU (e.g. an L4).", file=sys.stderr)
+        return 2
+    vllm_reason = vllm_unavailable_reason()
+    figures = gpu_bench(config, with_vllm=vllm_reason is None)
+    width = max(len(k) for k in figures)
+    for key, value in figures.items():
+        print(f"{key:<{width}}  {value:.4g}" if isinstance(value, float) else f"{key:<{width}}  {value}")
+    if json_out:
+        print(json.dumps(figures))
+    if vllm_reason is not None:
+        print(f"rl bench --gpu: the vLLM sampler was not measured: {vllm_reason}", file=sys.stderr)
+        return 1
+    return 0

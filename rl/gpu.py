@@ -1,0 +1,126 @@
+"""What the GPU tier shares: a tiny model vLLM can serve, vLLM settings sized for one 24 GB L4, and the precise reason
+a machine cannot run the tier.
+
+Used by `gpu_tests/` (the reasons become skip messages), by `rl bench --gpu` (the reason becomes its refusal), and by
+the CPU tests of both. torch and vllm are imported inside the functions, never at import time.
+
+Why a model of its own. The CPU stack's tiny models (hidden 32-64 over 4 heads: head dims of 8-16) are too narrow for
+vLLM: its CUDA attention backends accept only some head dims (FlashInfer 64, 128, 256; FlashAttention multiples of 8
+up to 256, but 32 and up in practice; the Triton and FlexAttention fallbacks are slower and not what production runs).
+`VLLM_MODEL` is the same Qwen2-shaped architecture and character tokenizer with:
+
+- head_dim = hidden 256 / 4 heads = 64, which every one of those backends supports;
+- 2 key-value heads (grouped-query attention, as Qwen2 has), and every projection width (q 256, k/v 128, MLP 512)
+  a multiple of 64, the granularity vLLM's LoRA kernels are tuned for;
+- the 50-token character vocabulary: vLLM pads the embedding to a multiple of 64, and LoRA bounds the vocabulary
+  only from above (<= 258048);
+- initializer_range 0.05, so logits are O(1). bf16 (what vLLM runs) keeps 8 significant bits, so a logit of size
+  |z| carries a rounding error of about |z| * 2^-9: on this model a CPU emulation (the model cast to bf16 against
+  float32, 16 samples x 16 tokens) moved sampled-token log-probs by 0.007 on average and 0.035 at most, while two
+  random rank-8 adapters differ by about 0.6 on average. With the demo's 0.2 the bf16 error grows to 0.05 / 0.47.
+- max_position 256: vLLM's `max_model_len`; prompts here are a few tokens and completions at most 64.
+
+About 1.2 M parameters (5 MB in float32): it loads in milliseconds and leaves the GPU to the KV cache.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+from rl.models.tiny import TinyModelConfig
+
+__all__ = [
+    "STRICT_ENV",
+    "VLLM_MODEL",
+    "cuda_unavailable_reason",
+    "strict",
+    "vllm_llm_kwargs",
+    "vllm_unavailable_reason",
+]
+
+VLLM_MODEL = TinyModelConfig(
+    seed=11,
+    hidden_size=256,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    intermediate=512,
+    initializer_range=0.05,
+    max_position=256,
+)
+
+STRICT_ENV = "RL_GPU_STRICT"
+"""Set to 1 on a machine that must have CUDA and vllm (a GPU CI job): a missing one then fails instead of skipping."""
+
+
+def strict() -> bool:
+    """Whether `RL_GPU_STRICT` asks for missing CUDA or vllm to be failures rather than skips."""
+    return os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def vllm_llm_kwargs(
+    *,
+    gpu_memory_utilization: float = 0.25,
+    enforce_eager: bool = True,
+    max_lora_rank: int = 8,
+    max_loras: int = 2,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """`vllm.LLM` keyword arguments for `VLLM_MODEL` (pass as `VLLMEngine(llm_kwargs=...)`; the engine adds
+    `model` and `enable_lora=True` itself).
+
+    - `dtype="bfloat16"`: what production samples in; the log-prob tolerances of the GPU tests are bf16's.
+    - `gpu_memory_utilization=0.25`: vLLM claims this share of the GPU for weights and KV cache up front; a quarter of
+      an L4 (6 GB) is far more than the tiny model needs and leaves the rest to the trainer in the same test process.
+    - `enforce_eager=True`: no CUDA-graph capture or compilation, which would cost a minute of start-up per engine in
+      tests; the benchmark turns it off to measure what production gets.
+    - `max_lora_rank=8`: the trainer's default rank (vLLM accepts 8, 16, 32, 64, ...); an adapter of higher rank is
+      refused by vLLM, so raise both together.
+    - `max_loras=2`: two adapters resident at once, as when a pipelined driver samples version N+1 while evaluating N.
+    """
+    return {
+        "dtype": "bfloat16",
+        "max_model_len": VLLM_MODEL.max_position,
+        "max_lora_rank": max_lora_rank,
+        "max_loras": max_loras,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "enforce_eager": enforce_eager,
+        "seed": seed,
+    }
+
+
+def cuda_unavailable_reason(min_gpus: int = 1) -> str | None:
+    """Why this machine cannot run a CUDA test needing `min_gpus` GPUs, in one sentence; None when it can."""
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - torch is a dependency of the package
+        return f"needs CUDA: torch is not importable ({exc})"
+    if torch.version.cuda is None:
+        return f"needs CUDA: torch {torch.__version__} is a CPU-only build (torch.version.cuda is None)"
+    if not torch.cuda.is_available():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+        return (
+            f"needs CUDA: torch {torch.__version__} is built for CUDA {torch.version.cuda} but "
+            f"torch.cuda.is_available() is False (no NVIDIA driver or no visible GPU; CUDA_VISIBLE_DEVICES={visible})"
+        )
+    count = torch.cuda.device_count()
+    if count < min_gpus:
+        names = ", ".join(torch.cuda.get_device_name(i) for i in range(count))
+        return f"needs {min_gpus} CUDA GPUs, found {count} ({names})"
+    return None
+
+
+def vllm_unavailable_reason() -> str | None:
+    """Why vLLM cannot be used here (it is not installed), in one sentence; None when it is installed.
+
+    Only the installation is checked (importing vllm takes seconds): a vllm that is installed but broken fails loudly
+    where it is imported instead of skipping.
+    """
+    if importlib.util.find_spec("vllm") is None:
+        return (
+            "needs vllm: it is not installed (install the GPU extra on a CUDA machine: `pip install -e '.[gpu]'`, "
+            "or run `nox -s gpu`)"
+        )
+    return None

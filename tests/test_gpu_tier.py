@@ -1,0 +1,212 @@
+"""The GPU tier as seen from a CPU machine: gpu_tests/ collects, every test there is marked `gpu` and skips with the
+precise reason (or fails under RL_GPU_STRICT=1), device_check.sh is valid bash and refuses a machine without CUDA,
+`rl bench --gpu` exits non-zero with the reason, and the reasons and vLLM settings in `rl.gpu` are what they claim."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rl import gpu
+from rl.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+GPU_TESTS = REPO / "gpu_tests"
+CUDA_REASON = gpu.cuda_unavailable_reason(1)
+needs_no_cuda = pytest.mark.skipif(CUDA_REASON is None, reason="CUDA is available here: the GPU tests would run")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in (gpu.STRICT_ENV, "RL_GPU_REPORT")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env["HF_HUB_OFFLINE"] = "1"
+    return {**env, **extra}
+
+
+# One interpreter runs the folder twice, plain and with RL_GPU_STRICT=1, so torch and peft are imported once.
+_TWO_RUNS = """
+import os, sys
+import pytest
+folder, out = sys.argv[1], sys.argv[2]
+codes = []
+for name, strict in (("plain", "0"), ("strict", "1")):
+    os.environ["RL_GPU_STRICT"] = strict
+    codes.append(pytest.main([folder, "-p", "no:cacheprovider", "-q", "-rs", f"--junitxml={out}/{name}.xml"]))
+    print(f"=== {name} exit {int(codes[-1])}", flush=True)
+"""
+
+
+@dataclass(frozen=True)
+class GpuTestsRun:
+    output: str
+    exit_codes: dict[str, int]
+    cases: dict[str, list[ET.Element]]
+
+
+@pytest.fixture(scope="module")
+def gpu_tests_run(tmp_path_factory: pytest.TempPathFactory) -> GpuTestsRun:
+    out = tmp_path_factory.mktemp("gpu-tests-run")
+    proc = subprocess.run(
+        [sys.executable, "-c", _TWO_RUNS, str(GPU_TESTS), str(out)],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    codes = {m.group(1): int(m.group(2)) for m in re.finditer(r"=== (\w+) exit (\d+)", proc.stdout)}
+    cases = {
+        name: list(ET.parse(out / f"{name}.xml").getroot().iter("testcase")) if (out / f"{name}.xml").is_file() else []
+        for name in ("plain", "strict")
+    }
+    return GpuTestsRun(proc.stdout + proc.stderr, codes, cases)
+
+
+@needs_no_cuda
+def test_every_gpu_test_collects_is_marked_gpu_and_skips_with_the_precise_reason(gpu_tests_run: GpuTestsRun) -> None:
+    """All of gpu_tests/ (no -m filter) collects; conftest refuses any test without the gpu marker, so a clean run
+    means every one carries it; each is skipped, before any fixture, with rl.gpu's reason for this machine."""
+    assert gpu_tests_run.exit_codes.get("plain") == 0, gpu_tests_run.output[-6000:]
+    cases = gpu_tests_run.cases["plain"]
+    assert len(cases) >= 8, gpu_tests_run.output[-6000:]
+    for case in cases:
+        skipped = case.find("skipped")
+        assert skipped is not None, f"{case.get('name')} was not skipped on a machine without CUDA"
+        assert skipped.get("message") == CUDA_REASON, (case.get("name"), skipped.get("message"))
+
+
+@needs_no_cuda
+def test_strict_mode_turns_a_missing_gpu_into_failures(gpu_tests_run: GpuTestsRun) -> None:
+    """RL_GPU_STRICT=1 (nox -s gpu, device_check.sh): no CUDA fails every test with the reason instead of skipping."""
+    assert gpu_tests_run.exit_codes.get("strict") == 1, gpu_tests_run.output[-6000:]
+    cases = gpu_tests_run.cases["strict"]
+    assert len(cases) == len(gpu_tests_run.cases["plain"])
+    for case in cases:
+        error = case.find("error")
+        assert error is not None and f"{CUDA_REASON} [RL_GPU_STRICT=1" in (error.get("message") or ""), case.get("name")
+
+
+def test_device_check_script_is_valid_executable_bash() -> None:
+    script = GPU_TESTS / "device_check.sh"
+    assert os.access(script, os.X_OK), "device_check.sh must be executable"
+    subprocess.run(["bash", "-n", str(script)], check=True, timeout=30)
+    text = script.read_text()
+    for needle in ("set -euo pipefail", "HF_HUB_OFFLINE=1", "timeout", "gpu and not vllm"):
+        assert needle in text, needle
+
+
+@needs_no_cuda
+def test_device_check_refuses_a_machine_without_cuda_with_the_reason() -> None:
+    proc = subprocess.run(
+        ["bash", str(GPU_TESTS / "device_check.sh")],
+        env=_env(PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"device_check: {CUDA_REASON}" in proc.stderr
+
+
+@needs_no_cuda
+def test_rl_bench_gpu_exits_nonzero_with_the_reason_not_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--gpu"]) == 2
+    err = capsys.readouterr().err
+    assert f"rl bench --gpu: {CUDA_REASON}" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# rl.gpu
+
+
+def test_cuda_reasons_name_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert gpu.cuda_unavailable_reason() == (
+        f"needs CUDA: torch {torch.__version__} is a CPU-only build (torch.version.cuda is None)"
+    )
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    reason = gpu.cuda_unavailable_reason()
+    assert reason is not None and "built for CUDA 12.4 but torch.cuda.is_available() is False" in reason
+    assert "CUDA_VISIBLE_DEVICES=)" in reason
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA L4")
+    assert gpu.cuda_unavailable_reason(1) is None
+    assert gpu.cuda_unavailable_reason(2) == "needs 2 CUDA GPUs, found 1 (NVIDIA L4)"
+
+
+def test_vllm_reason_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    reason = gpu.vllm_unavailable_reason()
+    assert reason is not None and reason.startswith("needs vllm: it is not installed") and ".[gpu]" in reason
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    assert gpu.vllm_unavailable_reason() is None
+
+
+def test_strict_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(gpu.STRICT_ENV, raising=False)
+    assert not gpu.strict()
+    monkeypatch.setenv(gpu.STRICT_ENV, "1")
+    assert gpu.strict()
+
+
+def test_the_vllm_model_fits_vllm_attention_and_lora_constraints() -> None:
+    """head_dim 64 (FlashInfer's 64/128/256, FlashAttention's multiples of 8), GQA, widths multiples of 64, and a
+    vocabulary far below LoRA's upper bound."""
+    from rl.models.tiny import build_tokenizer
+
+    m = gpu.VLLM_MODEL
+    head_dim = m.hidden_size // m.heads
+    assert head_dim in (64, 128, 256)
+    assert m.heads % m.kv_heads == 0 and m.kv_heads < m.heads
+    assert all(w % 64 == 0 for w in (m.hidden_size, m.intermediate, m.kv_heads * head_dim))
+    assert len(build_tokenizer()) <= 258048
+    kwargs = gpu.vllm_llm_kwargs()
+    assert kwargs["max_model_len"] == m.max_position and kwargs["dtype"] == "bfloat16"
+    assert kwargs["max_lora_rank"] >= 8  # TrainerConfig's default rank
+
+
+@pytest.mark.asyncio
+async def test_the_vllm_settings_pass_through_the_engine(tmp_path: Path) -> None:
+    """`VLLMEngine(llm_kwargs=vllm_llm_kwargs())` builds `LLM(model, enable_lora=True, **kwargs)` (on the stub), and
+    a LoRA of the trainer's default rank fits its max_lora_rank."""
+    import fakes.vllm_stub as stub
+    from rl.artifacts import LocalArtifacts
+    from rl.engines.vllm import VLLMEngine
+    from rl.models import TinyModelConfig, build_tiny_model, load_tokenizer
+    from rl.trainer.config import TrainerConfig
+    from rl.trainer.peft_trainer import PeftTrainer
+    from rl.types import Prompt, RolloutRequest
+
+    base = build_tiny_model(tmp_path / "model", TinyModelConfig(seed=1, hidden_size=32, intermediate=64))
+    artifacts = LocalArtifacts(tmp_path / "store")
+    init = await PeftTrainer(base, artifacts, TrainerConfig()).init_adapter(seed=0)
+    engine = VLLMEngine(
+        base, artifacts, vllm_module=stub, llm_kwargs=gpu.vllm_llm_kwargs(), tokenizer=load_tokenizer(base)
+    )
+    group = await engine.generate(
+        RolloutRequest(
+            group_id=0,
+            prompt=Prompt(question="3=", answer="4"),
+            n=2,
+            adapter=init.adapter,
+            policy_version=0,
+            seed=1,
+            max_tokens=3,
+        )
+    )
+    assert len(group) == 2
+    assert engine.llm.init_kwargs == {"model": str(base), "enable_lora": True, **gpu.vllm_llm_kwargs()}
