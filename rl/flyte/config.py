@@ -39,7 +39,9 @@ class EngineSpec:
 
     `kind="torch"`: `rl.engines.torch_sampler.TorchSampler` on the CPU (`threads`, `merge_adapters`).
     `kind="vllm"`: `rl.engines.vllm.VLLMEngine` on the task's GPU; `vllm` is imported only then. `token_ids=True` sends
-    prompt token ids and decodes with the model's own tokenizer (required for the tiny character model).
+    prompt token ids and decodes with the model's own tokenizer (required for the tiny character model). vLLM's
+    attention kernels need a head dimension of 64 or more, so the smoke profile's tiny model (64 wide over 4 heads)
+    runs on the torch sampler; to try vLLM on a tiny model, build one 256 wide over 4 heads (`ModelSpec.tiny`).
     """
 
     kind: str = "torch"
