@@ -118,8 +118,7 @@ async def train_step_clustered(
                 else await _stage(root, optimizer_state, "optimizer-in"),
                 new_version=new_version,
             )
-            extra = {"device": device} if device != "cpu" else {}  # the GPU path of ddp_train_step
-            result: TrainResult = ddp_train_step(rank, world_size, base_dir, root, batch, trainer, **extra)
+            result: TrainResult = ddp_train_step(rank, world_size, base_dir, root, batch, trainer, device=device)
             paths: list[object] = [None, None]
             if rank == 0:
                 paths = [

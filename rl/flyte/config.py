@@ -8,6 +8,7 @@ Profiles:
 
 - `smoke`: the tiny character model built offline from a seed, the torch sampler, a CPU-friendly PEFT step, the
   digit-successor task; 3 iterations of 4 prompts x 8 samples. Runs in Flyte's local mode in seconds and on any cluster.
+- `gpu-smoke`: the same loop with vLLM rollouts, on a tiny model vLLM can serve (`rl.gpu.VLLM_MODEL`); needs a GPU.
 - `stress`: the examples' large shape — a real model you prefetched (`base_uri`, e.g. Qwen3-8B), vLLM rollouts,
   20 pipelined iterations of 32 prompts x 6 samples at 512 tokens, LoRA rank 16 on the attention projections, a seeded
   arithmetic task. Needs GPUs (and the multi-GPU tiers for the clustered trainer); it is not exercised by the tests.
@@ -65,7 +66,7 @@ class EngineSpec:
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "max_model_len": self.max_model_len,
             "max_lora_rank": self.max_lora_rank,
-            "max_loras": 1,
+            "max_loras": 2,  # a pipelined loop samples version N+1 while evaluating N
             "enforce_eager": self.enforce_eager,
         }
 
@@ -148,7 +149,20 @@ def stress(base_uri: str, **changes: object) -> GrpoRunConfig:
     return replace(config, **changes)  # type: ignore[arg-type]
 
 
-PROFILES: dict[str, Callable[..., GrpoRunConfig]] = {"smoke": smoke, "stress": stress}
+def gpu_smoke(**changes: object) -> GrpoRunConfig:
+    """The smoke loop on the GPU tiers: vLLM rollouts from a tiny model wide enough for vLLM's attention kernels
+    (`rl.gpu.VLLM_MODEL`, head dim 64), the trainer on the GPU. Not exercised by the CPU tests."""
+    from rl.gpu import VLLM_MODEL
+
+    config = GrpoRunConfig(
+        profile="gpu-smoke",
+        model=ModelSpec(tiny=VLLM_MODEL),
+        engine=EngineSpec(kind="vllm", token_ids=True, max_model_len=VLLM_MODEL.max_position, max_lora_rank=8),
+    )
+    return replace(config, **changes)  # type: ignore[arg-type]
+
+
+PROFILES: dict[str, Callable[..., GrpoRunConfig]] = {"smoke": smoke, "gpu-smoke": gpu_smoke, "stress": stress}
 
 
 @dataclass(frozen=True)

@@ -155,6 +155,13 @@ async def engine_for(base: Dir, spec: EngineSpec) -> RolloutEngine:
     return engine
 
 
+def train_device() -> str:
+    """Where a train task computes: the pod's GPU when it has one, else the CPU (artifacts never name a device)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 # --------------------------------------------------------------------------------------------------------- tasks
 
 
@@ -173,8 +180,8 @@ async def init_adapter(base: Dir, seed: int, trainer: TrainerConfig) -> TrainOut
     """Adapter version 0 (a function of `seed`) and a fresh optimizer state."""
     from rl.trainer.peft_trainer import PeftTrainer
 
-    result = await PeftTrainer(await local_base(base), DirArtifacts(), trainer).init_adapter(seed)
-    return TrainOutput.of(result)
+    peft = PeftTrainer(await local_base(base), DirArtifacts(), trainer, device=train_device())
+    return TrainOutput.of(await peft.init_adapter(seed))
 
 
 @rollout_env.task(cache="auto", retries=2, timeout=ROLLOUT_TIMEOUT)
@@ -207,8 +214,8 @@ async def train_step(
     from rl.trainer.peft_trainer import PeftTrainer
 
     batch = _batch(adapter, optimizer_state, rollouts, rewards, step, new_version)
-    result = await PeftTrainer(await local_base(base), DirArtifacts(), trainer).train_step(batch)
-    return TrainOutput.of(result)
+    peft = PeftTrainer(await local_base(base), DirArtifacts(), trainer, device=train_device())
+    return TrainOutput.of(await peft.train_step(batch))
 
 
 @rollout_env.task(cache="auto", retries=1, timeout=ROLLOUT_TIMEOUT)
@@ -360,8 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clustered", action="store_true", help="run train_rl_clustered (pipelined, DDP trainer)")
     parser.add_argument("--local", action="store_true", help="Flyte's local mode in this process, no cluster")
     args = parser.parse_args(argv)
-    config = smoke() if args.profile == "smoke" else PROFILES["stress"](args.base_uri)
-    if args.base_uri and args.profile == "smoke":
+    config = PROFILES["stress"](args.base_uri) if args.profile == "stress" else PROFILES[args.profile]()
+    if args.base_uri and args.profile != "stress":
         config = replace(config, model=replace(config.model, uri=args.base_uri))
     if args.iterations is not None:
         config = replace(config, grpo=replace(config.grpo, iterations=args.iterations))
