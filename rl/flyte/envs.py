@@ -34,6 +34,7 @@ TIERS = os.environ.get("RL_FLYTE_TIERS", "gpu")
 GPU_TYPE = os.environ.get("RL_FLYTE_GPU", "L4")
 REUSE = os.environ.get("RL_FLYTE_REUSE", "0") == "1"
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+DOCKERIGNORE = Path(__file__).resolve().parent / "image.dockerignore"  # caches, venvs and runs stay out of the image
 
 # The same values inside every task's container; models arrive as flyte.io.Dir, so nothing reaches for the Hub.
 ENV_VARS = {
@@ -76,7 +77,7 @@ def rl_image(gpu: bool) -> flyte.Image:
     """The Debian base image with this project installed by `uv sync` (plus vLLM when `gpu`)."""
     image = flyte.Image.from_debian_base(name="flyte-rl-gpu" if gpu else "flyte-rl", python_version=(3, 11))
     if PYPROJECT.is_file():  # client side, where the project is; in a container the package is already installed
-        image = image.with_uv_project(
+        image = image.with_dockerignore(DOCKERIGNORE).with_uv_project(
             PYPROJECT, project_install_mode="install_project", extra_args="--extra gpu" if gpu else None
         )
     if REUSE:
