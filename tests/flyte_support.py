@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,8 @@ from typing import Any
 
 import flyte
 import pytest
+
+METADATA_ROOT = Path("/tmp/flyte/metadata")  # where flyte 2.12 local mode writes each run's metadata (not configurable)
 
 
 def reset_local_cache_connection() -> None:
@@ -56,19 +59,18 @@ class LocalFlyte:
         return self.root / "raw"
 
     def run(self, task: Any, *, disable_run_cache: bool = False, **inputs: Any) -> LocalRun:
+        name = f"rl-test-{uuid.uuid4().hex[:16]}"  # named up front, so a run that fails is cleaned up too
+        self.runs.append(METADATA_ROOT / name)
         runner = flyte.with_runcontext(
-            mode="local", raw_data_path=str(self.raw_data_path), disable_run_cache=disable_run_cache
+            mode="local", name=name, raw_data_path=str(self.raw_data_path), disable_run_cache=disable_run_cache
         )
         run = runner.run(task, **inputs)
-        metadata_dir = Path(run.url)
-        self.runs.append(metadata_dir)
         outputs = run.outputs()
-        return LocalRun(outputs[0] if len(outputs) == 1 else tuple(outputs), metadata_dir)
+        return LocalRun(outputs[0] if len(outputs) == 1 else tuple(outputs), Path(run.url))
 
     def cleanup(self) -> None:
         for path in self.runs:
-            if path.is_relative_to("/tmp/flyte/metadata"):
-                shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @contextlib.contextmanager
