@@ -6,16 +6,21 @@ registered in conftest.py, so suites that do not use the real stack do not pay f
 
 from __future__ import annotations
 
+import asyncio
 import os
 import warnings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
+from rl.artifacts import LocalArtifacts
 from rl.models import TinyModelConfig, build_tiny_model
+from rl.types import ArtifactRef
 
 # Small enough that a forward pass costs well under a millisecond per token on one thread.
 TEST_MODEL_CONFIG = TinyModelConfig(seed=7, hidden_size=32, layers=2, heads=4, kv_heads=2, intermediate=64)
@@ -60,3 +65,27 @@ def adapter_dirs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
         "v0": make_adapter_dir(tiny_model_dir, root / "v0", seed=0, identity=True),
         "trained": make_adapter_dir(tiny_model_dir, root / "trained", seed=1, identity=False),
     }
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Bitwise comparisons hold for a fixed intra-op thread count; pin it and restore the caller's."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> LocalArtifacts:
+    return LocalArtifacts(tmp_path_factory.mktemp("store"))
+
+
+@pytest.fixture(scope="module")
+def refs(store: LocalArtifacts, adapter_dirs: dict[str, Path]) -> dict[str, ArtifactRef]:
+    """Each adapter directory of `adapter_dirs`, put into the module's artifact store."""
+    return {name: run(store.put_dir(path, f"adapter-{name}")) for name, path in adapter_dirs.items()}

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from fixtures_real import LORA_TARGETS, adapter_dirs, tiny_model_dir
+from fixtures_real import LORA_TARGETS, adapter_dirs, one_thread, refs, run, store, tiny_model_dir
 
 from rl.artifacts import ArtifactNotFound, LocalArtifacts
 from rl.engines.torch_sampler import (
@@ -24,33 +22,10 @@ from rl.models import load_base_model
 from rl.protocols import RolloutEngine
 from rl.types import ArtifactRef, Prompt, RolloutRequest
 
-__all__ = ["adapter_dirs", "tiny_model_dir"]
+__all__ = ["adapter_dirs", "one_thread", "refs", "store", "tiny_model_dir"]
 
 # peft 0.21 probes a property transformers 5.2x deprecated when wrapping a model; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
-
-
-def run(coro):  # type: ignore[no-untyped-def]
-    return asyncio.run(coro)
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Bitwise comparisons hold for a fixed intra-op thread count; pin it and restore the caller's."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> LocalArtifacts:
-    return LocalArtifacts(tmp_path_factory.mktemp("store"))
-
-
-@pytest.fixture(scope="module")
-def refs(store: LocalArtifacts, adapter_dirs: dict[str, Path]) -> dict[str, ArtifactRef]:
-    return {name: run(store.put_dir(path, f"adapter-{name}")) for name, path in adapter_dirs.items()}
 
 
 @pytest.fixture(scope="module")

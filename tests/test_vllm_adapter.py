@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import importlib.util
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from fixtures_real import adapter_dirs, tiny_model_dir
+from fixtures_real import adapter_dirs, one_thread, refs, run, store, tiny_model_dir
 
 import fakes.vllm_stub as vllm_stub
 from fakes.vllm_stub import CompletionOutput, Logprob, RequestOutput, SamplingParams
@@ -31,29 +29,7 @@ from rl.models import load_tokenizer
 from rl.protocols import RolloutEngine
 from rl.types import ArtifactRef, Prompt, RolloutRequest
 
-__all__ = ["adapter_dirs", "tiny_model_dir"]
-
-
-def run(coro):  # type: ignore[no-untyped-def]
-    return asyncio.run(coro)
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> LocalArtifacts:
-    return LocalArtifacts(tmp_path_factory.mktemp("store"))
-
-
-@pytest.fixture(scope="module")
-def refs(store: LocalArtifacts, adapter_dirs: dict[str, Path]) -> dict[str, ArtifactRef]:
-    return {name: run(store.put_dir(path, f"adapter-{name}")) for name, path in adapter_dirs.items()}
+__all__ = ["adapter_dirs", "one_thread", "refs", "store", "tiny_model_dir"]
 
 
 @pytest.fixture
