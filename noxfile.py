@@ -24,9 +24,15 @@ def _install_cpu(session: nox.Session, *extras: str) -> None:
 
 @nox.session
 def unit(session: nox.Session) -> None:
-    """All fast CPU tests: math properties, simulator, drivers, chaos, real tiny-model parts."""
+    """All fast CPU tests: math properties, simulator, drivers, chaos, real tiny-model parts.
+
+    `nox -s unit -- --with-flyte` also runs the Flyte local-mode tests (what `nox -s integration` runs on its own).
+    """
     _install_cpu(session)
-    session.run("pytest", "-m", "not gpu and not slow and not flyte and not ray", *session.posargs, env=HYPOTHESIS_ENV)
+    args = list(session.posargs)
+    skipped = ["gpu", "slow", "ray"] + ([] if "--with-flyte" in args else ["flyte"])
+    args = [a for a in args if a != "--with-flyte"]
+    session.run("pytest", "-m", " and ".join(f"not {m}" for m in skipped), *args, env=HYPOTHESIS_ENV)
 
 
 @nox.session
