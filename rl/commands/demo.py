@@ -45,8 +45,15 @@ def run_grpo_demo(args: argparse.Namespace) -> int:
     config = grpo_demo_config(
         iterations=args.iterations, seed=args.seed, prompts=args.prompts, samples=args.samples, pipelined=args.pipelined
     )
+    from rl.loop.checkpoint import CheckpointError
+
     start = time.perf_counter()
-    summary = asyncio.run(run_demo(config, args.out, console=console, buffer=not args.no_buffer))
+    try:
+        summary = asyncio.run(run_demo(config, args.out, console=console, buffer=not args.no_buffer))
+    except CheckpointError as exc:
+        console.print(f"rl demo grpo: cannot resume the run in {args.out}: {exc}")
+        console.print(f"Pass --fresh to start over in {args.out}, or --out another directory.")
+        return 2
     summary["wall_s"] = round(time.perf_counter() - start, 2)
     print(
         f"GRPO demo: {summary['iterations']} iterations in {summary['wall_s']} s; training accuracy "
