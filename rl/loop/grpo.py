@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 
+from rl.advantages import no_signal_groups
 from rl.identity import content_digest
 from rl.loop.checkpoint import DriverState, load_state, save_state
 from rl.protocols import (
@@ -257,8 +258,6 @@ async def _train(
         raise EngineContractError(
             f"trainer returned adapter v{result.version} for step {iteration}; expected v{new_version}"
         )
-    from rl.advantages import no_signal_groups
-
     row = iteration_metrics(
         iteration,
         new_version,
