@@ -7,11 +7,13 @@ components wired in one process (`rl.local`), and a driver that dies after an it
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from dataclasses import replace
 from pathlib import Path
 
 import flyte
+import pandas as pd
 import pytest
 from flyte_support import LocalFlyte, isolated_flyte
 
@@ -23,6 +25,7 @@ from rl.local import local_grpo
 from rl.loop.checkpoint import decode_state
 from rl.loop.grpo import GrpoOutcome, run_grpo
 from rl.types import ArtifactRef
+from rl.volumes.buffer import PANDAS_DTYPES
 
 pytestmark = pytest.mark.flyte
 
@@ -73,6 +76,17 @@ def test_train_rl_runs_three_iterations_and_trains_what_the_in_process_loop_trai
     assert result.history == reference.history
     assert result.evals == reference.evals
     assert sum(row.contributing for row in result.history) > 0  # the smoke profile has signal to learn from
+    _assert_buffer_holds_each_iteration_once(result)
+
+
+def _assert_buffer_holds_each_iteration_once(result: GrpoRunResult) -> None:
+    """000: "Store them on a volume that each iteration forks and adds to" — here one Dir version per iteration."""
+    files = read_dir(Path(result.rollouts_uri))
+    assert compute_digest(files) == result.rollouts_digest
+    assert sorted(files) == ["iter-00000.jsonl", "iter-00001.jsonl", "iter-00002.jsonl"]
+    for row in result.history:
+        stored = pd.read_json(io.BytesIO(files[f"iter-{row.iteration:05d}.jsonl"]), lines=True, dtype=PANDAS_DTYPES)
+        assert len(stored) == row.num_rollouts and stored["reward"].mean() == pytest.approx(row.mean_reward)
 
 
 def test_train_rl_publishes_a_report_with_the_metrics_of_every_iteration(flyte_local: LocalFlyte):
@@ -110,6 +124,9 @@ def test_a_driver_that_fails_after_iteration_one_resumes_from_its_checkpoint(fly
     assert result.history == reference.history
     checkpoint = decode_state((flyte_local.raw_data_path / "checkpoint").read_bytes())
     assert checkpoint.iteration == 2 and checkpoint.adapter.digest == result.adapter.hash
+    _assert_buffer_holds_each_iteration_once(result)
+    versions = sorted(p.name for p in flyte_local.raw_data_path.rglob("rollouts-iter-*") if p.is_dir())
+    assert versions == ["rollouts-iter-00000", "rollouts-iter-00001", "rollouts-iter-00002"]  # none added twice
     assert "resumed from the checkpoint after iteration 1" in run.report_html()
 
 
@@ -118,8 +135,16 @@ def test_the_driver_declares_every_tier_it_calls_and_the_tiers_their_own_failure
     from rl.flyte import envs, grpo
 
     declared = {env.name for env in envs.grpo_driver_env.depends_on}
-    assert declared == {envs.rollout_env.name, envs.reward_env.name, envs.train_env.name}
-    called = [grpo.build_base, grpo.init_adapter, grpo.generate, grpo.score_group, grpo.train_step, grpo.evaluate]
+    assert declared == {envs.rollout_env.name, envs.reward_env.name, envs.train_env.name, envs.buffer_env.name}
+    called = [
+        grpo.build_base,
+        grpo.init_adapter,
+        grpo.generate,
+        grpo.score_group,
+        grpo.train_step,
+        grpo.evaluate,
+        grpo.add_rollouts,
+    ]
     assert {task.parent_env_name for task in called} == declared
     for task in called:
         assert task.retries.count >= 1, task.name

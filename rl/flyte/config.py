@@ -109,6 +109,7 @@ class GrpoRunConfig:
     reward: str = "default"
     problems: str = "digits"
     faults: FaultSpec = field(default_factory=FaultSpec)
+    keep_rollouts: bool = True  # the rollout buffer: one Dir version per iteration (see rl.flyte.grpo.add_rollouts)
 
     def __post_init__(self) -> None:
         if self.problems not in PROBLEM_SETS:

@@ -93,6 +93,7 @@ cpu_image = rl_image(False)
 # Per-tier timeouts: a bound on one attempt's running time, so a hung engine or a stuck collective fails and retries.
 ROLLOUT_TIMEOUT = flyte.Timeout(max_runtime=timedelta(minutes=20))
 REWARD_TIMEOUT = flyte.Timeout(max_runtime=timedelta(minutes=5))
+BUFFER_TIMEOUT = flyte.Timeout(max_runtime=timedelta(minutes=10))
 TRAIN_TIMEOUT = flyte.Timeout(max_runtime=timedelta(minutes=30))
 CLUSTER_TIMEOUT = flyte.Timeout(max_runtime=timedelta(minutes=45), max_queued_time=timedelta(minutes=30))
 
@@ -138,13 +139,21 @@ cluster_train_env = ClusteredTaskEnvironment(
     failure_policy=ClusterFailurePolicy(max_restarts=2, restart_on_host_maintenance=True),
 )
 
+buffer_env = flyte.TaskEnvironment(
+    name="rl-grpo-buffer",
+    description="The rollout buffer: each iteration's rollouts added to a new version of the buffer.",
+    image=cpu_image,
+    resources=flyte.Resources(cpu=2, memory="4Gi"),
+    env_vars=ENV_VARS,
+)
+
 grpo_driver_env = flyte.TaskEnvironment(
     name="rl-grpo-driver",
     description="The GRPO loop: fans out rollouts, scores groups as they land, trains, checkpoints, reports.",
     image=cpu_image,
     resources=flyte.Resources(cpu=1, memory="2Gi"),
     env_vars=ENV_VARS,
-    depends_on=[rollout_env, reward_env, train_env],
+    depends_on=[rollout_env, reward_env, train_env, buffer_env],
 )
 
 grpo_clustered_driver_env = flyte.TaskEnvironment(
@@ -154,7 +163,7 @@ grpo_clustered_driver_env = flyte.TaskEnvironment(
     resources=flyte.Resources(cpu=1, memory="2Gi"),
     env_vars=ENV_VARS,
     # train_env still serves build_base and init_adapter.
-    depends_on=[rollout_env, reward_env, train_env, cluster_train_env],
+    depends_on=[rollout_env, reward_env, train_env, buffer_env, cluster_train_env],
 )
 
 # --------------------------------------------------------------------------------------------------- agentic tiers

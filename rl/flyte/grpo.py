@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,9 +43,11 @@ from rl.flyte.bindings import (
 )
 from rl.flyte.config import PROFILES, EngineSpec, GrpoRunConfig, problem_set, smoke
 from rl.flyte.envs import (
+    BUFFER_TIMEOUT,
     REWARD_TIMEOUT,
     ROLLOUT_TIMEOUT,
     TRAIN_TIMEOUT,
+    buffer_env,
     grpo_driver_env,
     reward_env,
     rollout_env,
@@ -70,6 +73,8 @@ from rl.types import (
 __all__ = [
     "GrpoRunResult",
     "TrainOutput",
+    "add_rollouts",
+    "buffer_env",
     "build_base",
     "evaluate",
     "generate",
@@ -113,6 +118,9 @@ class GrpoRunResult:
     history: list[IterationMetrics] = field(default_factory=list)
     evals: list[EvalResult] = field(default_factory=list)
     resumed_from: int = -1
+    # The rollout buffer's last version (a Dir of iter-NNNNN.jsonl files) and its content digest; "" when not kept.
+    rollouts_uri: str = ""
+    rollouts_digest: str = ""
 
 
 def _batch(
@@ -231,6 +239,40 @@ async def evaluate(
     return await evaluator.evaluate(ref_of(adapter), policy_version, k, seed)
 
 
+@buffer_env.task(retries=2, timeout=BUFFER_TIMEOUT)
+async def add_rollouts(parent: Dir | None, iteration: int, rollouts: list[Rollout], rewards: list[float]) -> Dir:
+    """Seed 000's rollout buffer on open-source Flyte: a new version = the parent's files + `iter-NNNNN.jsonl`.
+
+    Union's volumes fork copy-on-write; a Dir version is a copy, so each version stores every iteration so far. The
+    rows are `rl.volumes.buffer`'s (they load with `pandas.read_json(lines=True)`), and `rl rescore` reads the same
+    format. Adding an iteration the parent already holds with the same rows (a replayed step) returns the parent.
+    """
+    from rl.volumes.buffer import IterationExistsError, encode_rows, iteration_file, rollout_rows
+
+    store = DirArtifacts()
+    files = await store.get(ref_of(parent)) if parent is not None else {}
+    name, payload = iteration_file(iteration), encode_rows(iteration, rollout_rows(iteration, rollouts, rewards))
+    if name in files:
+        if files[name] == payload:
+            assert parent is not None
+            return parent
+        raise IterationExistsError(
+            f"buffer version {parent.path if parent else ''} already holds iteration {iteration} with other rows; "
+            "a driver must add each iteration once, to the version its checkpoint names"
+        )
+    return dir_of(await store.put({**files, name: payload}, name=f"rollouts-iter-{iteration:05d}"))
+
+
+def buffer_version(ref: ArtifactRef) -> str:
+    """The `RolloutSink` version string of a buffer Dir: `<uri>@<digest>` (the checkpoint stores it)."""
+    return f"{ref.uri}@{ref.digest}"
+
+
+def buffer_ref(version: str) -> ArtifactRef:
+    uri, _, digest = version.rpartition("@")
+    return ArtifactRef(uri=uri, digest=digest)
+
+
 # ------------------------------------------------------------------------------- the tiers, as awaits of the tasks
 
 
@@ -303,6 +345,16 @@ class _TaskEvaluator:
         )
 
 
+@dataclass(frozen=True)
+class _TaskBuffer:
+    async def append(
+        self, iteration: int, rollouts: Sequence[Rollout], rewards: Sequence[float], parent: str | None
+    ) -> str:
+        parent_dir = dir_of(buffer_ref(parent)) if parent is not None else None
+        out = await add_rollouts(parent_dir, iteration, list(rollouts), list(rewards))
+        return buffer_version(ref_of(out))
+
+
 def grpo_tiers(config: GrpoRunConfig, base: Dir, *, step_task: TrainTask, title: str) -> GrpoTiers:
     """The driver's tiers: each method awaits a task; artifacts are Dirs; one `flyte.group` per iteration."""
     problems = problem_set(config.problems)
@@ -324,6 +376,7 @@ def grpo_tiers(config: GrpoRunConfig, base: Dir, *, step_task: TrainTask, title:
         evaluator=_TaskEvaluator(base, config) if config.grpo.evaluate else None,
         reporter=reporter,
         group=flyte.group,
+        buffer=_TaskBuffer() if config.keep_rollouts else None,
     )
 
 
@@ -335,6 +388,7 @@ async def run_driver(config: GrpoRunConfig, *, step_task: TrainTask, title: str)
     if config.faults.crash_after_iteration >= 0:
         store = CrashAfterCheckpoint(store, config.faults.crash_after_iteration, config.faults.crash_marker)
     outcome = await run_grpo(config.grpo, grpo_tiers(config, base, step_task=step_task, title=title), store)
+    rollouts = buffer_ref(outcome.buffer_version) if outcome.buffer_version else ArtifactRef("", "")
     return GrpoRunResult(
         adapter=dir_of(outcome.adapter),
         optimizer_state=dir_of(outcome.optimizer_state),
@@ -342,6 +396,8 @@ async def run_driver(config: GrpoRunConfig, *, step_task: TrainTask, title: str)
         history=list(outcome.history),
         evals=list(outcome.evals),
         resumed_from=outcome.resumed_from,
+        rollouts_uri=rollouts.uri,
+        rollouts_digest=rollouts.digest,
     )
 
 
