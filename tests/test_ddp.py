@@ -5,7 +5,6 @@ end with identical parameters, and the multi-rank step equals `PeftTrainer`'s.""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 import traceback
 from dataclasses import dataclass
@@ -18,19 +17,14 @@ from fixtures_real import tiny_model_dir
 from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.torch import load as load_safetensors
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-from torch.nn.parallel import DistributedDataParallel
 from trainer_batches import make_batch, make_rollouts, varied_rewards
 
-from rl.advantages import group_normalized_advantages
 from rl.artifacts import LocalArtifacts
 from rl.trainer.config import TrainerConfig
-from rl.trainer.ddp import ddp_shard_step, ddp_train_step, run_local_ddp, shard
+from rl.trainer.ddp import ddp_train_step, run_local_ddp, shard
+from rl.trainer.ddp_check import shard_step_report
 from rl.trainer.peft_trainer import (
     PeftTrainer,
-    load_policy,
-    sample_loss_fns,
-    trainable_parameters,
 )
 from rl.types import Rollout, TrainBatch, TrainResult
 
@@ -67,82 +61,11 @@ GRAD_CASES: list[tuple[str, list[int]]] = [
 ]
 
 
-def _perturbed_policy(base_dir: Path, adapter: dict[str, bytes]) -> Any:
-    """The adapter with seeded noise on every LoRA weight, so both A and B receive non-zero gradients."""
-    model = load_policy(base_dir, adapter, trainable=True)
-    model.train()
-    generator = torch.Generator().manual_seed(1234)
-    with torch.no_grad():
-        for _, p in trainable_parameters(model):
-            p.add_(0.05 * torch.randn(p.shape, generator=generator))
-    return model
-
-
-def _grads(model: Any) -> dict[str, torch.Tensor]:
-    return {
-        n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().double()
-        for n, p in trainable_parameters(model)
-    }
-
-
 def _grad_worker(
     rank: int, world_size: int, base_dir: Path, rollouts: list[Rollout], rewards: list[float], adapter: dict[str, bytes]
 ) -> dict[str, Any]:
-    import torch.distributed as dist
-
     batch = make_batch(rollouts, rewards, _dummy_ref(), None)
-    advantages = group_normalized_advantages([r.group_id for r in rollouts], rewards)
-    report: dict[str, Any] = {}
-    for name, indices in GRAD_CASES:
-        n = max(len(indices), 1)
-        reference = _perturbed_policy(base_dir, adapter)
-        for fn in sample_loss_fns(
-            reference, batch, advantages, CONFIG, indices=indices, loss_scale=1.0 / n, stats_out=[]
-        ):
-            fn().backward()
-        expected = _grads(reference)
-
-        model = _perturbed_policy(base_dir, adapter)
-        ddp_model = DistributedDataParallel(model, init_sync=False)
-        counts = {"forward": 0, "allreduce": 0}
-
-        def count_forward(*_: Any, counts: dict[str, int] = counts) -> None:
-            counts["forward"] += 1
-
-        # Unannotated on purpose: DDP compares a hook's annotations with real types, and this module's are strings.
-        def counting_allreduce(state, bucket, counts=counts):  # type: ignore[no-untyped-def]
-            counts["allreduce"] += 1
-            return allreduce_hook(state, bucket)
-
-        ddp_model.register_forward_pre_hook(count_forward)
-        ddp_model.register_comm_hook(None, counting_allreduce)
-        mine = shard(indices, rank, world_size)
-        fns = sample_loss_fns(model, batch, advantages, CONFIG, indices=mine, loss_scale=world_size / n, stats_out=[])
-        sync_ids = torch.tensor([[2]])
-        ddp_shard_step(
-            ddp_model, fns, lambda ddp_model=ddp_model, sync_ids=sync_ids: ddp_model(input_ids=sync_ids).logits
-        )
-        got = _grads(model)
-        rel = max(
-            (
-                float((got[k] - expected[k]).norm() / expected[k].norm())
-                if expected[k].norm() > 0
-                else float(got[k].norm())
-            )
-            for k in expected
-        )
-        optimizer = torch.optim.AdamW([p for _, p in trainable_parameters(model)], lr=1e-2)
-        optimizer.step()
-        digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for _, p in trainable_parameters(model)))
-        report[name] = {
-            "shard": mine,
-            "max_rel_err": rel,
-            "expected_norm": float(sum(float(g.norm()) for g in expected.values())),
-            "counts": dict(counts),
-            "param_digest": digest.hexdigest(),
-        }
-        dist.barrier()
-    return report
+    return shard_step_report(rank, world_size, base_dir, adapter, batch, CONFIG, GRAD_CASES, torch.device("cpu"))
 
 
 def _dummy_ref() -> Any:
