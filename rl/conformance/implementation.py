@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +16,20 @@ if TYPE_CHECKING:
 
 __all__ = ["TIERS", "Implementation", "ImplementationError", "load_implementation"]
 
-TIERS = ("artifacts", "state_store", "engine", "scorer", "trainer", "driver")
+TIERS = (
+    "artifacts",
+    "state_store",
+    "engine",
+    "scorer",
+    "trainer",
+    "driver",
+    "advantages",
+    "sample_loss",
+    "ddp_shard_step",
+    "agentic_driver",
+    "judge_tier",
+    "policy_trainer",
+)
 """The factory attributes that each bind one contract of the packaged suite."""
 
 
@@ -39,6 +52,17 @@ class Implementation:
     - `trainer(artifacts)`: a `Trainer` storing its adapters in `artifacts` (its laws sample batches with `engine`).
     - `driver`: the GRPO driver itself (not a factory): `async (config, tiers, store) -> GrpoOutcome`, like
       `rl.loop.grpo.run_grpo`; its laws run it on the simulator with the fake tiers.
+    - `advantages`: `(group_ids, rewards) -> list[float]`, like `rl.advantages.group_normalized_advantages`.
+    - `sample_loss`: `(new_logp, old_logp, ref_logp, advantage, clip_eps, kl_beta) -> (loss, stats)` on 1-D torch
+      tensors, like `rl.loss.grpo_sample_loss`.
+    - `ddp_shard_step`: `(ddp_model, sample_loss_fns, sync_forward) -> None`, like `rl.trainer.ddp.ddp_shard_step`
+      (a module-level function: it is pickled to spawned gloo ranks).
+    - `agentic_driver`: `async (tiers, **inputs) -> AgenticOutcome`, like `rl.loop.agentic.train`.
+    - `judge_tier(judge, trace, attempt)`: an object with `async verify_and_judge(traj, rubric, judge_flake_rate)`,
+      given the vendor `judge`, the durable `trace` decorator to memoise it with, and the task attempt number
+      callable, like `rl.agentic.tiers.JudgeTier(trace(judge), attempt=attempt)`.
+    - `policy_trainer(world_ids, identity)`: a `rl.agentic.bandit.PolicyTrainer` with exactly-once `update`, like
+      `rl.agentic.bandit.BanditTrainer(world_ids, identity=identity)`.
     - `capabilities`: what the implementation claims (`Capabilities()`, the default, claims everything).
 
     `engine`, `adapter` and `trainer` receive the test's store: `artifacts()` when given, else an in-memory store.
@@ -52,6 +76,12 @@ class Implementation:
     scorer: Callable[[], Scorer] | None = None
     trainer: Callable[[Artifacts], Trainer] | None = None
     driver: GrpoDriver | None = None
+    advantages: Callable[..., Sequence[float]] | None = None
+    sample_loss: Callable[..., Any] | None = None
+    ddp_shard_step: Callable[..., None] | None = None
+    agentic_driver: Callable[..., Awaitable[Any]] | None = None
+    judge_tier: Callable[..., Any] | None = None
+    policy_trainer: Callable[..., Any] | None = None
     capabilities: Capabilities = field(default_factory=Capabilities)
 
     def __post_init__(self) -> None:

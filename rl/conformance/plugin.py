@@ -25,6 +25,11 @@ TIER_MARKERS = {
     "rl_scorer": "the Scorer laws",
     "rl_trainer": "the Trainer laws",
     "rl_driver": "the GRPO driver laws (simulator sweeps and fault scenarios)",
+    "rl_replay": "the replay-compatibility laws (a recorded run's actions, issued again)",
+    "rl_advantages": "the group-relative advantage laws",
+    "rl_loss": "the GRPO loss laws (clipped ratio, k3 KL)",
+    "rl_ddp": "the multi-rank shard-step laws (spawned gloo ranks)",
+    "rl_agentic": "the agentic loop laws (skipped trials, memoised judge, canonical inputs, exactly-once steps)",
 }
 _REPRODUCE = pytest.StashKey[list[str]]()
 
