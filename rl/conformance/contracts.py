@@ -35,6 +35,7 @@ from rl.types import ArtifactRef, Prompt, Rollout, RolloutRequest, TrainBatch, T
 
 __all__ = [
     "ArtifactsContract",
+    "trained_adapter",
     "RolloutEngineContract",
     "ScorerContract",
     "StateStoreContract",
@@ -220,6 +221,18 @@ class RolloutEngineContract(ContractBase):
             max_tokens=4,
         )
 
+    @pytest.fixture
+    def other_adapter(self) -> ArtifactRef:
+        """Return the `ArtifactRef` of a second adapter, stored in the `artifacts` store, whose samples differ from the
+        `adapter` fixture's for the same request (e.g. the adapter after a few training steps; note that a fresh LoRA
+        adapter's B matrix is zero, so two version-0 adapters sample alike)."""
+        raise must_provide(
+            "RolloutEngineContract",
+            "other_adapter",
+            "the ArtifactRef of a second adapter that samples differently from `adapter` (e.g. one a few training "
+            "steps on), stored in the `artifacts` store",
+        )
+
     def test_engine_same_request_gives_same_rollouts(
         self, engine: RolloutEngine, rollout_request: RolloutRequest, rl_run: Run[Any]
     ) -> None:
@@ -290,6 +303,27 @@ class RolloutEngineContract(ContractBase):
         )
         assert [r.token_ids for r in a] != [r.token_ids for r in b], (
             "requests differing only in their seed sampled the same group: the engine ignores the seed"
+        )
+
+
+    def test_engine_serves_the_adapter_each_request_names(
+        self, engine: RolloutEngine, rollout_request: RolloutRequest, other_adapter: ArtifactRef, rl_run: Run[Any]
+    ) -> None:
+        """Each request is sampled from the adapter it names, whatever the engine served before: two requests that differ
+        only in their adapter (same policy-version label, same seed) give different groups, in either order."""
+        other = replace(rollout_request, adapter=other_adapter)
+        first_other = rl_run(engine.generate(other))
+        mine = rl_run(engine.generate(rollout_request))
+        assert [r.token_ids for r in mine] != [r.token_ids for r in first_other], (
+            f"a request for adapter {rollout_request.adapter.digest[:12]} returned the same group as the previous "
+            f"request for adapter {other_adapter.digest[:12]} (both labelled policy version "
+            f"{rollout_request.policy_version}): the engine served a stale adapter. Key a loaded adapter by its "
+            "digest, never by its version label or name"
+        )
+        again = rl_run(engine.generate(other))
+        assert again == first_other, (
+            f"the request for adapter {other_adapter.digest[:12]} changed after another adapter was served: "
+            f"{_describe_difference(first_other, again)}"
         )
 
 
@@ -371,6 +405,35 @@ def _rewards_with_signal(rollouts: Sequence[Rollout]) -> list[float]:
 
 def _digests(result: TrainResult) -> Mapping[str, str]:
     return {"adapter": result.adapter.digest, "optimizer state": result.optimizer_state.digest}
+
+
+def trained_adapter(engine: RolloutEngine, trainer: Trainer, seed: int, run: Run[Any], steps: int = 3) -> ArtifactRef:
+    """The adapter after `steps` training steps on groups `engine` samples (digit-task prompts, rewards with signal in
+    every group): a second adapter for the engine laws, one that samples differently from version 0."""
+    state = run(trainer.init_adapter(derive_seed("conformance.other-adapter", seed)))
+    for step in range(steps):
+        rollouts: list[Rollout] = []
+        for gid, prompt in enumerate((Prompt("3=", "4"), Prompt("7=", "8"))):
+            request = RolloutRequest(
+                group_id=gid,
+                prompt=prompt,
+                n=4,
+                adapter=state.adapter,
+                policy_version=step,
+                seed=derive_seed("conformance.other-adapter.rollouts", seed, step, gid),
+                max_tokens=4,
+            )
+            rollouts.extend(run(engine.generate(request)))
+        batch = TrainBatch(
+            step=step,
+            rollouts=rollouts,
+            rewards=_rewards_with_signal(rollouts),
+            adapter=state.adapter,
+            optimizer_state=state.optimizer_state,
+            new_version=step + 1,
+        )
+        state = run(trainer.train_step(batch))
+    return state.adapter
 
 
 @tier("trainer")
@@ -469,6 +532,22 @@ class TrainerContract(ContractBase):
         again = rl_run(trainer.train_step(train_batch))
         assert _digests(first) == _digests(again), (
             f"the same batch trained twice gave {_digests(first)} and then {_digests(again)}"
+        )
+
+    def test_trainer_step_uses_the_optimizer_state_it_is_given(
+        self, trainer: Trainer, train_batch: TrainBatch, rl_run: Run[Any]
+    ) -> None:
+        """The optimizer state travels with the batch: the second step from version 1 with version 1's optimizer state
+        differs from the same step restarted from version 0's (fresh) optimizer state. A trainer that builds a fresh
+        optimizer every step, or keeps it in its process, loses the moments on every task retry or move."""
+        v1 = rl_run(trainer.train_step(train_batch))
+        assert v1.optimizer_state is not None, "train_step returned no optimizer state; the next step needs it"
+        second = replace(train_batch, step=1, adapter=v1.adapter, optimizer_state=v1.optimizer_state, new_version=2)
+        carried = rl_run(trainer.train_step(second))
+        restarted = rl_run(trainer.train_step(replace(second, optimizer_state=train_batch.optimizer_state)))
+        assert carried.adapter.digest != restarted.adapter.digest, (
+            "step 1 gave the same adapter with version 1's optimizer state as with version 0's: the trainer ignores "
+            "the batch's optimizer_state (a fresh optimizer every step, or one kept in the process)"
         )
 
     def test_trainer_step_changes_the_adapter(

@@ -13,9 +13,10 @@ from rl.conformance.contracts import (
     ScorerContract,
     StateStoreContract,
     TrainerContract,
+    trained_adapter,
 )
 from rl.conformance.driver import GrpoDriverContract
-from rl.protocols import Trainer
+from rl.protocols import RolloutEngine, Trainer
 from rl.types import ArtifactRef
 
 __all__ = ["LoopContract"]
@@ -37,3 +38,8 @@ class LoopContract(
     def adapter(self, trainer: Trainer, rl_run: Run[Any]) -> ArtifactRef:
         """The engine laws' adapter: `trainer.init_adapter(0)`'s version-0 adapter."""
         return rl_run(trainer.init_adapter(0)).adapter
+
+    @pytest.fixture
+    def other_adapter(self, engine: RolloutEngine, trainer: Trainer, rl_seed: int, rl_run: Run[Any]) -> ArtifactRef:
+        """The engine laws' second adapter: the trainer's adapter three steps on (`trained_adapter`)."""
+        return trained_adapter(engine, trainer, rl_seed, rl_run)

@@ -22,6 +22,7 @@ from rl.conformance.contracts import (
     ScorerContract,
     StateStoreContract,
     TrainerContract,
+    trained_adapter,
 )
 from rl.conformance.driver import GrpoDriverContract
 from rl.conformance.implementation import Implementation, ImplementationError, load_implementation
@@ -93,6 +94,17 @@ class TestRolloutEngine(_Bound, RolloutEngineContract):
             f"{implementation.name} provides neither an `adapter` nor a `trainer` factory, so the RolloutEngine laws "
             "have no adapter to sample from"
         )
+
+    @pytest.fixture
+    def other_adapter(
+        self, implementation: Implementation, artifacts: Artifacts, engine: RolloutEngine, rl_seed: int, rl_run: Run[Any]
+    ) -> ArtifactRef:
+        if implementation.trainer is None:
+            pytest.skip(
+                f"{implementation.name} provides no `trainer` factory, so there is no second adapter to check that "
+                "the engine serves the adapter each request names"
+            )
+        return trained_adapter(engine, implementation.trainer(artifacts), rl_seed, rl_run)
 
 
 class TestScorer(_Bound, ScorerContract):
