@@ -7,8 +7,9 @@ Two ways to run it against your implementation:
   `pytest --pyargs rl.conformance.test_suite --rl-impl my_pkg.my_module:IMPL`.
 
 Public API (names are stable): `ArtifactsContract`, `StateStoreContract`, `RolloutEngineContract`, `ScorerContract`,
-`TrainerContract`, `GrpoDriverContract`, `LoopContract` (all of them), `Capabilities`, `Implementation`,
-`load_implementation`. Attributes load lazily, so the pytest plugin that imports this package stays cheap.
+`TrainerContract`, `GrpoDriverContract`, `DriverReplayContract`, `LoopContract` (all of them), `Capabilities`,
+`Implementation`, `load_implementation`, `RecordedHistory`, `load_history`, `record_history`.
+Attributes load lazily, so the pytest plugin that imports this package stays cheap.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
         TrainerContract,
     )
     from rl.conformance.driver import GrpoDriverContract
+    from rl.conformance.history import DriverReplayContract, RecordedHistory, load_history, record_history
     from rl.conformance.implementation import Implementation, load_implementation
     from rl.conformance.loop import LoopContract
 
@@ -39,20 +41,28 @@ _EXPORTS = {
     "ScorerContract": "rl.conformance.contracts",
     "TrainerContract": "rl.conformance.contracts",
     "GrpoDriverContract": "rl.conformance.driver",
+    "DriverReplayContract": "rl.conformance.history",
+    "RecordedHistory": "rl.conformance.history",
+    "load_history": "rl.conformance.history",
+    "record_history": "rl.conformance.history",
     "LoopContract": "rl.conformance.loop",
 }
 
 __all__ = [
     "ArtifactsContract",
     "Capabilities",
+    "DriverReplayContract",
     "GrpoDriverContract",
     "Implementation",
     "LoopContract",
+    "RecordedHistory",
     "RolloutEngineContract",
     "ScorerContract",
     "StateStoreContract",
     "TrainerContract",
+    "load_history",
     "load_implementation",
+    "record_history",
 ]
 
 

@@ -35,11 +35,11 @@ from rl.types import ArtifactRef, Prompt, Rollout, RolloutRequest, TrainBatch, T
 
 __all__ = [
     "ArtifactsContract",
-    "trained_adapter",
     "RolloutEngineContract",
     "ScorerContract",
     "StateStoreContract",
     "TrainerContract",
+    "trained_adapter",
 ]
 
 
@@ -305,12 +305,11 @@ class RolloutEngineContract(ContractBase):
             "requests differing only in their seed sampled the same group: the engine ignores the seed"
         )
 
-
     def test_engine_serves_the_adapter_each_request_names(
         self, engine: RolloutEngine, rollout_request: RolloutRequest, other_adapter: ArtifactRef, rl_run: Run[Any]
     ) -> None:
-        """Each request is sampled from the adapter it names, whatever the engine served before: two requests that differ
-        only in their adapter (same policy-version label, same seed) give different groups, in either order."""
+        """Each request is sampled from the adapter it names, whatever the engine served before: two requests that
+        differ only in their adapter (same policy-version label, same seed) give different groups, in either order."""
         other = replace(rollout_request, adapter=other_adapter)
         first_other = rl_run(engine.generate(other))
         mine = rl_run(engine.generate(rollout_request))

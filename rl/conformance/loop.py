@@ -16,6 +16,7 @@ from rl.conformance.contracts import (
     trained_adapter,
 )
 from rl.conformance.driver import GrpoDriverContract
+from rl.conformance.history import DriverReplayContract
 from rl.protocols import RolloutEngine, Trainer
 from rl.types import ArtifactRef
 
@@ -29,6 +30,7 @@ class LoopContract(
     ScorerContract,
     TrainerContract,
     GrpoDriverContract,
+    DriverReplayContract,
 ):
     """Every law of every tier. Provide `artifacts`, `state_store`, `engine`, `scorer` and `trainer` (the engine and the
     trainer should request `artifacts` so they share one store); `driver` defaults to `rl.loop.grpo.run_grpo`, and the

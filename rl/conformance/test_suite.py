@@ -25,6 +25,7 @@ from rl.conformance.contracts import (
     trained_adapter,
 )
 from rl.conformance.driver import GrpoDriverContract
+from rl.conformance.history import DriverReplayContract
 from rl.conformance.implementation import Implementation, ImplementationError, load_implementation
 from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer
 from rl.types import ArtifactRef
@@ -97,7 +98,12 @@ class TestRolloutEngine(_Bound, RolloutEngineContract):
 
     @pytest.fixture
     def other_adapter(
-        self, implementation: Implementation, artifacts: Artifacts, engine: RolloutEngine, rl_seed: int, rl_run: Run[Any]
+        self,
+        implementation: Implementation,
+        artifacts: Artifacts,
+        engine: RolloutEngine,
+        rl_seed: int,
+        rl_run: Run[Any],
     ) -> ArtifactRef:
         if implementation.trainer is None:
             pytest.skip(
@@ -132,3 +138,9 @@ class TestGrpoDriver(_Bound, GrpoDriverContract):
     @pytest.fixture
     def driver(self, implementation: Implementation) -> GrpoDriver:
         return _factory(implementation, "driver", "GRPO driver")
+
+
+class TestDriverReplay(_Bound, DriverReplayContract):
+    @pytest.fixture
+    def driver(self, implementation: Implementation) -> GrpoDriver:
+        return _factory(implementation, "driver", "replay-compatibility")
