@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +31,7 @@ from fakes.durable_sim import DurableSimulator, RunResult, attempt_number, run_n
 from fakes.faults import FaultPlan
 from fakes.memory_worlds import MemoryWorlds
 from rl.agentic.agent import SandboxFailure
-from rl.agentic.bandit import BanditTrainer
+from rl.agentic.bandit import BanditTrainer, PolicyTrainer
 from rl.agentic.judge import judge_score
 from rl.agentic.tiers import JudgeTier, SandboxTier, TrainerTier
 from rl.agentic.types import Rubric, Trajectory, TrialSpec, Weights, WorldRef
@@ -46,6 +46,9 @@ SETUP = "trainer.setup_trainer"
 TRAIN_STEP = "trainer.train_step"
 
 FIRST_TRAINER_PID = 4100
+
+AgenticDriver = Callable[..., Awaitable[AgenticOutcome]]
+"""`async (tiers, **inputs) -> AgenticOutcome`: `rl.loop.agentic.train`, or a fork's driver under conformance."""
 
 
 class BilledJudge:
@@ -64,31 +67,66 @@ class BilledJudge:
         return judge_score(traj, rubric)
 
 
+TrainerFactory = Callable[[Sequence[str], int], PolicyTrainer]
+"""`(world_ids, identity) -> PolicyTrainer`: how the cluster creates a run's trainer (a fork's, under conformance)."""
+
+JudgeTierFactory = Callable[..., Any]
+"""`(judge, trace, attempt) -> tier with verify_and_judge`: how the judge tier is built over the vendor judge."""
+
+
+def bandit_trainer(world_ids: Sequence[str], identity: int) -> BanditTrainer:
+    return BanditTrainer(world_ids, identity=identity)
+
+
+def traced_judge_tier(
+    judge: Callable[[Trajectory, Rubric], Awaitable[float]],
+    trace: Callable[
+        [Callable[[Trajectory, Rubric], Awaitable[float]]], Callable[[Trajectory, Rubric], Awaitable[float]]
+    ],
+    attempt: Callable[[], int],
+) -> JudgeTier:
+    """Seed 002's judge tier: the vendor call under the durable `trace`, so a task retry replays it unbilled."""
+    return JudgeTier(trace(judge), attempt=attempt)
+
+
 class RunScopedCluster:
     """Trainers by run name: one per run, created on first attach, alive across that run's driver attempts."""
 
-    def __init__(self, first_pid: int = FIRST_TRAINER_PID) -> None:
-        self.trainers: dict[str, BanditTrainer] = {}
+    def __init__(self, first_pid: int = FIRST_TRAINER_PID, factory: TrainerFactory = bandit_trainer) -> None:
+        self.trainers: dict[str, PolicyTrainer] = {}
         self._next_pid = first_pid
+        self._factory = factory
 
-    def attach(self, world_ids: Sequence[str]) -> BanditTrainer:
+    def attach(self, world_ids: Sequence[str]) -> PolicyTrainer:
         key = run_name()
         trainer = self.trainers.get(key)
         if trainer is None:
-            trainer = self.trainers[key] = BanditTrainer(world_ids, identity=self._next_pid)
+            trainer = self.trainers[key] = self._factory(list(world_ids), self._next_pid)
             self._next_pid += 1
-        trainer.check_world_ids(world_ids)
+        check = getattr(trainer, "check_world_ids", None)
+        if check is not None:
+            check(world_ids)
         return trainer
 
 
 class FlakySandboxTier(SandboxTier):
     """`SandboxTier` whose `dead_trials` fail on every attempt (a poisoned sandbox image, say)."""
 
-    def __init__(self, worlds: WorldStore, *, dead_trials: Iterable[str] = (), tool_latency_s: float = 0.2) -> None:
+    def __init__(
+        self,
+        worlds: WorldStore,
+        *,
+        dead_trials: Iterable[str] = (),
+        tool_latency_s: float = 0.2,
+        trial_delay_s: Callable[[str], float] | None = None,
+    ) -> None:
         super().__init__(worlds, attempt=attempt_number, run_name=run_name, tool_latency_s=tool_latency_s)
         self.dead_trials = frozenset(dead_trials)
+        self.trial_delay_s = trial_delay_s
 
     async def generate(self, spec: TrialSpec, weights: Weights, world: WorldRef, flaky_rate: float = 0.0) -> Trajectory:
+        if self.trial_delay_s is not None:
+            await asyncio.sleep(self.trial_delay_s(spec.trial_id))  # a slow sandbox: reorders when trials land
         if spec.trial_id in self.dead_trials:
             await asyncio.sleep(self.tool_latency_s)
             raise SandboxFailure(f"sandbox for {spec.trial_id} died on attempt {attempt_number()} (a dead trial)")
@@ -140,18 +178,25 @@ class AgenticSim:
         dead_trials: Iterable[str] = (),
         tool_latency_s: float = 0.2,
         judge_latency_s: float = 0.5,
+        trial_delay_s: Callable[[str], float] | None = None,
+        driver: AgenticDriver = train,
+        judge_tier: JudgeTierFactory = traced_judge_tier,
+        policy_trainer: TrainerFactory = bandit_trainer,
     ) -> None:
         self.seed = seed
         self.sim = DurableSimulator(seed, faults=faults)
         self.worlds: WorldStore = worlds if worlds is not None else MemoryWorlds()
         self.judge = BilledJudge(judge_latency_s)
-        self.cluster = RunScopedCluster()
-        sandbox = FlakySandboxTier(self.worlds, dead_trials=dead_trials, tool_latency_s=tool_latency_s)
-        judge = JudgeTier(self.sim.trace(self.judge, name=JUDGE_CALL), attempt=attempt_number)
+        self.cluster = RunScopedCluster(factory=policy_trainer)
+        self.driver_fn = driver
+        sandbox = FlakySandboxTier(
+            self.worlds, dead_trials=dead_trials, tool_latency_s=tool_latency_s, trial_delay_s=trial_delay_s
+        )
+        judge = judge_tier(self.judge, lambda fn: self.sim.trace(fn, name=JUDGE_CALL), attempt_number)
         self.tiers = SimAgenticTiers(self.sim, sandbox, judge, TrainerTier(self.cluster.attach))
 
     async def driver(self, **inputs: Any) -> AgenticOutcome:
-        return await train(self.tiers, **inputs)
+        return await self.driver_fn(self.tiers, **inputs)
 
     def run(self, *, retries: int = 1, crash_at: int | Sequence[int] | None = None, **inputs: Any) -> RunResult:
         """Run the driver on `inputs` over `default_inputs(seed)`, with `retries` driver retries and `crash_at`."""
@@ -166,7 +211,7 @@ class AgenticSim:
         """Fork a finished run with changed inputs (`rubric=...`), recovering every action of unchanged identity."""
         return self.sim.rerun(previous, driver=self.driver, retries=retries, **changed)
 
-    def trainer_of(self, result: RunResult) -> BanditTrainer | None:
+    def trainer_of(self, result: RunResult) -> PolicyTrainer | None:
         return self.cluster.trainers.get(result.run_id)
 
     def report(self, result: RunResult) -> AgenticReport:

@@ -18,12 +18,14 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fakes.agentic_sim import bandit_trainer, traced_judge_tier
 from fakes.artifacts import MemoryArtifacts
 from fakes.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
 from fakes.state_store import MemoryStateStore
 from rl.artifacts import LocalArtifacts
 from rl.conformance.capabilities import Capabilities
 from rl.conformance.implementation import Implementation
+from rl.loop.agentic import train
 from rl.loop.grpo import run_grpo
 from rl.protocols import Artifacts
 from rl.scoring import RewardScorer
@@ -51,6 +53,9 @@ FAKES = Implementation(
     scorer=FakeScorer,
     trainer=FakeTrainer,
     driver=run_grpo,
+    agentic_driver=train,
+    judge_tier=traced_judge_tier,
+    policy_trainer=bandit_trainer,
     capabilities=Capabilities(),
 )
 

@@ -26,6 +26,7 @@ class FaultPlan:
     - `task_hang_p`: an attempt of a task with a timeout sleeps past it (a hung sandbox), so the timeout fires.
     - `driver_crash_p`: the driver is killed at an await point; at most `max_driver_crashes` per run.
     - `torn_checkpoint_p`: the driver is killed in the middle of a checkpoint write.
+    - `fail_after_body`: scripted, not drawn: see the field.
     """
 
     seed: int = 0
@@ -34,6 +35,9 @@ class FaultPlan:
     driver_crash_p: float = 0.0
     torn_checkpoint_p: float = 0.0
     max_driver_crashes: int = 3
+    fail_after_body: frozenset[str] = frozenset()
+    """Tasks (by name) whose every action fails on attempt 0 *after* its body ran: the retry re-sends a request whose
+    side effect already happened (a trainer that applied the update, a judge that was billed)."""
 
     def __post_init__(self) -> None:
         for name in ("task_failure_p", "task_hang_p", "driver_crash_p", "torn_checkpoint_p"):
@@ -45,6 +49,8 @@ class FaultPlan:
         """'before', 'after' or 'hang' for a faulted attempt; None for a clean one."""
         if attempt >= retries:
             return None
+        if attempt == 0 and task in self.fail_after_body:
+            return "after"
         if _coin(self.seed, "fail", action_id, attempt) < self.task_failure_p:
             return "before" if _coin(self.seed, "when", action_id, attempt) < 0.5 else "after"
         if _coin(self.seed, "hang", action_id, attempt) < self.task_hang_p:

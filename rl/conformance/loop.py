@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from rl.conformance._base import Run
+from rl.conformance.agentic import AgenticContract
 from rl.conformance.contracts import (
     ArtifactsContract,
     RolloutEngineContract,
@@ -31,6 +32,7 @@ class LoopContract(
     TrainerContract,
     GrpoDriverContract,
     DriverReplayContract,
+    AgenticContract,
 ):
     """Every law of every tier. Provide `artifacts`, `state_store`, `engine`, `scorer` and `trainer` (the engine and the
     trainer should request `artifacts` so they share one store); `driver` defaults to `rl.loop.grpo.run_grpo`, and the

@@ -12,9 +12,12 @@ from typing import Any
 
 import pytest
 
+from fakes.agentic_sim import bandit_trainer, traced_judge_tier
 from fakes.artifacts import MemoryArtifacts
 from fakes.grpo_sim import GrpoDriver
 from rl.conformance._base import Run
+from rl.conformance._bound_algorithm import TestAdvantages, TestLoss  # noqa: F401
+from rl.conformance.agentic import AgenticContract
 from rl.conformance.capabilities import Capabilities
 from rl.conformance.contracts import (
     ArtifactsContract,
@@ -27,6 +30,7 @@ from rl.conformance.contracts import (
 from rl.conformance.driver import GrpoDriverContract
 from rl.conformance.history import DriverReplayContract
 from rl.conformance.implementation import Implementation, ImplementationError, load_implementation
+from rl.loop.agentic import train
 from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer
 from rl.types import ArtifactRef
 
@@ -45,6 +49,9 @@ def implementation(request: pytest.FixtureRequest) -> Implementation:
         return load_implementation(spec)
     except ImplementationError as exc:
         pytest.fail(str(exc), pytrace=False)
+
+
+AGENTIC_PARTS = ("agentic_driver", "judge_tier", "policy_trainer")
 
 
 def _factory(implementation: Implementation, name: str, laws: str) -> Any:
@@ -144,3 +151,26 @@ class TestDriverReplay(_Bound, DriverReplayContract):
     @pytest.fixture
     def driver(self, implementation: Implementation) -> GrpoDriver:
         return _factory(implementation, "driver", "replay-compatibility")
+
+
+class TestAgentic(_Bound, AgenticContract):
+    """The agentic laws, with each part the implementation provides; a part it leaves None is ours."""
+
+    @pytest.fixture(autouse=True)
+    def _provides_an_agentic_part(self, implementation: Implementation) -> None:
+        if all(getattr(implementation, p) is None for p in AGENTIC_PARTS):
+            pytest.skip(
+                f"{implementation.name} provides none of {', '.join(AGENTIC_PARTS)}, so the agentic laws do not apply"
+            )
+
+    @pytest.fixture
+    def agentic_driver(self, implementation: Implementation) -> Any:
+        return implementation.agentic_driver or train
+
+    @pytest.fixture
+    def judge_tier(self, implementation: Implementation) -> Any:
+        return implementation.judge_tier or traced_judge_tier
+
+    @pytest.fixture
+    def policy_trainer(self, implementation: Implementation) -> Any:
+        return implementation.policy_trainer or bandit_trainer

@@ -1,0 +1,178 @@
+"""The agentic loop's contract (seed 002): run on the durable simulator with the fork's driver, judge tier and trainer.
+
+Each part is a fixture defaulting to ours, so a fork overrides only what it changed:
+
+- `agentic_driver`: `async (tiers, **inputs) -> AgenticOutcome`, like `rl.loop.agentic.train`;
+- `judge_tier(judge, trace, attempt)`: the judge tier over the vendor `judge`, memoised with the durable `trace`;
+- `policy_trainer(world_ids, identity)`: the long-lived trainer with exactly-once `update(step, rewards, lr)`.
+
+The simulator bills the judge per answered (trial, rubric), fails and hangs tasks, retries them with the seed's
+options, and kills the driver at chosen await points; the worlds are in-memory copy-on-write forks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import pytest
+
+from fakes.agentic_sim import (
+    AgenticDriver,
+    AgenticSim,
+    JudgeTierFactory,
+    TrainerFactory,
+    bandit_trainer,
+    default_inputs,
+    traced_judge_tier,
+)
+from fakes.chaos_agentic import SEED_FAILURES, agentic_sweep, all_trial_ids
+from fakes.faults import FaultPlan
+from rl.agentic.types import Reward, TrainerInfo, Weights
+from rl.conformance._base import ContractBase, tier
+from rl.loop.agentic import AgenticOutcome, train
+
+__all__ = ["AgenticContract"]
+
+SWEEP_SHAPE = {"n_steps": 2, "n_worlds": 2, "prompts_per_step": 2, "n_samples": 1}
+"""The kill-at-every-await-point law's run: small enough that every point takes well under a second in all."""
+LAW_SHAPE = {"n_steps": 2, "n_worlds": 2, "prompts_per_step": 2, "n_samples": 2}
+
+
+class _RecordingTrainer:
+    """Forwards to the fork's trainer and records every payload `update` was sent (step, reward order, lr)."""
+
+    def __init__(self, inner: Any, sent: list[tuple[int, list[str], float]]) -> None:
+        self.inner, self.sent = inner, sent
+
+    def update(self, step: int, rewards: Sequence[Reward], lr: float) -> Weights:
+        self.sent.append((step, [r.trial_id for r in rewards], lr))
+        weights: Weights = self.inner.update(step, rewards, lr)
+        return weights
+
+    def weights(self) -> Weights:
+        weights: Weights = self.inner.weights()
+        return weights
+
+    def info(self) -> TrainerInfo:
+        info: TrainerInfo = self.inner.info()
+        return info
+
+
+def _finished(result: Any, what: str) -> AgenticOutcome:
+    assert result.ok, f"{what}: the run failed: {type(result.error).__name__}: {result.error}"
+    assert isinstance(result.output, AgenticOutcome)
+    return result.output
+
+
+@tier("agentic")
+class AgenticContract(ContractBase):
+    """Laws of the durable agentic loop: skipped trials, a judge billed once, canonical step inputs, exactly-once steps,
+    and resumption from a driver killed anywhere."""
+
+    @pytest.fixture
+    def agentic_driver(self) -> AgenticDriver:
+        """Return your driver: `async (tiers, **inputs) -> AgenticOutcome`, like `rl.loop.agentic.train` (default)."""
+        return train
+
+    @pytest.fixture
+    def judge_tier(self) -> JudgeTierFactory:
+        """Return `(judge, trace, attempt) -> tier`, the tier having `async verify_and_judge(traj, rubric,
+        judge_flake_rate) -> Reward`; `trace(fn)` is the durable memo (`@flyte.trace`). Default: ours."""
+        return traced_judge_tier
+
+    @pytest.fixture
+    def policy_trainer(self) -> TrainerFactory:
+        """Return `(world_ids, identity) -> PolicyTrainer` (`update`, `weights`, `info`). Default: `BanditTrainer`."""
+        return bandit_trainer
+
+    @pytest.fixture
+    def agentic_harness(
+        self, agentic_driver: AgenticDriver, judge_tier: JudgeTierFactory, policy_trainer: TrainerFactory
+    ) -> Callable[..., AgenticSim]:
+        """`harness(seed, **options)`: a fresh simulator with your driver, judge tier and trainer bound in."""
+        return partial(AgenticSim, driver=agentic_driver, judge_tier=judge_tier, policy_trainer=policy_trainer)
+
+    def test_agentic_trials_that_fail_every_retry_are_skipped_and_counted(
+        self, agentic_harness: Callable[..., AgenticSim], rl_seed: int
+    ) -> None:
+        """A trial whose sandbox dies on every attempt is skipped and listed, never fatal to its step; every other
+        trial is judged, so each step trains on judged + skipped = all of its trials."""
+        inputs = {**default_inputs(rl_seed), **LAW_SHAPE}
+        trials = all_trial_ids(inputs)
+        dead = frozenset({trials[1], trials[-1]})
+        outcome = _finished(agentic_harness(rl_seed, dead_trials=dead).run(**LAW_SHAPE), f"dead trials {sorted(dead)}")
+        skipped = sorted(s.trial_id for s in outcome.skipped)
+        assert skipped == sorted(dead), f"skipped {skipped}; the trials that always fail are {sorted(dead)}"
+        per_step = LAW_SHAPE["prompts_per_step"] * LAW_SHAPE["n_samples"]
+        for h in outcome.history:
+            lost = sum(1 for t in dead if t.startswith(f"s{h.step}-"))
+            assert h.n_trials == per_step - lost, (
+                f"step {h.step} trained on {h.n_trials} trials; want {per_step - lost} ({lost} skipped)"
+            )
+
+    def test_agentic_judge_is_billed_once_per_trial_and_rubric(
+        self, agentic_harness: Callable[..., AgenticSim], rl_seed: int
+    ) -> None:
+        """When judging fails after the judge answered (every trial's first attempt), the retry replays the recorded
+        answer: the vendor judge bills each (trial, rubric) exactly once."""
+        harness = agentic_harness(rl_seed)
+        result = harness.run(**LAW_SHAPE, judge_flake_rate=1.0, flaky_trial_rate=0.5)
+        _finished(result, "every judging attempt 0 failing after the judge call")
+        rubric = default_inputs()["rubric"].name
+        billed = {t: harness.judge.billed[(t, rubric)] for t in all_trial_ids({**default_inputs(rl_seed), **LAW_SHAPE})}
+        twice = {t: n for t, n in billed.items() if n != 1}
+        assert not twice, (
+            f"judge billed {twice} times per trial (want exactly once): a judging retry called the vendor again. "
+            "Wrap the vendor call in the durable trace (`@flyte.trace`) so a retry replays its answer"
+        )
+
+    def test_agentic_train_step_inputs_do_not_depend_on_trial_landing_order(
+        self, agentic_harness: Callable[..., AgenticSim], policy_trainer: TrainerFactory, rl_seed: int
+    ) -> None:
+        """Two runs whose trials land in opposite orders send each train step the same payload (rewards in trial-id
+        order), so a replayed step hashes identically and is replayed, not applied again."""
+        trials = all_trial_ids({**default_inputs(rl_seed), **LAW_SHAPE})
+        rank = {t: i for i, t in enumerate(trials)}
+        payloads = []
+        for delay in (lambda t: 10.0 * rank[t], lambda t: 10.0 * (len(trials) - rank[t])):
+            sent: list[tuple[int, list[str], float]] = []
+
+            def recording(world_ids: Sequence[str], identity: int, sent: list[Any] = sent) -> _RecordingTrainer:
+                return _RecordingTrainer(policy_trainer(world_ids, identity), sent)
+
+            harness = agentic_harness(rl_seed, trial_delay_s=delay, policy_trainer=recording)
+            _finished(harness.run(**LAW_SHAPE), "trials delayed to land in a chosen order")
+            payloads.append(sent)
+        assert payloads[0] == payloads[1], (
+            f"the train steps were sent {payloads[0]} when trials landed in one order and {payloads[1]} in the other: "
+            "sort each step's rewards by trial id before the train step"
+        )
+
+    def test_agentic_a_retried_train_step_is_applied_once(
+        self, agentic_harness: Callable[..., AgenticSim], rl_seed: int
+    ) -> None:
+        """A train-step task that fails after the trainer applied the update is retried with the same payload; the
+        trainer returns the recorded weights instead of applying the step again, so the run's history equals the
+        fault-free run's."""
+        clean = _finished(agentic_harness(rl_seed).run(**LAW_SHAPE), "the fault-free run")
+        faults = FaultPlan(seed=rl_seed, fail_after_body=frozenset({"trainer.train_step"}))
+        retried = _finished(agentic_harness(rl_seed, faults).run(**LAW_SHAPE), "every train step retried")
+        for a, b in zip(clean.history, retried.history, strict=True):
+            assert a.weights == b.weights, (
+                f"step {a.step}: the weights after a retried train step differ from the fault-free run's: the retry "
+                "applied the update a second time. Record applied steps in the trainer and return the recorded "
+                "weights for a step it has already applied"
+            )
+
+    def test_agentic_killed_at_every_await_point_resumes_to_the_uninterrupted_result(
+        self, agentic_harness: Callable[..., AgenticSim], rl_seed: int
+    ) -> None:
+        """Killing the driver at any await point of the seed's failure-injected run (flaky trials, judge flakes) and
+        retrying it gives the uninterrupted history, every trial judged and billed once, every step applied once on
+        one trainer, and untouched parent worlds."""
+        points, violations = agentic_sweep(rl_seed, harness=agentic_harness, **SWEEP_SHAPE)
+        assert points > 0, f"the uninterrupted run had no await point: {violations}"
+        shown = "\n".join(violations[:10]) + (f"\n... and {len(violations) - 10} more" if len(violations) > 10 else "")
+        assert not violations, f"{len(violations)} violations over {points} kill points ({SEED_FAILURES}):\n{shown}"

@@ -1,0 +1,49 @@
+"""Broken parts of the agentic loop (seed 002), each a real bug; the suite must fail each on the right law."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rl.agentic.bandit import BanditTrainer, bandit_update
+from rl.agentic.tiers import JudgeTier
+from rl.agentic.types import Reward, Weights
+from rl.conformance import Implementation
+from rl.loop.agentic import AgenticOutcome, train
+
+
+def untraced_judge_tier(judge: Any, trace: Any, attempt: Any) -> JudgeTier:
+    """Calls the vendor judge directly, not under the durable trace: a retried judging task bills again."""
+    return JudgeTier(judge, attempt=attempt)
+
+
+class NoLedgerTrainer(BanditTrainer):
+    """Applies every update it is sent: a re-sent step (a retried task) is applied twice."""
+
+    def update(self, step: int, rewards: Sequence[Reward], lr: float) -> Weights:
+        self._weights = bandit_update(self._weights, rewards, lr)
+        self.applications[step] += 1
+        return self._weights
+
+
+def no_ledger_trainer(world_ids: Sequence[str], identity: int) -> NoLedgerTrainer:
+    return NoLedgerTrainer(world_ids, identity=identity)
+
+
+async def landing_order_driver(tiers: Any, **inputs: Any) -> AgenticOutcome:
+    """Seed 002's first version: each step's rewards go to the trainer in the order the trials landed."""
+    return await train(tiers, **{**inputs, "sort_rewards": False})
+
+
+async def fatal_failed_trial_driver(tiers: Any, **inputs: Any) -> AgenticOutcome:
+    """Treats a trial that failed every retry as fatal to the run instead of skipping it."""
+    outcome = await train(tiers, **inputs)
+    if outcome.skipped:
+        raise RuntimeError(f"trial {outcome.skipped[0].trial_id} failed: {outcome.skipped[0].reason}")
+    return outcome
+
+
+UNTRACED_JUDGE = Implementation(name="untraced-judge", judge_tier=untraced_judge_tier)
+NO_LEDGER = Implementation(name="no-ledger-trainer", policy_trainer=no_ledger_trainer)
+UNSORTED_REWARDS = Implementation(name="rewards-in-landing-order", agentic_driver=landing_order_driver)
+FATAL_FAILED_TRIAL = Implementation(name="failed-trial-is-fatal", agentic_driver=fatal_failed_trial_driver)

@@ -1,0 +1,52 @@
+"""Broken rollout engines and trainers, each a bug a fork really ships; the suite must fail each on the right law."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+from fakes.artifacts import MemoryArtifacts
+from fakes.conformance_impl import fake_version0_adapter
+from fakes.grpo_tiers import FakeEngine, FakeTrainer
+from rl.conformance import Implementation
+from rl.types import ArtifactRef, Rollout, RolloutRequest, TrainBatch, TrainResult
+
+
+class UnseededEngine(FakeEngine):
+    """Draws from one process-wide stream instead of the request's seed (it only labels rollouts with it): a retried
+    request samples a different group."""
+
+    _draws = itertools.count(1)
+
+    async def generate(self, request: RolloutRequest) -> list[Rollout]:
+        group = await super().generate(replace(request, seed=next(self._draws)))
+        return [replace(r, seed=request.seed) for r in group]
+
+
+class StaleAdapterEngine(FakeEngine):
+    """Caches the loaded adapter by its policy-version label: a new adapter under a reused label is never loaded."""
+
+    def __init__(self, artifacts: MemoryArtifacts) -> None:
+        super().__init__(artifacts)
+        self._by_label: dict[int, ArtifactRef] = {}
+
+    async def generate(self, request: RolloutRequest) -> list[Rollout]:
+        adapter = self._by_label.setdefault(request.policy_version, request.adapter)
+        return await super().generate(replace(request, adapter=adapter))
+
+
+class FreshOptimizerTrainer(FakeTrainer):
+    """Builds a fresh optimizer state for every step instead of continuing from the batch's: momentum is lost."""
+
+    async def train_step(self, batch: TrainBatch) -> TrainResult:
+        fresh = (await self.init_adapter(0)).optimizer_state
+        return await super().train_step(replace(batch, optimizer_state=fresh))
+
+
+def _impl(name: str, **tiers: object) -> Implementation:
+    return Implementation(name=name, adapter=fake_version0_adapter, **tiers)  # type: ignore[arg-type]
+
+
+UNSEEDED_ENGINE = _impl("unseeded-engine", engine=UnseededEngine, trainer=FakeTrainer)
+STALE_ADAPTER_ENGINE = _impl("stale-adapter-engine", engine=StaleAdapterEngine, trainer=FakeTrainer)
+FRESH_OPTIMIZER_TRAINER = _impl("fresh-optimizer-trainer", engine=FakeEngine, trainer=FreshOptimizerTrainer)

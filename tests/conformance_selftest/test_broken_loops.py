@@ -1,0 +1,163 @@
+"""The suite catches real bugs: each broken implementation fails the law it breaks, and only the laws it should.
+
+Every case runs the packaged suite the way a fork does (`--pyargs rl.conformance.test_suite --rl-impl ...`) and checks
+the exact set of failing laws: the right law, with a message that names the bug, plus the laws a bug of that kind
+necessarily breaks too (listed, so a law that starts or stops failing is noticed). The reference implementations pass
+every law of the same tiers, skipping none.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from suite_runner import run_suite
+
+pytest_plugins = ("pytester",)
+
+SWEEP = "test_driver_killed_at_every_await_point_resumes_to_the_uninterrupted_result"
+RANDOM = "test_driver_keeps_every_invariant_under_seeded_random_faults"
+NAN_COMMIT = "test_driver_nan_reward_commits_nothing_of_its_iteration"
+RESUME_LAWS = {
+    f"{SWEEP}[sequential]",
+    f"{SWEEP}[pipelined]",
+    f"{RANDOM}[sequential]",
+    f"{RANDOM}[pipelined]",
+    NAN_COMMIT,
+}
+REPLAY = {
+    "test_replay_driver_issues_the_recorded_runs_actions[sequential]",
+    "test_replay_driver_issues_the_recorded_runs_actions[pipelined]",
+}
+FINISH_ORDER = {
+    "test_driver_train_step_inputs_do_not_depend_on_group_finish_order[sequential]",
+    "test_driver_train_step_inputs_do_not_depend_on_group_finish_order[pipelined]",
+}
+DRIVER_TIERS = "rl_driver or rl_replay"
+
+# (implementation, tiers run, the law that names the bug, what its message must say, every law that fails)
+CASES = [
+    pytest.param(
+        "broken_tiers:UNSEEDED_ENGINE",
+        "rl_engine",
+        "test_engine_same_request_gives_same_rollouts",
+        "the same request gave different rollouts",
+        {"test_engine_same_request_gives_same_rollouts", "test_engine_serves_the_adapter_each_request_names"},
+        id="rollouts unseeded on retry",
+    ),
+    pytest.param(
+        "broken_tiers:STALE_ADAPTER_ENGINE",
+        "rl_engine",
+        "test_engine_serves_the_adapter_each_request_names",
+        "the engine served a stale adapter",
+        {"test_engine_serves_the_adapter_each_request_names"},
+        id="stale adapter served",
+    ),
+    pytest.param(
+        "broken_tiers:FRESH_OPTIMIZER_TRAINER",
+        "rl_trainer",
+        "test_trainer_step_uses_the_optimizer_state_it_is_given",
+        "ignores the batch's optimizer_state",
+        {"test_trainer_step_uses_the_optimizer_state_it_is_given"},
+        id="optimizer state dropped",
+    ),
+    pytest.param(
+        "broken_drivers:HISTORY_DROPPED",
+        DRIVER_TIERS,
+        f"{SWEEP}[sequential]",
+        r"history differs from the uninterrupted run's \(iterations \[\d",
+        RESUME_LAWS,
+        id="history dropped on resume",
+    ),
+    pytest.param(
+        "broken_drivers:PROMPT_SKIPPED",
+        DRIVER_TIERS,
+        f"{SWEEP}[sequential]",
+        r"iteration \d was trained 0 times",
+        RESUME_LAWS,
+        id="prompt skipped on resume",
+    ),
+    pytest.param(
+        "broken_drivers:STEP_TWICE",
+        DRIVER_TIERS,
+        f"{SWEEP}[sequential]",
+        r"iteration \d was trained 2 times",
+        RESUME_LAWS,
+        id="step applied twice (grpo resume)",
+    ),
+    pytest.param(
+        "broken_drivers:FINISH_ORDER",
+        DRIVER_TIERS,
+        "test_driver_train_step_inputs_do_not_depend_on_group_finish_order[sequential]",
+        "Sort each batch by group id",
+        # Everything breaks: each run's batches follow its own latencies, so resumes and replays diverge, and the NaN's
+        # position in the batch no longer names its group.
+        RESUME_LAWS | REPLAY | FINISH_ORDER | {"test_driver_nan_reward_raises_naming_group_and_sample"},
+        id="rewards left in completion order (grpo)",
+    ),
+    pytest.param(
+        "broken_drivers:RESEEDED",
+        DRIVER_TIERS,
+        "test_replay_driver_issues_the_recorded_runs_actions[sequential]",
+        "which the recorded run does not have",
+        REPLAY,
+        id="actions re-keyed by a new release",
+    ),
+    pytest.param(
+        "broken_agentic:UNTRACED_JUDGE",
+        "rl_agentic",
+        "test_agentic_judge_is_billed_once_per_trial_and_rubric",
+        "a judging retry called the vendor again",
+        {
+            "test_agentic_judge_is_billed_once_per_trial_and_rubric",
+            "test_agentic_killed_at_every_await_point_resumes_to_the_uninterrupted_result",
+        },
+        id="judge called again on retry",
+    ),
+    pytest.param(
+        "broken_agentic:NO_LEDGER",
+        "rl_agentic",
+        "test_agentic_a_retried_train_step_is_applied_once",
+        "the retry applied the update a second time",
+        {"test_agentic_a_retried_train_step_is_applied_once"},
+        id="step applied twice (agentic trainer)",
+    ),
+    pytest.param(
+        "broken_agentic:UNSORTED_REWARDS",
+        "rl_agentic",
+        "test_agentic_train_step_inputs_do_not_depend_on_trial_landing_order",
+        "sort each step's rewards by trial id",
+        {"test_agentic_train_step_inputs_do_not_depend_on_trial_landing_order"},
+        id="rewards left in completion order (agentic)",
+    ),
+    pytest.param(
+        "broken_agentic:FATAL_FAILED_TRIAL",
+        "rl_agentic",
+        "test_agentic_trials_that_fail_every_retry_are_skipped_and_counted",
+        "the run failed: RuntimeError: trial s0-p0-n1 failed",
+        {"test_agentic_trials_that_fail_every_retry_are_skipped_and_counted"},
+        id="failed trial is fatal",
+    ),
+]
+
+
+@pytest.mark.parametrize(("impl", "tiers", "law", "message", "failing"), CASES)
+def test_the_suite_fails_a_broken_implementation_on_the_law_it_breaks(pytester, impl, tiers, law, message, failing):
+    run = run_suite(pytester, impl, tiers)
+    assert run.failed == failing, f"{impl}: failing laws {sorted(run.failed)}; expected {sorted(failing)}" + "".join(
+        f"\n--- {name}\n{text[-1500:]}" for name, text in run.reports.items() if name not in failing
+    )
+    assert not run.skipped, f"{impl}: laws skipped instead of run: {sorted(run.skipped)}"
+    report = run.reports[law]
+    assert re.search(message, report), f"{law} failed without saying {message!r}:\n{report}"
+    assert f"--rl-impl {impl}" in report, f"{law}'s report has no reproduce line:\n{report}"
+
+
+def test_the_reference_passes_every_law_these_cases_run(pytester):
+    run = run_suite(
+        pytester, "fakes.conformance_impl:FAKES", "rl_engine or rl_trainer or rl_agentic or " + DRIVER_TIERS
+    )
+    assert not run.failed, run.reports
+    assert not run.skipped, sorted(run.skipped)
+    laws = {case.values[2] for case in CASES}
+    assert laws <= run.passed, f"laws the cases rely on did not run and pass: {sorted(laws - run.passed)}"
