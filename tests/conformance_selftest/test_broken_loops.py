@@ -1,8 +1,9 @@
 """The suite catches real bugs: each broken implementation fails the law it breaks, and only the laws it should.
 
 Every case runs the packaged suite the way a fork does (`--pyargs rl.conformance.test_suite --rl-impl ...`) and checks
-the exact set of failing laws: the right law, with a message that names the bug, plus the laws a bug of that kind
-necessarily breaks too (listed, so a law that starts or stops failing is noticed). The reference implementations pass
+the set of failing laws: the right law, with a message that names the bug, plus the laws a bug of that kind
+necessarily breaks too (listed, so a law that starts or stops failing is noticed; `COLLATERAL` lists the few a bug may
+break or not depending on its fault draws). The reference implementations pass
 every law of the same tiers, skipping none.
 """
 
@@ -35,7 +36,7 @@ FINISH_ORDER = {
 }
 DRIVER_TIERS = "rl_driver or rl_replay"
 
-# (implementation, tiers run, the law that names the bug, what its message must say, every law that fails)
+# (implementation, tiers run, the law that names the bug, what its message must say, every law that must fail)
 CASES = [
     pytest.param(
         "broken_tiers:UNSEEDED_ENGINE",
@@ -90,9 +91,7 @@ CASES = [
         DRIVER_TIERS,
         "test_driver_train_step_inputs_do_not_depend_on_group_finish_order[sequential]",
         "Sort each batch by group id",
-        # Everything breaks: each run's batches follow its own latencies, so resumes and replays diverge, and the NaN's
-        # position in the batch no longer names its group.
-        RESUME_LAWS | REPLAY | FINISH_ORDER | {"test_driver_nan_reward_raises_naming_group_and_sample"},
+        FINISH_ORDER | REPLAY,
         id="rewards left in completion order (grpo)",
     ),
     pytest.param(
@@ -140,12 +139,22 @@ CASES = [
     ),
 ]
 
+COLLATERAL = {
+    # Each run's batches follow its own finish order, which for groups finishing at the same virtual instant follows
+    # `asyncio.as_completed`'s set iteration (memory addresses): resumed runs diverge from their reference in some
+    # processes and not others, and the NaN's position in the batch no longer names its group.
+    "broken_drivers:FINISH_ORDER": RESUME_LAWS | {"test_driver_nan_reward_raises_naming_group_and_sample"},
+}
+"""Laws a bug may also break, besides the ones it must."""
+
 
 @pytest.mark.parametrize(("impl", "tiers", "law", "message", "failing"), CASES)
 def test_the_suite_fails_a_broken_implementation_on_the_law_it_breaks(pytester, impl, tiers, law, message, failing):
     run = run_suite(pytester, impl, tiers)
-    assert run.failed == failing, f"{impl}: failing laws {sorted(run.failed)}; expected {sorted(failing)}" + "".join(
-        f"\n--- {name}\n{text[-1500:]}" for name, text in run.reports.items() if name not in failing
+    allowed = failing | COLLATERAL.get(impl, set())
+    unexpected = "".join(f"\n--- {name}\n{text[-1500:]}" for name, text in run.reports.items() if name not in allowed)
+    assert failing <= run.failed <= allowed, (
+        f"{impl}: failing laws {sorted(run.failed)}; expected {sorted(failing)}{unexpected}"
     )
     assert not run.skipped, f"{impl}: laws skipped instead of run: {sorted(run.skipped)}"
     report = run.reports[law]
