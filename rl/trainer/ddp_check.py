@@ -7,7 +7,7 @@ Run on every rank of an initialised process group (gloo on CPU in `tests/test_dd
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,9 @@ from rl.trainer.config import TrainerConfig
 from rl.trainer.ddp import ddp_shard_step, shard
 from rl.trainer.peft_trainer import load_policy, sample_loss_fns, trainable_parameters
 from rl.types import TrainBatch
+
+ShardStep = Callable[[DistributedDataParallel, Sequence[Callable[[], torch.Tensor]], Callable[[], torch.Tensor]], None]
+"""A shard-step function: `(ddp_model, sample_loss_fns, sync_forward) -> None`, like `rl.trainer.ddp.ddp_shard_step`."""
 
 
 def perturbed_policy(base_dir: Path, adapter: Mapping[str, bytes], device: torch.device) -> Any:
@@ -54,10 +57,13 @@ def shard_step_report(
     config: TrainerConfig,
     cases: Sequence[tuple[str, Sequence[int]]],
     device: torch.device,
+    *,
+    step_fn: ShardStep = ddp_shard_step,
 ) -> dict[str, Any]:
-    """For each (name, contributing sample indices) case: the relative gradient error of `ddp_shard_step` over this
-    rank's `shard` against the full-batch gradient, the DDP forward and all-reduce counts, this rank's shard, and a
-    digest of the parameters after one AdamW step (equal on every rank when the gradients agree)."""
+    """For each (name, contributing sample indices) case: the relative gradient error of `step_fn` (by default the
+    seed's `ddp_shard_step`; the conformance suite passes a fork's) over this rank's `shard` against the full-batch
+    gradient, the DDP forward and all-reduce counts, this rank's shard, and a digest of the parameters after one AdamW
+    step (equal on every rank when the gradients agree)."""
     rollouts = batch.rollouts
     advantages = group_normalized_advantages([r.group_id for r in rollouts], batch.rewards)
     report: dict[str, Any] = {}
@@ -91,7 +97,7 @@ def shard_step_report(
         def sync_forward(ddp_model: Any = ddp_model, sync_ids: torch.Tensor = sync_ids) -> torch.Tensor:
             return ddp_model(input_ids=sync_ids).logits
 
-        ddp_shard_step(ddp_model, fns, sync_forward)
+        step_fn(ddp_model, fns, sync_forward)
         got = gradients(model)
         rel = max(
             (
