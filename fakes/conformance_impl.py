@@ -1,8 +1,10 @@
 """Our own implementations, bound for the conformance suite (`--rl-impl fakes.conformance_impl:FAKES`).
 
-- `FAKES`: the deterministic fakes of every tier and our driver (fast; what `tests/test_conformance.py` checks).
+- `FAKES`: the deterministic fakes of every tier, our drivers (GRPO and agentic) and our advantages and loss (fast;
+  what `tests/test_conformance.py` checks).
 - `REAL_CPU`: the real CPU stack on a tiny model built into a temporary directory on first use: `LocalArtifacts`,
-  `FileStateStore`, the torch sampler, the PEFT trainer and `RewardScorer`. torch is imported only when one of its
+  `FileStateStore`, the torch sampler, the PEFT trainer, `RewardScorer`, our advantages and loss, and the DDP shard step
+  (two spawned gloo ranks). torch is imported only when one of its
   factories runs. It binds no driver: the driver laws run a driver on the fakes, and ours is checked under FAKES.
 
     pytest --pyargs rl.conformance.test_suite --rl-impl fakes.conformance_impl:FAKES
@@ -16,12 +18,13 @@ import functools
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fakes.agentic_sim import bandit_trainer, traced_judge_tier
 from fakes.artifacts import MemoryArtifacts
 from fakes.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
 from fakes.state_store import MemoryStateStore
+from rl.advantages import group_normalized_advantages
 from rl.artifacts import LocalArtifacts
 from rl.conformance.capabilities import Capabilities
 from rl.conformance.implementation import Implementation
@@ -44,6 +47,20 @@ async def fake_version0_adapter(artifacts: Artifacts) -> ArtifactRef:
     return (await FakeTrainer(artifacts).init_adapter(0)).adapter
 
 
+def sample_loss(*args: Any, **kwargs: Any) -> Any:
+    """`rl.loss.grpo_sample_loss`, imported on first call (so binding it here imports no torch)."""
+    from rl.loss import grpo_sample_loss
+
+    return grpo_sample_loss(*args, **kwargs)
+
+
+def ddp_shard_step(ddp_model: Any, sample_loss_fns: Any, sync_forward: Any) -> None:
+    """`rl.trainer.ddp.ddp_shard_step`, imported when a rank calls it (so binding it here imports no torch)."""
+    from rl.trainer.ddp import ddp_shard_step as step
+
+    step(ddp_model, sample_loss_fns, sync_forward)
+
+
 FAKES = Implementation(
     name="fakes",
     artifacts=MemoryArtifacts,
@@ -53,6 +70,8 @@ FAKES = Implementation(
     scorer=FakeScorer,
     trainer=FakeTrainer,
     driver=run_grpo,
+    advantages=group_normalized_advantages,
+    sample_loss=sample_loss,
     agentic_driver=train,
     judge_tier=traced_judge_tier,
     policy_trainer=bandit_trainer,
@@ -107,5 +126,8 @@ REAL_CPU = Implementation(
     engine=torch_sampler,
     scorer=RewardScorer,
     trainer=peft_trainer,
+    advantages=group_normalized_advantages,
+    sample_loss=sample_loss,
+    ddp_shard_step=ddp_shard_step,
     capabilities=Capabilities(),
 )

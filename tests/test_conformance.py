@@ -25,6 +25,7 @@ from fakes.chaos import grpo_random
 from fakes.conformance_impl import FAKES, fake_version0_adapter
 from fakes.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
 from fakes.state_store import MemoryStateStore
+from rl.advantages import group_normalized_advantages
 from rl.artifacts import LocalArtifacts
 from rl.conformance import (
     ArtifactsContract,
@@ -41,6 +42,7 @@ from rl.conformance import (
 from rl.conformance.contracts import default_scorer_group
 from rl.conformance.implementation import ImplementationError
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
+from rl.loss import grpo_sample_loss
 from rl.types import ArtifactRef, Prompt, Rollout, RolloutRequest, TrainBatch, TrainResult
 
 pytest_plugins = ("pytester",)
@@ -70,6 +72,14 @@ class TestFakes(LoopContract):
     @pytest.fixture
     def trainer(self, artifacts):
         return FakeTrainer(artifacts)
+
+    @pytest.fixture
+    def advantages(self):
+        return group_normalized_advantages
+
+    @pytest.fixture
+    def sample_loss(self):
+        return grpo_sample_loss
 
 
 class TestLocalArtifacts(ArtifactsContract):

@@ -6,8 +6,10 @@ Two ways to run it against your implementation:
 - bind an `Implementation` and run the packaged suite:
   `pytest --pyargs rl.conformance.test_suite --rl-impl my_pkg.my_module:IMPL`.
 
-Public API (names are stable): `ArtifactsContract`, `StateStoreContract`, `RolloutEngineContract`, `ScorerContract`,
-`TrainerContract`, `GrpoDriverContract`, `DriverReplayContract`, `LoopContract` (all of them), `Capabilities`,
+Public API (names are stable): `AdvantageContract`, `LossContract`, `ArtifactsContract`, `StateStoreContract`,
+`RolloutEngineContract`, `ScorerContract`, `TrainerContract`, `GrpoDriverContract`, `DriverReplayContract`,
+`AgenticContract`, `LoopContract` (all of these), `DdpShardStepContract` (spawns ranks; not in `LoopContract`),
+`trained_adapter`, `Capabilities`,
 `Implementation`, `load_implementation`, `RecordedHistory`, `load_history`, `record_history`.
 Attributes load lazily, so the pytest plugin that imports this package stays cheap.
 """
@@ -18,6 +20,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from rl.conformance.agentic import AgenticContract
+    from rl.conformance.algorithm import AdvantageContract, LossContract
     from rl.conformance.capabilities import Capabilities
     from rl.conformance.contracts import (
         ArtifactsContract,
@@ -25,13 +29,20 @@ if TYPE_CHECKING:
         ScorerContract,
         StateStoreContract,
         TrainerContract,
+        trained_adapter,
     )
+    from rl.conformance.ddp import DdpShardStepContract
     from rl.conformance.driver import GrpoDriverContract
     from rl.conformance.history import DriverReplayContract, RecordedHistory, load_history, record_history
     from rl.conformance.implementation import Implementation, load_implementation
     from rl.conformance.loop import LoopContract
 
 _EXPORTS = {
+    "AdvantageContract": "rl.conformance.algorithm",
+    "LossContract": "rl.conformance.algorithm",
+    "AgenticContract": "rl.conformance.agentic",
+    "DdpShardStepContract": "rl.conformance.ddp",
+    "trained_adapter": "rl.conformance.contracts",
     "Capabilities": "rl.conformance.capabilities",
     "Implementation": "rl.conformance.implementation",
     "load_implementation": "rl.conformance.implementation",
@@ -49,12 +60,16 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "AdvantageContract",
+    "AgenticContract",
     "ArtifactsContract",
     "Capabilities",
+    "DdpShardStepContract",
     "DriverReplayContract",
     "GrpoDriverContract",
     "Implementation",
     "LoopContract",
+    "LossContract",
     "RecordedHistory",
     "RolloutEngineContract",
     "ScorerContract",
@@ -63,6 +78,7 @@ __all__ = [
     "load_history",
     "load_implementation",
     "record_history",
+    "trained_adapter",
 ]
 
 

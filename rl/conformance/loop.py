@@ -8,6 +8,7 @@ import pytest
 
 from rl.conformance._base import Run
 from rl.conformance.agentic import AgenticContract
+from rl.conformance.algorithm import AdvantageContract, LossContract
 from rl.conformance.contracts import (
     ArtifactsContract,
     RolloutEngineContract,
@@ -25,6 +26,8 @@ __all__ = ["LoopContract"]
 
 
 class LoopContract(
+    AdvantageContract,
+    LossContract,
     ArtifactsContract,
     StateStoreContract,
     RolloutEngineContract,

@@ -34,7 +34,16 @@ TIER_MARKERS = {
 _REPRODUCE = pytest.StashKey[list[str]]()
 
 # Plain `assert`s in the contracts explain themselves when they fail, whether or not the package is installed editable.
-_CONTRACT_MODULES = ("rl.conformance._base", "rl.conformance.contracts", "rl.conformance.driver", "rl.conformance.loop")
+_CONTRACT_MODULES = (
+    "rl.conformance._base",
+    "rl.conformance.contracts",
+    "rl.conformance.driver",
+    "rl.conformance.history",
+    "rl.conformance.algorithm",
+    "rl.conformance.ddp",
+    "rl.conformance.agentic",
+    "rl.conformance.loop",
+)
 pytest.register_assert_rewrite(*(m for m in _CONTRACT_MODULES if m not in sys.modules))
 
 

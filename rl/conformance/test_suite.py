@@ -17,6 +17,7 @@ from fakes.artifacts import MemoryArtifacts
 from fakes.grpo_sim import GrpoDriver
 from rl.conformance._base import Run
 from rl.conformance._bound_algorithm import TestAdvantages, TestLoss  # noqa: F401
+from rl.conformance._bound_ddp import TestDdpShardStep  # noqa: F401  (bound here so --pyargs collects it)
 from rl.conformance.agentic import AgenticContract
 from rl.conformance.capabilities import Capabilities
 from rl.conformance.contracts import (
