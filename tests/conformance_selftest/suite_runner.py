@@ -21,6 +21,8 @@ class SuiteRun:
     failed: frozenset[str]
     passed: frozenset[str]
     skipped: frozenset[str]
+    errors: frozenset[str]
+    """Laws that broke outside their bodies (a fixture or the binding raised): also in `failed`."""
     reports: dict[str, str]
     """Per failed law: its failure (assertion message included) and the suite's reproduce line."""
 
@@ -42,5 +44,6 @@ def run_suite(pytester: pytest.Pytester, impl: str, marker: str, *extra: str) ->
         failed=frozenset(law(r) for r in [*failed, *errors]),
         passed=frozenset(law(r) for r in passed),
         skipped=frozenset(law(r) for r in skipped),
+        errors=frozenset(law(r) for r in errors),
         reports={law(r): "\n".join([r.longreprtext, *(text for _, text in r.sections)]) for r in [*failed, *errors]},
     )

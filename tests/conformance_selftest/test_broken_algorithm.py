@@ -7,11 +7,9 @@ pytester's directory, without our conftest.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
 import broken_algorithm
 import pytest
+from suite_runner import SuiteRun, run_suite
 
 from rl.conformance import Implementation
 
@@ -19,7 +17,6 @@ pytest_plugins = ("pytester",)
 # broken_algorithm imports torch here, before any pytester run: an in-process run drops the modules it imported when it
 # ends, and importing torch a second time in one process crashes it.
 
-HERE = Path(__file__).resolve().parent
 TIERS = "rl_advantages or rl_loss"
 
 SCALE = "test_advantages_scale_by_the_population_std"
@@ -72,41 +69,10 @@ CASES = [
 ]
 
 
-@dataclass(frozen=True)
-class SuiteRun:
-    """The algorithm laws by outcome, and each failed law's report (assertion message and reproduce line)."""
-
-    failed: dict[str, str]
-    passed: set[str]
-    skipped: set[str]
-
-
-@pytest.fixture
-def pytester(pytester: pytest.Pytester) -> pytest.Pytester:
-    """A pytester directory with the ini a fork would have (pytest-asyncio's loop scope set, so no warning)."""
-    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
-    pytester.syspathinsert(HERE)
-    return pytester
-
-
 def run_algorithm_laws(pytester: pytest.Pytester, attr: str) -> SuiteRun:
-    recorder = pytester.inline_run(
-        "--pyargs", "rl.conformance.test_suite", "--rl-impl", f"broken_algorithm:{attr}", "-m", TIERS,
-        "-p", "no:cacheprovider",
-    )  # fmt: skip
-    reports = recorder.getreports("pytest_runtest_logreport")
-    errors = [r.nodeid for r in reports if r.failed and r.when != "call"]
-    assert not errors, f"{attr}: laws errored outside their bodies (a fixture or the binding broke): {errors}"
-
-    def law(report: pytest.TestReport) -> str:
-        return report.nodeid.split("::")[-1]
-
-    calls = [r for r in reports if r.when == "call"]
-    return SuiteRun(
-        failed={law(r): "\n".join([r.longreprtext, *(text for _, text in r.sections)]) for r in calls if r.failed},
-        passed={law(r) for r in calls if r.passed},
-        skipped={law(r) for r in reports if r.skipped},
-    )
+    run = run_suite(pytester, f"broken_algorithm:{attr}", TIERS)
+    assert not run.errors, f"{attr}: laws errored outside their bodies (a fixture or the binding broke): {run.errors}"
+    return run
 
 
 @pytest.mark.parametrize(("attr", "expected"), CASES, ids=[attr for attr, _ in CASES])
@@ -116,19 +82,20 @@ def test_a_broken_algorithm_fails_exactly_the_laws_it_breaks(
     run = run_algorithm_laws(pytester, attr)
     assert set(run.failed) == set(expected), (
         f"{attr}: failing laws {sorted(run.failed)}; expected {sorted(expected)}"
-        + "".join(f"\n--- {name}\n{text[-1500:]}" for name, text in run.failed.items() if name not in expected)
+        + "".join(f"\n--- {name}\n{text[-1500:]}" for name, text in run.reports.items() if name not in expected)
     )
     tier = ADVANTAGE_LAWS if expected.keys() <= ADVANTAGE_LAWS else LOSS_LAWS
     assert run.passed == tier - set(expected), f"{attr}: passed {sorted(run.passed)}, skipped {sorted(run.skipped)}"
     assert run.skipped == (ADVANTAGE_LAWS | LOSS_LAWS) - tier, f"{attr}: skipped {sorted(run.skipped)}"
     for name, message in expected.items():
-        assert message in run.failed[name], f"{attr}: {name} failed without saying {message!r}:\n{run.failed[name]}"
-        assert f"--rl-impl broken_algorithm:{attr}" in run.failed[name], f"{name}'s report has no reproduce line"
+        report = run.reports[name]
+        assert message in report, f"{attr}: {name} failed without saying {message!r}:\n{report}"
+        assert f"--rl-impl broken_algorithm:{attr}" in report, f"{name}'s report has no reproduce line"
 
 
 def test_the_reference_passes_every_algorithm_law(pytester: pytest.Pytester) -> None:
     run = run_algorithm_laws(pytester, "REFERENCE")
-    assert not run.failed, "\n".join(f"--- {name}\n{text}" for name, text in run.failed.items())
+    assert not run.failed, "\n".join(f"--- {name}\n{text}" for name, text in run.reports.items())
     assert not run.skipped, sorted(run.skipped)
     assert run.passed == ADVANTAGE_LAWS | LOSS_LAWS, sorted(run.passed)
 
@@ -143,6 +110,7 @@ def test_every_algorithm_law_is_caught_failing_by_some_case() -> None:
 def test_an_implementation_without_them_skips_the_algorithm_laws_naming_the_factory(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(neither="from rl.conformance import Implementation\nNEITHER = Implementation(name='neither')\n")
     pytester.syspathinsert()
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
     result = pytester.runpytest(
         "--pyargs", "rl.conformance.test_suite", "--rl-impl", "neither:NEITHER", "-m", TIERS, "-rs",
         "-p", "no:cacheprovider",
