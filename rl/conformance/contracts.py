@@ -17,6 +17,8 @@ stable across releases, so a fork can select (`-k`), mark or track a law by name
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -154,6 +156,30 @@ class StateStoreContract(ContractBase):
         for blob in (b"first checkpoint, the longest of the three", b"second", b"3"):
             rl_run(state_store.save(blob))
         assert rl_run(state_store.load()) == b"3", "load did not return the last saved blob"
+
+    def test_state_store_a_save_cancelled_midway_leaves_the_old_or_the_new_blob(
+        self, state_store: StateStore, rl_run: Run[Any]
+    ) -> None:
+        """A save cancelled at any of its await points (the driver killed mid-checkpoint) leaves exactly the previous
+        blob or exactly the new one, never a truncated or mixed write: save atomically (write aside, then rename)."""
+        old, new = b"old checkpoint " * 64, b"new checkpoint, longer than the old one " * 256
+
+        async def cancel_after(steps: int) -> bytes | None:
+            await state_store.save(old)
+            saving = asyncio.ensure_future(state_store.save(new))
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            saving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await saving
+            return await state_store.load()
+
+        for steps in range(12):
+            loaded = rl_run(cancel_after(steps))
+            assert loaded in (old, new), (
+                f"a save cancelled after {steps} scheduler steps left {len(loaded or b'')} bytes that are neither the "
+                f"previous blob ({len(old)} bytes) nor the new one ({len(new)} bytes): the store writes in place"
+            )
 
 
 # -- RolloutEngine -----------------------------------------------------------------------------------------------------

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from dataclasses import replace
 
 from fakes.artifacts import MemoryArtifacts
 from fakes.conformance_impl import fake_version0_adapter
 from fakes.grpo_tiers import FakeEngine, FakeTrainer
+from fakes.state_store import MemoryStateStore
 from rl.conformance import Implementation
 from rl.types import ArtifactRef, Rollout, RolloutRequest, TrainBatch, TrainResult
 
@@ -50,3 +52,17 @@ def _impl(name: str, **tiers: object) -> Implementation:
 UNSEEDED_ENGINE = _impl("unseeded-engine", engine=UnseededEngine, trainer=FakeTrainer)
 STALE_ADAPTER_ENGINE = _impl("stale-adapter-engine", engine=StaleAdapterEngine, trainer=FakeTrainer)
 FRESH_OPTIMIZER_TRAINER = _impl("fresh-optimizer-trainer", engine=FakeEngine, trainer=FreshOptimizerTrainer)
+
+
+class InPlaceStateStore(MemoryStateStore):
+    """Writes the checkpoint in place, a chunk per await (an async file write without write-aside-and-rename): a
+    driver killed mid-save leaves a truncated checkpoint."""
+
+    async def save(self, data: bytes) -> None:
+        self.data = b""
+        for start in range(0, len(data), 1024):
+            self.data += data[start : start + 1024]
+            await asyncio.sleep(0)
+
+
+IN_PLACE_STATE_STORE = Implementation(name="in-place-state-store", state_store=InPlaceStateStore)

@@ -63,6 +63,14 @@ CASES = [
         id="optimizer state dropped",
     ),
     pytest.param(
+        "broken_tiers:IN_PLACE_STATE_STORE",
+        "rl_state_store",
+        "test_state_store_a_save_cancelled_midway_leaves_the_old_or_the_new_blob",
+        "the store writes in place",
+        {"test_state_store_a_save_cancelled_midway_leaves_the_old_or_the_new_blob"},
+        id="checkpoint written in place",
+    ),
+    pytest.param(
         "broken_drivers:HISTORY_DROPPED",
         DRIVER_TIERS,
         f"{SWEEP}[sequential]",
@@ -164,7 +172,9 @@ def test_the_suite_fails_a_broken_implementation_on_the_law_it_breaks(pytester, 
 
 def test_the_reference_passes_every_law_these_cases_run(pytester):
     run = run_suite(
-        pytester, "fakes.conformance_impl:FAKES", "rl_engine or rl_trainer or rl_agentic or " + DRIVER_TIERS
+        pytester,
+        "fakes.conformance_impl:FAKES",
+        "rl_engine or rl_trainer or rl_state_store or rl_agentic or " + DRIVER_TIERS,
     )
     assert not run.failed, run.reports
     assert not run.skipped, sorted(run.skipped)
