@@ -432,23 +432,31 @@ def _digests(result: TrainResult) -> Mapping[str, str]:
     return {"adapter": result.adapter.digest, "optimizer state": result.optimizer_state.digest}
 
 
+def digit_groups(
+    engine: RolloutEngine, adapter: ArtifactRef, policy_version: int, seed: int, run: Run[Any]
+) -> list[Rollout]:
+    """Two groups of four rollouts of the digit task (prompts "3=" and "7="), sampled by `engine` from `adapter`."""
+    rollouts: list[Rollout] = []
+    for gid, prompt in enumerate((Prompt("3=", "4"), Prompt("7=", "8"))):
+        request = RolloutRequest(
+            group_id=gid,
+            prompt=prompt,
+            n=4,
+            adapter=adapter,
+            policy_version=policy_version,
+            seed=derive_seed("conformance.rollouts", seed, gid),
+            max_tokens=4,
+        )
+        rollouts.extend(run(engine.generate(request)))
+    return rollouts
+
+
 def trained_adapter(engine: RolloutEngine, trainer: Trainer, seed: int, run: Run[Any], steps: int = 3) -> ArtifactRef:
     """The adapter after `steps` training steps on groups `engine` samples (digit-task prompts, rewards with signal in
     every group): a second adapter for the engine laws, one that samples differently from version 0."""
     state = run(trainer.init_adapter(derive_seed("conformance.other-adapter", seed)))
     for step in range(steps):
-        rollouts: list[Rollout] = []
-        for gid, prompt in enumerate((Prompt("3=", "4"), Prompt("7=", "8"))):
-            request = RolloutRequest(
-                group_id=gid,
-                prompt=prompt,
-                n=4,
-                adapter=state.adapter,
-                policy_version=step,
-                seed=derive_seed("conformance.other-adapter.rollouts", seed, step, gid),
-                max_tokens=4,
-            )
-            rollouts.extend(run(engine.generate(request)))
+        rollouts = digit_groups(engine, state.adapter, step, derive_seed("conformance.other-adapter", seed, step), run)
         batch = TrainBatch(
             step=step,
             rollouts=rollouts,
@@ -502,19 +510,9 @@ class TrainerContract(ContractBase):
         self, engine: RolloutEngine, trainer_version0: TrainResult, rl_seed: int, rl_run: Run[Any]
     ) -> list[Rollout]:
         """Two groups of four rollouts sampled by `engine` from the version-0 adapter (prompts "3=" and "7=")."""
-        rollouts: list[Rollout] = []
-        for gid, prompt in enumerate((Prompt("3=", "4"), Prompt("7=", "8"))):
-            request = RolloutRequest(
-                group_id=gid,
-                prompt=prompt,
-                n=4,
-                adapter=trainer_version0.adapter,
-                policy_version=0,
-                seed=derive_seed("conformance.trainer.rollouts", rl_seed, gid),
-                max_tokens=4,
-            )
-            rollouts.extend(rl_run(engine.generate(request)))
-        return rollouts
+        return digit_groups(
+            engine, trainer_version0.adapter, 0, derive_seed("conformance.trainer.rollouts", rl_seed), rl_run
+        )
 
     @pytest.fixture
     def train_batch(self, trainer_version0: TrainResult, training_rollouts: list[Rollout]) -> TrainBatch:
