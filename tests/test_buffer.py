@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -97,7 +98,9 @@ def test_the_jsonl_loads_with_pandas_read_json(buffer):
 
 @given(data=st.data())
 def test_any_rows_round_trip_through_read_and_pandas(data):
-    """Whatever the text and finite floats, `read` returns the rows appended and pandas loads the same records."""
+    """Whatever the text and finite floats, `read` returns the rows appended bit for bit, and pandas with
+    `precise_float=True` loads the same records (its default parser can be off in the 12th digit, and its precise one
+    refuses subnormal numbers, so those are drawn only for `read`)."""
     iteration = data.draw(st.integers(0, 99_999))
     rs = data.draw(st.lists(rollouts(), min_size=1, max_size=4))
     rows = rollout_rows(iteration, rs, data.draw(st.lists(finite, min_size=len(rs), max_size=len(rs))))
@@ -105,16 +108,10 @@ def test_any_rows_round_trip_through_read_and_pandas(data):
         buffer = RolloutBuffer(LocalVolumeStore(tmp, durable=False), "rollouts")
         v = buffer.append(iteration, rows)
         assert buffer.read(v) == rows
-        records = pd.read_json(buffer.path(v, iteration), lines=True, dtype=PANDAS_DTYPES).to_dict("records")
-        # pandas' default float parser is not round-trip exact at the extremes (5e-324 reads as 0), hence approx.
-        floats = ("reward", "logprobs")
-        assert [{k: r[k] for k in ROW_FIELDS if k not in floats} for r in records] == [
-            {k: r[k] for k in ROW_FIELDS if k not in floats} for r in rows
-        ]
-        for got, want in zip(records, rows, strict=True):
-            assert [got["reward"], *got["logprobs"]] == pytest.approx(
-                [want["reward"], *want["logprobs"]], rel=1e-12, abs=1e-300
-            )
+        floats = [x for r in rows for x in (r["reward"], *r["logprobs"])]
+        if all(x == 0.0 or abs(x) >= sys.float_info.min for x in floats):
+            frame = pd.read_json(buffer.path(v, iteration), lines=True, dtype=PANDAS_DTYPES, precise_float=True)
+            assert frame.to_dict("records") == rows
         os.chmod(Path(tmp) / "versions", 0o755)  # TemporaryDirectory removes it as its owner, sealed or not
 
 

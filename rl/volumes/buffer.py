@@ -7,7 +7,8 @@ they ask for.
 
 One rollout per line, with the fields of `rl.types.Rollout` plus `iteration` and `reward` (`ROW_FIELDS`). The files
 load directly with `pandas.read_json(path, lines=True)`; pandas then infers dtypes, so a numeric-looking answer ("42")
-becomes an integer. Pass `dtype=PANDAS_DTYPES` to keep the text columns text.
+becomes an integer. Pass `dtype=PANDAS_DTYPES` to keep the text columns text, and `precise_float=True` for floats exact
+to the bit (pandas' default parser can be off in the 12th significant digit).
 
 `rescore` re-scores every stored rollout with another reward function into a new version, generating nothing: the core
 of `rl rescore`.
