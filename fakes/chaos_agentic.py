@@ -82,11 +82,11 @@ def check_agentic_run(
         violations.append("no trainer was ever attached in this run")
     else:
         # A fork's trainer may not count its applications; its weights still tell (the history check below).
-        counted = getattr(trainer, "applications", None)
-        applications: Counter[int] = Counter({s: 1 for s in steps}) if counted is None else counted
-        for step in steps:
-            if applications[step] != 1:
-                violations.append(f"training step {step} applied {applications[step]} times; want once")
+        applications: Counter[int] | None = getattr(trainer, "applications", None)
+        if applications is not None:
+            for step in steps:
+                if applications[step] != 1:
+                    violations.append(f"training step {step} applied {applications[step]} times; want once")
     if len(harness.cluster.trainers) != 1:
         violations.append(f"{len(harness.cluster.trainers)} trainers were created; the run's one should survive")
     identities = sorted({h.actor_pid for h in outcome.history})

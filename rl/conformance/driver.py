@@ -25,9 +25,11 @@ from rl.loop.grpo import GrpoConfig, GrpoTiers, NonFiniteRewardError, run_grpo
 from rl.problems import DigitSuccessor
 from rl.types import Rollout, RolloutRequest, TrainBatch, TrainResult
 
-__all__ = ["MODES", "RANDOM_SCENARIOS", "GrpoDriver", "GrpoDriverContract"]
+__all__ = ["LAW_RUN_SHAPE", "MODES", "RANDOM_SCENARIOS", "GrpoDriver", "GrpoDriverContract", "pipelined_mode"]
 
 MODES = ("sequential", "pipelined")
+LAW_RUN_SHAPE: dict[str, Any] = {"iterations": 3, "prompts_per_iteration": 2, "group_size": 3}
+"""The driver laws' run: 3 iterations of 2 groups x 3 samples, small enough to kill at each of ~40 await points."""
 RANDOM_SCENARIOS = 6
 """Seeded fault scenarios per mode: scenario seeds `rl_seed * 6 .. rl_seed * 6 + 5`."""
 
@@ -35,7 +37,8 @@ RANDOM_SCENARIOS = 6
 _NAN_VERSION, _NAN_GROUP, _NAN_SAMPLE = 1, 1, 2
 
 
-def _pipelined(mode: str, capabilities: Capabilities) -> bool:
+def pipelined_mode(mode: str, capabilities: Capabilities) -> bool:
+    """Whether `mode` is the pipelined one; skips the calling law when the implementation does not support it."""
     if mode == "pipelined":
         require(capabilities, "supports_pipelined", "the pipelined driver's laws")
     return mode == "pipelined"
@@ -126,7 +129,7 @@ class GrpoDriverContract(ContractBase):
 
         Small so that killing the driver at each of its ~40 await points takes about a second per mode.
         """
-        return GrpoConfig(iterations=3, prompts_per_iteration=2, group_size=3, seed=rl_seed)
+        return GrpoConfig(**LAW_RUN_SHAPE, seed=rl_seed)
 
     @pytest.mark.parametrize("mode", MODES)
     def test_driver_killed_at_every_await_point_resumes_to_the_uninterrupted_result(
@@ -134,7 +137,7 @@ class GrpoDriverContract(ContractBase):
     ) -> None:
         """Killing the driver at any await point and resuming gives the uninterrupted run's adapter, optimizer state,
         history and evaluations bitwise, with every iteration trained exactly once and versions 1..N once each."""
-        pipelined = _pipelined(mode, capabilities)
+        pipelined = pipelined_mode(mode, capabilities)
         reports = grpo_sweep(pipelined, driver=driver, config=driver_config, run_seed=driver_config.seed)
         assert reports, "the uninterrupted run had no await point to kill the driver at"
         bad = [f"killed at await point {r.seed}: {v}" for r in reports for v in r.violations]
@@ -151,7 +154,7 @@ class GrpoDriverContract(ContractBase):
     ) -> None:
         """Under seeded task failures, hangs past timeouts, driver crashes and torn checkpoint writes, every run ends
         with its uninterrupted result and lineage."""
-        pipelined = _pipelined(mode, capabilities)
+        pipelined = pipelined_mode(mode, capabilities)
         check = grpo_random(pipelined, driver=driver, config=driver_config)
         seeds = range(rl_seed * RANDOM_SCENARIOS, (rl_seed + 1) * RANDOM_SCENARIOS)
         bad = [f"fault scenario {s}: {v}" for s in seeds for v in check(s).violations]
@@ -162,7 +165,7 @@ class GrpoDriverContract(ContractBase):
         self, driver: GrpoDriver, driver_config: GrpoConfig, capabilities: Capabilities, mode: str
     ) -> None:
         """Two runs whose groups finish in opposite orders hand the trainer identical batches (canonical order)."""
-        pipelined = _pipelined(mode, capabilities)
+        pipelined = pipelined_mode(mode, capabilities)
         config = replace(driver_config, pipelined=pipelined)
         ascending = Latencies(generate=LatencyModel(base_s=1.0, jitter_s=100.0))
         descending = Latencies(generate=LatencyModel(base_s=100.0, jitter_s=-99.0))

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from rl.conformance._base import ContractBase, tier
-from rl.conformance.capabilities import Capabilities, require
+from rl.conformance.capabilities import Capabilities
+from rl.conformance.driver import LAW_RUN_SHAPE, MODES, pipelined_mode
 
 if TYPE_CHECKING:
     from fakes.grpo_sim import GrpoDriver
@@ -45,7 +46,6 @@ __all__ = [
 ]
 
 HISTORY_SCHEMA = 1
-MODES = ("sequential", "pipelined")
 REFERENCE_FILE = "grpo_history.json"
 
 
@@ -97,8 +97,8 @@ def issued_actions(driver: GrpoDriver, config_dict: dict[str, Any], mode: str) -
 
 
 def record_history(driver: GrpoDriver, *, recorded_with: str, config: dict[str, Any] | None = None) -> RecordedHistory:
-    """Record `driver`'s actions in both modes on `config` (default: 3 iterations of 2 groups x 3 samples, seed 0)."""
-    shape = dict(config or {"iterations": 3, "prompts_per_iteration": 2, "group_size": 3, "seed": 0})
+    """Record `driver`'s actions in both modes on `config` (default: the driver laws' `LAW_RUN_SHAPE`, seed 0)."""
+    shape = dict(config or {**LAW_RUN_SHAPE, "seed": 0})
     shape.pop("pipelined", None)
     return RecordedHistory(
         config=shape,
@@ -193,8 +193,7 @@ class DriverReplayContract(ContractBase):
     ) -> None:
         """On the recorded run shape, the driver issues exactly the recorded actions (same tasks, same identities), so
         a run recorded by the previous driver resumes under this one instead of re-executing."""
-        if mode == "pipelined":
-            require(capabilities, "supports_pipelined", "the pipelined driver's replay law")
+        pipelined_mode(mode, capabilities)
         issued = issued_actions(driver, recorded_history.config, mode)
         problems = replay_violations(recorded_history.actions[mode], issued)
         assert not problems, (
