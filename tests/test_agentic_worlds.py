@@ -15,6 +15,7 @@ from rl.agentic.types import Rubric, Trajectory
 from rl.agentic.world import world_files
 from rl.agentic.worlds import VolumeWorlds, Workspace, WorldStore
 from rl.loop.agentic import train
+from rl.volumes import LocalVolumeStore
 
 SMALL = {"n_steps": 2, "n_worlds": 2, "prompts_per_step": 2, "n_samples": 2}
 
@@ -65,8 +66,7 @@ def test_a_run_leaves_every_parent_world_unchanged_and_each_trial_fork_holds_its
 
 
 def _local_volumes(tmp_path):
-    volumes = pytest.importorskip("rl.volumes", reason="rl.volumes (LocalVolumeStore) is not in this checkout")
-    return volumes.LocalVolumeStore(tmp_path, durable=False)
+    return LocalVolumeStore(tmp_path, durable=False)
 
 
 def test_volume_worlds_on_local_volumes_fork_per_trial_and_never_change_the_parent(tmp_path):
