@@ -149,7 +149,7 @@ class LocalArtifacts:
     """
 
     def __init__(self, root: Path) -> None:
-        self.root = Path(root)
+        self.root = Path(root).absolute()  # refs are file:// URIs, which only an absolute path has
         self._objects = self.root / "objects"
         self._refs = self.root / "refs"
         self._tmp = self.root / "tmp"

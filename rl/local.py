@@ -64,7 +64,7 @@ def local_grpo(
 ) -> LocalDeployment:
     """Assemble the tiers under `out_dir`: base-*/ (model), artifacts/, volumes/ (rollout buffer), checkpoint.json,
     metrics.jsonl and report.html."""
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir).absolute()
     base = base_model(out_dir, model)
     artifacts = LocalArtifacts(out_dir / "artifacts")
     problems = DigitSuccessor()

@@ -11,7 +11,7 @@ class FileStateStore:
     """One file, replaced atomically: a crash mid-write leaves the previous checkpoint, never half of a new one."""
 
     def __init__(self, path: Path) -> None:
-        self.path = Path(path)
+        self.path = Path(path).absolute()
 
     async def load(self) -> bytes | None:
         try:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
+
+from rl.commands import user_path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -15,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     grpo.add_argument("--iterations", type=int, default=120, help="training iterations (default 120)")
     grpo.add_argument("--seed", type=int, default=0, help="run seed: prompts, rollouts, LoRA init (default 0)")
     grpo.add_argument(
-        "--out", type=Path, default=Path("runs/demo-grpo"), help="output directory (default runs/demo-grpo)"
+        "--out", type=user_path, default="runs/demo-grpo", help="output directory (default runs/demo-grpo)"
     )
     grpo.add_argument("--prompts", type=int, default=8, help="prompts per iteration (default 8)")
     grpo.add_argument("--samples", type=int, default=8, help="completions per prompt, the group size (default 8)")

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+
+from rl.commands import user_path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "rescore", help="re-score a run's stored rollouts with another reward, without generating"
     )
-    p.add_argument("run_dir", type=Path, help="a run directory written by `rl demo grpo` (holds volumes/)")
+    p.add_argument("run_dir", type=user_path, help="a run directory written by `rl demo grpo` (holds volumes/)")
     p.add_argument("--reward", required=True, help="a reward name from rl.rewards.REWARDS (default, format, ...)")
     p.add_argument("--json", action="store_true", help="end with one JSON object of the results")
     p.set_defaults(func=run)

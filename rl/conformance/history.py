@@ -23,7 +23,6 @@ import json
 from collections import Counter
 from dataclasses import asdict, dataclass
 from importlib import resources
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -204,12 +203,14 @@ class DriverReplayContract(ContractBase):
 
 
 def _main(argv: list[str] | None = None) -> None:
+    from rl.commands import user_path
+
     parser = argparse.ArgumentParser(
         prog="python -m rl.conformance.history",
         description="Record the actions a GRPO driver issues, for the replay-compatibility law.",
     )
     parser.add_argument("--driver", default="rl.loop.grpo:run_grpo", help="MODULE:ATTR of the driver to record")
-    parser.add_argument("--out", type=Path, required=True, help="the JSON file to write")
+    parser.add_argument("--out", type=user_path, required=True, help="the JSON file to write")
     args = parser.parse_args(argv)
     module, _, attr = args.driver.partition(":")
     driver = getattr(importlib.import_module(module), attr)
