@@ -67,9 +67,18 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The GRPO demo: a tiny offline model learns a prompt-dependent task on the CPU (~1-2 min), report in runs/."""
+    """The GRPO demo, `rl demo grpo --fresh` plus any flags after `--`: a tiny offline model learns a prompt-dependent
+    task on the CPU (~1-2 min); the report lands in runs/demo-grpo/."""
     _install_cpu(session)
-    session.run("rl", "demo", "grpo", *(session.posargs or ["--fresh"]), env=HYPOTHESIS_ENV)
+    session.run("rl", "demo", "grpo", "--fresh", *session.posargs, env=HYPOTHESIS_ENV)
+
+
+@nox.session(venv_backend="virtualenv")
+def readme(session: nox.Session) -> None:
+    """Every `rl ...` and `--local` line of README.md and docs/conformance.md's three commands, as written, with small
+    sizes (`.ci/readme_commands.py list` shows them). A virtualenv with pip, because the documents say `pip install`."""
+    _install_cpu(session)
+    session.run("python", ".ci/readme_commands.py", "run", "examples", "conformance", env=HYPOTHESIS_ENV)
 
 
 @nox.session

@@ -1,0 +1,139 @@
+"""The commands README.md and docs/conformance.md show, read from the documents themselves and run as a user types them.
+
+    python .ci/readme_commands.py list              # every block, as it will run
+    python .ci/readme_commands.py run setup         # README's "Set up" block (from the repository root)
+    python .ci/readme_commands.py run examples      # every `rl ...` and `--local` Flyte line (`nox -s readme`)
+    python .ci/readme_commands.py run conformance   # docs/conformance.md's three commands (`nox -s readme`)
+
+A README edit that breaks a command fails CI, because CI runs what the document says, not a copy of it. Sizes shrink
+(`--iterations 120` -> 3, `--seeds 1000` -> 5, ...) and every other flag, default and path stays as written; the one
+placeholder a fork fills in (`my_fork.conformance:IMPL`) is replaced by our own binding. Each block runs in one
+`bash -euxo pipefail`, so a `cd` carries to the next line and every line is echoed before it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Values that only make a command take longer: CI runs each command at this size. A flag missing here keeps its value.
+SMALL = {"--iterations": "3", "--seeds": "5", "--world-gib": "0.01", "--steps": "2"}
+# The set-up block's demo takes its smaller size through the session's posargs, keeping its default --out.
+SMALL_SESSIONS = {"nox -s demo": "nox -s demo -- --iterations 3"}
+PLACEHOLDERS = {"my_fork.conformance:IMPL": "fakes.conformance_impl:FAKES"}
+
+_FENCE = re.compile(r"^```(\w*)\s*$")
+_SHELLS = ("bash", "sh", "shell")
+
+
+@dataclass(frozen=True)
+class Block:
+    name: str
+    source: str
+    lines: tuple[str, ...]
+
+
+def bash_blocks(markdown: str) -> list[tuple[str, list[str]]]:
+    """(heading, command lines) of every ```bash block, comments and blank lines dropped."""
+    blocks: list[tuple[str, list[str]]] = []
+    heading, lang, lines = "", None, []
+    for raw in markdown.splitlines():
+        fence = _FENCE.match(raw)
+        if fence and lang is None:
+            lang, lines = fence.group(1), []
+        elif fence:
+            if lang in _SHELLS:
+                blocks.append((heading, lines))
+            lang = None
+        elif lang is None and raw.startswith("#"):
+            heading = raw.lstrip("#").strip()
+        elif lang in _SHELLS and _strip_comment(raw).strip():
+            lines.append(_strip_comment(raw).strip())
+    return blocks
+
+
+def _strip_comment(line: str) -> str:
+    """The line without a trailing `# comment` (a `#` outside quotes, after whitespace)."""
+    quote = ""
+    for i, ch in enumerate(line):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i]
+    return line
+
+
+def shrink(line: str) -> str:
+    for flag, small in SMALL.items():
+        line = re.sub(rf"(?<!\S){re.escape(flag)}(=|\s+)\S+", rf"{flag}\g<1>{small}", line)
+    for placeholder, ours in PLACEHOLDERS.items():
+        line = line.replace(placeholder, ours)
+    return line
+
+
+def _under(blocks: list[tuple[str, list[str]]], heading: str, source: str) -> list[str]:
+    found = [lines for h, lines in blocks if h == heading]
+    if not found:
+        raise SystemExit(f"{source}: no ```bash block under the heading {heading!r}; update .ci/readme_commands.py")
+    return found[0]
+
+
+def readme_blocks(root: Path = ROOT) -> dict[str, Block]:
+    readme = bash_blocks((root / "README.md").read_text())
+    setup = []
+    for line in _under(readme, "Set up", "README.md"):
+        for session, small in SMALL_SESSIONS.items():
+            line = re.sub(rf"{re.escape(session)}(?![\w-])", small, line)
+        setup.append(line)
+    examples = [shrink(line) for _, lines in readme for line in lines if line.startswith("rl ")]
+    examples += [line for h, lines in readme if h == "Run on a Flyte cluster" for line in lines if " --local" in line]
+    docs = bash_blocks((root / "docs" / "conformance.md").read_text())
+    conformance = [shrink(line) for line in _under(docs, "Three commands", "docs/conformance.md")]
+    blocks = {
+        "setup": Block("setup", "README.md, Set up", tuple(setup)),
+        "examples": Block("examples", "README.md, every `rl ...` and `--local` line", tuple(examples)),
+        "conformance": Block("conformance", "docs/conformance.md, Three commands", tuple(conformance)),
+    }
+    for block in blocks.values():
+        if not block.lines:
+            raise SystemExit(f"{block.source}: no commands found; update .ci/readme_commands.py")
+    return blocks
+
+
+def run(block: Block) -> int:
+    print(f"readme_commands: {block.source}, from {ROOT}:", flush=True)
+    script = "\n".join(block.lines)
+    return subprocess.run(["bash", "-euxo", "pipefail", "-c", script], cwd=ROOT).returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("list", help="print every block as it will run")
+    runner = sub.add_parser("run", help="run blocks in order, stopping at the first failure")
+    runner.add_argument("blocks", nargs="+", choices=("setup", "examples", "conformance"))
+    args = parser.parse_args(argv)
+    blocks = readme_blocks()
+    if args.action == "list":
+        for block in blocks.values():
+            print(f"# {block.name}: {block.source}")
+            print("\n".join(block.lines), end="\n\n")
+        return 0
+    for name in args.blocks:
+        status = run(blocks[name])
+        if status:
+            print(f"readme_commands: the {name} block ({blocks[name].source}) failed with exit {status}", flush=True)
+            return status
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
