@@ -3,7 +3,7 @@
     python .ci/readme_commands.py list              # every block, as it will run
     python .ci/readme_commands.py run setup         # README's "Set up" block (from the repository root)
     python .ci/readme_commands.py run examples      # every `rl ...` and `--local` Flyte line (`nox -s readme`)
-    python .ci/readme_commands.py run conformance   # docs/conformance.md's three commands (`nox -s readme`)
+    python .ci/readme_commands.py run conformance   # docs/conformance.md's three commands and options (`nox -s readme`)
 
 A README edit that breaks a command fails CI, because CI runs what the document says, not a copy of it. Sizes shrink
 (`--iterations 120` -> 3, `--seeds 1000` -> 5, ...) and every other flag, default and path stays as written; the one
@@ -80,10 +80,10 @@ def shrink(line: str) -> str:
 
 
 def _under(blocks: list[tuple[str, list[str]]], heading: str, source: str) -> list[str]:
-    found = [lines for h, lines in blocks if h == heading]
+    found = [line for h, lines in blocks if h == heading for line in lines]
     if not found:
         raise SystemExit(f"{source}: no ```bash block under the heading {heading!r}; update .ci/readme_commands.py")
-    return found[0]
+    return found
 
 
 def readme_blocks(root: Path = ROOT) -> dict[str, Block]:
@@ -100,7 +100,7 @@ def readme_blocks(root: Path = ROOT) -> dict[str, Block]:
     blocks = {
         "setup": Block("setup", "README.md, Set up", tuple(setup)),
         "examples": Block("examples", "README.md, every `rl ...` and `--local` line", tuple(examples)),
-        "conformance": Block("conformance", "docs/conformance.md, Three commands", tuple(conformance)),
+        "conformance": Block("conformance", "docs/conformance.md, Three commands and More options", tuple(conformance)),
     }
     for block in blocks.values():
         if not block.lines:
