@@ -79,8 +79,8 @@ def shrink(line: str) -> str:
     return line
 
 
-def _under(blocks: list[tuple[str, list[str]]], heading: str, source: str) -> list[str]:
-    found = [line for h, lines in blocks if h == heading for line in lines]
+def _under(blocks: list[tuple[str, list[str]]], heading: str, source: str) -> list[list[str]]:
+    found = [lines for h, lines in blocks if h == heading]
     if not found:
         raise SystemExit(f"{source}: no ```bash block under the heading {heading!r}; update .ci/readme_commands.py")
     return found
@@ -89,14 +89,14 @@ def _under(blocks: list[tuple[str, list[str]]], heading: str, source: str) -> li
 def readme_blocks(root: Path = ROOT) -> dict[str, Block]:
     readme = bash_blocks((root / "README.md").read_text())
     setup = []
-    for line in _under(readme, "Set up", "README.md"):
+    for line in _under(readme, "Set up", "README.md")[0]:  # the first block; the section's later ones are examples
         for session, small in SMALL_SESSIONS.items():
             line = re.sub(rf"{re.escape(session)}(?![\w-])", small, line)
         setup.append(line)
     examples = [shrink(line) for _, lines in readme for line in lines if line.startswith("rl ")]
     examples += [line for h, lines in readme if h == "Run on a Flyte cluster" for line in lines if " --local" in line]
     docs = bash_blocks((root / "docs" / "conformance.md").read_text())
-    conformance = [shrink(line) for line in _under(docs, "Three commands", "docs/conformance.md")]
+    conformance = [shrink(line) for lines in _under(docs, "Three commands", "docs/conformance.md") for line in lines]
     blocks = {
         "setup": Block("setup", "README.md, Set up", tuple(setup)),
         "examples": Block("examples", "README.md, every `rl ...` and `--local` line", tuple(examples)),
