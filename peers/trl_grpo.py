@@ -32,8 +32,10 @@ TRL's design choices, as shipped by default (GRPOConfig in 1.16.0), for declarin
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
 import tempfile
 from collections.abc import Sequence
 from typing import Any
@@ -71,6 +73,7 @@ def _reward_column(completions: list[Any], reward: list[float], **_: Any) -> lis
 @functools.cache
 def _trainer() -> GRPOTrainer:
     root = tempfile.mkdtemp(prefix="peers-trl-")
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
     model_dir = build_tiny_model(os.path.join(root, "model"))
     args = GRPOConfig(
         output_dir=os.path.join(root, "out"),
