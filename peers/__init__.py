@@ -3,8 +3,8 @@
 Each module binds one library's own installed functions as an `rl.conformance.Implementation` named `IMPL`, through
 thin adapters that only change shapes and arguments (no formula is copied):
 
-- `peers.trl_grpo`: TRL's `GRPOTrainer` (advantages and loss), `nox -s peers -- trl`.
-- `peers.verl_grpo`: verl's `compute_grpo_outcome_advantage` and actor `ppo_loss`, `nox -s peers -- verl`.
+- `peers.trl_grpo`: TRL's `GRPOTrainer` (advantages and loss), `nox -s "peers(peer='trl')"`.
+- `peers.verl_grpo`: verl's `compute_grpo_outcome_advantage` and actor `ppo_loss`, `nox -s "peers(peer='verl')"`.
 
 A module imports its library at import time, so it only imports in the environment `nox -s peers` builds for it. The
 package is not part of the wheel: `nox -s peers` puts the repository root on PYTHONPATH. What each peer passes, which
