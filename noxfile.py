@@ -125,3 +125,79 @@ def gpu(session: nox.Session) -> None:
     session.install("-e", ".[test,gpu]")
     env = {**HYPOTHESIS_ENV, "RL_GPU_STRICT": "1"}
     session.run("pytest", "gpu_tests", "-m", "gpu", *session.posargs, env=env)
+
+
+# Real GRPO libraries, pinned, and the laws each fails today (a declared choice or a real bug: docs/conformance.md,
+# "Proven on real peers", says which and why). `nox -s peers` fails when a peer's failures differ from its record, in
+# either direction: a law newly failing, or a recorded failure that now passes.
+PEERS = {
+    "trl": {
+        "pin": "trl==1.16.0",
+        "fails": {
+            "TestAdvantages::test_advantages_scale_by_the_population_std",
+            "TestAdvantages::test_advantages_sum_to_zero_within_each_group",
+            "TestAdvantages::test_advantages_permuting_samples_permutes_advantages",
+        },
+    },
+    "verl": {
+        "pin": "verl==0.9.1",
+        "fails": {
+            "TestAdvantages::test_advantages_scale_by_the_population_std",
+            "TestAdvantages::test_advantages_of_an_all_equal_group_are_exactly_zero",
+            "TestAdvantages::test_advantages_sum_to_zero_within_each_group",
+        },
+    },
+}
+
+
+@nox.session
+@nox.parametrize("peer", list(PEERS))
+def peers(session: nox.Session, peer: str) -> None:
+    """The packaged advantage and loss laws against a real GRPO library installed from the registry at its pin, CPU
+    only, through the thin adapters in peers/ (`nox -s peers` runs every peer, `nox -s "peers(peer='trl')"` one).
+    Like `conformance`: the installed package, run from a temporary directory that holds only a copy of peers/."""
+    import shutil
+    import tempfile
+    import time
+    import xml.etree.ElementTree as ET
+
+    spec = PEERS[peer]
+    started = time.monotonic()
+    session.install(*CPU_CONSTRAINTS, ".[test]", str(spec["pin"]))
+    install_s = time.monotonic() - started
+    repo = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix=f"rl-peers-{peer}-") as tmp:
+        shutil.copytree(os.path.join(repo, "peers"), os.path.join(tmp, "path", "peers"))
+        report = os.path.join(tmp, "report.xml")
+        suite = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", f"peers.{peer}_grpo:IMPL")
+        args = (*suite, "-m", "rl_advantages or rl_loss", "-p", "no:cacheprovider", f"--junitxml={report}")
+        env = {**HYPOTHESIS_ENV, "PYTHONPATH": os.path.join(tmp, "path")}
+        session.chdir(tmp)
+        try:
+            started = time.monotonic()
+            session.run("pytest", *args, *session.posargs, env=env, success_codes=[0, 1])
+            run_s = time.monotonic() - started
+        finally:
+            session.chdir(repo)
+        cases = ET.parse(report).getroot().iter("testcase")
+        outcomes = {
+            f"{c.get('classname', '').rpartition('.')[2]}::{c.get('name')}": (
+                "failed"
+                if c.find("failure") is not None or c.find("error") is not None
+                else "skipped"
+                if c.find("skipped") is not None
+                else "passed"
+            )
+            for c in cases
+        }
+    failed = {law for law, outcome in outcomes.items() if outcome == "failed"}
+    session.log(
+        f"{peer} ({spec['pin']}): install {install_s:.0f} s, laws {run_s:.0f} s; "
+        f"{len(outcomes) - len(failed)} of {len(outcomes)} laws pass; fails {sorted(failed) or 'none'}"
+    )
+    new, fixed = failed - set(spec["fails"]), set(spec["fails"]) - failed
+    if not outcomes or new or fixed:
+        session.error(
+            f"{peer}: the laws it fails differ from its record in noxfile.py PEERS (and docs/conformance.md): "
+            f"newly failing {sorted(new)}, recorded but passing {sorted(fixed)}, {len(outcomes)} laws ran"
+        )

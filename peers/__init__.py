@@ -1,0 +1,13 @@
+"""Real GRPO implementations, installed from the registry at pinned versions, bound for the conformance suite.
+
+Each module binds one library's own installed functions as an `rl.conformance.Implementation` named `IMPL`, through
+thin adapters that only change shapes and arguments (no formula is copied):
+
+- `peers.trl_grpo`: TRL's `GRPOTrainer` (advantages and loss), `nox -s "peers(peer='trl')"`.
+- `peers.verl_grpo`: verl's `compute_grpo_outcome_advantage` and actor `ppo_loss`, `nox -s "peers(peer='verl')"`.
+
+A module imports its library at import time, so it only imports in the environment `nox -s peers` builds for it. The
+package is not part of the wheel: `nox -s peers` copies it to a temporary directory on PYTHONPATH. What each peer
+passes, which laws it fails and why (a declared choice or a real bug) is in docs/conformance.md, "Proven on real
+peers".
+"""
