@@ -23,8 +23,12 @@ def test_demo_writes_metrics_jsonl_report_html_and_a_json_summary(tmp_path, caps
     assert summary["iterations"] == 3 and summary["constant_baseline_accuracy"] == pytest.approx(0.1)
     rows = [IterationMetrics.from_dict(json.loads(line)) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r.iteration for r in rows] == [0, 1, 2]
+    assert all(set(r.task_metrics) == {"accuracy"} for r in rows)  # the digit task has no answer format to rate
+    assert all(set(r.phase_s) >= {"generate", "score", "train"} for r in rows)
     page = (out / "report.html").read_text()
-    assert "status: <b>complete</b>" in page and page.count("<svg") == 1 and "Best sample" in page
+    assert "status: <b>complete</b>" in page and "Recent samples" in page
+    assert page.count("<svg") == page.count('<figure class="panel"') >= 8
+    assert 'data-panel="task:accuracy"' in page and 'data-panel="kl"' in page and "format rate" not in page
 
 
 def test_demo_resumes_a_finished_run_without_training_again(tmp_path, capsys):
