@@ -45,6 +45,7 @@ class Panel:
     title: str
     series: list[Series]
     unit_range: bool = False
+    from_zero: bool = False  # a quantity that is never negative: its axis starts at 0
     reference: tuple[str, float] | None = None  # a horizontal line: (label, y)
     caption: str = ""
 
@@ -59,6 +60,12 @@ def _series(
     """The rows' values of `value(row)` against their iteration, leaving out rows where it is None."""
     points = [(row.iteration, v) for row in rows if (v := value(row)) is not None]
     return Series(label, [float(x) for x, _ in points], [float(y) for _, y in points], dashed)
+
+
+def _stepped(label: str, rows: Sequence[IterationMetrics], value: Callable[[IterationMetrics], float]) -> Series:
+    """A train-step statistic, left out where no sample contributed: the trainer took no step and measured nothing,
+    and its zeros there would read as a KL or loss of 0."""
+    return _series(label, rows, lambda r: value(r) if r.contributing else None)
 
 
 def _entry_series(
@@ -116,15 +123,22 @@ def panels(
     if evals and "accuracy" not in names:
         out.append(Panel("heldout", "held-out accuracy", [held_out], unit_range=True))
     out += [
-        Panel("loss", "loss", [_series("loss", history, lambda r: r.mean_loss)]),
-        Panel("kl", "KL to the reference (k3)", [_series("kl", history, lambda r: r.kl)]),
-        Panel("clip_frac", "clip fraction", [_series("clip fraction", history, lambda r: r.clip_frac)], True),
-        Panel("grad_norm", "gradient norm (before clipping)", [_series("grad norm", history, lambda r: r.grad_norm)]),
+        Panel("loss", "loss", [_stepped("loss", history, lambda r: r.mean_loss)]),
+        Panel("kl", "KL to the reference (k3)", [_stepped("kl", history, lambda r: r.kl)], from_zero=True),
+        Panel("clip_frac", "clip fraction", [_stepped("clip fraction", history, lambda r: r.clip_frac)], True),
+        Panel(
+            "grad_norm",
+            "gradient norm (before clipping)",
+            [_stepped("grad norm", history, lambda r: r.grad_norm)],
+            from_zero=True,
+        ),
         Panel(
             "no_signal",
             "groups with no signal (all rewards equal)",
             [_series("fraction", history, lambda r: r.no_signal_groups / r.num_groups if r.num_groups else None)],
             unit_range=True,
+            caption="An iteration where every group had no signal takes no step: loss, KL, clip fraction and "
+            "gradient norm have no point there.",
         ),
         Panel(
             "completion_tokens",
@@ -133,6 +147,7 @@ def panels(
                 _series("mean", history, lambda r: r.mean_completion_tokens),
                 _series("max", history, lambda r: r.max_completion_tokens, dashed=True),
             ],
+            from_zero=True,
         ),
     ]
     phases = [_entry_series(p, history, lambda r: r.phase_s, p) for p in _PHASES]
@@ -141,6 +156,7 @@ def panels(
             "phase_s",
             "seconds per phase",
             [s for s in phases if s.x],
+            from_zero=True,
             caption="On the driver's clock. Evaluation runs beside the next iteration, and pipelined generation "
             "beside training, so the phases can add up to more than an iteration took.",
         )
@@ -148,20 +164,35 @@ def panels(
     return [p for p in out if any(s.x for s in p.series)]
 
 
-def _svg(panel: Panel) -> str:
+def _svg(panel: Panel, iterations: tuple[int, int]) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     # Text as <text>, not glyph paths: a tenth of the bytes, and the browser's font at any zoom.
     with plt.rc_context({"svg.fonttype": "none", "font.size": 8}):
         fig, ax = plt.subplots(figsize=(4.0, 2.6), constrained_layout=True)
         for color, s in zip(_COLORS, panel.series, strict=False):
-            ax.plot(s.x, s.y, color=color, linewidth=1.2, linestyle="--" if s.dashed else "-", label=s.label)
+            # A lone point, or a series with gaps (evaluations, iterations without a step), shows its points: a line
+            # alone would draw nothing, or hide the gaps.
+            gaps = len(s.x) < 2 or any(b - a > 1 for a, b in zip(s.x, s.x[1:], strict=False))
+            marker = "o" if gaps else None
+            linestyle = "--" if s.dashed else "-"
+            ax.plot(
+                s.x, s.y, color=color, linewidth=1.2, linestyle=linestyle, marker=marker, markersize=2.5, label=s.label
+            )
         if panel.reference is not None:
             label, y = panel.reference
             ax.axhline(y, color="#94a3b8", linestyle=":", linewidth=1, label=label)
+        first, last = iterations  # every chart spans the whole run, even where its series has no point
+        pad = 0.5 if first == last else 0.0
+        ax.set_xlim(first - pad, last + pad)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+        if panel.from_zero:
+            top = max((y for s in panel.series for y in s.y), default=0.0)
+            ax.set_ylim(0, top * 1.08 if top > 0 else 1.0)  # headroom, so a flat series does not hide in the frame
         if panel.unit_range:
             ax.set_ylim(-0.03, 1.03)  # a rate pinned at 0 or 1 stays visible off the frame
         if len(panel.series) > 1 or panel.reference is not None:
@@ -188,10 +219,11 @@ def _status(history: Sequence[IterationMetrics], evals: Sequence[EvalResult], st
         f"iteration {last.iteration} · adapter v{last.adapter_version}",
         f"mean reward {_fmt(last.mean_reward)}",
         *(f"{html.escape(_title(name))} {_fmt(value)}" for name, value in last.task_metrics.items()),
-        f"loss {_fmt(last.mean_loss, 4)}",
-        f"KL {_fmt(last.kl, 4)}",
-        f"clip fraction {_fmt(last.clip_frac)}",
     ]
+    if last.contributing:
+        parts += [f"loss {_fmt(last.mean_loss, 4)}", f"KL {_fmt(last.kl, 4)}", f"clip fraction {_fmt(last.clip_frac)}"]
+    else:
+        parts.append("no step (no group had signal)")
     if last.num_groups:
         parts.append(f"no-signal groups {last.no_signal_groups}/{last.num_groups}")
     if evals:
@@ -246,8 +278,9 @@ def render_report(
     if not history:
         body = f"<h2>{html.escape(title)}</h2><p>status: {html.escape(status)} · no iteration yet</p>"
         return f"{head}<body>{body}</body></html>"
+    span = (history[0].iteration, history[-1].iteration)
     charts = "".join(
-        f'<figure class="panel" data-panel="{html.escape(p.key)}">{_svg(p)}'
+        f'<figure class="panel" data-panel="{html.escape(p.key)}">{_svg(p, span)}'
         + (f"<figcaption>{html.escape(p.caption)}</figcaption>" if p.caption else "")
         + "</figure>"
         for p in panels(history, evals, baseline_accuracy)

@@ -126,3 +126,16 @@ def test_file_reporter_writes_one_row_per_line_with_task_metrics_and_phase_secon
 def test_a_run_of_one_or_two_iterations_still_draws_every_chart(n):
     page = render_report(rows(n), status="running")
     assert page.count("<svg") == len(_figures(page)) == len(_keys(rows(n)))
+
+
+def test_trainer_charts_leave_out_iterations_that_took_no_step_and_the_status_says_so():
+    """With no contributing sample the trainer measured nothing: its zeros must not be drawn as a KL or loss of 0."""
+    history = rows(5)
+    history[2] = replace(history[2], contributing=0, kl=0.0, mean_loss=0.0, clip_frac=0.0, grad_norm=0.0)
+    history[4] = replace(history[4], contributing=0, kl=0.0, mean_loss=0.0, clip_frac=0.0, grad_norm=0.0)
+    by_key = {p.key: p for p in panels(history)}
+    for key in ("loss", "kl", "clip_frac", "grad_norm"):
+        assert by_key[key].series[0].x == [0.0, 1.0, 3.0], key
+    assert by_key["reward"].series[0].x == [0.0, 1.0, 2.0, 3.0, 4.0]
+    status = render_report(history, status="running").split("</p>")[0]
+    assert "no step (no group had signal)" in status and "KL" not in status
