@@ -89,7 +89,12 @@ def _title(name: str) -> str:
 def panels(
     history: Sequence[IterationMetrics], evals: Sequence[EvalResult] = (), baseline_accuracy: float | None = None
 ) -> list[Panel]:
-    """The report's charts for `history`, in page order; a chart with nothing to draw is left out."""
+    """The report's charts for `history`, in page order.
+
+    Every run gets the reward, trainer and batch charts, drawn empty until there is a point (a run whose groups all
+    had equal rewards has taken no step yet); the task's charts are the metrics its rows carry, the held-out chart
+    needs evaluations and the phase chart timings (rows of older releases have none).
+    """
     out = [
         Panel(
             "reward",
@@ -150,18 +155,19 @@ def panels(
             from_zero=True,
         ),
     ]
-    phases = [_entry_series(p, history, lambda r: r.phase_s, p) for p in _PHASES]
-    out.append(
-        Panel(
-            "phase_s",
-            "seconds per phase",
-            [s for s in phases if s.x],
-            from_zero=True,
-            caption="On the driver's clock. Evaluation runs beside the next iteration, and pipelined generation "
-            "beside training, so the phases can add up to more than an iteration took.",
+    phases = [series for p in _PHASES if (series := _entry_series(p, history, lambda r: r.phase_s, p)).x]
+    if phases:
+        out.append(
+            Panel(
+                "phase_s",
+                "seconds per phase",
+                phases,
+                from_zero=True,
+                caption="On the driver's clock. Evaluation runs beside the next iteration, and pipelined generation "
+                "beside training, so the phases can add up to more than an iteration took.",
+            )
         )
-    )
-    return [p for p in out if any(s.x for s in p.series)]
+    return out
 
 
 def _svg(panel: Panel, iterations: tuple[int, int]) -> str:
@@ -187,7 +193,7 @@ def _svg(panel: Panel, iterations: tuple[int, int]) -> str:
             label, y = panel.reference
             ax.axhline(y, color="#94a3b8", linestyle=":", linewidth=1, label=label)
         first, last = iterations  # every chart spans the whole run, even where its series has no point
-        pad = 0.5 if first == last else 0.0
+        pad = max(0.5, 0.02 * (last - first))  # so a marker on the first or last iteration is not cut in half
         ax.set_xlim(first - pad, last + pad)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
         if panel.from_zero:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -27,8 +28,12 @@ def test_demo_writes_metrics_jsonl_report_html_and_a_json_summary(tmp_path, caps
     assert all(set(r.phase_s) >= {"generate", "score", "train"} for r in rows)
     page = (out / "report.html").read_text()
     assert "status: <b>complete</b>" in page and "Recent samples" in page
-    assert page.count("<svg") == page.count('<figure class="panel"') >= 8
-    assert 'data-panel="task:accuracy"' in page and 'data-panel="kl"' in page and "format rate" not in page
+    assert re.findall(r'<figure class="panel" data-panel="([^"]+)">', page) == [
+        "reward",
+        "task:accuracy",
+        *("loss", "kl", "clip_frac", "grad_norm", "no_signal", "completion_tokens", "phase_s"),
+    ]
+    assert page.count("<svg") == 9 and "format rate" not in page
 
 
 def test_demo_resumes_a_finished_run_without_training_again(tmp_path, capsys):

@@ -139,3 +139,12 @@ def test_trainer_charts_leave_out_iterations_that_took_no_step_and_the_status_sa
     assert by_key["reward"].series[0].x == [0.0, 1.0, 2.0, 3.0, 4.0]
     status = render_report(history, status="running").split("</p>")[0]
     assert "no step (no group had signal)" in status and "KL" not in status
+
+
+def test_trainer_charts_are_drawn_empty_before_the_first_step():
+    """A run whose groups all had equal rewards so far keeps its loss and KL charts (empty), not a shorter page."""
+    history = [replace(row, contributing=0) for row in rows(3)]
+    keys = _keys(history)
+    assert keys == ["reward", "task:accuracy", *TRAINER_PANELS, "phase_s"]
+    page = render_report(history, status="running")
+    assert page.count("<svg") == len(keys)
