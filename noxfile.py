@@ -30,7 +30,7 @@ def unit(session: nox.Session) -> None:
     """
     _install_cpu(session)
     args = list(session.posargs)
-    skipped = ["gpu", "slow", "ray"] + ([] if "--with-flyte" in args else ["flyte"])
+    skipped = ["gpu", "slow", "ray", "browser"] + ([] if "--with-flyte" in args else ["flyte"])
     args = [a for a in args if a != "--with-flyte"]
     session.run("pytest", "-m", " and ".join(f"not {m}" for m in skipped), *args, env=HYPOTHESIS_ENV)
 
@@ -54,6 +54,16 @@ def ray(session: nox.Session) -> None:
     """The detached Ray trainer actor against a real local Ray (`ray.init` on this machine)."""
     _install_cpu(session, "ray")
     session.run("pytest", "-m", "ray", *session.posargs, env=HYPOTHESIS_ENV)
+
+
+@nox.session
+def browser(session: nox.Session) -> None:
+    """The run report in headless Debian chromium at a wide and a narrow window: every chart drawn, nothing off-screen.
+
+    Needs `/usr/bin/chromium` (`apt-get install chromium`); without it the tests fail, saying so, rather than skip.
+    """
+    _install_cpu(session, "browser")
+    session.run("pytest", "-m", "browser", *session.posargs, env=HYPOTHESIS_ENV)
 
 
 @nox.session

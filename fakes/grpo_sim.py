@@ -15,7 +15,7 @@ from fakes.durable_sim import DurableSimulator, RunResult
 from fakes.faults import FaultPlan
 from fakes.grpo_tiers import FakeEngine, FakeEvaluator, FakeScorer, FakeTrainer, LatencyModel, RecordingReporter
 from rl.loop.grpo import GrpoConfig, GrpoOutcome, GrpoTiers, run_grpo, sample_prompts
-from rl.problems import DigitSuccessor
+from rl.problems import DigitSuccessor, marked_answer_metrics
 from rl.protocols import StateStore
 
 # A driver with `run_grpo`'s signature: ours, or a fork's under the conformance suite.
@@ -83,6 +83,7 @@ def grpo_sim(
             evaluate={"retries": 1},
         ),
         reporter=reporter,
+        task_metrics=marked_answer_metrics,  # the fake engine answers "####<digit>"
     )
     return GrpoSim(sim, config, tiers, artifacts, trainer, reporter, driver)
 

@@ -48,14 +48,14 @@ class ProgressReporter:
             self.progress.update(
                 self.task,
                 completed=len(history),
-                accuracy=sum(r.accuracy for r in recent) / len(recent),
+                accuracy=_window_mean(recent),
                 reward=sum(r.mean_reward for r in recent) / len(recent),
             )
         await self.inner.publish(history, status=status, evals=evals)
 
 
 def _window_mean(rows: Sequence[IterationMetrics]) -> float:
-    return sum(r.accuracy for r in rows) / len(rows)
+    return sum(r.task_metrics["accuracy"] for r in rows) / len(rows)
 
 
 async def run_demo(

@@ -81,5 +81,6 @@ def local_grpo(
         evaluator=SamplingEvaluator(engine, problems.eval_prompts(), max_tokens=config.max_tokens),
         reporter=reporter if reporter is not None else file_reporter,
         buffer=VolumeRolloutSink(out_dir / "volumes") if buffer else None,
+        task_metrics=problems.metrics,
     )
     return LocalDeployment(tiers, FileStateStore(out_dir / "checkpoint.json"), file_reporter, base)

@@ -14,7 +14,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rl.types import Prompt
+from rl.rewards import ANSWER_MARKER, is_correct
+from rl.types import Prompt, Rollout
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,25 @@ class DigitSuccessor:
 
     def eval_prompts(self) -> Sequence[Prompt]:
         return self.train_prompts()
+
+    def metrics(self, rollouts: Sequence[Rollout], rewards: Sequence[float]) -> dict[str, float]:
+        """Accuracy only: the answer is a bare digit, so there is no answer format to measure."""
+        return {"accuracy": accuracy(rollouts)}
+
+
+def accuracy(rollouts: Sequence[Rollout]) -> float:
+    """The share of rollouts whose extracted answer equals their reference (`rl.rewards.is_correct`)."""
+    return sum(is_correct(r.completion, r.answer) for r in rollouts) / len(rollouts)
+
+
+def format_rate(rollouts: Sequence[Rollout]) -> float:
+    """The share of rollouts that mark their answer with `####`, for tasks whose prompt asks for that marker."""
+    return sum(ANSWER_MARKER in r.completion for r in rollouts) / len(rollouts)
+
+
+def marked_answer_metrics(rollouts: Sequence[Rollout], rewards: Sequence[float]) -> dict[str, float]:
+    """The metrics of a task whose prompt asks for the answer after `####`: accuracy and format rate."""
+    return {"accuracy": accuracy(rollouts), "format_rate": format_rate(rollouts)}
 
 
 def constant_baseline_accuracy(prompts: Sequence[Prompt]) -> float:

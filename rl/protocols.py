@@ -100,6 +100,17 @@ class PromptSource(Protocol):
     def eval_prompts(self) -> Sequence[Prompt]: ...
 
 
+class TaskMetrics(Protocol):
+    """The task's own metrics over one iteration's scored rollouts, by name (accuracy, format rate, ...).
+
+    The driver calls it in its own process after scoring and stores the result in the iteration's row, so it is pure,
+    cheap and deterministic in its inputs (a resumed run recomputes it). Return only metrics the task has: the report
+    draws one chart per name.
+    """
+
+    def __call__(self, rollouts: Sequence[Rollout], rewards: Sequence[float]) -> dict[str, float]: ...
+
+
 @runtime_checkable
 class VolumeVersion(Protocol):
     """A finalized, immutable volume version (the `ROVolume` role)."""

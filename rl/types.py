@@ -109,15 +109,26 @@ class EvalResult:
 
 @dataclass(frozen=True)
 class IterationMetrics:
-    """One row of the report per iteration: the seed's fields, plus no-signal groups and staleness."""
+    """One row of the report per iteration (one line of `metrics.jsonl`).
+
+    The driver fills every field from the iteration's rollouts, rewards and train result, except `task_metrics`: what
+    the task defines (`GrpoTiers.task_metrics`: the digit task's accuracy, a `####` task's format rate too), so the row
+    holds no metric that the task does not have. `kl` and `clip_frac` are the trainer's means over contributing
+    samples (`StepMetrics`). The sample is the iteration's first rollout (group 0, sample 0): what the policy draws,
+    not its best of the batch.
+
+    `phase_s` holds the seconds each phase took on the driver's event-loop clock (`generate`: launch until the last
+    group landed; `score`: the scoring left after that; `train`: the step; `evaluate`: the held-out evaluation of this
+    row's adapter, off the critical path, filled in when it lands). It is left out of equality: a resumed run replays
+    finished actions in no time, so its timings legitimately differ from an uninterrupted run whose every other field
+    it matches bit for bit.
+    """
 
     iteration: int
     adapter_version: int
     num_rollouts: int
     mean_reward: float
     max_reward: float
-    accuracy: float
-    format_rate: float
     mean_loss: float
     contributing: int
     sample_question: str
@@ -126,10 +137,26 @@ class IterationMetrics:
     no_signal_groups: int = 0
     max_staleness: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+    num_groups: int = 0
+    kl: float = 0.0
+    clip_frac: float = 0.0
+    grad_norm: float = 0.0
+    mean_completion_tokens: float = 0.0
+    max_completion_tokens: int = 0
+    task_metrics: dict[str, float] = field(default_factory=dict)
+    phase_s: dict[str, float] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> IterationMetrics:
+        d = dict(d)
+        # Rows written before task metrics existed carry the digit task's two as top-level keys.
+        legacy = {key: d.pop(key) for key in _LEGACY_TASK_METRICS if key in d}
+        if legacy:
+            d["task_metrics"] = {**legacy, **d.get("task_metrics", {})}
         return cls(**d)
+
+
+_LEGACY_TASK_METRICS = ("accuracy", "format_rate")

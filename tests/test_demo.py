@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -23,8 +24,16 @@ def test_demo_writes_metrics_jsonl_report_html_and_a_json_summary(tmp_path, caps
     assert summary["iterations"] == 3 and summary["constant_baseline_accuracy"] == pytest.approx(0.1)
     rows = [IterationMetrics.from_dict(json.loads(line)) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r.iteration for r in rows] == [0, 1, 2]
+    assert all(set(r.task_metrics) == {"accuracy"} for r in rows)  # the digit task has no answer format to rate
+    assert all(set(r.phase_s) >= {"generate", "score", "train"} for r in rows)
     page = (out / "report.html").read_text()
-    assert "status: <b>complete</b>" in page and page.count("<svg") == 1 and "Best sample" in page
+    assert "status: <b>complete</b>" in page and "Recent samples" in page
+    assert re.findall(r'<figure class="panel" data-panel="([^"]+)">', page) == [
+        "reward",
+        "task:accuracy",
+        *("loss", "kl", "clip_frac", "grad_norm", "no_signal", "completion_tokens", "phase_s"),
+    ]
+    assert page.count("<svg") == 9 and "format rate" not in page
 
 
 def test_demo_resumes_a_finished_run_without_training_again(tmp_path, capsys):

@@ -96,9 +96,12 @@ def test_train_rl_publishes_a_report_with_the_metrics_of_every_iteration(flyte_l
     last = run.output.history[-1]
     assert "status: <b>complete</b>" in page
     assert f"iteration {last.iteration} · adapter v{last.adapter_version}" in page
-    assert f"mean reward {last.mean_reward:.3f}" in page and f"accuracy {last.accuracy:.3f}" in page
-    assert f"loss {last.mean_loss:.4f}" in page
-    assert page.count("<svg") == 1  # the reward / accuracy / format / loss charts
+    assert f"mean reward {last.mean_reward:.3f}" in page and f"accuracy {last.task_metrics['accuracy']:.3f}" in page
+    if last.contributing:
+        assert f"loss {last.mean_loss:.4f}" in page and f"KL {last.kl:.4f}" in page
+    else:
+        assert "no step (no group had signal)" in page
+    assert page.count("<svg") == page.count('<figure class="panel"') == 9  # one chart per panel, phases included
     assert "profile smoke" in page and "engine torch" in page
 
 

@@ -39,3 +39,31 @@ def test_a_different_run_seed_gives_a_different_adapter(first, tmp_path):
     deployment = local_grpo(tmp_path / "b", other_config, buffer=False, report_interval_s=1e9)
     other = asyncio.run(run_grpo(other_config, deployment.tiers, deployment.store))
     assert other.adapter.digest != first.adapter.digest
+
+
+class _RecordingTrainer:
+    def __init__(self, inner) -> None:  # type: ignore[no-untyped-def]
+        self.inner, self.steps = inner, []
+
+    async def init_adapter(self, seed):  # type: ignore[no-untyped-def]
+        return await self.inner.init_adapter(seed)
+
+    async def train_step(self, batch):  # type: ignore[no-untyped-def]
+        result = await self.inner.train_step(batch)
+        self.steps.append(result.metrics)
+        return result
+
+
+def test_each_rows_kl_and_clip_fraction_are_the_peft_steps_own(tmp_path):
+    """Pipelined on the real stack (stale samples, a moving adapter), each row's KL to the base, clip fraction and
+    gradient norm are exactly what that iteration's PEFT step computed from `rl.loss`, and they are not all zero."""
+    from dataclasses import replace
+
+    config = GrpoConfig(iterations=4, prompts_per_iteration=4, group_size=8, seed=1, max_tokens=3, evaluate=False)
+    config = replace(config, pipelined=True)
+    deployment = local_grpo(tmp_path, config, buffer=False, report_interval_s=1e9)
+    trainer = _RecordingTrainer(deployment.tiers.trainer)
+    outcome = asyncio.run(run_grpo(config, replace(deployment.tiers, trainer=trainer), deployment.store))
+    rows = [(row.kl, row.clip_frac, row.grad_norm) for row in outcome.history]
+    assert rows == [(m.kl, m.clip_frac, m.grad_norm) for m in trainer.steps]
+    assert max(kl for kl, _, _ in rows) > 0.0 and max(clip for _, clip, _ in rows) > 0.0

@@ -22,10 +22,9 @@ from dataclasses import dataclass, field, replace
 
 from rl.loop.grpo import GrpoConfig
 from rl.models.tiny import TinyModelConfig
-from rl.problems import DigitSuccessor
-from rl.protocols import PromptSource
+from rl.problems import DigitSuccessor, marked_answer_metrics
 from rl.trainer.config import TrainerConfig
-from rl.types import Prompt
+from rl.types import Prompt, Rollout
 
 ENGINES = ("torch", "vllm")
 
@@ -195,11 +194,15 @@ class ArithmeticProblems:
     def eval_prompts(self) -> Sequence[Prompt]:
         return self._problems(self.held_out, 1)
 
+    def metrics(self, rollouts: Sequence[Rollout], rewards: Sequence[float]) -> dict[str, float]:
+        return marked_answer_metrics(rollouts, rewards)
 
-PROBLEM_SETS: dict[str, Callable[[], PromptSource]] = {"digits": DigitSuccessor, "arithmetic": ArithmeticProblems}
+
+ProblemSet = DigitSuccessor | ArithmeticProblems  # a PromptSource with the task's own `metrics`
+PROBLEM_SETS: dict[str, Callable[[], ProblemSet]] = {"digits": DigitSuccessor, "arithmetic": ArithmeticProblems}
 
 
-def problem_set(name: str) -> PromptSource:
+def problem_set(name: str) -> ProblemSet:
     """The named problem set (`digits`: the tiny model's digit successor; `arithmetic`: for real models)."""
     try:
         return PROBLEM_SETS[name]()

@@ -377,6 +377,7 @@ def grpo_tiers(config: GrpoRunConfig, base: Dir, *, step_task: TrainTask, title:
         reporter=reporter,
         group=flyte.group,
         buffer=_TaskBuffer() if config.keep_rollouts else None,
+        task_metrics=problems.metrics,
     )
 
 
@@ -443,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.local:
         result = run.outputs()[0]
         for row in result.history:
-            print(f"iteration {row.iteration}: mean reward {row.mean_reward:.3f} accuracy {row.accuracy:.3f}")
+            task = "".join(f" {name} {value:.3f}" for name, value in sorted(row.task_metrics.items()))
+            print(f"iteration {row.iteration}: mean reward {row.mean_reward:.3f}{task}")
     return 0
 
 

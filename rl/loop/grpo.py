@@ -30,11 +30,20 @@ from rl.protocols import (
     RolloutSink,
     Scorer,
     StateStore,
+    TaskMetrics,
     Trainer,
 )
-from rl.rewards import is_correct
 from rl.seeding import derive_seed, rollout_seed
-from rl.types import ArtifactRef, EvalResult, IterationMetrics, Prompt, Rollout, RolloutRequest, TrainBatch
+from rl.types import (
+    ArtifactRef,
+    EvalResult,
+    IterationMetrics,
+    Prompt,
+    Rollout,
+    RolloutRequest,
+    StepMetrics,
+    TrainBatch,
+)
 
 
 class GrpoInputError(ValueError):
@@ -96,12 +105,15 @@ class GrpoConfig:
 
 @dataclass(frozen=True)
 class GrpoTiers:
-    """The tiers the driver calls. `evaluator`, `reporter` and `group` are optional.
+    """The tiers the driver calls. `evaluator`, `reporter`, `buffer`, `group` and `task_metrics` are optional.
 
     `group(name)` is entered around the work of one iteration (`iter-<N>`: its rollouts, rewards and train step) and
     around each evaluation launch (`eval-v<version>`), the `flyte.group` role: every action started inside it, in
     tasks created there too, belongs to that group. Pipelined, iteration N+1's generation is launched inside its own
     group while iteration N trains in `iter-<N>`.
+
+    `task_metrics` names the task's own metrics for each iteration's row (the driver knows no task: without it a row
+    has reward, loss and the trainer's statistics, but no accuracy).
     """
 
     engine: RolloutEngine
@@ -113,6 +125,7 @@ class GrpoTiers:
     reporter: Reporter | None = None
     buffer: RolloutSink | None = None
     group: Callable[[str], AbstractContextManager[object]] | None = None
+    task_metrics: TaskMetrics | None = None
 
     def scope(self, name: str) -> AbstractContextManager[object]:
         """`group(name)`, or a no-op when no grouping is bound."""
@@ -204,29 +217,69 @@ def iteration_metrics(
     version: int,
     rollouts: list[Rollout],
     rewards: list[float],
-    result_loss: float,
-    contributing: int,
-    no_signal: int,
+    step: StepMetrics,
+    *,
     max_staleness: int,
+    task_metrics: dict[str, float],
+    phase_s: dict[str, float],
 ) -> IterationMetrics:
+    """The iteration's row: reward and completion statistics, the train step's statistics, the task's metrics."""
     n = len(rollouts)
-    best = max(range(n), key=lambda i: rewards[i])
+    group_ids = [r.group_id for r in rollouts]
+    lengths = [len(r.token_ids) for r in rollouts]
     return IterationMetrics(
         iteration=iteration,
         adapter_version=version,
         num_rollouts=n,
         mean_reward=sum(rewards) / n,
         max_reward=max(rewards),
-        accuracy=sum(is_correct(r.completion, r.answer) for r in rollouts) / n,
-        format_rate=sum("####" in r.completion for r in rollouts) / n,
-        mean_loss=result_loss,
-        contributing=contributing,
-        sample_question=rollouts[best].question,
-        sample_completion=rollouts[best].completion,
-        sample_reward=rewards[best],
-        no_signal_groups=no_signal,
+        mean_loss=step.loss,
+        contributing=step.contributing,
+        sample_question=rollouts[0].question,
+        sample_completion=rollouts[0].completion,
+        sample_reward=rewards[0],
+        no_signal_groups=len(no_signal_groups(group_ids, rewards)),
         max_staleness=max_staleness,
+        num_groups=len(set(group_ids)),
+        kl=step.kl,
+        clip_frac=step.clip_frac,
+        grad_norm=step.grad_norm,
+        mean_completion_tokens=sum(lengths) / n,
+        max_completion_tokens=max(lengths),
+        task_metrics=dict(task_metrics),
+        phase_s=dict(phase_s),
     )
+
+
+def _now() -> float:
+    # The event loop's clock: virtual under the simulator, so phase timings never depend on the machine running a test.
+    return asyncio.get_running_loop().time()
+
+
+class _LandingClock:
+    """The engine, noting when each group lands: the split between generating and the scoring left after it."""
+
+    def __init__(self, inner: RolloutEngine) -> None:
+        self.inner = inner
+        self.last_landed: float | None = None
+
+    async def generate(self, request: RolloutRequest) -> list[Rollout]:
+        group = await self.inner.generate(request)
+        self.last_landed = _now()
+        return group
+
+
+async def _generate_and_score_timed(
+    config: GrpoConfig, tiers: GrpoTiers, iteration: int, adapter: ArtifactRef, version: int
+) -> tuple[list[Rollout], list[float], dict[str, float]]:
+    """`generate_and_score` and its phase seconds; timing the engine from outside keeps that function's shape, which
+    forks and tests substitute."""
+    engine = _LandingClock(tiers.engine)
+    start = _now()
+    rollouts, rewards = await generate_and_score(config, replace(tiers, engine=engine), iteration, adapter, version)
+    end = _now()
+    landed = engine.last_landed if engine.last_landed is not None else end
+    return rollouts, rewards, {"generate": landed - start, "score": end - landed}
 
 
 async def _train(
@@ -234,9 +287,9 @@ async def _train(
     tiers: GrpoTiers,
     state: DriverState,
     iteration: int,
-    rollouts: list[Rollout],
-    rewards: list[float],
+    scored: tuple[list[Rollout], list[float], dict[str, float]],
 ) -> DriverState:
+    rollouts, rewards, phase_s = scored
     new_version = state.adapter_version + 1
     staleness = [state.adapter_version - r.policy_version for r in rollouts]
     worst = max(staleness)
@@ -253,7 +306,9 @@ async def _train(
         optimizer_state=state.optimizer_state,
         new_version=new_version,
     )
+    started = _now()
     result = await tiers.trainer.train_step(batch)
+    train_s = _now() - started
     if result.version != new_version:
         raise EngineContractError(
             f"trainer returned adapter v{result.version} for step {iteration}; expected v{new_version}"
@@ -263,10 +318,10 @@ async def _train(
         new_version,
         rollouts,
         rewards,
-        result.metrics.loss,
-        result.metrics.contributing,
-        len(no_signal_groups([r.group_id for r in rollouts], rewards)),
-        worst,
+        result.metrics,
+        max_staleness=worst,
+        task_metrics=tiers.task_metrics(rollouts, rewards) if tiers.task_metrics is not None else {},
+        phase_s={**phase_s, "train": train_s},
     )
     return replace(
         state,
@@ -278,6 +333,18 @@ async def _train(
         optimizer_state=result.optimizer_state,
         history=[*state.history, row],
     )
+
+
+def _with_eval_time(state: DriverState, finished: tuple[EvalResult, float]) -> DriverState:
+    """The state with the evaluation appended and its seconds noted on the row of the adapter it evaluated."""
+    result, seconds = finished
+    history = [
+        replace(row, phase_s={**row.phase_s, "evaluate": seconds})
+        if row.adapter_version == result.policy_version
+        else row
+        for row in state.history
+    ]
+    return replace(state, history=history, evals=[*state.evals, result])
 
 
 async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> GrpoOutcome:
@@ -301,31 +368,30 @@ async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> G
             else (state.adapter, state.adapter_version)
         )
         with tiers.scope(f"iter-{start}"):
-            pending = asyncio.ensure_future(generate_and_score(config, tiers, start, gen_adapter, gen_version))
+            pending = asyncio.ensure_future(_generate_and_score_timed(config, tiers, start, gen_adapter, gen_version))
     try:
         for it in range(start, config.iterations):
             with tiers.scope(f"iter-{it}"):
                 if config.pipelined:
                     assert pending is not None
-                    rollouts, rewards = await pending
+                    scored = await pending
                     if it + 1 < config.iterations:
                         with tiers.scope(f"iter-{it + 1}"):
                             pending = asyncio.ensure_future(
-                                generate_and_score(config, tiers, it + 1, state.adapter, state.adapter_version)
+                                _generate_and_score_timed(config, tiers, it + 1, state.adapter, state.adapter_version)
                             )
                 else:
-                    rollouts, rewards = await generate_and_score(
-                        config, tiers, it, state.adapter, state.adapter_version
-                    )
-                state = await _train(config, tiers, state, it, rollouts, rewards)
+                    scored = await _generate_and_score_timed(config, tiers, it, state.adapter, state.adapter_version)
+                state = await _train(config, tiers, state, it, scored)
+            rollouts, rewards, _ = scored
             if tiers.buffer is not None:
                 version = await tiers.buffer.append(it, rollouts, rewards, state.buffer_version)
                 state = replace(state, buffer_version=version)
             # Evaluation of step N runs while step N+1 generates and trains; it is awaited only after N+1.
-            finished_eval = await evaluating if evaluating is not None else None
+            if evaluating is not None:
+                state = _with_eval_time(state, await evaluating)
             state = replace(
                 state,
-                evals=[*state.evals, finished_eval] if finished_eval is not None else state.evals,
                 pending_eval=(state.adapter, state.adapter_version)
                 if config.evaluates(state.adapter_version)
                 else None,
@@ -334,7 +400,7 @@ async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> G
             await _publish(tiers, state, "running")
             await save_state(store, state)
         if evaluating is not None:
-            state = replace(state, evals=[*state.evals, await evaluating], pending_eval=None)
+            state = replace(_with_eval_time(state, await evaluating), pending_eval=None)
     finally:
         for fut in (pending, evaluating):
             if fut is not None:
@@ -353,13 +419,21 @@ async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> G
 
 def _launch_eval(
     config: GrpoConfig, tiers: GrpoTiers, pending: tuple[ArtifactRef, int] | None
-) -> asyncio.Future[EvalResult] | None:
+) -> asyncio.Future[tuple[EvalResult, float]] | None:
     if pending is None or tiers.evaluator is None or not config.evaluate:
         return None
     adapter, version = pending
     seed = derive_seed(config.seed, "eval", version)
     with tiers.scope(f"eval-v{version}"):
-        return asyncio.ensure_future(tiers.evaluator.evaluate(adapter, version, config.eval_k, seed))
+        return asyncio.ensure_future(_evaluate_timed(tiers.evaluator, adapter, version, config.eval_k, seed))
+
+
+async def _evaluate_timed(
+    evaluator: Evaluator, adapter: ArtifactRef, version: int, k: int, seed: int
+) -> tuple[EvalResult, float]:
+    started = _now()
+    result = await evaluator.evaluate(adapter, version, k, seed)
+    return result, _now() - started
 
 
 async def _publish(tiers: GrpoTiers, state: DriverState, status: str) -> None:

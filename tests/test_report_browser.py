@@ -1,0 +1,66 @@
+"""The report as a person sees it: headless chromium at a wide and a narrow window draws every chart, logs no
+error, and puts nothing past the right edge (the old single wide figure cut its last chart off at 1300 px)."""
+
+from __future__ import annotations
+
+import pytest
+from chromium import browser_context
+from report_rows import MARKED_TASK, evals, rows
+
+from rl.report import panels, render_report
+
+pytestmark = pytest.mark.browser
+
+HISTORY = rows(40, task=MARKED_TASK, completion="7" * 300 + " then a sentence with ordinary words")
+EVALS = evals(40)
+
+_LAYOUT = """() => {
+  const width = window.innerWidth;
+  const beyond = [];
+  for (const el of document.querySelectorAll("*")) {
+    const right = el.getBoundingClientRect().right;
+    if (right > width + 0.5) beyond.push(`${el.tagName}.${el.getAttribute("class") || ""} right=${right}`);
+  }
+  const figures = [...document.querySelectorAll("figure.panel")].map((f) => {
+    const svgs = f.querySelectorAll("svg");
+    const box = svgs[0] ? svgs[0].getBoundingClientRect() : { width: 0, height: 0, top: -1 };
+    return { key: f.dataset.panel, svgs: svgs.length, width: box.width, height: box.height, top: box.top };
+  });
+  return {
+    width,
+    scrollWidth: document.documentElement.scrollWidth,
+    svgs: document.querySelectorAll("svg").length,
+    beyond: beyond.slice(0, 10),
+    figures,
+  };
+}"""
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    path = tmp_path_factory.mktemp("report") / "report.html"
+    path.write_text(render_report(HISTORY, status="running", evals=EVALS, baseline_accuracy=0.1, title="GRPO + LoRA"))
+    return path
+
+
+@pytest.mark.parametrize(("width", "columns"), [(1300, 4), (700, 2), (400, 1)])
+def test_every_chart_renders_inside_the_window_without_console_errors(report, width, columns):
+    """One nonzero SVG per panel, no element's right edge past the viewport, no horizontal scroll, no error."""
+    with browser_context(width) as context:
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(report.as_uri())
+        layout = page.evaluate(_LAYOUT)
+
+    expected = [p.key for p in panels(HISTORY, EVALS, 0.1)]
+    assert [f["key"] for f in layout["figures"]] == expected and len(expected) == 10
+    assert layout["svgs"] == len(expected)
+    for figure in layout["figures"]:
+        assert figure["svgs"] == 1 and figure["width"] > 0 and figure["height"] > 0, figure
+    assert errors == []
+    assert layout["width"] == width
+    assert layout["beyond"] == [] and layout["scrollWidth"] <= width
+    first_row = [f for f in layout["figures"] if f["top"] == layout["figures"][0]["top"]]
+    assert len(first_row) == columns  # the charts wrap to the window instead of overflowing it
