@@ -12,13 +12,15 @@ from fakes.artifacts import MemoryArtifacts
 from fakes.grpo_sim import Latencies, grpo_sim, lineage_violations
 from fakes.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, LatencyModel
 from fakes.state_store import MemoryStateStore
-from rl.loop.checkpoint import (
+from rl.errors import (
     CheckpointConfigMismatchError,
     CheckpointCorruptError,
     CheckpointSchemaError,
+    GrpoInputError,
     MissingAdapterError,
+    NonFiniteRewardError,
 )
-from rl.loop.grpo import GrpoConfig, GrpoInputError, GrpoTiers, NonFiniteRewardError, run_grpo
+from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor
 from rl.seeding import rollout_seed
 from rl.types import Rollout, RolloutRequest
@@ -221,3 +223,15 @@ def test_checkpoint_naming_a_missing_adapter_is_a_clear_error():
 def test_eval_every_evaluates_multiples_and_always_the_last_version(every, versions):
     setup = grpo_sim(replace(CONFIG, eval_every=every), seed=1)
     assert [e.policy_version for e in setup.run().output.evals] == versions
+
+
+def test_the_errors_a_fork_raises_live_in_rl_errors_and_the_driver_modules_raise_those_same_classes():
+    """One class per error: `except rl.errors.X` catches what the driver and its checkpoint raise."""
+    import rl.errors
+    import rl.loop.checkpoint
+    import rl.loop.grpo
+
+    for name in rl.errors.__all__:
+        for module in (rl.loop.grpo, rl.loop.checkpoint):
+            assert getattr(module, name, getattr(rl.errors, name)) is getattr(rl.errors, name), (name, module)
+    assert issubclass(rl.errors.CheckpointConfigMismatchError, rl.errors.CheckpointError)

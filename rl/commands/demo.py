@@ -46,7 +46,7 @@ def run_grpo_demo(args: argparse.Namespace) -> int:
     config = grpo_demo_config(
         iterations=args.iterations, seed=args.seed, prompts=args.prompts, samples=args.samples, pipelined=args.pipelined
     )
-    from rl.loop.checkpoint import CheckpointError
+    from rl.errors import CheckpointError
 
     start = time.perf_counter()
     try:

@@ -21,7 +21,8 @@ from fakes.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, LatencyModel
 from fakes.state_store import MemoryStateStore
 from rl.conformance._base import ContractBase, Run, tier
 from rl.conformance.capabilities import Capabilities, require
-from rl.loop.grpo import GrpoConfig, GrpoTiers, NonFiniteRewardError, run_grpo
+from rl.errors import NonFiniteRewardError
+from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor
 from rl.types import Rollout, RolloutRequest, TrainBatch, TrainResult
 

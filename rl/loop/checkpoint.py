@@ -11,31 +11,17 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rl.errors import (
+    CheckpointConfigMismatchError,
+    CheckpointCorruptError,
+    CheckpointSchemaError,
+    MissingAdapterError,
+)
 from rl.identity import content_digest
 from rl.protocols import Artifacts, StateStore
 from rl.types import ArtifactRef, EvalResult, IterationMetrics
 
 SCHEMA_VERSION = 1
-
-
-class CheckpointError(RuntimeError):
-    """The driver's checkpoint cannot be resumed from."""
-
-
-class CheckpointCorruptError(CheckpointError):
-    """The blob is not a complete checkpoint (torn write, damaged storage, or not ours)."""
-
-
-class CheckpointSchemaError(CheckpointError):
-    """The checkpoint was written by another schema version of this driver."""
-
-
-class CheckpointConfigMismatchError(CheckpointError):
-    """The checkpoint was written by a run with another configuration."""
-
-
-class MissingAdapterError(CheckpointError):
-    """The checkpoint names an adapter or optimizer state that the artifact store no longer has."""
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 
 from rl.advantages import no_signal_groups
+from rl.errors import EngineContractError, GrpoInputError, NonFiniteRewardError, StaleBatchError
 from rl.identity import content_digest
 from rl.loop.checkpoint import DriverState, load_state, save_state
 from rl.protocols import (
@@ -44,22 +45,6 @@ from rl.types import (
     StepMetrics,
     TrainBatch,
 )
-
-
-class GrpoInputError(ValueError):
-    """The run's configuration or prompts cannot work; nothing was started."""
-
-
-class NonFiniteRewardError(ValueError):
-    """A scorer returned NaN or an infinity; the iteration was not committed."""
-
-
-class StaleBatchError(ValueError):
-    """A batch holds rollouts further behind the trained policy than `max_staleness` allows."""
-
-
-class EngineContractError(RuntimeError):
-    """A rollout engine returned something the protocol forbids (wrong count, version or group)."""
 
 
 @dataclass(frozen=True)
