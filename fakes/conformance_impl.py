@@ -5,7 +5,9 @@
 - `REAL_CPU`: the real CPU stack on a tiny model built into a temporary directory on first use: `LocalArtifacts`,
   `FileStateStore`, the torch sampler, the PEFT trainer, `RewardScorer`, our advantages and loss, and the DDP shard step
   (two spawned gloo ranks). torch is imported only when one of its
-  factories runs. It binds no driver: the driver laws run a driver on the fakes, and ours is checked under FAKES.
+  factories runs. It binds no driver: the driver laws run a driver on the fakes, and ours is checked under FAKES. Its
+  algorithm is what the PEFT trainer runs with its default `TrainerConfig` (`trainer_algorithm`): the loss in
+  float32.
 
     pytest --pyargs rl.conformance.test_suite --rl-impl fakes.conformance_impl:FAKES
     pytest --pyargs rl.conformance.test_suite --rl-impl fakes.conformance_impl:REAL_CPU
@@ -28,18 +30,20 @@ from rl.advantages import group_normalized_advantages
 from rl.artifacts import LocalArtifacts
 from rl.conformance.capabilities import Capabilities
 from rl.conformance.implementation import Implementation
+from rl.conformance.spec import AlgorithmSpec
 from rl.loop.agentic import train
 from rl.loop.grpo import run_grpo
 from rl.protocols import Artifacts
 from rl.scoring import RewardScorer
 from rl.state import FileStateStore
+from rl.trainer.config import TrainerConfig
 from rl.types import ArtifactRef
 
 if TYPE_CHECKING:
     from rl.engines.torch_sampler import TorchSampler
     from rl.trainer.peft_trainer import PeftTrainer
 
-__all__ = ["FAKES", "REAL_CPU"]
+__all__ = ["FAKES", "REAL_CPU", "trainer_algorithm"]
 
 
 async def fake_version0_adapter(artifacts: Artifacts) -> ArtifactRef:
@@ -59,6 +63,18 @@ def ddp_shard_step(ddp_model: Any, sample_loss_fns: Any, sync_forward: Any) -> N
     from rl.trainer.ddp import ddp_shard_step as step
 
     step(ddp_model, sample_loss_fns, sync_forward)
+
+
+def trainer_algorithm(config: TrainerConfig) -> AlgorithmSpec:
+    """The GRPO choices our PEFT trainer makes under `config`: the group's population std plus `advantage_eps` (or
+    none, Dr. GRPO's `advantage_scale="none"`), the k3 penalty unless `kl_beta` is 0, the clipped ratio, and the loss
+    on float32 log-probs (advantages in float64: pure Python)."""
+    return AlgorithmSpec(
+        advantage_scale="population_std" if config.advantage_scale == "group" else "none",
+        std_eps=config.advantage_eps,
+        kl_estimator="k3" if config.kl_beta > 0 else "none",
+        loss_dtype="float32",
+    )
 
 
 FAKES = Implementation(
@@ -130,4 +146,5 @@ REAL_CPU = Implementation(
     sample_loss=sample_loss,
     ddp_shard_step=ddp_shard_step,
     capabilities=Capabilities(),
+    algorithm=trainer_algorithm(TrainerConfig()),
 )

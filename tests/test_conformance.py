@@ -8,6 +8,7 @@ then runs the packaged suite through the plugin (`--rl-impl`) to check its skips
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import subprocess
 import sys
@@ -22,17 +23,19 @@ import pytest
 import rl.loop.grpo as grpo
 from fakes.artifacts import MemoryArtifacts
 from fakes.chaos import grpo_random
-from fakes.conformance_impl import FAKES, fake_version0_adapter
+from fakes.conformance_impl import FAKES, fake_version0_adapter, trainer_algorithm
 from fakes.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
 from fakes.state_store import MemoryStateStore
 from rl.advantages import group_normalized_advantages
 from rl.artifacts import LocalArtifacts
 from rl.conformance import (
+    AdvantageContract,
     ArtifactsContract,
     Capabilities,
     GrpoDriverContract,
     Implementation,
     LoopContract,
+    LossContract,
     RolloutEngineContract,
     ScorerContract,
     StateStoreContract,
@@ -42,7 +45,8 @@ from rl.conformance import (
 from rl.conformance.contracts import default_scorer_group
 from rl.conformance.implementation import ImplementationError
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
-from rl.loss import grpo_sample_loss
+from rl.loss import LossSample, grpo_batch_loss, grpo_sample_loss
+from rl.trainer.config import TrainerConfig
 from rl.types import ArtifactRef, Prompt, Rollout, RolloutRequest, TrainBatch, TrainResult
 
 pytest_plugins = ("pytester",)
@@ -80,6 +84,37 @@ class TestFakes(LoopContract):
     @pytest.fixture
     def sample_loss(self):
         return grpo_sample_loss
+
+
+class TestOurBatchLoss(LossContract):
+    """`rl.loss.grpo_batch_loss` in the batch form a TRL-style trainer calls (padded `[B, T]` log-probs and a mask):
+    the loss laws under our declaration, through the `batch_loss` fixture."""
+
+    @pytest.fixture
+    def batch_loss(self):
+        def batch_loss(new_logp, old_logp, ref_logp, advantages, mask, *, clip_eps, kl_beta):
+            keep = mask > 0
+            samples = [
+                LossSample(new_logp[i][keep[i]], old_logp[i][keep[i]], ref_logp[i][keep[i]], float(advantages[i]))
+                for i in range(new_logp.shape[0])
+            ]
+            return grpo_batch_loss(samples, clip_eps=clip_eps, kl_beta=kl_beta)
+
+        return batch_loss
+
+
+class TestTrainerConfigAlgorithms(AdvantageContract):
+    """Our advantages as the trainer calls them under `TrainerConfig(advantage_scale="none")`, checked against the
+    declaration `trainer_algorithm` derives from that config (Dr. GRPO: no scale)."""
+
+    @pytest.fixture
+    def advantages(self):
+        config = TrainerConfig(advantage_scale="none")
+        return functools.partial(group_normalized_advantages, scale=config.advantage_scale, eps=config.advantage_eps)
+
+    @pytest.fixture
+    def algorithm(self):
+        return trainer_algorithm(TrainerConfig(advantage_scale="none"))
 
 
 class TestLocalArtifacts(ArtifactsContract):

@@ -9,8 +9,9 @@ Two ways to run it against your implementation:
 Public API (names are stable): `AdvantageContract`, `LossContract`, `ArtifactsContract`, `StateStoreContract`,
 `RolloutEngineContract`, `ScorerContract`, `TrainerContract`, `GrpoDriverContract`, `DriverReplayContract`,
 `AgenticContract`, `LoopContract` (all of these), `DdpShardStepContract` (spawns ranks; not in `LoopContract`),
-`trained_adapter`, `Capabilities`,
-`Implementation`, `load_implementation`, `RecordedHistory`, `load_history`, `record_history`.
+`trained_adapter`, `Capabilities`, `AlgorithmSpec` (the algorithm choices an implementation declares),
+`sample_loss_as_batch_loss`, `Implementation`, `load_implementation`, `RecordedHistory`, `load_history`,
+`record_history`.
 Attributes load lazily, so the pytest plugin that imports this package stays cheap.
 """
 
@@ -20,8 +21,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from rl.conformance.advantage_laws import AdvantageContract
     from rl.conformance.agentic import AgenticContract
-    from rl.conformance.algorithm import AdvantageContract, LossContract
     from rl.conformance.capabilities import Capabilities
     from rl.conformance.contracts import (
         ArtifactsContract,
@@ -36,10 +37,14 @@ if TYPE_CHECKING:
     from rl.conformance.history import DriverReplayContract, RecordedHistory, load_history, record_history
     from rl.conformance.implementation import Implementation, load_implementation
     from rl.conformance.loop import LoopContract
+    from rl.conformance.loss_laws import LossContract, sample_loss_as_batch_loss
+    from rl.conformance.spec import AlgorithmSpec
 
 _EXPORTS = {
-    "AdvantageContract": "rl.conformance.algorithm",
-    "LossContract": "rl.conformance.algorithm",
+    "AdvantageContract": "rl.conformance.advantage_laws",
+    "LossContract": "rl.conformance.loss_laws",
+    "sample_loss_as_batch_loss": "rl.conformance.loss_laws",
+    "AlgorithmSpec": "rl.conformance.spec",
     "AgenticContract": "rl.conformance.agentic",
     "DdpShardStepContract": "rl.conformance.ddp",
     "trained_adapter": "rl.conformance.contracts",
@@ -62,6 +67,7 @@ _EXPORTS = {
 __all__ = [
     "AdvantageContract",
     "AgenticContract",
+    "AlgorithmSpec",
     "ArtifactsContract",
     "Capabilities",
     "DdpShardStepContract",
@@ -78,6 +84,7 @@ __all__ = [
     "load_history",
     "load_implementation",
     "record_history",
+    "sample_loss_as_batch_loss",
     "trained_adapter",
 ]
 

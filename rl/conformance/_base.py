@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, ClassVar, TypeVar
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, example, settings
 
 from rl.conformance.capabilities import Capabilities
 
@@ -22,18 +22,32 @@ def law_settings(max_examples: int) -> settings:
 
     The implementation under test comes from a fixture and is reused across examples (the laws hold whatever state
     it is in), so the function-scoped-fixture health check is off; data is drawn inside the test, never via fixtures.
+    A law stops at its first failure (an explicit example's is reported as it is, not shrunk or collected with others).
     """
     return settings(
         max_examples=max_examples,
         deadline=None,
         derandomize=True,
         database=None,
+        report_multiple_bugs=False,
         suppress_health_check=[
             HealthCheck.function_scoped_fixture,
             HealthCheck.differing_executors,
             HealthCheck.too_slow,
         ],
     )
+
+
+def explicit_examples(*cases: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Attach each case as an explicit hypothesis example of the law's `case` argument: the hazardous cells, run in
+    order before anything is drawn (a failing one is reported as it is, never left to a chance draw)."""
+
+    def decorate(law: Callable[..., Any]) -> Callable[..., Any]:
+        for case in reversed(cases):
+            law = example(case=case)(law)
+        return law
+
+    return decorate
 
 
 def tier(name: str) -> Callable[[type[T]], type[T]]:

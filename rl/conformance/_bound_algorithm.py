@@ -1,33 +1,44 @@
 """The algorithm contracts bound to the implementation `--rl-impl` names, for the packaged suite
-(`rl.conformance.test_suite` imports these classes): `advantages` and `sample_loss` come from the `Implementation`, and
-a missing one skips its laws, saying which factory is missing."""
+(`rl.conformance.test_suite` imports these classes): `advantages` and `batch_loss` or `sample_loss` come from the
+`Implementation`, the declared choices from its `algorithm`, and a missing function skips its laws, saying which
+factory is missing."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from rl.conformance.algorithm import AdvantageContract, AdvantageFn, LossContract, SampleLossFn
+from rl.conformance.advantage_laws import AdvantageContract, AdvantageFn
 from rl.conformance.implementation import Implementation
+from rl.conformance.loss_laws import LossContract, LossUnderTest, sample_loss_as_batch_loss
+from rl.conformance.spec import AlgorithmSpec
 
 __all__ = ["TestAdvantages", "TestLoss"]
-
-
-def _provided(implementation: Implementation, name: str, laws: str) -> Any:
-    function = getattr(implementation, name)
-    if function is None:
-        pytest.skip(f"{implementation.name} provides no `{name}` factory, so the {laws} laws do not apply")
-    return function
 
 
 class TestAdvantages(AdvantageContract):
     @pytest.fixture
     def advantages(self, implementation: Implementation) -> AdvantageFn:
-        return _provided(implementation, "advantages", "advantage")
+        if implementation.advantages is None:
+            pytest.skip(f"{implementation.name} provides no `advantages` factory, so the advantage laws do not apply")
+        return implementation.advantages
+
+    @pytest.fixture
+    def algorithm(self, implementation: Implementation) -> AlgorithmSpec:
+        return implementation.algorithm
 
 
 class TestLoss(LossContract):
     @pytest.fixture
-    def sample_loss(self, implementation: Implementation) -> SampleLossFn:
-        return _provided(implementation, "sample_loss", "GRPO loss")
+    def loss_under_test(self, implementation: Implementation) -> LossUnderTest:
+        if implementation.batch_loss is not None:
+            return LossUnderTest(implementation.batch_loss)
+        if implementation.sample_loss is not None:
+            return LossUnderTest(sample_loss_as_batch_loss(implementation.sample_loss), implementation.sample_loss)
+        pytest.skip(
+            f"{implementation.name} provides no `batch_loss` or `sample_loss` factory, so the GRPO loss laws do not "
+            "apply"
+        )
+
+    @pytest.fixture
+    def algorithm(self, implementation: Implementation) -> AlgorithmSpec:
+        return implementation.algorithm

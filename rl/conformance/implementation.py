@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from rl.conformance.capabilities import Capabilities
+from rl.conformance.spec import AlgorithmSpec
 
 if TYPE_CHECKING:
     from fakes.grpo_sim import GrpoDriver
@@ -25,6 +26,7 @@ TIERS = (
     "driver",
     "advantages",
     "sample_loss",
+    "batch_loss",
     "ddp_shard_step",
     "agentic_driver",
     "judge_tier",
@@ -54,7 +56,11 @@ class Implementation:
       `rl.loop.grpo.run_grpo`; its laws run it on the simulator with the fake tiers.
     - `advantages`: `(group_ids, rewards) -> list[float]`, like `rl.advantages.group_normalized_advantages`.
     - `sample_loss`: `(new_logp, old_logp, ref_logp, advantage, clip_eps, kl_beta) -> (loss, stats)` on 1-D torch
-      tensors, like `rl.loss.grpo_sample_loss`.
+      tensors, like `rl.loss.grpo_sample_loss`; the loss laws lift it to the batch form (each completion, then the
+      mean over completions).
+    - `batch_loss`: `(new_logp, old_logp, ref_logp, advantages, mask, *, clip_eps, kl_beta) -> loss` or
+      `(loss, stats)` on `[B, T]` tensors, `[B]` advantages and a `[B, T]` completion mask (1.0 on tokens, 0.0 on
+      padding), as TRL-style trainers compute it. Bind one of `sample_loss` and `batch_loss`.
     - `ddp_shard_step`: `(ddp_model, sample_loss_fns, sync_forward) -> None`, like `rl.trainer.ddp.ddp_shard_step`
       (a module-level function: it is pickled to spawned gloo ranks).
     - `agentic_driver`: `async (tiers, **inputs) -> AgenticOutcome`, like `rl.loop.agentic.train`.
@@ -64,6 +70,8 @@ class Implementation:
     - `policy_trainer(world_ids, identity)`: a `rl.agentic.bandit.PolicyTrainer` with exactly-once `update`, like
       `rl.agentic.bandit.BanditTrainer(world_ids, identity=identity)`.
     - `capabilities`: what the implementation claims (`Capabilities()`, the default, claims everything).
+    - `algorithm`: the GRPO choices its advantages and loss make (`AlgorithmSpec()`, the default, is ours); the
+      algorithm laws compute their reference from it.
 
     `engine`, `adapter` and `trainer` receive the test's store: `artifacts()` when given, else an in-memory store.
     """
@@ -78,16 +86,18 @@ class Implementation:
     driver: GrpoDriver | None = None
     advantages: Callable[..., Sequence[float]] | None = None
     sample_loss: Callable[..., Any] | None = None
+    batch_loss: Callable[..., Any] | None = None
     ddp_shard_step: Callable[..., None] | None = None
     agentic_driver: Callable[..., Awaitable[Any]] | None = None
     judge_tier: Callable[..., Any] | None = None
     policy_trainer: Callable[..., Any] | None = None
     capabilities: Capabilities = field(default_factory=Capabilities)
+    algorithm: AlgorithmSpec = field(default_factory=AlgorithmSpec)
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name not in ("name", "capabilities") and value is not None and not callable(value):
+            if f.name not in ("name", "capabilities", "algorithm") and value is not None and not callable(value):
                 raise ImplementationError(
                     f"Implementation {self.name!r}: `{f.name}` must be callable or None, got {type(value).__name__}"
                 )
@@ -96,12 +106,29 @@ class Implementation:
                 f"Implementation {self.name!r}: `capabilities` must be a rl.conformance.Capabilities, "
                 f"got {type(self.capabilities).__name__}"
             )
+        if not isinstance(self.algorithm, AlgorithmSpec):
+            raise ImplementationError(
+                f"Implementation {self.name!r}: `algorithm` must be a rl.conformance.AlgorithmSpec, "
+                f"got {type(self.algorithm).__name__}"
+            )
+        if self.sample_loss is not None and self.batch_loss is not None:
+            raise ImplementationError(
+                f"Implementation {self.name!r} binds both `sample_loss` and `batch_loss`: bind one, the form your "
+                "trainer calls (the loss laws check one loss)"
+            )
+        if self.sample_loss is not None and self.algorithm.loss_aggregation == "token_mean":
+            raise ImplementationError(
+                f"Implementation {self.name!r} declares {self.algorithm.declared()}, a mean over the batch's tokens, "
+                "which a per-completion `sample_loss` cannot express: bind `batch_loss`, or declare the aggregation "
+                "your sample_loss has"
+            )
 
 
 def load_implementation(spec: str) -> Implementation:
     """Import `module:attr` (attr may be dotted) and return it as an `Implementation`.
 
-    Any object with some of the factory attributes (`artifacts`, `engine`, ..., `capabilities`) is accepted and wrapped.
+    Any object with some of the factory attributes (`artifacts`, `engine`, ..., `capabilities`, `algorithm`) is accepted
+    and wrapped.
     """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
@@ -126,5 +153,6 @@ def load_implementation(spec: str) -> Implementation:
     return Implementation(
         name=str(getattr(obj, "name", spec)),
         capabilities=getattr(obj, "capabilities", None) or Capabilities(),
+        algorithm=getattr(obj, "algorithm", None) or AlgorithmSpec(),
         **found,
     )

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from rl.conformance._base import Run
+from rl.conformance.advantage_laws import AdvantageContract
 from rl.conformance.agentic import AgenticContract
-from rl.conformance.algorithm import AdvantageContract, LossContract
 from rl.conformance.contracts import (
     ArtifactsContract,
     RolloutEngineContract,
@@ -19,6 +19,7 @@ from rl.conformance.contracts import (
 )
 from rl.conformance.driver import GrpoDriverContract
 from rl.conformance.history import DriverReplayContract
+from rl.conformance.loss_laws import LossContract
 from rl.protocols import RolloutEngine, Trainer
 from rl.types import ArtifactRef
 

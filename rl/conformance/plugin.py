@@ -27,7 +27,7 @@ TIER_MARKERS = {
     "rl_driver": "the GRPO driver laws (simulator sweeps and fault scenarios)",
     "rl_replay": "the replay-compatibility laws (a recorded run's actions, issued again)",
     "rl_advantages": "the group-relative advantage laws",
-    "rl_loss": "the GRPO loss laws (clipped ratio, k3 KL)",
+    "rl_loss": "the GRPO loss laws (REINFORCE at ratio 1, clipped ratio, KL penalty, padding, aggregation)",
     "rl_ddp": "the multi-rank shard-step laws (spawned gloo ranks)",
     "rl_agentic": "the agentic loop laws (skipped trials, memoised judge, canonical inputs, exactly-once steps)",
 }
@@ -40,6 +40,8 @@ _CONTRACT_MODULES = (
     "rl.conformance.driver",
     "rl.conformance.history",
     "rl.conformance.algorithm",
+    "rl.conformance.advantage_laws",
+    "rl.conformance.loss_laws",
     "rl.conformance.ddp",
     "rl.conformance.agentic",
     "rl.conformance.loop",

@@ -1,6 +1,7 @@
 """Broken GRPO advantages and losses, each a bug a fork can really ship, bound for the packaged suite
-(`--rl-impl broken_algorithm:SAMPLE_STD`); `REFERENCE` binds ours. Each broken function is the reference with one
-thing changed, and its docstring says what.
+(`--rl-impl broken_algorithm:NO_EPS`); `REFERENCE` binds ours. Each broken function is the reference (or the library
+computation it names) with one thing changed, and its docstring says what. Those that make another design choice
+than ours as well declare it, so that only the bug is left to fail.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from torch import Tensor
 
 from rl.advantages import group_normalized_advantages
-from rl.conformance import Implementation
+from rl.conformance import AlgorithmSpec, Implementation
 from rl.loss import clipped_surrogate, grpo_sample_loss, importance_ratio, k3_kl
 
 EPS = 1e-4
@@ -49,11 +50,6 @@ def _standardised(rs: list[float], std: float) -> list[float]:
 
 
 # -- advantages --------------------------------------------------------------------------------------------------------
-
-
-def sample_std_advantages(group_ids: Sequence[int], rewards: Sequence[float]) -> list[float]:
-    """`statistics.stdev` (n - 1) where GRPO divides by the population std (n), as `torch.std` does by default."""
-    return _grouped(group_ids, rewards, lambda rs: _standardised(rs, statistics.stdev(rs) if len(rs) > 1 else 0.0))
 
 
 def no_eps_advantages(group_ids: Sequence[int], rewards: Sequence[float]) -> list[float]:
@@ -99,6 +95,54 @@ def sorted_by_group_advantages(group_ids: Sequence[int], rewards: Sequence[float
     instead of the input order."""
     order = sorted(range(len(rewards)), key=lambda i: group_ids[i])
     return group_normalized_advantages([group_ids[i] for i in order], [rewards[i] for i in order])
+
+
+def sign_flipped_advantages(group_ids: Sequence[int], rewards: Sequence[float]) -> list[float]:
+    """`(mean - r) / (std + eps)`: centred and scaled, but the better completion is pushed down."""
+    return [-a for a in group_normalized_advantages(group_ids, rewards)]
+
+
+def tutorial_advantages(group_ids: Sequence[int], rewards: Sequence[float]) -> list[float]:
+    """The seed tutorial's `(r - fmean) / (pstdev + 1e-4)` with no all-equal guard: the float mean of equal rewards
+    can differ from them (`fmean([0.1] * 3) != 0.1`), so a no-signal group gets a 1e-13 residue and the trainer's
+    `advantage == 0.0` skip never fires."""
+
+    def formula(rs: list[float]) -> list[float]:
+        mean = statistics.fmean(rs)
+        std = statistics.pstdev(rs) if len(rs) > 1 else 0.0
+        return [(r - mean) / (std + 1e-4) for r in rs]
+
+    return _grouped(group_ids, rewards, formula)
+
+
+def _float32_group_norm(eps: float, singleton: Callable[[Tensor], Tensor]) -> Callable[..., list[float]]:
+    """Group normalisation as the libraries write it, in float32 torch and with no all-equal guard:
+    `(r - r.mean()) / (r.std() + eps)` (`torch.std`: the sample std), `singleton(r)` for a group of one."""
+
+    def advantages(group_ids: Sequence[int], rewards: Sequence[float]) -> list[float]:
+        values = torch.tensor(list(rewards), dtype=torch.float32)  # [N]
+        ids = torch.tensor(list(group_ids), dtype=torch.int64)  # [N]
+        out = torch.zeros_like(values)
+        for gid in torch.unique(ids):
+            members = ids == gid
+            group = values[members]  # [G]
+            out[members] = singleton(group) if group.numel() == 1 else (group - group.mean()) / (group.std() + eps)
+        return out.tolist()
+
+    return advantages
+
+
+trl_float32_advantages = _float32_group_norm(1e-4, torch.zeros_like)
+"""TRL's GRPO advantages (float32, sample std, eps 1e-4): an all-equal group of 0.1s gets same-sign advantages of
+about 1e-4 instead of 0 (its float32 mean differs from 0.1, and the std of equal values is rounding noise)."""
+
+openrlhf_float32_advantages = _float32_group_norm(1e-9, torch.zeros_like)
+"""OpenRLHF's group normalisation (float32, sample std, eps 1e-9): the same residue over a std of the same size
+gives an all-equal group of 0.1s advantages near -0.9."""
+
+verl_float32_advantages = _float32_group_norm(1e-6, lambda group: group / (1.0 + 1e-6))
+"""verl's GRPO advantages (float32, sample std, eps 1e-6; a group of one as if its mean were 0 and its std 1): the
+singleton convention is declared, and the all-equal groups still break."""
 
 
 # -- the loss ----------------------------------------------------------------------------------------------------------
@@ -155,15 +199,6 @@ def advantage_sign_flipped_loss(
     return _loss(surrogate + kl_beta * k3_kl(ref_logp, new_logp).mean())
 
 
-def token_sum_loss(
-    new_logp: Tensor, old_logp: Tensor, ref_logp: Tensor, advantage: float, clip_eps: float = 0.2, kl_beta: float = 0.03
-) -> tuple[Tensor, dict[str, float]]:
-    """Sums over tokens instead of averaging: a completion weighs in proportion to its length."""
-    ratio = importance_ratio(new_logp, old_logp)
-    surrogate = clipped_surrogate(ratio, advantage, clip_eps, clip_eps).sum()
-    return _loss(-(surrogate - kl_beta * k3_kl(ref_logp, new_logp).sum()))
-
-
 def kl_summed_loss(
     new_logp: Tensor, old_logp: Tensor, ref_logp: Tensor, advantage: float, clip_eps: float = 0.2, kl_beta: float = 0.03
 ) -> tuple[Tensor, dict[str, float]]:
@@ -171,6 +206,27 @@ def kl_summed_loss(
     ratio = importance_ratio(new_logp, old_logp)
     surrogate = clipped_surrogate(ratio, advantage, clip_eps, clip_eps).mean()
     return _loss(-(surrogate - kl_beta * k3_kl(ref_logp, new_logp).sum()))
+
+
+def unmasked_kl_loss(
+    new_logp: Tensor,
+    old_logp: Tensor,
+    ref_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps: float,
+    kl_beta: float,
+) -> Tensor:
+    """A batch loss that masks the surrogate but not the KL term: the padding's log-probs enter the loss and get a
+    gradient."""
+    ratio = torch.exp(new_logp - old_logp)  # [B, T]
+    a = advantages.unsqueeze(1)  # [B, 1]
+    surrogate = torch.minimum(ratio * a, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * a)
+    delta = ref_logp - new_logp
+    kl = torch.expm1(delta) - delta
+    per_token = -(surrogate * mask) + kl_beta * kl
+    return (per_token.sum(dim=1) / mask.sum(dim=1)).mean()
 
 
 def keepdim_loss(
@@ -189,18 +245,33 @@ REFERENCE = Implementation(
     name="reference-algorithm", advantages=group_normalized_advantages, sample_loss=grpo_sample_loss
 )
 
-SAMPLE_STD = Implementation(name="sample-std", advantages=sample_std_advantages)
 NO_EPS = Implementation(name="no-eps", advantages=no_eps_advantages)
 NOT_CENTRED = Implementation(name="not-centred", advantages=not_centred_advantages)
 BATCH_STD = Implementation(name="batch-std", advantages=batch_std_advantages)
 CONTIGUOUS_GROUPS = Implementation(name="contiguous-groups", advantages=contiguous_group_advantages)
 SORTED_BY_GROUP = Implementation(name="sorted-by-group", advantages=sorted_by_group_advantages)
+SIGN_FLIPPED = Implementation(name="sign-flipped", advantages=sign_flipped_advantages)
+TUTORIAL = Implementation(name="tutorial", advantages=tutorial_advantages)
+_SAMPLE_STD_FLOAT32 = AlgorithmSpec(advantage_scale="sample_std", advantage_dtype="float32")
+TRL_FLOAT32 = Implementation(name="trl-float32", advantages=trl_float32_advantages, algorithm=_SAMPLE_STD_FLOAT32)
+OPENRLHF_FLOAT32 = Implementation(
+    name="openrlhf-float32",
+    advantages=openrlhf_float32_advantages,
+    algorithm=AlgorithmSpec(advantage_scale="sample_std", advantage_dtype="float32", std_eps=1e-9),
+)
+VERL_FLOAT32 = Implementation(
+    name="verl-float32",
+    advantages=verl_float32_advantages,
+    algorithm=AlgorithmSpec(
+        advantage_scale="sample_std", advantage_dtype="float32", std_eps=1e-6, singleton_groups="reward"
+    ),
+)
 
 KL_SIGN_FLIPPED = Implementation(name="kl-sign-flipped", sample_loss=kl_sign_flipped_loss)
 K1_KL = Implementation(name="k1-kl", sample_loss=k1_kl_loss)
 UNCLIPPED_RATIO = Implementation(name="unclipped-ratio", sample_loss=unclipped_ratio_loss)
 CLAMP_ONLY = Implementation(name="clamp-only", sample_loss=clamp_only_loss)
 ADVANTAGE_SIGN_FLIPPED = Implementation(name="advantage-sign-flipped", sample_loss=advantage_sign_flipped_loss)
-TOKEN_SUM = Implementation(name="token-sum", sample_loss=token_sum_loss)
 KL_SUMMED = Implementation(name="kl-summed", sample_loss=kl_summed_loss)
+UNMASKED_KL = Implementation(name="unmasked-kl", batch_loss=unmasked_kl_loss)
 KEEPDIM = Implementation(name="keepdim", sample_loss=keepdim_loss)
