@@ -8,16 +8,21 @@ import json
 import random
 import subprocess
 import sys
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import pytest
 from pydantic import ValidationError
 
 from fakes.memory_worlds import MemoryWorlds
+from fakes.virtual_loop import VirtualTimeLoop
 from rl.agentic.agent import SandboxFailure, doc_order, run_trial
 from rl.agentic.bandit import bandit_update, initial_weights
 from rl.agentic.judge import judge_flakes, judge_score, make_reward, verify
 from rl.agentic.types import Reward, Rubric, Trajectory, TrialSpec, Turn, Weights
 from rl.agentic.world import N_DOCS, SECRET_MARKER, doc_path, secret_digest, world_files, world_secret
+
+T = TypeVar("T")
 
 
 def test_world_is_deterministic_and_exactly_one_document_holds_the_hashed_secret():
@@ -53,15 +58,26 @@ async def _trial(
     return traj, fork.written()
 
 
+def _on_virtual_time(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` on the simulator's virtual clock: a tool call's latency costs no wall time and `elapsed_s` (read off
+    the running loop's clock) is exact, however loaded the machine is."""
+    loop = VirtualTimeLoop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
 def test_a_retried_trial_regenerates_exactly_the_trajectory_of_its_first_attempt():
     """002: "the trajectory is seeded by trial_id, so a retry is a clean regeneration, not a replay".
 
-    `elapsed_s` is the one field read off a clock; with no tool latency it is 0.0 on both attempts (the simulator's
-    virtual clock makes it exact at any latency: see test_agentic_loop).
+    `elapsed_s` is the one field read off a clock, the running loop's: on the virtual clock it is exactly the tool
+    calls' latency on both attempts (on a real loop it would also count however long the machine took).
     """
-    first, written = asyncio.run(_trial(attempt=0, flaky_rate=0.0))
-    retried, _ = asyncio.run(_trial(attempt=1, flaky_rate=1.0))
+    first, written = _on_virtual_time(_trial(attempt=0, flaky_rate=0.0, latency_s=0.2))
+    retried, _ = _on_virtual_time(_trial(attempt=1, flaky_rate=1.0, latency_s=0.2))
     assert first == retried
+    assert first.elapsed_s == round(0.2 * len(first.turns), 2) > 0
     found = [t for t in first.turns if t.found]
     assert (first.answer == secret_digest(3, "w0")) == bool(found) and len(first.turns) <= 6
     assert set(written) == set(first.files_written) and written["answer.txt"] == (first.answer or "")

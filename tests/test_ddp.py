@@ -5,7 +5,6 @@ end with identical parameters, and the multi-rank step equals `PeftTrainer`'s.""
 from __future__ import annotations
 
 import asyncio
-import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,10 @@ from rl.types import Rollout, TrainBatch, TrainResult
 __all__ = ["tiny_model_dir"]
 
 CONFIG = TrainerConfig(lora_rank=4, lora_alpha=8, seed=3, threads=1)
-TIMEOUT_S = 30.0
+TIMEOUT_S = 300.0
+"""The gloo collective timeout. No test here expects a deadlock, so it only bounds a hang: generous enough that a rank
+slowed by a saturated machine never trips it (a step takes about a second), and a hang still fails, as a timeout error
+where PeerRankError or the rank's own error is expected."""
 WORLD = 2
 
 
@@ -80,14 +82,13 @@ def _failing_steps(
     """Two steps that must fail without a hang: a stale batch (every rank), then a store only rank 1 cannot read."""
     outcomes = []
     for batch, root in ((stale, artifacts_root), (good, artifacts_root if rank == 0 else artifacts_root / "missing")):
-        start = time.monotonic()
         try:
             ddp_train_step(rank, world_size, base_dir, root, batch, CONFIG)
             outcomes.append("ok")
         except Exception as exc:
+            # A rank left waiting in a collective would end with gloo's timeout error here, not PeerRankError: the
+            # outcome's type tells a hang from an agreed failure, however long either took.
             outcomes.append(type(exc).__name__)
-        # A hang would last until the collective timeout; an agreed failure takes about one model load.
-        assert time.monotonic() - start < TIMEOUT_S / 3, f"rank {rank} took {time.monotonic() - start:.1f} s"
     return outcomes
 
 
@@ -194,6 +195,6 @@ def test_the_multi_rank_train_step_equals_the_single_process_step(ddp_run: DdpRu
 @pytest.mark.slow
 def test_failures_surface_on_every_rank_instead_of_hanging(ddp_run: DdpRun) -> None:
     """A stale batch raises StaleRolloutError on every rank; one rank's unreadable input fails that rank with its own
-    error and the other with PeerRankError, each well within the collective timeout."""
+    error and the other with PeerRankError (a rank that hung in a collective would end with gloo's timeout error)."""
     outcomes = ddp_run.results("failures")
     assert outcomes == [["StaleRolloutError", "PeerRankError"], ["StaleRolloutError", "ArtifactNotFound"]]

@@ -2,6 +2,8 @@
 
 Idempotent by construction: every draw comes from one PRNG seeded by (run seed, trial id), and the sandbox-failure coin
 is drawn first on every attempt, so a retried trial regenerates exactly the trajectory its first attempt would have.
+The one field read off a clock, `elapsed_s`, uses the running event loop's: on a virtual-time loop (the simulator's) it
+is exactly the tool calls' latency, so it regenerates too; on a real loop it also counts however long the machine took.
 """
 
 from __future__ import annotations

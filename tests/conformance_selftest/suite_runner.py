@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import Phase, settings
 
 HERE = Path(__file__).resolve().parent
 
@@ -27,13 +29,47 @@ class SuiteRun:
     """Per failed law: its failure (assertion message included) and the suite's reproduce line."""
 
 
+NO_SHRINK = tuple(p for p in Phase if p not in (Phase.shrink, Phase.explain))
+"""The phases the self-test runs the laws with: it checks which laws fail and what they say, never a shrunk example,
+and shrinking a broken implementation's failure took most of the self-test's time (36 s of 45 s for the algorithm
+cases, measured on 2 cores). The laws' messages are templates over the failing example, and `derandomize=True` makes
+the first failing example the same on every run, so the outcome is the same as with shrinking."""
+
+
+class _NoShrinking:
+    """A plugin for the in-process run: while it runs, each collected hypothesis law skips shrinking; afterwards every
+    law has its own settings back (the contract modules may stay imported in this process and serve other tests)."""
+
+    def __init__(self) -> None:
+        self.patched: list[tuple[Any, settings]] = []
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            function = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+            own = getattr(function, "_hypothesis_internal_use_settings", None)
+            if own is not None:
+                self.patched.append((function, own))
+                function._hypothesis_internal_use_settings = settings(own, phases=NO_SHRINK)  # type: ignore[union-attr]
+
+    def restore(self) -> None:
+        for function, own in reversed(self.patched):
+            function._hypothesis_internal_use_settings = own
+        self.patched.clear()
+
+
 def run_suite(pytester: pytest.Pytester, impl: str, marker: str, *extra: str) -> SuiteRun:
-    """Run the laws selected by `-m marker` against `impl` (`module:ATTR`, importable from this directory)."""
+    """Run the laws selected by `-m marker` against `impl` (`module:ATTR`, importable from this directory), without
+    shrinking (see `NO_SHRINK`)."""
     pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
     pytester.syspathinsert(HERE)
-    recorder = pytester.inline_run(
-        "--pyargs", "rl.conformance.test_suite", "--rl-impl", impl, "-m", marker, "-p", "no:cacheprovider", *extra
-    )
+    no_shrinking = _NoShrinking()
+    try:
+        recorder = pytester.inline_run(
+            "--pyargs", "rl.conformance.test_suite", "--rl-impl", impl, "-m", marker, "-p", "no:cacheprovider", *extra,
+            plugins=[no_shrinking],
+        )  # fmt: skip
+    finally:
+        no_shrinking.restore()
     passed, skipped, failed = recorder.listoutcomes()
     errors = [r for r in recorder.getreports("pytest_runtest_logreport") if r.failed and r.when != "call"]
 
