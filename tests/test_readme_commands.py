@@ -33,7 +33,7 @@ RL_LINES = [line for line in BLOCKS["examples"].lines if line.startswith("rl ")]
 
 
 def test_the_setup_block_is_the_two_commands_a_newcomer_types_with_the_demo_shrunk_through_posargs():
-    assert BLOCKS["setup"].lines == ("pip install nox && nox -s demo -- --iterations 3", "nox -s unit")
+    assert BLOCKS["setup"].lines == ("pip install 'nox[uv]' && nox -s demo -- --iterations 3", "nox -s unit")
 
 
 @pytest.mark.parametrize("line", RL_LINES)
