@@ -15,19 +15,22 @@ numbers is one real trainer, built once with TRL's default `GRPOConfig` on our t
   returns the given `new_logp` (so the gradient flows to it). `clip_eps` and `kl_beta` are set on the trainer's
   `epsilon_low`, `epsilon_high` and `beta`, the attributes `__init__` copies from `GRPOConfig`.
 
-TRL's design choices, as shipped by default (GRPOConfig in 1.16.0), for declaring them:
+TRL's design choices under its default `GRPOConfig` (1.16.0), read from `trl/trainer/grpo_trainer.py` and declared
+as `ALGORITHM`:
 
     advantages   A = (r - nanmean(r_g)) / (nanstd(r_g) + 1e-4), `scale_rewards="group"`
                  std: sample (Bessel, n - 1: `trl.trainer.utils.nanstd`); eps 1e-4 added to the std
                  dtype: float32 (rewards are cast with `torch.tensor(..., dtype=torch.float32)`)
                  all-equal group: no guard, so the float32 rounding residue of the mean is divided by ~1e-4
                  one-sample group: 0 (std forced to 0 when num_generations == 1, mean equals the reward)
-    loss         `loss_type="dapo"`: token losses summed over the batch and divided by the number of completion tokens
-                 in the whole generation batch (for one completion: its token mean)
+    loss         `loss_type="dapo"`: token losses summed over the batch and divided by `num_items_in_batch`, the
+                 completion tokens of the generation batch (`token_mean`; bound as `batch_loss`)
                  clip: two-sided PPO clip min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), eps 0.2
-                 KL: k3 towards the reference, `beta=0.0` by default (no reference model loaded); when beta > 0 it is
-                 multiplied by the importance ratio (`use_bias_correction_kl=True`) and added per token
+                 KL: `beta=0.0` by default (no reference model loaded): declared "none". With beta > 0 the k3 term
+                 is multiplied by the importance ratio (`use_bias_correction_kl=True`), whose gradient at ratio 1 is
+                 k2's while its value is k3's: no declaration expresses it
                  off-policy: yes (uses old_per_token_logps when given; on-policy it uses new.detach())
+                 dtype: its log-probs' (float32 advantages); declared float32
 """
 
 from __future__ import annotations
@@ -49,11 +52,11 @@ from datasets import Dataset
 from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 
-from peers._adapt import check_pair, groups_by_size, sample_loss_from
-from rl.conformance import Implementation
+from peers._adapt import check_pair, groups_by_size
+from rl.conformance import AlgorithmSpec, Implementation
 from rl.models.tiny import build_tiny_model, load_base_model, load_tokenizer
 
-__all__ = ["IMPL", "advantages", "batch_loss", "sample_loss"]
+__all__ = ["ALGORITHM", "IMPL", "advantages", "batch_loss"]
 
 VERSION = trl.__version__
 
@@ -145,6 +148,17 @@ def batch_loss(
     return loss, {"loss": float(loss.detach())}
 
 
-sample_loss = sample_loss_from(batch_loss)
+ALGORITHM = AlgorithmSpec(
+    advantage_scale="sample_std",  # nanstd: Bessel's n - 1
+    std_eps=1e-4,  # `advantages / (std_rewards + 1e-4)`
+    std_eps_placement="std",
+    singleton_groups="zero",  # num_generations == 1: std forced to 0, r - mean == 0 exactly
+    advantage_dtype="float32",  # rewards_per_func = torch.zeros(...): float32
+    loss_aggregation="token_mean",  # loss_type="dapo": sum over the batch's tokens / num_items_in_batch
+    kl_estimator="none",  # beta=0.0 by default; beta > 0 gives k3 x ratio, which no declaration expresses
+    importance_ratio="clipped",  # two-sided clip, epsilon 0.2 (stale samples when num_iterations > 1)
+    loss_dtype="float32",  # the dtype of its advantages and of a float32 model's log-probs
+)
+"""TRL 1.16.0's GRPO choices under its default `GRPOConfig`, each read from its source (module docstring)."""
 
-IMPL = Implementation(name=f"trl-{VERSION}", advantages=advantages, sample_loss=sample_loss)
+IMPL = Implementation(name=f"trl-{VERSION}", advantages=advantages, batch_loss=batch_loss, algorithm=ALGORITHM)

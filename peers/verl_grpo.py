@@ -12,8 +12,8 @@ verl exposes both as plain functions, called here unchanged:
   prompt + response, one flat tensor); the adapter lays the given `new_logp` out that way behind a one-token prompt,
   and verl's `no_padding_2_padding` slices it back.
 
-verl's design choices, as its GRPO examples configure them (`adv_estimator=grpo`, `use_kl_loss=True`,
-`kl_loss_type=low_var_kl`; ActorConfig defaults otherwise):
+verl's design choices under its `ActorConfig` defaults, read from `verl/trainer/ppo/core_algos.py` and declared as
+`ALGORITHM`:
 
     advantages   A = (r - mean(r_g)) / (std(r_g) + 1e-6), `norm_adv_by_std_in_grpo=True`
                  std: sample (`torch.std`, n - 1); eps 1e-6 added to the std
@@ -21,12 +21,14 @@ verl's design choices, as its GRPO examples configure them (`adv_estimator=grpo`
                  all-equal group: no guard, so the float32 rounding residue of the mean is divided by ~1e-6
                  one-sample group: mean 0 and std 1, so A = r / (1 + 1e-6): the raw reward, not 0
     loss         `loss_agg_mode="token-mean"`: token losses summed over the batch and divided by the batch's token
-                 count (for one completion: its token mean)
-                 clip: two-sided PPO clip (clip_ratio 0.2) plus dual clip for A < 0 (`clip_ratio_c=3.0`); the log
-                 ratio is clamped to [-20, 20]
-                 KL: `low_var_kl` = k3 with d = ref - new clamped to [-20, 20] and k3 clamped to [-10, 10], added
-                 as `kl_loss_coef` (default 0.001) times its token mean; `use_kl_loss=False` by default
+                 count (`token_mean`; bound as `batch_loss`)
+                 clip: two-sided PPO clip (clip_ratio 0.2) plus dual clip for A < 0 (`clip_ratio_c=3.0`, which
+                 must be > 1: always on; no declaration expresses it); the log ratio is clamped to [-20, 20]
+                 KL: `use_kl_loss=False` by default: declared "none". Its GRPO examples turn on `low_var_kl` = k3
+                 with d = ref - new clamped to [-20, 20] and k3 clamped to [-10, 10], added as `kl_loss_coef`
+                 (0.001) times its token mean; the clamp is not declarable (the adapter turns it on for kl_beta > 0)
                  off-policy: yes (old_log_probs)
+                 dtype: its log-probs' (float32 advantages and old_log_probs); declared float32
 """
 
 from __future__ import annotations
@@ -43,10 +45,10 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.config import ActorConfig
 from verl.workers.utils.losses import ppo_loss
 
-from peers._adapt import check_pair, sample_loss_from
-from rl.conformance import Implementation
+from peers._adapt import check_pair
+from rl.conformance import AlgorithmSpec, Implementation
 
-__all__ = ["IMPL", "advantages", "batch_loss", "sample_loss"]
+__all__ = ["ALGORITHM", "IMPL", "advantages", "batch_loss"]
 
 VERSION = verl.__version__
 
@@ -68,9 +70,9 @@ def _config(clip_eps: float, kl_beta: float) -> ActorConfig:
         clip_ratio=clip_eps,
         clip_ratio_low=clip_eps,
         clip_ratio_high=clip_eps,
-        use_kl_loss=True,
+        use_kl_loss=kl_beta != 0.0,  # off, verl's default, unless a KL coefficient is asked for
         kl_loss_coef=kl_beta,
-        kl_loss_type="low_var_kl",
+        kl_loss_type="low_var_kl",  # what its GRPO examples use with use_kl_loss=True
     )
 
 
@@ -114,6 +116,17 @@ def batch_loss(
     return loss, {"loss": float(loss.detach())}
 
 
-sample_loss = sample_loss_from(batch_loss)
+ALGORITHM = AlgorithmSpec(
+    advantage_scale="sample_std",  # torch.std: Bessel's n - 1
+    std_eps=1e-6,  # compute_grpo_outcome_advantage(epsilon=1e-6), added to the std
+    std_eps_placement="std",
+    singleton_groups="reward",  # a group of one: mean 0, std 1, so A = r / (1 + 1e-6)
+    advantage_dtype="float32",  # float32 token_level_rewards
+    loss_aggregation="token_mean",  # loss_agg_mode="token-mean": masked sum / batch_num_tokens
+    kl_estimator="none",  # use_kl_loss=False by default; its low_var_kl (k3 clamped to [-10, 10]) is undeclarable
+    importance_ratio="clipped",  # clip_ratio 0.2 (plus the dual clip 3.0 for A < 0, undeclarable)
+    loss_dtype="float32",  # the dtype of its advantages and stored old_log_probs
+)
+"""verl 0.9.1's GRPO choices under its ActorConfig defaults, each read from its source (module docstring)."""
 
-IMPL = Implementation(name=f"verl-{VERSION}", advantages=advantages, sample_loss=sample_loss)
+IMPL = Implementation(name=f"verl-{VERSION}", advantages=advantages, batch_loss=batch_loss, algorithm=ALGORITHM)
