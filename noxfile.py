@@ -39,9 +39,10 @@ def _cpu_torch_source(session: nox.Session) -> list[str]:
     return ["--extra-index-url", TORCH_CPU_INDEX, *uv_only]
 
 
-def _install_cpu(session: nox.Session, *extras: str, editable: bool = True) -> None:
+def _install_cpu(session: nox.Session, *extras: str, editable: bool = True, with_: tuple[str, ...] = ()) -> None:
+    """Our package with the `test` extra and `extras`, plus the requirements `with_`, on the CPU torch."""
     spec = f".[{','.join(('test', *extras))}]"
-    session.install(*CPU_CONSTRAINTS, *_cpu_torch_source(session), *(["-e"] if editable else []), spec)
+    session.install(*CPU_CONSTRAINTS, *_cpu_torch_source(session), *(["-e"] if editable else []), spec, *with_)
     _check_cpu_torch(session)
 
 
@@ -216,7 +217,7 @@ def peers(session: nox.Session, peer: str) -> None:
 
     spec = PEERS[peer]
     started = time.monotonic()
-    session.install(*CPU_CONSTRAINTS, ".[test]", str(spec["pin"]))
+    _install_cpu(session, editable=False, with_=(str(spec["pin"]),))
     install_s = time.monotonic() - started
     repo = os.getcwd()
     with tempfile.TemporaryDirectory(prefix=f"rl-peers-{peer}-") as tmp:
