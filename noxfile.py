@@ -64,7 +64,7 @@ def _check_cpu_torch(session: nox.Session) -> None:
 def unit(session: nox.Session) -> None:
     """All fast CPU tests: math properties, simulator, drivers, chaos, real tiny-model parts.
 
-    Runs on one pytest-xdist worker per CPU, at most 4 (each worker imports torch and collects the suite; `-- -n 0`
+    Runs on one pytest-xdist worker per CPU core, at most 4 (each worker imports torch and collects the suite; `-- -n 0`
     runs in one process, for `--pdb`). `nox -s unit -- --with-flyte` also runs the Flyte local-mode tests (what
     `nox -s integration` runs on its own).
     """
