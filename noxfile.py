@@ -39,9 +39,17 @@ def _cpu_torch_source(session: nox.Session) -> list[str]:
     return ["--extra-index-url", TORCH_CPU_INDEX, *uv_only]
 
 
+def _uv_compile(session: nox.Session) -> list[str]:
+    """`--compile-bytecode` for uv where Python may not cache bytecode (PYTHONDONTWRITEBYTECODE set). pip byte-compiles
+    what it installs, uv leaves it to the first import, which caches it; without that cache every test process would
+    compile torch, transformers and peft again (importing them and flyte took 9.3 s instead of 4.9 s here)."""
+    return ["--compile-bytecode"] if session.venv_backend == "uv" and os.environ.get("PYTHONDONTWRITEBYTECODE") else []
+
+
 def _install_cpu(session: nox.Session, *extras: str, editable: bool = True) -> None:
     spec = f".[{','.join(('test', *extras))}]"
-    session.install(*CPU_CONSTRAINTS, *_cpu_torch_source(session), *(["-e"] if editable else []), spec)
+    source = (*_cpu_torch_source(session), *_uv_compile(session))
+    session.install(*CPU_CONSTRAINTS, *source, *(["-e"] if editable else []), spec)
     _check_cpu_torch(session)
 
 
