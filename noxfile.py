@@ -39,10 +39,18 @@ def _cpu_torch_source(session: nox.Session) -> list[str]:
     return ["--extra-index-url", TORCH_CPU_INDEX, *uv_only]
 
 
+def _uv_compile(session: nox.Session) -> list[str]:
+    """`--compile-bytecode` for uv where Python may not cache bytecode (PYTHONDONTWRITEBYTECODE set). pip byte-compiles
+    what it installs, uv leaves it to the first import, which caches it; without that cache every test process would
+    compile torch, transformers and peft again (importing them and flyte took 9.3 s instead of 4.9 s here)."""
+    return ["--compile-bytecode"] if session.venv_backend == "uv" and os.environ.get("PYTHONDONTWRITEBYTECODE") else []
+
+
 def _install_cpu(session: nox.Session, *extras: str, editable: bool = True, with_: tuple[str, ...] = ()) -> None:
     """Our package with the `test` extra and `extras`, plus the requirements `with_`, on the CPU torch."""
     spec = f".[{','.join(('test', *extras))}]"
-    session.install(*CPU_CONSTRAINTS, *_cpu_torch_source(session), *(["-e"] if editable else []), spec, *with_)
+    source = (*_cpu_torch_source(session), *_uv_compile(session))
+    session.install(*CPU_CONSTRAINTS, *source, *(["-e"] if editable else []), spec, *with_)
     _check_cpu_torch(session)
 
 
@@ -65,7 +73,7 @@ def _check_cpu_torch(session: nox.Session) -> None:
 def unit(session: nox.Session) -> None:
     """All fast CPU tests: math properties, simulator, drivers, chaos, real tiny-model parts.
 
-    Runs on one pytest-xdist worker per CPU, at most 4 (each worker imports torch and collects the suite; `-- -n 0`
+    Runs on one pytest-xdist worker per CPU core, at most 4 (each worker imports torch and collects the suite; `-- -n 0`
     runs in one process, for `--pdb`). `nox -s unit -- --with-flyte` also runs the Flyte local-mode tests (what
     `nox -s integration` runs on its own).
     """

@@ -4,6 +4,7 @@
 # (a fresh CI machine) and then again with the cache that first run filled. A benchmark, not a test: it prints numbers.
 #
 #   scripts/bench_setup.sh             # needs nox on PATH; the uv rows need uv beside it (pip install 'nox[uv]')
+#   env -u PYTHONDONTWRITEBYTECODE scripts/bench_setup.sh   # uv without byte-compiling (see noxfile._uv_compile)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d "${TMPDIR:-/tmp}/rl-bench-setup-XXXXXX")
@@ -19,6 +20,7 @@ for python in "$(head -1 "$(command -v nox)" | sed -n 's/^#!//p')" python3; do
 done
 ((${#backends[@]} > 1)) || echo "nox finds no uv: only the pip rows (pip install 'nox[uv]' adds uv)" >&2
 
+[ -z "${PYTHONDONTWRITEBYTECODE:-}" ] || echo "PYTHONDONTWRITEBYTECODE is set: uv byte-compiles at install, as pip does (noxfile.py)"
 printf '%-10s %-6s %8s %8s\n' backend cache seconds venv
 for backend in "${backends[@]}"; do
   export PIP_CACHE_DIR="$work/$backend-pip-cache" UV_CACHE_DIR="$work/$backend-uv-cache"

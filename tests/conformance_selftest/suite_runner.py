@@ -31,14 +31,18 @@ class SuiteRun:
 
 NO_SHRINK = tuple(p for p in Phase if p not in (Phase.shrink, Phase.explain))
 """The phases the self-test runs the laws with: it checks which laws fail and what they say, never a shrunk example,
-and shrinking a broken implementation's failure took most of the self-test's time (36 s of 45 s for the algorithm
-cases, measured on 2 cores). The laws' messages are templates over the failing example, and `derandomize=True` makes
-the first failing example the same on every run, so the outcome is the same as with shrinking."""
+and shrinking the broken implementations' failures took two thirds of the algorithm cases' time (36 s with it, 13 s
+without, measured on 2 cores). Which laws fail does not depend on shrinking, the laws' messages are templates over
+whatever example failed, and `derandomize=True` makes that example the same on every run."""
 
 
 class _NoShrinking:
     """A plugin for the in-process run: while it runs, each collected hypothesis law skips shrinking; afterwards every
-    law has its own settings back (the contract modules may stay imported in this process and serve other tests)."""
+    law has its own settings back (the contract modules may stay imported in this process and serve other tests).
+
+    Hypothesis reads a decorated test's settings from `_hypothesis_internal_use_settings` at every call; that private
+    name is the only way to change them from outside. Should it change, nothing is patched and the laws shrink again:
+    slower, never a different outcome."""
 
     def __init__(self) -> None:
         self.patched: list[tuple[Any, settings]] = []
@@ -49,7 +53,7 @@ class _NoShrinking:
             own = getattr(function, "_hypothesis_internal_use_settings", None)
             if own is not None:
                 self.patched.append((function, own))
-                function._hypothesis_internal_use_settings = settings(own, phases=NO_SHRINK)  # type: ignore[union-attr]
+                function._hypothesis_internal_use_settings = settings(own, phases=NO_SHRINK)
 
     def restore(self) -> None:
         for function, own in reversed(self.patched):
