@@ -22,9 +22,10 @@ def _denominator(rewards: list[float], scale: str, eps: float) -> float:
 
 def _zero_sum_tolerance(rewards: list[float], advantages: list[float], denominator: float) -> float:
     # Mean and subtraction each round by about one ulp of the largest |r|, G times over, then divided by the
-    # denominator; the final division adds one relative ulp per advantage.
+    # denominator; the final division adds one relative ulp per advantage. math.ulp, not |r| * ULP: a subnormal
+    # reward's rounding step is 5e-324 however small the reward (fmean([0.0, 5e-324]) is 0.0).
     magnitude = max(abs(r) for r in rewards)
-    return 4 * len(rewards) * magnitude * ULP / denominator + 4 * ULP * sum(abs(a) for a in advantages)
+    return 4 * len(rewards) * math.ulp(magnitude) / denominator + 4 * ULP * sum(abs(a) for a in advantages)
 
 
 @given(data=st.data())
