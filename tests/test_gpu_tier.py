@@ -69,6 +69,7 @@ def gpu_tests_run(tmp_path_factory: pytest.TempPathFactory) -> GpuTestsRun:
     return GpuTestsRun(proc.stdout + proc.stderr, codes, cases)
 
 
+@pytest.mark.slow  # a subprocess that imports torch and collects gpu_tests/: seconds, so not in unit
 @needs_no_cuda
 def test_every_gpu_test_collects_is_marked_gpu_and_skips_with_the_precise_reason(gpu_tests_run: GpuTestsRun) -> None:
     """All of gpu_tests/ (no -m filter) collects; conftest refuses any test without the gpu marker, so a clean run
@@ -82,6 +83,7 @@ def test_every_gpu_test_collects_is_marked_gpu_and_skips_with_the_precise_reason
         assert skipped.get("message") == CUDA_REASON, (case.get("name"), skipped.get("message"))
 
 
+@pytest.mark.slow  # a subprocess that imports torch and collects gpu_tests/: seconds, so not in unit
 @needs_no_cuda
 def test_strict_mode_turns_a_missing_gpu_into_failures(gpu_tests_run: GpuTestsRun) -> None:
     """RL_GPU_STRICT=1 (nox -s gpu, device_check.sh): no CUDA fails every test with the reason instead of skipping."""
@@ -102,6 +104,7 @@ def test_device_check_script_is_valid_executable_bash() -> None:
         assert needle in text, needle
 
 
+@pytest.mark.slow  # a subprocess that imports torch and collects gpu_tests/: seconds, so not in unit
 @needs_no_cuda
 def test_device_check_refuses_a_machine_without_cuda_with_the_reason() -> None:
     proc = subprocess.run(
