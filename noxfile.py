@@ -7,7 +7,10 @@ pip; they are reused between runs (`nox -R` skips the install step entirely).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import nox
@@ -67,6 +70,19 @@ def _check_cpu_torch(session: nox.Session) -> None:
             "(or a PIP_FIND_LINKS directory holding that wheel) is reachable"
         )
     session.log(f"torch {version}: the CPU build")
+
+
+@contextlib.contextmanager
+def _outside_repo(session: nox.Session, prefix: str) -> Iterator[str]:
+    """A temporary working directory outside the repository, as a fork runs the packaged suite: none of our
+    conftest.py or pytest settings leak in. Yields its path; back in the repository afterwards."""
+    repo = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        session.chdir(tmp)
+        try:
+            yield tmp
+        finally:
+            session.chdir(repo)
 
 
 @nox.session
@@ -154,18 +170,11 @@ def chaos(session: nox.Session) -> None:
 def conformance(session: nox.Session) -> None:
     """The conformance suite as a fork runs it: the installed package, from a temporary directory outside the repo (so
     neither our conftest.py nor our pytest settings leak in), against our fakes and the real CPU stack."""
-    import tempfile
-
     _install_cpu(session, editable=False)
-    repo = os.getcwd()
-    with tempfile.TemporaryDirectory(prefix="rl-conformance-") as tmp:
-        session.chdir(tmp)
-        try:
-            for impl in ("fakes.conformance_impl:FAKES", "fakes.conformance_impl:REAL_CPU"):
-                suite = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", impl, "-p", "no:cacheprovider")
-                session.run("pytest", *suite, *session.posargs, env=HYPOTHESIS_ENV)
-        finally:
-            session.chdir(repo)
+    with _outside_repo(session, "rl-conformance-"):
+        for impl in ("fakes.conformance_impl:FAKES", "fakes.conformance_impl:REAL_CPU"):
+            suite = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", impl, "-p", "no:cacheprovider")
+            session.run("pytest", *suite, *session.posargs, env=HYPOTHESIS_ENV)
 
 
 @nox.session
@@ -219,7 +228,6 @@ def peers(session: nox.Session, peer: str) -> None:
     only, through the thin adapters in peers/ (`nox -s peers` runs every peer, `nox -s "peers(peer='trl')"` one).
     Like `conformance`: the installed package, run from a temporary directory that holds only a copy of peers/."""
     import shutil
-    import tempfile
     import time
     import xml.etree.ElementTree as ET
 
@@ -227,20 +235,16 @@ def peers(session: nox.Session, peer: str) -> None:
     started = time.monotonic()
     _install_cpu(session, editable=False, with_=(str(spec["pin"]),))
     install_s = time.monotonic() - started
-    repo = os.getcwd()
-    with tempfile.TemporaryDirectory(prefix=f"rl-peers-{peer}-") as tmp:
-        shutil.copytree(os.path.join(repo, "peers"), os.path.join(tmp, "path", "peers"))
+    peers_dir = os.path.abspath("peers")
+    with _outside_repo(session, f"rl-peers-{peer}-") as tmp:
+        shutil.copytree(peers_dir, os.path.join(tmp, "path", "peers"))
         report = os.path.join(tmp, "report.xml")
         suite = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", f"peers.{peer}_grpo:IMPL")
         args = (*suite, "-m", "rl_advantages or rl_loss", "-p", "no:cacheprovider", f"--junitxml={report}")
         env = {**HYPOTHESIS_ENV, "PYTHONPATH": os.path.join(tmp, "path")}
-        session.chdir(tmp)
-        try:
-            started = time.monotonic()
-            session.run("pytest", *args, *session.posargs, env=env, success_codes=[0, 1])
-            run_s = time.monotonic() - started
-        finally:
-            session.chdir(repo)
+        started = time.monotonic()
+        session.run("pytest", *args, *session.posargs, env=env, success_codes=[0, 1])
+        run_s = time.monotonic() - started
         cases = ET.parse(report).getroot().iter("testcase")
         outcomes = {
             f"{c.get('classname', '').rpartition('.')[2]}::{c.get('name')}": (
