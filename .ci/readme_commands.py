@@ -53,8 +53,8 @@ def bash_blocks(markdown: str) -> list[tuple[str, list[str]]]:
             lang = None
         elif lang is None and raw.startswith("#"):
             heading = raw.lstrip("#").strip()
-        elif lang in _SHELLS and _strip_comment(raw).strip():
-            lines.append(_strip_comment(raw).strip())
+        elif lang in _SHELLS and (line := _strip_comment(raw).strip()):
+            lines.append(line)
     return blocks
 
 
