@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # Values that only make a command take longer: CI runs each command at this size. A flag missing here keeps its value.
-SMALL = {"--iterations": "3", "--seeds": "5", "--world-gib": "0.01", "--steps": "2"}
+SMALL = {"--iterations": "3", "--seeds": "5", "--world-gib": "0.01", "--steps": "2", "--rl-examples": "20"}
 # The set-up block's demo takes its smaller size through the session's posargs, keeping its default --out.
 SMALL_SESSIONS = {"nox -s demo": "nox -s demo -- --iterations 3"}
 PLACEHOLDERS = {"my_fork.conformance:IMPL": "fakes.conformance_impl:FAKES"}

@@ -1,7 +1,8 @@
 """The conformance suite's pytest plugin (entry point `rl_conformance`): only what has to be global.
 
 - `--rl-impl module:attr`: the `rl.conformance.Implementation` the packaged suite (`rl.conformance.test_suite`) binds;
-- `--rl-seed N`: the seed every law derives its seeds from (default 0);
+- `--rl-seed N`: the seed every law derives its seeds from (default 0), hypothesis's draws included;
+- `--rl-examples N`: how many examples each law that draws data runs (default: the law's own, 10 to 20);
 - the markers `rl_conformance` (every law) and `rl_<tier>` (one tier's laws);
 - after a failing law, the command that reruns exactly it with the same seed.
 
@@ -11,9 +12,11 @@ standard library, and does nothing unless contract tests are collected.
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 import sys
 from collections.abc import Generator
+from typing import Any
 
 import pytest
 
@@ -64,8 +67,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="seed of the conformance laws (requests, run seeds, fault scenarios); default 0",
+        help="seed of the conformance laws (requests, run seeds, fault scenarios, hypothesis draws); default 0",
     )
+    group.addoption(
+        "--rl-examples",
+        dest="rl_examples",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="examples each law that draws data runs (default: the law's own, 10 to 20); the explicit hazardous "
+        "examples always run first",
+    )
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"--rl-examples must be at least 1, got {value}")
+    return value
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -75,16 +94,62 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_REPRODUCE] = []
 
 
+def _law_function(item: pytest.Item) -> Any:
+    obj = getattr(item, "obj", None)
+    return getattr(obj, "__func__", obj)
+
+
+def law_seed(rl_seed: int, law: str) -> int:
+    """The hypothesis seed of one law under `--rl-seed`: distinct per law and per run seed, stable across runs."""
+    return int.from_bytes(hashlib.sha256(f"{rl_seed}:{law}".encode()).digest()[:8], "big")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """Under `--rl-seed N` (N != 0) or `--rl-examples`, run a drawing law with a seed derived from N and that many
+    examples, for this call only.
+
+    The laws are derandomized (seed 0 draws what it always drew, so a fork's record stays comparable), so a seed must
+    reach hypothesis some other way. Hypothesis reads a decorated test's seed and settings from
+    `_hypothesis_internal_use_seed` / `_hypothesis_internal_use_settings` at every call (what `@hypothesis.seed` and
+    `@settings` set); both are put back after the call, so another plugin that changed them (the self-test's
+    no-shrinking run) keeps its change, and a contract class shared by several runs in one process is never left
+    altered."""
+    rl_seed = int(item.config.getoption("rl_seed", default=0) or 0)
+    examples = item.config.getoption("rl_examples", default=None)
+    function = _law_function(item)
+    own = getattr(function, "_hypothesis_internal_use_settings", None)
+    if item.get_closest_marker("rl_conformance") is None or own is None or (rl_seed == 0 and examples is None):
+        return (yield)
+    from hypothesis import settings
+
+    own_seed = getattr(function, "_hypothesis_internal_use_seed", None)
+    changes: dict[str, Any] = {"database": None}
+    if examples is not None:
+        changes["max_examples"] = examples
+    function._hypothesis_internal_use_settings = settings(own, **changes)
+    if rl_seed != 0:
+        function._hypothesis_internal_use_seed = law_seed(rl_seed, function.__qualname__)
+    try:
+        return (yield)
+    finally:
+        function._hypothesis_internal_use_settings = own
+        function._hypothesis_internal_use_seed = own_seed
+
+
 def reproduce_command(item: pytest.Item) -> str:
-    """The command that reruns exactly this law with the same seed (and implementation, for the packaged suite)."""
+    """The command that reruns exactly this law with the same seed and examples (and implementation, for the packaged
+    suite)."""
     seed = item.config.getoption("rl_seed", default=0)
+    examples = item.config.getoption("rl_examples", default=None)
+    examples_arg = f" --rl-examples {examples}" if examples is not None else ""
     module = getattr(getattr(item, "module", None), "__name__", "")
     if module == SUITE_MODULE:
         node = "::".join([SUITE_MODULE, *item.nodeid.split("::")[1:]])
         impl = item.config.getoption("rl_impl", default=None)
         impl_arg = f" --rl-impl {shlex.quote(impl)}" if impl else ""
-        return f"pytest --pyargs {shlex.quote(node)}{impl_arg} --rl-seed {seed}"
-    return f"pytest {shlex.quote(item.nodeid)} --rl-seed {seed}"
+        return f"pytest --pyargs {shlex.quote(node)}{impl_arg} --rl-seed {seed}{examples_arg}"
+    return f"pytest {shlex.quote(item.nodeid)} --rl-seed {seed}{examples_arg}"
 
 
 @pytest.hookimpl(wrapper=True)
@@ -106,7 +171,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if reporter is not None:
         impl = session.config.getoption("rl_impl", default=None)
         seed = session.config.getoption("rl_seed", default=0)
-        reporter.write_line(f"rl-conformance: seed={seed}" + (f" impl={impl}" if impl else ""))
+        examples = session.config.getoption("rl_examples", default=None)
+        reporter.write_line(
+            f"rl-conformance: seed={seed}"
+            + (f" examples={examples}" if examples is not None else "")
+            + (f" impl={impl}" if impl else "")
+        )
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
