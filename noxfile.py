@@ -196,26 +196,27 @@ def gpu(session: nox.Session) -> None:
     session.run("pytest", "gpu_tests", "-m", "gpu", *session.posargs, env=env)
 
 
-# Real GRPO libraries, pinned, each bound with its declared choices (`peers/*.py`, `ALGORITHM`), and the laws each
-# fails today: a real bug, or a choice `AlgorithmSpec` cannot declare (docs/conformance.md, "Proven on real peers").
-# `nox -s peers` fails when a peer's failures differ from its record, in either direction: a law newly failing, or a
-# recorded failure that now passes.
+# Real GRPO libraries, pinned, each bound with its declared choices (`peers/*.py`), and the laws each binding fails
+# today: a real bug, or a choice `AlgorithmSpec` cannot declare (docs/conformance.md, "Proven on real peers"). `IMPL` is
+# the library's default configuration (`ALGORITHM`), `IMPL_KL` the same with its KL penalty on (`ALGORITHM_KL`).
+# `nox -s peers` fails when a binding's failures differ from its record, in either direction: a law newly failing, or
+# a recorded failure that now passes.
+_ALL_EQUAL = "TestAdvantages::test_advantages_of_an_all_equal_group_are_exactly_zero"
 PEERS = {
     "trl": {
         "pin": "trl==1.16.0",
         "fails": {
             # Bug: no all-equal guard; float32 mean residue / (nanstd + 1e-4): 7 x 0.1 -> -7.45e-5 each.
-            "TestAdvantages::test_advantages_of_an_all_equal_group_are_exactly_zero",
+            "IMPL": {_ALL_EQUAL},
+            "IMPL_KL": {_ALL_EQUAL},
         },
     },
     "verl": {
         "pin": "verl==0.9.1",
         "fails": {
             # Bug: no all-equal guard; float32 mean residue / (std + 1e-6): 7 x 0.1 -> -0.00739 each.
-            "TestAdvantages::test_advantages_of_an_all_equal_group_are_exactly_zero",
-            # Undeclarable choice: dual clip (clip_ratio_c=3.0, always on) caps the loss of A < 0 at 3|A|, so a ratio
-            # above 3 gets zero gradient where the law expects -A r w.
-            "TestLoss::test_loss_clip_caps_a_stale_samples_gain_on_both_sides_of_the_trust_region",
+            "IMPL": {_ALL_EQUAL},
+            "IMPL_KL": {_ALL_EQUAL},
         },
     },
 }
@@ -225,47 +226,60 @@ PEERS = {
 @nox.parametrize("peer", list(PEERS))
 def peers(session: nox.Session, peer: str) -> None:
     """The packaged advantage and loss laws against a real GRPO library installed from the registry at its pin, CPU
-    only, through the thin adapters in peers/ (`nox -s peers` runs every peer, `nox -s "peers(peer='trl')"` one).
-    Like `conformance`: the installed package, run from a temporary directory that holds only a copy of peers/."""
+    only, through the thin adapters in peers/ (`nox -s peers` runs every peer, `nox -s "peers(peer='trl')"` one), in
+    its default configuration and with its KL penalty on. Like `conformance`: the installed package, run from a
+    temporary directory that holds only a copy of peers/."""
     import shutil
     import time
-    import xml.etree.ElementTree as ET
 
     spec = PEERS[peer]
     started = time.monotonic()
     _install_cpu(session, editable=False, with_=(str(spec["pin"]),))
     install_s = time.monotonic() - started
     peers_dir = os.path.abspath("peers")
+    differ = []
     with _outside_repo(session, f"rl-peers-{peer}-") as tmp:
         shutil.copytree(peers_dir, os.path.join(tmp, "path", "peers"))
-        report = os.path.join(tmp, "report.xml")
-        suite = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", f"peers.{peer}_grpo:IMPL")
-        args = (*suite, "-m", "rl_advantages or rl_loss", "-p", "no:cacheprovider", f"--junitxml={report}")
         env = {**HYPOTHESIS_ENV, "PYTHONPATH": os.path.join(tmp, "path")}
-        started = time.monotonic()
-        session.run("pytest", *args, *session.posargs, env=env, success_codes=[0, 1])
-        run_s = time.monotonic() - started
-        cases = ET.parse(report).getroot().iter("testcase")
-        outcomes = {
-            f"{c.get('classname', '').rpartition('.')[2]}::{c.get('name')}": (
-                "failed"
-                if c.find("failure") is not None or c.find("error") is not None
-                else "skipped"
-                if c.find("skipped") is not None
-                else "passed"
+        for binding, recorded in dict(spec["fails"]).items():
+            impl = f"peers.{peer}_grpo:{binding}"
+            report = os.path.join(tmp, f"{binding}.xml")
+            args = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", impl, "-m", "rl_advantages or rl_loss")
+            started = time.monotonic()
+            session.run(
+                "pytest", *args, "-p", "no:cacheprovider", f"--junitxml={report}", *session.posargs,
+                env=env, success_codes=[0, 1],
+            )  # fmt: skip
+            run_s = time.monotonic() - started
+            outcomes = _junit_outcomes(report)
+            failed = {law for law, outcome in outcomes.items() if outcome == "failed"}
+            skipped = sum(outcome == "skipped" for outcome in outcomes.values())
+            session.log(
+                f"{impl} ({spec['pin']}): install {install_s:.0f} s, laws {run_s:.0f} s; of {len(outcomes)} laws "
+                f"{len(outcomes) - len(failed) - skipped} pass, {skipped} skip (not applicable to the declaration), "
+                f"{len(failed)} fail: {sorted(failed) or 'none'}"
             )
-            for c in cases
-        }
-    failed = {law for law, outcome in outcomes.items() if outcome == "failed"}
-    skipped = sum(outcome == "skipped" for outcome in outcomes.values())
-    session.log(
-        f"{peer} ({spec['pin']}): install {install_s:.0f} s, laws {run_s:.0f} s; of {len(outcomes)} laws "
-        f"{len(outcomes) - len(failed) - skipped} pass, {skipped} skip (not applicable to the declaration), "
-        f"{len(failed)} fail: {sorted(failed) or 'none'}"
-    )
-    new, fixed = failed - set(spec["fails"]), set(spec["fails"]) - failed
-    if not outcomes or new or fixed:
+            new, fixed = failed - set(recorded), set(recorded) - failed
+            if not outcomes or new or fixed:
+                differ.append(f"{impl}: newly failing {sorted(new)}, recorded but passing {sorted(fixed)}")
+    if differ:
         session.error(
-            f"{peer}: the laws it fails differ from its record in noxfile.py PEERS (and docs/conformance.md): "
-            f"newly failing {sorted(new)}, recorded but passing {sorted(fixed)}, {len(outcomes)} laws ran"
+            "the laws these bindings fail differ from their record in noxfile.py PEERS (and docs/conformance.md): "
+            + "; ".join(differ)
         )
+
+
+def _junit_outcomes(report: str) -> dict[str, str]:
+    """`{Class::law: "passed" | "failed" | "skipped"}` from a pytest junit XML report."""
+    import xml.etree.ElementTree as ET
+
+    outcomes = {}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        law = f"{case.get('classname', '').rpartition('.')[2]}::{case.get('name')}"
+        if case.find("failure") is not None or case.find("error") is not None:
+            outcomes[law] = "failed"
+        elif case.find("skipped") is not None:
+            outcomes[law] = "skipped"
+        else:
+            outcomes[law] = "passed"
+    return outcomes

@@ -26,9 +26,9 @@ as `ALGORITHM`:
     loss         `loss_type="dapo"`: token losses summed over the batch and divided by `num_items_in_batch`, the
                  completion tokens of the generation batch (`token_mean`; bound as `batch_loss`)
                  clip: two-sided PPO clip min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), eps 0.2
-                 KL: `beta=0.0` by default (no reference model loaded): declared "none". With beta > 0 the k3 term
-                 is multiplied by the importance ratio (`use_bias_correction_kl=True`), whose gradient at ratio 1 is
-                 k2's while its value is k3's: no declaration expresses it
+                 KL: `beta=0.0` by default (no reference model loaded): declared "none". With beta > 0
+                 (`ALGORITHM_KL`) the k3 term is multiplied by the importance ratio (`use_bias_correction_kl=True`),
+                 whose gradient at ratio 1 is k2's while its value is k3's: declared "k3_ratio"
                  off-policy: yes (uses old_per_token_logps when given; on-policy it uses new.detach())
                  dtype: its log-probs' (float32 advantages); declared float32
 """
@@ -41,6 +41,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -56,7 +57,7 @@ from peers._adapt import check_pair, groups_by_size
 from rl.conformance import AlgorithmSpec, Implementation
 from rl.models.tiny import build_tiny_model, load_base_model, load_tokenizer
 
-__all__ = ["ALGORITHM", "IMPL", "advantages", "batch_loss"]
+__all__ = ["ALGORITHM", "ALGORITHM_KL", "IMPL", "IMPL_KL", "advantages", "batch_loss"]
 
 VERSION = trl.__version__
 
@@ -155,10 +156,14 @@ ALGORITHM = AlgorithmSpec(
     singleton_groups="zero",  # num_generations == 1: std forced to 0, r - mean == 0 exactly
     advantage_dtype="float32",  # rewards_per_func = torch.zeros(...): float32
     loss_aggregation="token_mean",  # loss_type="dapo": sum over the batch's tokens / num_items_in_batch
-    kl_estimator="none",  # beta=0.0 by default; beta > 0 gives k3 x ratio, which no declaration expresses
+    kl_estimator="none",  # beta=0.0 by default (ALGORITHM_KL: beta > 0)
     importance_ratio="clipped",  # two-sided clip, epsilon 0.2 (stale samples when num_iterations > 1)
     loss_dtype="float32",  # the dtype of its advantages and of a float32 model's log-probs
 )
 """TRL 1.16.0's GRPO choices under its default `GRPOConfig`, each read from its source (module docstring)."""
 
+ALGORITHM_KL = replace(ALGORITHM, kl_estimator="k3_ratio")
+"""The same with `beta > 0`: k3 times the importance ratio, not detached (`use_bias_correction_kl=True`)."""
+
 IMPL = Implementation(name=f"trl-{VERSION}", advantages=advantages, batch_loss=batch_loss, algorithm=ALGORITHM)
+IMPL_KL = Implementation(name=f"trl-{VERSION}-kl", advantages=advantages, batch_loss=batch_loss, algorithm=ALGORITHM_KL)

@@ -23,10 +23,11 @@ verl's design choices under its `ActorConfig` defaults, read from `verl/trainer/
     loss         `loss_agg_mode="token-mean"`: token losses summed over the batch and divided by the batch's token
                  count (`token_mean`; bound as `batch_loss`)
                  clip: two-sided PPO clip (clip_ratio 0.2) plus dual clip for A < 0 (`clip_ratio_c=3.0`, which
-                 must be > 1: always on; no declaration expresses it); the log ratio is clamped to [-20, 20]
+                 must be > 1: always on; declared `dual_clip=3.0`); the log ratio is clamped to [-20, 20]
                  KL: `use_kl_loss=False` by default: declared "none". Its GRPO examples turn on `low_var_kl` = k3
                  with d = ref - new clamped to [-20, 20] and k3 clamped to [-10, 10], added as `kl_loss_coef`
-                 (0.001) times its token mean; the clamp is not declarable (the adapter turns it on for kl_beta > 0)
+                 (0.001) times its token mean (`ALGORITHM_KL`: "k3" with `kl_clamp=10.0`; the adapter turns it on
+                 for kl_beta > 0)
                  off-policy: yes (old_log_probs)
                  dtype: its log-probs' (float32 advantages and old_log_probs); declared float32
 """
@@ -34,6 +35,7 @@ verl's design choices under its `ActorConfig` defaults, read from `verl/trainer/
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -48,7 +50,7 @@ from verl.workers.utils.losses import ppo_loss
 from peers._adapt import check_pair
 from rl.conformance import AlgorithmSpec, Implementation
 
-__all__ = ["ALGORITHM", "IMPL", "advantages", "batch_loss"]
+__all__ = ["ALGORITHM", "ALGORITHM_KL", "IMPL", "IMPL_KL", "advantages", "batch_loss"]
 
 VERSION = verl.__version__
 
@@ -123,10 +125,17 @@ ALGORITHM = AlgorithmSpec(
     singleton_groups="reward",  # a group of one: mean 0, std 1, so A = r / (1 + 1e-6)
     advantage_dtype="float32",  # float32 token_level_rewards
     loss_aggregation="token_mean",  # loss_agg_mode="token-mean": masked sum / batch_num_tokens
-    kl_estimator="none",  # use_kl_loss=False by default; its low_var_kl (k3 clamped to [-10, 10]) is undeclarable
-    importance_ratio="clipped",  # clip_ratio 0.2 (plus the dual clip 3.0 for A < 0, undeclarable)
+    kl_estimator="none",  # use_kl_loss=False by default (ALGORITHM_KL: on)
+    importance_ratio="clipped",  # clip_ratio 0.2
+    dual_clip=3.0,  # clip_ratio_c: for A < 0 the loss is at most 3 |A| (always on; it must be > 1)
     loss_dtype="float32",  # the dtype of its advantages and stored old_log_probs
 )
 """verl 0.9.1's GRPO choices under its ActorConfig defaults, each read from its source (module docstring)."""
 
+ALGORITHM_KL = replace(ALGORITHM, kl_estimator="k3", kl_clamp=10.0)
+"""The same with `use_kl_loss=True`, `kl_loss_type="low_var_kl"` (its GRPO examples): k3 clamped at 10."""
+
 IMPL = Implementation(name=f"verl-{VERSION}", advantages=advantages, batch_loss=batch_loss, algorithm=ALGORITHM)
+IMPL_KL = Implementation(
+    name=f"verl-{VERSION}-kl", advantages=advantages, batch_loss=batch_loss, algorithm=ALGORITHM_KL
+)

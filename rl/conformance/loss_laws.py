@@ -352,7 +352,7 @@ def _fits(candidates: Sequence[tuple[AlgorithmSpec, Sequence[float]]], declared:
 
 
 def _values(spec: AlgorithmSpec) -> tuple[Any, ...]:
-    return (spec.loss_aggregation, spec.loss_normalizer, spec.kl_estimator, spec.loss_dtype)
+    return (spec.loss_aggregation, spec.loss_normalizer, spec.kl_estimator, spec.kl_clamp, spec.loss_dtype)
 
 
 def _skip_unless(spec: AlgorithmSpec, law: str) -> None:
@@ -377,6 +377,44 @@ def _fresh(spec: AlgorithmSpec, case: LossBatch) -> LossBatch:
     """`case` with old_logp = new_logp when the declared loss is on-policy only, and kl_beta 0 when it has no KL."""
     case = replace(case, kl_beta=_kl_beta(spec, case.kl_beta))
     return _on_policy(case) if spec.importance_ratio == "on_policy" else case
+
+
+def _dual_clip_hint(
+    spec: AlgorithmSpec,
+    case: LossBatch,
+    weights: Sequence[float],
+    got: _Outcome,
+    at: Precision,
+) -> str:
+    """When tokens with A < 0 and a ratio above 1 get zero gradient and no dual clip is declared: the c whose dual clip
+    explains the loss's value and every gradient (one unknown: the value is linear in c), as a declaration to make,
+    or "" when none does."""
+    if spec.dual_clip is not None:
+        return ""
+    tokens = _tokens(spec, case)
+    flat = [
+        (i, t)
+        for (i, t), token in tokens.items()
+        if token.side == "pessimistic" and case.advantages[i] < 0 and got.grad[i][t] == 0.0
+    ]
+    if not flat:
+        return ""
+    rest = math.fsum(weights[i] * token.value for (i, t), token in tokens.items() if (i, t) not in flat)
+    per_c = math.fsum(-weights[i] * case.advantages[i] for i, _ in flat)
+    if per_c <= 0:
+        return ""
+    c = round((got.value - rest) / per_c, 6)
+    if not (math.isfinite(c) and c > 1.0):
+        return ""
+    candidate = replace(spec, dual_clip=c)
+    for (i, t), token in _tokens(candidate, case).items():
+        want = weights[i] * token.grad
+        if abs(got.grad[i][t] - want) > token_tolerance(at, weights[i], token) + 1e-6 * abs(want):
+            return ""
+    return (
+        f" Tokens with A < 0 and a ratio above {c!r} are flat: a dual clip (verl's clip_ratio_c). The loss matches "
+        f"{candidate.declared()}: declare it if that is your design."
+    )
 
 
 # -- explicit cells ----------------------------------------------------------------------------------------------------
@@ -581,11 +619,15 @@ class LossContract(ContractBase):
             if ignores_old
             else ""
         )
+        hint += _dual_clip_hint(spec, rounded, weights, got, at)
         for (i, t), token in _tokens(spec, rounded).items():
             have, unclipped = got.grad[i][t], -weights[i] * rounded.advantages[i] * token.ratio
             tolerance = token_tolerance(at, weights[i], token)
             band = TOLERANCE_FACTOR * at.eps * token.ratio * (2.0 + abs(rounded.new[i][t]) + abs(rounded.old[i][t]))
-            at_boundary = any(abs(token.ratio - b) <= band for b in (1 - rounded.clip_eps, 1 + rounded.clip_eps))
+            kinks = [1 - rounded.clip_eps, 1 + rounded.clip_eps]
+            if spec.dual_clip is not None and rounded.advantages[i] < 0:
+                kinks.append(spec.dual_clip)
+            at_boundary = any(abs(token.ratio - b) <= band for b in kinks)
             where = (
                 f"token {t} of completion {i}: ratio {token.ratio!r}, advantage {rounded.advantages[i]!r}, "
                 f"clip_eps {rounded.clip_eps!r}"
@@ -593,7 +635,7 @@ class LossContract(ContractBase):
             if at_boundary:  # either one-sided gradient (or a tie split between them) is right at the kink
                 low, high = sorted((0.0, unclipped))
                 assert low - tolerance <= have <= high + tolerance, (
-                    f"{law}: {where} (on the clip boundary) has gradient {have!r}, expected one between 0 and "
+                    f"{law}: {where} (on a clip boundary) has gradient {have!r}, expected one between 0 and "
                     f"{unclipped!r}.{hint}\n({rounded})"
                 )
             elif token.side == "capped":
@@ -602,6 +644,11 @@ class LossContract(ContractBase):
                     f"surrogate is flat and d loss / d new_logp must be 0, got {have!r}: a stale sample's gain is not "
                     f"capped (the ratio is not clipped).{hint}\n({rounded})"
                 )
+            elif token.side == "dual_capped":
+                assert abs(have) <= tolerance, (
+                    f"{law}: {where} is above the declared dual clip c = {spec.dual_clip!r}, so the objective is c A, "
+                    f"flat, and d loss / d new_logp must be 0, got {have!r}.{hint}\n({rounded})"
+                )
             else:
                 side = "inside the trust region" if token.side == "inside" else "beyond the trust region on the side "
                 side += "" if token.side == "inside" else "that lowers the objective (PPO's min keeps r A)"
@@ -609,7 +656,7 @@ class LossContract(ContractBase):
                     f"{law}: {where} is {side}, so d loss / d new_logp must be -A r w = {unclipped!r}, got {have!r}"
                     + (
                         ": clipping the ratio without the min cuts the gradient that corrects a move"
-                        if have == 0
+                        if have == 0 and not hint
                         else ""
                     )
                     + f".{hint}\n({rounded})"
@@ -619,7 +666,7 @@ class LossContract(ContractBase):
         tolerance = _value_tolerance(at, weights, tokens)
         assert abs(got.value - want_value) <= tolerance, (
             f"{law}: the loss is {got.value!r}, expected {want_value!r}, the weighted sum of "
-            f"-min(r A, clip(r, 1 - eps, 1 + eps) A) (tolerance {tolerance:.3g})\n({rounded})"
+            f"-min(r A, clip(r, 1 - eps, 1 + eps) A) (tolerance {tolerance:.3g}).{hint}\n({rounded})"
         )
 
     @law_settings(max_examples=15)
@@ -780,8 +827,9 @@ class LossContract(ContractBase):
         self, loss_under_test: LossUnderTest, algorithm: AlgorithmSpec, case: LossBatch
     ) -> None:
         """At ratio 1, each token's loss is `-A + kl_beta k(ref - new)` with the declared estimator (k3:
-        `exp(d) - d - 1`; k2: `d^2 / 2`), weighted as the surrogate is, for reference gaps up to 8 nats: value and
-        gradient within the declared dtype's tolerance. Skipped when the declaration has no KL penalty."""
+        `exp(d) - d - 1`; k2: `d^2 / 2`; k3_ratio: k3 times the ratio, whose gradient is k2's at ratio 1) and clamp,
+        weighted as the surrogate is, for reference gaps up to 8 nats: value and gradient within the declared dtype's
+        tolerance. Skipped when the declaration has no KL penalty."""
         law = "declared KL estimator"
         spec = check_spec(algorithm)
         _skip_unless(spec, law)
@@ -791,8 +839,10 @@ class LossContract(ContractBase):
         wrong = _mismatch(spec, got, weights, precision(spec.loss_dtype))
         if wrong:
             candidates = [
-                (replace(spec, kl_estimator=kl, loss_dtype=dtype), weights)
+                (replace(spec, kl_estimator=kl, kl_clamp=clamp, loss_dtype=dtype), weights)
                 for kl in _KL_ESTIMATORS
+                for clamp in _KL_CLAMPS
+                if not (kl == "none" and clamp is not None)
                 for dtype in _HINT_DTYPES
             ]
             fits = _fits(candidates, spec, got) or (
@@ -808,7 +858,9 @@ class LossContract(ContractBase):
 _HINT_DTYPES: tuple[LossDtype, ...] = ("float64", "float32")
 """The dtypes a failure suggests declaring: not bfloat16, whose tolerance is wide enough to fit many a bug."""
 
-_KL_ESTIMATORS: tuple[KlEstimator, ...] = ("k3", "k2", "none")
+_KL_ESTIMATORS: tuple[KlEstimator, ...] = ("k3", "k2", "k3_ratio", "none")
+_KL_CLAMPS: tuple[float | None, ...] = (None, 10.0)
+"""The KL clamps a failure suggests: none, and verl's low_var_kl bound."""
 _PER_SEQUENCE: tuple[LossAggregation, ...] = ("sequence_mean", "sequence_sum", "token_mean")
 
 

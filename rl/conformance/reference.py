@@ -12,6 +12,8 @@ Loss, per token of a completion with advantage A (DeepSeekMath eq. 3; k3 and k2 
 divergence"), and its aggregation over a batch of B completions of lengths T_i:
 
     l_t  = -min(r_t A, clip(r_t, 1 - eps, 1 + eps) A) + kl_beta k(d_t)     r_t = exp(new_t - old_t), d_t = ref_t - new_t
+
+(with a dual clip c, for A < 0: -max(min(...), c A); with a KL clamp C: min(k, C); k3_ratio: r_t k3(d_t)),
     loss = sum_i sum_t w_i l_it                                          w_i = 1/(B T_i) | 1/(B L) | 1/B | 1/sum_i T_i
 """
 
@@ -158,7 +160,8 @@ class TokenReference:
     ratio: float
     side: str
     """"inside" the trust region, "capped" (beyond it on the side that would raise the objective: the gradient is 0),
-    or "pessimistic" (beyond it on the other side: the unclipped term is the minimum and keeps its gradient)."""
+    "pessimistic" (beyond it on the other side: the unclipped term is the minimum and keeps its gradient), or
+    "dual_capped" (A < 0 and the ratio above the declared dual clip c: the objective is c A, flat)."""
     magnitude: float
     """The size of the terms that make up `value` and `grad`, each times its conditioning: what rounding scales with."""
 
@@ -166,7 +169,8 @@ class TokenReference:
 def token_reference(
     spec: AlgorithmSpec, new: float, old: float, ref: float, advantage: float, clip_eps: float, kl_beta: float
 ) -> TokenReference:
-    """One token's reference loss and gradient under the declared KL estimator (k3, k2 or none), in float64."""
+    """One token's reference loss and gradient under the declared KL estimator (k3, k2, k3_ratio or none), KL clamp
+    and dual clip, in float64."""
     ratio = math.exp(new - old)
     low, high = 1.0 - clip_eps, 1.0 + clip_eps
     if (advantage > 0 and ratio > high) or (advantage < 0 and ratio < low):
@@ -178,10 +182,12 @@ def token_reference(
     clipped = min(max(ratio, low), high)
     surrogate = min(ratio * advantage, clipped * advantage)
     surrogate_grad = 0.0 if side == "capped" else advantage * ratio
+    if spec.dual_clip is not None and advantage < 0 and ratio > spec.dual_clip:
+        side, surrogate, surrogate_grad = "dual_capped", spec.dual_clip * advantage, 0.0
     delta = ref - new
     # A log-prob rounded to the dtype is off by eps times its own size, so `new - old` and `ref - new` are off by eps
     # times the inputs' sizes (not the difference's), which `exp` turns into a relative error of the ratio.
-    if spec.kl_estimator == "k3" and kl_beta:
+    if spec.kl_estimator in ("k3", "k3_ratio") and kl_beta:
         kl, kl_grad = math.expm1(delta) - delta, -math.expm1(delta)
         kl_size = (math.exp(delta) + 1.0) * (1.0 + abs(ref) + abs(new))
     elif spec.kl_estimator == "k2" and kl_beta:
@@ -189,6 +195,10 @@ def token_reference(
         kl_size = (abs(delta) + 1.0) * (1.0 + abs(ref) + abs(new))
     else:
         kl, kl_grad, kl_size = 0.0, 0.0, 0.0
+    if spec.kl_clamp is not None and kl > spec.kl_clamp:
+        kl, kl_grad = spec.kl_clamp, 0.0
+    if spec.kl_estimator == "k3_ratio":  # d(r k)/d new = r k + r dk/d new: the ratio carries a gradient too
+        kl, kl_grad, kl_size = ratio * kl, ratio * (kl + kl_grad), ratio * (kl_size + abs(kl))
     magnitude = abs(advantage) * ratio * (1.0 + abs(new) + abs(old)) + kl_beta * kl_size
     return TokenReference(
         value=-surrogate + kl_beta * kl,

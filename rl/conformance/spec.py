@@ -35,7 +35,7 @@ StdEpsPlacement = Literal["std", "variance"]
 SingletonGroups = Literal["zero", "reward"]
 AdvantageDtype = Literal["float64", "float32"]
 LossAggregation = Literal["sequence_mean", "constant", "sequence_sum", "token_mean"]
-KlEstimator = Literal["k3", "k2", "none"]
+KlEstimator = Literal["k3", "k2", "k3_ratio", "none"]
 ImportanceRatio = Literal["clipped", "on_policy"]
 LossDtype = Literal["float64", "float32", "bfloat16"]
 
@@ -76,6 +76,8 @@ _MEANING: dict[str, dict[str, str]] = {
     "kl_estimator": {
         "k3": "kl_beta * (exp(d) - d - 1), d = ref - new (Schulman's k3; ours)",
         "k2": "kl_beta * d**2 / 2, d = ref - new (Schulman's k2)",
+        "k3_ratio": "kl_beta * r * (exp(d) - d - 1), r = exp(new - old) not detached (TRL's use_bias_correction_kl, "
+        "its default when beta > 0): at ratio 1 the value of k3 and the gradient of k2",
         "none": "no KL penalty (kl_beta = 0): the laws pass kl_beta=0.0 and the KL laws skip",
     },
     "importance_ratio": {
@@ -112,8 +114,14 @@ class AlgorithmSpec:
     - `loss_aggregation`: "sequence_mean" (ours), "constant" (Dr. GRPO, with `loss_normalizer`), "sequence_sum" or
       "token_mean" (the batch's token mean; only a `batch_loss` can declare it).
     - `loss_normalizer`: the constant L of "constant" (e.g. the max completion length); None otherwise.
-    - `kl_estimator`: "k3" (ours), "k2" or "none" (no KL term; kl_beta = 0 is a valid configuration).
+    - `kl_estimator`: "k3" (ours), "k2", "k3_ratio" (k3 times the importance ratio, TRL's) or "none" (no KL term;
+      kl_beta = 0 is a valid configuration).
+    - `kl_clamp`: None (ours), or the bound C each token's KL estimate is clamped to, min(k, C) (verl's low_var_kl
+      clamps k3 at 10): beyond it the penalty is flat.
     - `importance_ratio`: "clipped" (ours: stale samples are clipped) or "on_policy" (the loss never sees one).
+    - `dual_clip`: None (ours), or the bound c > 1 of a dual clip (Ye et al. 2020, "Mastering Complex Control in MOBA
+      Games"; verl's clip_ratio_c = 3): for A < 0 the objective is max(min(r A, clip(r) A), c A), so a ratio above c
+      is flat. Only stale samples reach it, so it changes nothing under importance_ratio="on_policy".
     - `loss_dtype`: "float64", "float32" or "bfloat16": the dtype of the tensors the loss laws pass, and their
       tolerance.
 
@@ -131,7 +139,9 @@ class AlgorithmSpec:
     loss_aggregation: LossAggregation = "sequence_mean"
     loss_normalizer: float | None = None
     kl_estimator: KlEstimator = "k3"
+    kl_clamp: float | None = None
     importance_ratio: ImportanceRatio = "clipped"
+    dual_clip: float | None = None
     loss_dtype: LossDtype = "float64"
 
     def __post_init__(self) -> None:
@@ -162,6 +172,13 @@ class AlgorithmSpec:
                 f"AlgorithmSpec.loss_normalizer={self.loss_normalizer!r} is only used by loss_aggregation='constant' "
                 f"(this spec declares {self.loss_aggregation!r}): drop it, or set loss_aggregation='constant'"
             )
+        _check_bound("dual_clip", self.dual_clip, above=1.0, meaning="the dual clip's c, which must exceed 1")
+        _check_bound("kl_clamp", self.kl_clamp, above=0.0, meaning="the bound each token's KL estimate is clamped to")
+        if self.kl_clamp is not None and self.kl_estimator == "none":
+            raise ValueError(
+                "AlgorithmSpec(kl_clamp=...) clamps a KL penalty, and kl_estimator='none' declares none: drop "
+                "kl_clamp, or declare the estimator it clamps"
+            )
 
     def __repr__(self) -> str:
         return self.declared()
@@ -184,6 +201,15 @@ class AlgorithmSpec:
             if getattr(self, f.name) != getattr(default, f.name)
         ]
         return f"AlgorithmSpec({', '.join(changed)})"
+
+
+def _check_bound(name: str, value: Any, *, above: float, meaning: str) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"AlgorithmSpec.{name} must be a number or None, got {type(value).__name__}")
+    if not (math.isfinite(value) and value > above):
+        raise ValueError(f"AlgorithmSpec.{name} is {meaning}: it must be finite and > {above}, got {value!r}")
 
 
 def check_spec(spec: Any) -> AlgorithmSpec:

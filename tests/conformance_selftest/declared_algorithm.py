@@ -166,6 +166,48 @@ def k2_loss(
     return loss, {"loss": float(loss.detach())}
 
 
+def _sample_loss(surrogate: Tensor, kl: Tensor, kl_beta: float) -> tuple[Tensor, dict[str, float]]:
+    loss = -(surrogate - kl_beta * kl).mean()
+    return loss, {"loss": float(loss.detach())}
+
+
+def _k3(new_logp: Tensor, ref_logp: Tensor) -> Tensor:
+    delta = ref_logp - new_logp
+    return torch.exp(delta) - delta - 1
+
+
+DUAL_CLIP_C = 3.0
+
+
+def dual_clip_loss(
+    new_logp: Tensor, old_logp: Tensor, ref_logp: Tensor, advantage: float, clip_eps: float = 0.2, kl_beta: float = 0.03
+) -> tuple[Tensor, dict[str, float]]:
+    """Ours with verl's dual clip (`clip_ratio_c=3`): for A < 0 the objective is `max(min(r A, clip(r) A), 3 A)`."""
+    ratio = torch.exp(new_logp - old_logp)
+    surrogate = torch.minimum(ratio * advantage, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * advantage)
+    if advantage < 0:
+        surrogate = torch.clamp(surrogate, min=DUAL_CLIP_C * advantage)
+    return _sample_loss(surrogate, _k3(new_logp, ref_logp), kl_beta)
+
+
+def k3_ratio_loss(
+    new_logp: Tensor, old_logp: Tensor, ref_logp: Tensor, advantage: float, clip_eps: float = 0.2, kl_beta: float = 0.03
+) -> tuple[Tensor, dict[str, float]]:
+    """Ours with TRL's bias-corrected KL (`use_bias_correction_kl=True`): k3 times the ratio, not detached."""
+    ratio = torch.exp(new_logp - old_logp)
+    surrogate = torch.minimum(ratio * advantage, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * advantage)
+    return _sample_loss(surrogate, ratio * _k3(new_logp, ref_logp), kl_beta)
+
+
+def clamped_kl_loss(
+    new_logp: Tensor, old_logp: Tensor, ref_logp: Tensor, advantage: float, clip_eps: float = 0.2, kl_beta: float = 0.03
+) -> tuple[Tensor, dict[str, float]]:
+    """Ours with verl's `low_var_kl` clamp: each token's k3 at most 10."""
+    ratio = torch.exp(new_logp - old_logp)
+    surrogate = torch.minimum(ratio * advantage, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * advantage)
+    return _sample_loss(surrogate, torch.clamp(_k3(new_logp, ref_logp), max=10.0), kl_beta)
+
+
 def no_kl_loss(
     new_logp: Tensor, old_logp: Tensor, ref_logp: Tensor, advantage: float, clip_eps: float = 0.2, kl_beta: float = 0.03
 ) -> tuple[Tensor, dict[str, float]]:
@@ -224,6 +266,9 @@ TOKEN_MEAN = Implementation(
 )
 TOKEN_MEAN_UNDECLARED = Implementation(name="token-mean-undeclared", batch_loss=token_mean_loss)
 K2, K2_UNDECLARED = _bind("k2", AlgorithmSpec(kl_estimator="k2"), sample_loss=k2_loss)
+DUAL_CLIP, DUAL_CLIP_UNDECLARED = _bind("dual-clip", AlgorithmSpec(dual_clip=DUAL_CLIP_C), sample_loss=dual_clip_loss)
+K3_RATIO, K3_RATIO_UNDECLARED = _bind("k3-ratio", AlgorithmSpec(kl_estimator="k3_ratio"), sample_loss=k3_ratio_loss)
+KL_CLAMP, KL_CLAMP_UNDECLARED = _bind("kl-clamp", AlgorithmSpec(kl_clamp=10.0), sample_loss=clamped_kl_loss)
 NO_KL, NO_KL_UNDECLARED = _bind("no-kl", AlgorithmSpec(kl_estimator="none"), sample_loss=no_kl_loss)
 ON_POLICY, ON_POLICY_UNDECLARED = _bind(
     "on-policy", AlgorithmSpec(importance_ratio="on_policy"), batch_loss=on_policy_loss

@@ -41,6 +41,10 @@ CHOICES = [
     ("TOKEN_MEAN", {AGGREGATION: "AlgorithmSpec(loss_aggregation='token_mean')"}),
     ("K2", {KL_ESTIMATOR: "AlgorithmSpec(kl_estimator='k2')"}),
     ("NO_KL", {KL_ESTIMATOR: "AlgorithmSpec(kl_estimator='none')"}),
+    ("K3_RATIO", {KL_ESTIMATOR: "AlgorithmSpec(kl_estimator='k3_ratio')"}),
+    ("KL_CLAMP", {KL_ESTIMATOR: "AlgorithmSpec(kl_clamp=10.0)"}),
+    # A dual clip flattens a stale sample's loss for A < 0 above c, where the undeclared clip law expects -A r w.
+    ("DUAL_CLIP", {CLIP: "AlgorithmSpec(dual_clip=3.0)"}),
     # Fed a stale sample, a loss that ignores old_logp really does not cap its gain: the clip law is where the
     # `importance_ratio` choice shows.
     ("ON_POLICY", {CLIP: "AlgorithmSpec(importance_ratio='on_policy')"}),
@@ -120,7 +124,10 @@ def test_every_declaration_field_has_a_choice_case() -> None:
     ("kwargs", "error", "message"),
     [
         ({"advantage_scale": "std"}, ValueError, "must be one of 'population_std', 'sample_std', 'none'"),
-        ({"kl_estimator": "k1"}, ValueError, "must be one of 'k3', 'k2', 'none'"),
+        ({"kl_estimator": "k1"}, ValueError, "must be one of 'k3', 'k2', 'k3_ratio', 'none'"),
+        ({"dual_clip": 1.0}, ValueError, "dual_clip is the dual clip's c, which must exceed 1"),
+        ({"kl_clamp": 10.0, "kl_estimator": "none"}, ValueError, "drop kl_clamp"),
+        ({"kl_clamp": "10"}, TypeError, "kl_clamp must be a number or None"),
         ({"std_eps": -1e-4}, ValueError, "std_eps must be finite and >= 0"),
         ({"std_eps": "1e-4"}, TypeError, "std_eps must be a float"),
         ({"loss_aggregation": "constant"}, ValueError, "must declare loss_normalizer=L"),
