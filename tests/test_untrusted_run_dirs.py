@@ -1,4 +1,4 @@
-"""A run directory someone sent you is input, not trusted state: nothing in it may make a command read or write outside it.
+"""A run directory someone sent is input, not trusted state: nothing in it may make a command read or write outside it.
 
 Each test crafts what a hostile (or damaged) run directory could hold, a manifest, a symlink where a directory was, an
 artifact object that links elsewhere, and checks the store refuses it with an error naming the culprit, and that
@@ -106,7 +106,7 @@ def test_rescore_of_a_crafted_run_directory_writes_nothing_outside_it(tmp_path):
     """`rl rescore DIR` on a buffer whose head names an absolute directory fails before creating it."""
     outside = tmp_path / "outside"
     outside.mkdir()
-    run, store = _run_dir(tmp_path)
+    _, store = _run_dir(tmp_path)
     _forge(store, dirs=[str(outside / "made-by-rescore")])
     try:
         rc = main(["rescore", str(run), "--reward", "format"])
@@ -145,7 +145,7 @@ def test_finalize_refuses_a_symlink_that_leaves_the_volume(tmp_path):
 def test_a_version_whose_files_were_swapped_for_a_symlink_is_not_read_through(tmp_path):
     """A data directory replaced by a link to someone's files: reading the buffer refuses instead of following it."""
     outside = tmp_path / "outside"
-    run, store = _run_dir(tmp_path)
+    _, store = _run_dir(tmp_path)
     head = store.versions()[-1]
     shutil.copytree(head.path(), outside)  # the same bytes, so only the link gives it away
     os.chmod(head.path().parent, 0o755)
@@ -171,7 +171,7 @@ def test_a_store_whose_staging_directory_is_a_symlink_is_refused(tmp_path):
 
 def test_rescore_refuses_a_run_directory_whose_volumes_lead_elsewhere(tmp_path):
     """`volumes` linked to another store: rescore writes no version there."""
-    elsewhere, store = _run_dir(tmp_path / "a")
+    _, store = _run_dir(tmp_path / "a")
     run = tmp_path / "run"
     run.mkdir()
     os.symlink(store.root, run / "volumes")
