@@ -106,7 +106,7 @@ def test_rescore_of_a_crafted_run_directory_writes_nothing_outside_it(tmp_path):
     """`rl rescore DIR` on a buffer whose head names an absolute directory fails before creating it."""
     outside = tmp_path / "outside"
     outside.mkdir()
-    _, store = _run_dir(tmp_path)
+    run, store = _run_dir(tmp_path)
     _forge(store, dirs=[str(outside / "made-by-rescore")])
     try:
         rc = main(["rescore", str(run), "--reward", "format"])
