@@ -263,7 +263,7 @@ class LocalArtifacts:
             if not _TEMP.fullmatch(entry):
                 continue
             # A corrupt object is only ever renamed here to be deleted: whoever moved it no longer needs it.
-            if entry.startswith("corrupt-") and not path.is_symlink():
+            if entry.startswith("corrupt-") and path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
                 gone.append(entry)
             elif discard_if_dead(path):
