@@ -17,20 +17,24 @@ Pure standard library: importable without torch.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 
+from rl.dead_writers import discard_if_dead, lock_fd, locked_new_dir
 from rl.protocols import Artifacts
 from rl.types import ArtifactRef
 
 DIGEST_PREFIX = "sha256:"
 _HEX = re.compile(r"[0-9a-f]{64}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+# What a writer leaves in tmp/ while it works: a staging directory, a ref being written, a corrupt object being deleted.
+_TEMP = re.compile(r"(ref-|corrupt-)?[0-9a-f]{32}")
 
 
 class ArtifactError(Exception):
@@ -155,6 +159,12 @@ class LocalArtifacts:
         self._tmp = self.root / "tmp"
         for d in (self._objects, self._refs, self._tmp):
             d.mkdir(parents=True, exist_ok=True)
+            if d.is_symlink():
+                # Objects are read, refs written and tmp emptied through these: a link would take them elsewhere.
+                raise ArtifactCorrupt(
+                    f"{d} is a symlink, so the artifact store would read, write and delete wherever it points; a "
+                    "store's directories are its own. Remove the link (or use a store this tool built) and retry"
+                )
 
     def __repr__(self) -> str:
         return f"LocalArtifacts({str(self.root)!r})"
@@ -168,6 +178,11 @@ class LocalArtifacts:
     def _read_verified(self, ref: ArtifactRef) -> dict[str, bytes]:
         hex_digest = _hex_of(ref)
         obj = self._object_dir(hex_digest)
+        if obj.is_symlink():
+            raise ArtifactCorrupt(
+                f"artifact {ref.digest} in {self.root} is a symlink to {os.readlink(obj)}, so reading it could read "
+                "files outside the store; delete the link and put the artifact again (or rerun the step that made it)"
+            )
         if not obj.is_dir():
             raise ArtifactNotFound(
                 f"no artifact {ref.digest} in {self.root} (ref uri {ref.uri}); store it here with put/put_dir first, "
@@ -203,33 +218,57 @@ class LocalArtifacts:
         self._write_ref(name, ref.digest)
         return ref
 
-    def _stage(self, files: Mapping[str, bytes]) -> Path:
-        staging = self._tmp / uuid.uuid4().hex
-        write_files(files, staging)
-        staging.mkdir(exist_ok=True)  # an empty artifact is still a directory
-        return staging
+    @contextlib.contextmanager
+    def _stage(self, files: Mapping[str, bytes]) -> Iterator[Path]:
+        # Locked while this writer lives, so discard_abandoned deletes it only once the writer is dead.
+        with locked_new_dir(lambda: self._tmp / uuid.uuid4().hex) as staging:
+            write_files(files, staging)
+            yield staging
 
     def _install(self, obj: Path, files: Mapping[str, bytes]) -> None:
-        staging = self._stage(files)
-        try:
-            os.rename(staging, obj)
-        except OSError:
-            # Another writer installed the same digest first; its content is identical by construction.
-            shutil.rmtree(staging, ignore_errors=True)
-            if not obj.is_dir():
-                raise
+        with self._stage(files) as staging:
+            try:
+                os.rename(staging, obj)
+            except OSError:
+                # Another writer installed the same digest first; its content is identical by construction.
+                shutil.rmtree(staging, ignore_errors=True)
+                if not obj.is_dir():
+                    raise
 
     def _replace(self, obj: Path, files: Mapping[str, bytes]) -> None:
-        staging = self._stage(files)
-        trash = self._tmp / f"corrupt-{uuid.uuid4().hex}"
-        os.rename(obj, trash)
-        os.rename(staging, obj)
-        shutil.rmtree(trash, ignore_errors=True)
+        with self._stage(files) as staging:
+            trash = self._tmp / f"corrupt-{uuid.uuid4().hex}"
+            os.rename(obj, trash)
+            os.rename(staging, obj)
+            shutil.rmtree(trash, ignore_errors=True)
 
     def _write_ref(self, name: str, digest: str) -> None:
-        tmp = self._tmp / f"ref-{uuid.uuid4().hex}"
-        tmp.write_text(digest + "\n")
-        os.replace(tmp, self._refs / name)
+        while True:
+            tmp = self._tmp / f"ref-{uuid.uuid4().hex}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            if lock_fd(fd, tmp):
+                break
+            os.close(fd)
+        with open(fd, "w") as f:
+            f.write(digest + "\n")
+            f.flush()
+            os.replace(tmp, self._refs / name)
+
+    def discard_abandoned(self) -> list[str]:
+        """Delete what writers that died left in tmp/ (staging directories, refs half-written, corrupt objects half
+        deleted); entries a live writer holds stay. Returns the names deleted."""
+        gone = []
+        for entry in sorted(os.listdir(self._tmp)):
+            path = self._tmp / entry
+            if not _TEMP.fullmatch(entry):
+                continue
+            # A corrupt object is only ever renamed here to be deleted: whoever moved it no longer needs it.
+            if entry.startswith("corrupt-") and path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+                gone.append(entry)
+            elif discard_if_dead(path):
+                gone.append(entry)
+        return gone
 
     async def get(self, ref: ArtifactRef) -> dict[str, bytes]:
         """A private copy of the artifact's files, verified against its digest."""

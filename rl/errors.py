@@ -13,15 +13,30 @@ __all__ = [
     "CheckpointError",
     "CheckpointSchemaError",
     "EngineContractError",
+    "FreshRefusedError",
     "GrpoInputError",
     "MissingAdapterError",
     "NonFiniteRewardError",
+    "RunDirError",
     "StaleBatchError",
+    "UnsafeRunDirError",
 ]
 
 
 class GrpoInputError(ValueError):
     """The run's configuration or prompts cannot work; nothing was started."""
+
+
+class RunDirError(GrpoInputError):
+    """The run directory cannot be used as asked; nothing in it was changed."""
+
+
+class FreshRefusedError(RunDirError):
+    """`--fresh` named a directory this tool did not create, so deleting it could delete someone's files."""
+
+
+class UnsafeRunDirError(RunDirError):
+    """An entry of the run directory is a symlink, so using it would read or write outside the run directory."""
 
 
 class NonFiniteRewardError(ValueError):

@@ -6,6 +6,8 @@ This is what `rl demo grpo` runs and what the learning test trains; the Flyte ta
 from __future__ import annotations
 
 import os
+import re
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,17 +16,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from transformers.utils import logging as transformers_logging
 
 from rl.artifacts import LocalArtifacts
+from rl.dead_writers import discard_if_dead, locked_new_dir
 from rl.engines.torch_sampler import TorchSampler
 from rl.identity import content_digest
 from rl.loop.grpo import GrpoConfig, GrpoTiers
-from rl.models.tiny import TinyModelConfig, build_tiny_model
+from rl.models.tiny import _MODEL_FILES, _TOKENIZER_FILES, TinyModelConfig, build_tiny_model
 from rl.problems import DigitSuccessor, constant_baseline_accuracy
 from rl.protocols import Reporter
 from rl.report import FileReporter
+from rl.run_layout import claim, require_safe
 from rl.scoring import RewardScorer, SamplingEvaluator
 from rl.state import FileStateStore
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
+from rl.volumes.local import _force_rmtree
 from rl.volumes.sink import VolumeRolloutSink
 
 # A per-load "Loading weights" bar from transformers would bury the demo's own progress bar.
@@ -43,12 +48,37 @@ class LocalDeployment:
     base_dir: Path
 
 
+_BASE_STAGING = re.compile(r"\.base-[0-9a-f]{12}\.staging-[0-9a-f]{32}")
+
+
 def base_model(root: Path, config: TinyModelConfig) -> Path:
-    """The tiny base model for `config`, built once under `root` (the directory name carries the config's digest)."""
-    target = Path(root) / f"base-{content_digest(config)[:12]}"
-    if not (target / "config.json").is_file():
-        build_tiny_model(target, config)
+    """The tiny base model for `config`, built once under `root` (the directory name carries the config's digest).
+
+    Built in a staging directory and published by one rename, so `base-*` is complete whenever it exists and a kill
+    mid-build leaves only the staging directory (`discard_abandoned_bases` deletes it). A `base-*` missing files (built
+    in place by an older version, then killed) is rebuilt: the build is deterministic, so the files come out the same.
+    """
+    root = Path(root)
+    target = root / f"base-{content_digest(config)[:12]}"
+    if all((target / name).is_file() for name in (*_MODEL_FILES, *_TOKENIZER_FILES)):
+        return target
+    _force_rmtree(target)
+    with locked_new_dir(lambda: root / f".{target.name}.staging-{uuid.uuid4().hex}") as staging:
+        build_tiny_model(staging, config)
+        try:
+            os.rename(staging, target)
+        except OSError:
+            # Another process published the same model first (its files are identical): use that one.
+            _force_rmtree(staging)
+            if not target.is_dir():
+                raise
     return target
+
+
+def discard_abandoned_bases(root: Path) -> list[str]:
+    """Delete base-model staging directories under `root` whose builder died (none a live builder holds)."""
+    names = sorted(n for n in os.listdir(root) if _BASE_STAGING.fullmatch(n))
+    return [n for n in names if discard_if_dead(Path(root) / n, _force_rmtree)]
 
 
 def local_grpo(
@@ -65,8 +95,18 @@ def local_grpo(
     """Assemble the tiers under `out_dir`: base-*/ (model), artifacts/, volumes/ (rollout buffer), checkpoint.json,
     metrics.jsonl and report.html."""
     out_dir = Path(out_dir).absolute()
+    claim(out_dir)
+    require_safe(out_dir)
+    # What a writer killed last time left half-written goes first; a live writer's files stay (rl.dead_writers).
+    discard_abandoned_bases(out_dir)
     base = base_model(out_dir, model)
     artifacts = LocalArtifacts(out_dir / "artifacts")
+    artifacts.discard_abandoned()
+    state = FileStateStore(out_dir / "checkpoint.json")
+    state.discard_abandoned()
+    sink = VolumeRolloutSink(out_dir / "volumes") if buffer else None
+    if sink is not None:
+        sink.store.discard_abandoned()
     problems = DigitSuccessor()
     engine = TorchSampler(base, artifacts, threads=trainer.threads)
     file_reporter = FileReporter(
@@ -80,7 +120,7 @@ def local_grpo(
         prompts=problems,
         evaluator=SamplingEvaluator(engine, problems.eval_prompts(), max_tokens=config.max_tokens),
         reporter=reporter if reporter is not None else file_reporter,
-        buffer=VolumeRolloutSink(out_dir / "volumes") if buffer else None,
+        buffer=sink,
         task_metrics=problems.metrics,
     )
-    return LocalDeployment(tiers, FileStateStore(out_dir / "checkpoint.json"), file_reporter, base)
+    return LocalDeployment(tiers, state, file_reporter, base)

@@ -21,7 +21,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     grpo.add_argument("--prompts", type=int, default=8, help="prompts per iteration (default 8)")
     grpo.add_argument("--samples", type=int, default=8, help="completions per prompt, the group size (default 8)")
     grpo.add_argument("--pipelined", action="store_true", help="overlap generation of batch N+1 with training N")
-    grpo.add_argument("--fresh", action="store_true", help="delete a previous run in --out instead of resuming it")
+    grpo.add_argument(
+        "--fresh",
+        action="store_true",
+        help="delete the previous run in --out (only what a run wrote, in a directory this tool made) and restart",
+    )
     grpo.add_argument("--no-buffer", action="store_true", help="don't keep rollouts on the versioned volume buffer")
     grpo.add_argument("--json", action="store_true", help="end with one JSON object of the results")
     grpo.set_defaults(func=run_grpo_demo)
@@ -34,15 +38,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_grpo_demo(args: argparse.Namespace) -> int:
     import asyncio
-    import shutil
 
     from rich.console import Console
 
     from rl.demo import grpo_demo_config, run_demo
 
     console = Console(stderr=True)
-    if args.fresh and args.out.exists():
-        shutil.rmtree(args.out)
+    if args.fresh:
+        from rl.run_layout import start_fresh
+
+        start_fresh(args.out)
     config = grpo_demo_config(
         iterations=args.iterations, seed=args.seed, prompts=args.prompts, samples=args.samples, pipelined=args.pipelined
     )

@@ -36,6 +36,9 @@ def run(args: argparse.Namespace) -> int:
     except UnknownRewardError as exc:
         print(f"rl rescore: {exc}", file=sys.stderr)
         return 2
+    from rl.run_layout import require_safe
+
+    require_safe(args.run_dir)  # a run directory someone sent: volumes/ must not lead elsewhere
     volumes = args.run_dir / "volumes"
     if not volumes.is_dir():
         print(

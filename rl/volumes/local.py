@@ -69,10 +69,11 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any, Literal
 
 from rl.types import ArtifactRef
+from rl.volumes.manifest import MANIFEST_FORMAT, manifest_problem, symlink_target_problem
+from rl.volumes.manifest import digest as _digest
 
 ShareMode = Literal["reflink", "hardlink", "copy"]
 SHARE_MODES: tuple[ShareMode, ...] = ("reflink", "hardlink", "copy")
-MANIFEST_FORMAT = 1
 
 # fcntl.FICLONE exists only from Python 3.12; this is Linux's _IOW(0x94, 9, int).
 _FICLONE = getattr(fcntl, "FICLONE", 0x40049409)
@@ -178,6 +179,12 @@ class LocalVolumeStore:
         self.durable = durable
         for sub in ("versions", "staging", "locks"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+            if (self.root / sub).is_symlink():
+                # Staging is deleted and versions are written through: a link would carry both outside the store.
+                raise VolumeCorruptedError(
+                    f"{self.root / sub} is a symlink, so the store would write and delete wherever it points; a "
+                    f"store's directories are its own. Remove the link (or open a store you built) and retry"
+                )
         if share == "auto":
             self._share_mode: ShareMode = probe_share_mode(self.root / "staging")
         elif share in SHARE_MODES:
@@ -255,10 +262,17 @@ class LocalVolumeStore:
             path = self.root / "versions" / version / "manifest.json"
             try:
                 manifest = json.loads(path.read_text(encoding="utf-8"))
+                problem = manifest_problem(manifest, version)
             except FileNotFoundError:
                 raise VersionNotFoundError(f"version {version} is not in {self.root}") from None
-            if manifest.get("format") != MANIFEST_FORMAT or manifest.get("version") != version:
-                raise VolumeCorruptedError(f"{path} is not a format-{MANIFEST_FORMAT} manifest of version {version}")
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                problem = f"the manifest is not JSON ({exc})"
+            if problem:
+                raise VolumeCorruptedError(
+                    f"version {version} in {self.root} is refused: {problem}. Its manifest ({path}) was not written "
+                    f"by this store or was changed since, and using it could read or write outside the volume. Delete "
+                    f"{path.parent} (or get the directory again from its source) and retry"
+                )
             self._manifests[version] = manifest
         return LocalVolumeVersion(self, manifest)
 
@@ -280,6 +294,13 @@ class LocalVolumeStore:
 
     def _populate(self, parent: LocalVolumeVersion, data: Path) -> dict[str, _Inherited]:
         src_root = parent.path()
+        for d in ("", *parent.dirs):
+            # A directory replaced by a symlink would make the links below read files from wherever it points.
+            if not stat.S_ISDIR(os.lstat(src_root / d).st_mode):
+                raise VolumeCorruptedError(
+                    f"cannot fork version {parent.version} ({parent.name!r}): {src_root / d} is not a directory (a "
+                    f"symlink?), so its files could come from outside the volume; fork an intact version"
+                )
         for d in parent.dirs:
             (data / d).mkdir(parents=True, exist_ok=True)
         for rel, target in parent.symlinks.items():
@@ -417,7 +438,15 @@ class LocalVolumeVersion:
         rel = _clean_relpath(relpath)
         if rel not in self._files:
             raise FileNotFoundError(f"{rel!r} is not a file of version {self.version} ({self.name!r})")
-        return self.path() / rel
+        path = self.path() / rel
+        expected = os.path.join(os.path.realpath(self._store.root), "versions", self.version, "data", rel)
+        if os.path.realpath(path) != expected:
+            raise VolumeCorruptedError(
+                f"{rel!r} of version {self.version} ({self.name!r}) resolves to {os.path.realpath(path)}, outside the "
+                f"version's files (a symlink replaced a file or directory); delete {self.path().parent} or get the "
+                f"directory again from its source"
+            )
+        return path
 
     def read_bytes(self, relpath: str) -> bytes:
         return self.file(relpath).read_bytes()
@@ -689,6 +718,12 @@ class LocalWritableVolume:
                 dirs.append(rel)
             elif kind == "symlink":
                 symlinks[rel] = os.readlink(data / rel)
+                problem = symlink_target_problem(rel, symlinks[rel])
+                if problem:
+                    raise InvalidPathError(
+                        f"{problem} (volume {self._name!r}); a version's symlinks stay inside it, so a fork never "
+                        f"reaches outside. Point it at a path inside the volume, or copy the target in, then finalize"
+                    )
             elif kind == "file":
                 files[rel] = self._file_entry(data / rel, rel, st)
                 mtimes[rel] = st.st_mtime_ns
@@ -818,10 +853,6 @@ def _hash_file(path: Path, *, fsync: bool) -> str:
         if fsync:
             os.fsync(f.fileno())
     return digest
-
-
-def _digest(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _write_json(path: Path, obj: Any, *, durable: bool) -> None:

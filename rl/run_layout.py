@@ -1,0 +1,76 @@
+"""What a run directory holds, which of it this tool wrote, and the checks before writing into or deleting from one.
+
+`rl demo grpo --out DIR` writes the entries below and nothing else. A directory it creates (or finds empty) gets a
+marker file, `.rl-run`; `--fresh` deletes only in a marked directory and only these entries, so `--out .`, `--out ~`
+or a folder of someone's files is refused instead of emptied. A run directory may also come from someone else, so
+before use every entry is checked not to be a symlink: the checkpoint, report and stores are written through, and a
+link would carry those writes (and `--fresh`'s deletes) outside the directory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from rl.errors import FreshRefusedError, UnsafeRunDirError
+from rl.volumes.local import _force_rmtree
+
+MARKER = ".rl-run"
+MARKER_TEXT = "This directory was created by `rl demo grpo`; `--fresh` deletes only the entries it wrote here.\n"
+# Written by the run: checkpoint, report, stores, the base model; and the temp names of a writer killed mid-write.
+_ENTRY = re.compile(
+    r"checkpoint\.json|metrics\.jsonl|report\.html|artifacts|volumes|base-[0-9a-f]{12}"
+    r"|\.base-[0-9a-f]{12}\.staging-[0-9a-f]{32}|\.checkpoint\.json\.[A-Za-z0-9_]{8}"
+)
+
+
+def written_by_run(name: str) -> bool:
+    """Whether a run writes an entry called `name` at a run directory's top level."""
+    return bool(_ENTRY.fullmatch(name))
+
+
+def claim(run_dir: Path) -> None:
+    """Create `run_dir` if absent and mark it as a run directory; an existing one is marked only if it is empty."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not os.listdir(run_dir):
+        (run_dir / MARKER).write_text(MARKER_TEXT)
+
+
+def require_safe(run_dir: Path) -> None:
+    """Raise UnsafeRunDirError if an entry the run reads or writes is a symlink (it would lead outside `run_dir`)."""
+    if not run_dir.is_dir():
+        return
+    for name in sorted(os.listdir(run_dir)):
+        path = run_dir / name
+        if (name == MARKER or written_by_run(name)) and path.is_symlink():
+            raise UnsafeRunDirError(
+                f"{path} is a symlink (to {os.readlink(path)}), so the run would read or write outside {run_dir}; "
+                f"a run directory someone sent you may be crafted. Remove the link, or use another --out"
+            )
+
+
+def start_fresh(run_dir: Path) -> list[str]:
+    """`--fresh`: delete the entries a run wrote in `run_dir`, if this tool created it; returns the names deleted.
+
+    Anything else in the directory stays. A directory without the marker is refused unless it is empty.
+    """
+    if not os.path.lexists(run_dir):
+        return []
+    if not run_dir.is_dir():
+        raise FreshRefusedError(
+            f"--fresh: {run_dir} is not a directory, so it is not a run to start over; pass another --out"
+        )
+    names = sorted(os.listdir(run_dir))
+    marker = run_dir / MARKER
+    if names and (marker.is_symlink() or not marker.is_file()):
+        raise FreshRefusedError(
+            f"--fresh refuses to delete anything in {run_dir}: this tool did not create it (no {MARKER} marker), so "
+            f"its {len(names)} entries may be someone's files; pass an --out of its own, or delete it yourself"
+        )
+    deleted = []
+    for name in names:
+        if written_by_run(name):
+            _force_rmtree(run_dir / name)  # unlinks a symlink rather than following it
+            deleted.append(name)
+    return deleted

@@ -1,0 +1,62 @@
+"""What a killed writer left half-written (checkpoint temp files, staging directories) is deleted at the next start;
+what a live writer holds, and anything not named like our temp files, stays."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+import pytest
+
+from rl.state import FileStateStore
+
+
+def _hold(path: Path) -> int:
+    """Lock `path` as its live writer would (`rl.dead_writers`); close the fd to 'die'."""
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def test_a_run_start_deletes_what_dead_writers_left_and_keeps_live_and_foreign_files(tmp_path):
+    """`local_grpo` (the start of `rl demo grpo`) cleans every store's leftovers of a killed writer."""
+    from rl.local import local_grpo
+    from rl.loop.grpo import GrpoConfig
+
+    out = tmp_path / "run"
+    dead = [
+        out / ".checkpoint.json.ab12cd34",
+        out / "artifacts" / "tmp" / ("0" * 32),
+        out / "artifacts" / "tmp" / f"ref-{'1' * 32}",
+        out / "artifacts" / "tmp" / f"corrupt-{'2' * 32}",
+        out / "volumes" / "staging" / "rollouts",
+        out / f".base-{'3' * 12}.staging-{'4' * 32}",
+    ]
+    live = [out / ".checkpoint.json.zz99yy88", out / "artifacts" / "tmp" / ("5" * 32)]
+    foreign = [out / ".checkpoint.json.bak", out / "artifacts" / "tmp" / "mine.txt", out / "notes.tmp"]
+    for p in dead + live + foreign:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if p.name.startswith(("0", "corrupt-", "5", "rollouts", ".base")):
+            (p / "data").mkdir(parents=True)
+        else:
+            p.write_text("x")
+    fds = [_hold(p) for p in live]
+    try:
+        local_grpo(out, GrpoConfig(iterations=1, prompts_per_iteration=2, group_size=2))
+        assert [p for p in dead if os.path.lexists(p)] == []
+        assert all(p.exists() for p in live + foreign)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+@pytest.mark.asyncio
+async def test_a_checkpoint_write_cleans_nothing_of_its_own_and_leaves_no_temp_file(tmp_path):
+    """A completed save leaves only checkpoint.json; a temp file whose writer died is discarded by the next start."""
+    store = FileStateStore(tmp_path / "checkpoint.json")
+    await store.save(b"one")
+    (tmp_path / ".checkpoint.json.dead0001").write_bytes(b"half")
+    assert store.discard_abandoned() == [tmp_path / ".checkpoint.json.dead0001"]
+    await store.save(b"two")
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint.json"] and await store.load() == b"two"
