@@ -15,6 +15,7 @@ __all__ = [
     "EngineContractError",
     "GrpoInputError",
     "MissingAdapterError",
+    "NonFiniteMetricError",
     "NonFiniteRewardError",
     "StaleBatchError",
 ]
@@ -54,3 +55,7 @@ class CheckpointConfigMismatchError(CheckpointError):
 
 class MissingAdapterError(CheckpointError):
     """The checkpoint names an adapter or optimizer state that the artifact store no longer has."""
+
+
+class NonFiniteMetricError(ValueError):
+    """A value about to be written as JSON is NaN or an infinity (its message names the field); nothing was written."""

@@ -7,6 +7,7 @@ import json
 import time
 
 from rl.commands import user_path
+from rl.strict_json import flag_non_finite
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -64,5 +65,5 @@ def run_grpo_demo(args: argparse.Namespace) -> int:
     )
     print(f"report: {summary['report']}\nmetrics: {summary['metrics']}")
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps(flag_non_finite(summary), allow_nan=False))
     return 0

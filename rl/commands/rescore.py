@@ -61,5 +61,5 @@ def run(args: argparse.Namespace) -> int:
         f"new buffer version {new.version[:12]} (parent {head.version[:12]} unchanged)"
     )
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps(summary, allow_nan=False))
     return 0

@@ -19,6 +19,7 @@ from rl.errors import (
 )
 from rl.identity import content_digest
 from rl.protocols import Artifacts, StateStore
+from rl.strict_json import tag_non_finite, untag_non_finite
 from rl.types import ArtifactRef, EvalResult, IterationMetrics
 
 SCHEMA_VERSION = 1
@@ -68,8 +69,12 @@ class DriverState:
 
 
 def encode_state(state: DriverState) -> bytes:
-    body = state.to_json()
-    return json.dumps({"schema": SCHEMA_VERSION, "digest": content_digest(body), "state": body}).encode()
+    # A NaN loss or an infinite grad norm in the history is written as {"__float__": "nan"}, the form the digest
+    # already hashes it in, so the checkpoint is strict JSON and a resume restores the exact value.
+    body = tag_non_finite(state.to_json())
+    return json.dumps(
+        {"schema": SCHEMA_VERSION, "digest": content_digest(body), "state": body}, allow_nan=False
+    ).encode()
 
 
 def decode_state(blob: bytes) -> DriverState:
@@ -96,7 +101,7 @@ def decode_state(blob: bytes) -> DriverState:
             "delete it to restart from iteration 0, or restore the previous checkpoint"
         )
     try:
-        return DriverState.from_json(doc["state"])
+        return DriverState.from_json(untag_non_finite(doc["state"]))
     except (KeyError, TypeError) as exc:
         raise CheckpointCorruptError(f"the driver checkpoint lacks a field: {exc}") from exc
 

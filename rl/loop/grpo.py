@@ -22,6 +22,7 @@ from rl.advantages import no_signal_groups
 from rl.errors import EngineContractError, GrpoInputError, NonFiniteRewardError, StaleBatchError
 from rl.identity import content_digest
 from rl.loop.checkpoint import DriverState, load_state, save_state
+from rl.metrics import finite_mean
 from rl.protocols import (
     Artifacts,
     Evaluator,
@@ -216,7 +217,7 @@ def iteration_metrics(
         iteration=iteration,
         adapter_version=version,
         num_rollouts=n,
-        mean_reward=sum(rewards) / n,
+        mean_reward=finite_mean(rewards),
         max_reward=max(rewards),
         mean_loss=step.loss,
         contributing=step.contributing,

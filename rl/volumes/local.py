@@ -402,7 +402,7 @@ class LocalVolumeVersion:
 
     @property
     def manifest(self) -> dict[str, Any]:
-        return json.loads(json.dumps(self._manifest))
+        return json.loads(json.dumps(self._manifest, allow_nan=False))
 
     @property
     def store(self) -> LocalVolumeStore:
@@ -821,13 +821,13 @@ def _hash_file(path: Path, *, fsync: bool) -> str:
 
 
 def _digest(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()).hexdigest()
 
 
 def _write_json(path: Path, obj: Any, *, durable: bool) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, sort_keys=True, indent=1)
+        json.dump(obj, f, sort_keys=True, indent=1, allow_nan=False)
         if durable:
             f.flush()
             os.fsync(f.fileno())
