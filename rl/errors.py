@@ -14,6 +14,7 @@ __all__ = [
     "CheckpointSchemaError",
     "EngineContractError",
     "GrpoInputError",
+    "IncompleteBufferError",
     "MissingAdapterError",
     "NonFiniteMetricError",
     "NonFiniteRewardError",
@@ -55,6 +56,10 @@ class CheckpointConfigMismatchError(CheckpointError):
 
 class MissingAdapterError(CheckpointError):
     """The checkpoint names an adapter or optimizer state that the artifact store no longer has."""
+
+
+class IncompleteBufferError(ValueError):
+    """A run's rollout buffer misses iterations the run trained (its message lists them); nothing was re-scored."""
 
 
 class NonFiniteMetricError(ValueError):
