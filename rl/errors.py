@@ -18,6 +18,7 @@ __all__ = [
     "MissingAdapterError",
     "NonFiniteMetricError",
     "NonFiniteRewardError",
+    "RunLockedError",
     "StaleBatchError",
 ]
 
@@ -56,6 +57,10 @@ class CheckpointConfigMismatchError(CheckpointError):
 
 class MissingAdapterError(CheckpointError):
     """The checkpoint names an adapter or optimizer state that the artifact store no longer has."""
+
+
+class RunLockedError(RuntimeError):
+    """Another process is writing the run directory (its message names the holder); nothing was written."""
 
 
 class IncompleteBufferError(ValueError):

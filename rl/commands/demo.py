@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 from rl.commands import user_path
 from rl.strict_json import flag_non_finite
@@ -34,28 +35,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_grpo_demo(args: argparse.Namespace) -> int:
-    import asyncio
-    import shutil
-
-    from rich.console import Console
-
-    from rl.demo import grpo_demo_config, run_demo
-
-    console = Console(stderr=True)
-    if args.fresh and args.out.exists():
-        shutil.rmtree(args.out)
-    config = grpo_demo_config(
-        iterations=args.iterations, seed=args.seed, prompts=args.prompts, samples=args.samples, pipelined=args.pipelined
-    )
-    from rl.errors import CheckpointError
+    from rl.run_lock import run_lock
 
     start = time.perf_counter()
-    try:
-        summary = asyncio.run(run_demo(config, args.out, console=console, buffer=not args.no_buffer))
-    except CheckpointError as exc:
-        console.print(f"rl demo grpo: cannot resume the run in {args.out}: {exc}")
-        console.print(f"Pass --fresh to start over in {args.out}, or --out another directory.")
-        return 2
+    # The lock comes first, before the slow imports and before --fresh deletes anything: a second process is refused
+    # at once, and never clears a directory that another one is writing.
+    with run_lock(args.out, command="rl demo grpo"):
+        if args.fresh:
+            _clear_for_fresh(args.out)
+        import asyncio
+
+        from rich.console import Console
+
+        from rl.demo import grpo_demo_config, run_demo
+        from rl.errors import CheckpointError
+
+        console = Console(stderr=True)
+        config = grpo_demo_config(
+            iterations=args.iterations,
+            seed=args.seed,
+            prompts=args.prompts,
+            samples=args.samples,
+            pipelined=args.pipelined,
+        )
+        try:
+            summary = asyncio.run(run_demo(config, args.out, console=console, buffer=not args.no_buffer))
+        except CheckpointError as exc:
+            console.print(f"rl demo grpo: cannot resume the run in {args.out}: {exc}")
+            console.print(f"Pass --fresh to start over in {args.out}, or --out another directory.")
+            return 2
     summary["wall_s"] = round(time.perf_counter() - start, 2)
     print(
         f"GRPO demo: {summary['iterations']} iterations in {summary['wall_s']} s; training accuracy "
@@ -67,3 +75,19 @@ def run_grpo_demo(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(flag_non_finite(summary), allow_nan=False))
     return 0
+
+
+def _clear_for_fresh(out: Path) -> None:
+    """Delete the previous run in `out`, all but the lock this process holds on it (deleting the lock's file would let
+    a third process lock a new one beside ours)."""
+    import shutil
+
+    from rl.run_lock import LOCK_FILES
+
+    for entry in out.iterdir():
+        if entry.name in LOCK_FILES:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()

@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rl.errors import IncompleteBufferError
     from rl.rewards import UnknownRewardError, get_reward
+    from rl.run_lock import run_lock
     from rl.types import Rollout
     from rl.volumes.buffer import RolloutBuffer
     from rl.volumes.local import LocalVolumeStore
@@ -56,29 +57,31 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    buffer = RolloutBuffer(LocalVolumeStore(volumes), BUFFER_NAME)
-    head = buffer.head()
-    if head is None:
-        print(f"rl rescore: the rollout buffer in {volumes} has no version yet", file=sys.stderr)
-        return 2
-    held = buffer.iterations(head)
-    through, source = _trained_through(args.run_dir, held)
-    missing = missing_iterations(held, through)
-    if missing:
-        gap = (
-            f"the rollout buffer in {volumes} misses iteration(s) {iteration_ranges(missing)} of the run's "
-            f"0..{through} ({source}), so its means are not the run's"
-        )
-        if not args.allow_gaps:
-            raise IncompleteBufferError(
-                f"{gap}; pass --allow-gaps to re-score the {len(held)} iteration(s) it holds anyway"
+    # A writer (a resuming `rl demo grpo`, another rescore) would move the head and the checkpoint under us.
+    with run_lock(args.run_dir, command="rl rescore"):
+        buffer = RolloutBuffer(LocalVolumeStore(volumes), BUFFER_NAME)
+        head = buffer.head()
+        if head is None:
+            print(f"rl rescore: the rollout buffer in {volumes} has no version yet", file=sys.stderr)
+            return 2
+        held = buffer.iterations(head)
+        through, source = _trained_through(args.run_dir, held)
+        missing = missing_iterations(held, through)
+        if missing:
+            gap = (
+                f"the rollout buffer in {volumes} misses iteration(s) {iteration_ranges(missing)} of the run's "
+                f"0..{through} ({source}), so its means are not the run's"
             )
-        print(f"rl rescore: WARNING: {gap}; re-scoring the {len(held)} it holds (--allow-gaps)", file=sys.stderr)
+            if not args.allow_gaps:
+                raise IncompleteBufferError(
+                    f"{gap}; pass --allow-gaps to re-score the {len(held)} iteration(s) it holds anyway"
+                )
+            print(f"rl rescore: WARNING: {gap}; re-scoring the {len(held)} it holds (--allow-gaps)", file=sys.stderr)
 
-    def rescored(rollout: Rollout) -> float:
-        return reward(rollout.completion, rollout.answer)
+        def rescored(rollout: Rollout) -> float:
+            return reward(rollout.completion, rollout.answer)
 
-    new, stats = buffer.rescore(head, rescored, reward_name=args.reward)
+        new, stats = buffer.rescore(head, rescored, reward_name=args.reward)
     summary = {**stats.to_dict(), "missing_iterations": missing}
     print(
         f"re-scored {stats.rollouts_rescored} rollouts from {len(stats.iterations)} iterations with {args.reward!r}: "
