@@ -58,7 +58,7 @@ def _softmax(logits: Sequence[float]) -> list[float]:
 
 
 def encode_table(table: list[list[float]], **meta: object) -> dict[str, bytes]:
-    return {"policy.json": json.dumps({"table": table, **meta}, sort_keys=True).encode()}
+    return {"policy.json": json.dumps({"table": table, **meta}, sort_keys=True, allow_nan=False).encode()}
 
 
 def decode_table(files: dict[str, bytes]) -> dict[str, Any]:

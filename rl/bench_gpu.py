@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from rl.gpu import VLLM_MODEL, cuda_unavailable_reason, vllm_llm_kwargs, vllm_unavailable_reason
+from rl.strict_json import flag_non_finite
 
 __all__ = ["GpuBenchConfig", "gpu_bench", "run_gpu_bench"]
 
@@ -205,7 +206,7 @@ def run_gpu_bench(*, json_out: bool = False, config: GpuBenchConfig = GpuBenchCo
     for key, value in figures.items():
         print(f"{key:<{width}}  {value:.4g}" if isinstance(value, float) else f"{key:<{width}}  {value}")
     if json_out:
-        print(json.dumps(figures))
+        print(json.dumps(flag_non_finite(figures), allow_nan=False))
     if vllm_reason is not None:
         print(f"rl bench --gpu: the vLLM sampler was not measured: {vllm_reason}", file=sys.stderr)
         return 1

@@ -15,9 +15,12 @@ __all__ = [
     "EngineContractError",
     "FreshRefusedError",
     "GrpoInputError",
+    "IncompleteBufferError",
     "MissingAdapterError",
+    "NonFiniteMetricError",
     "NonFiniteRewardError",
     "RunDirError",
+    "RunLockedError",
     "StaleBatchError",
     "UnsafeRunDirError",
 ]
@@ -69,3 +72,15 @@ class CheckpointConfigMismatchError(CheckpointError):
 
 class MissingAdapterError(CheckpointError):
     """The checkpoint names an adapter or optimizer state that the artifact store no longer has."""
+
+
+class RunLockedError(RuntimeError):
+    """Another process is writing the run directory (its message names the holder); nothing was written."""
+
+
+class IncompleteBufferError(ValueError):
+    """A run's rollout buffer misses iterations the run trained (its message lists them); nothing was re-scored."""
+
+
+class NonFiniteMetricError(ValueError):
+    """A value about to be written as JSON is NaN or an infinity (its message names the field); nothing was written."""

@@ -62,5 +62,5 @@ def canonical(value: Any) -> Any:
 
 def content_digest(*parts: Any) -> str:
     """A 32-hex-digit blake2b digest of the canonical JSON of `parts`."""
-    payload = json.dumps([canonical(p) for p in parts], sort_keys=True, separators=(",", ":"))
+    payload = json.dumps([canonical(p) for p in parts], sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.blake2b(payload.encode(), digest_size=16).hexdigest()

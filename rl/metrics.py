@@ -1,14 +1,15 @@
-"""Held-out evaluation metrics: pass@k and avg@k.
+"""Held-out evaluation metrics (pass@k and avg@k), and the mean the iteration rows use.
 
 Pure Python: the evaluator's reducer and the report compute these without torch.
 """
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Sequence
 
-__all__ = ["avg_at_k", "pass_at_k"]
+__all__ = ["avg_at_k", "finite_mean", "pass_at_k"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -58,6 +59,28 @@ def avg_at_k(correct_counts: Sequence[int], k: int) -> float:
         if not 0 <= c <= k:
             raise ValueError(f"correct_counts[{p}] must be in 0..{k}, got {c}")
     return sum(counts) / (k * len(counts))
+
+
+def finite_mean(values: Sequence[float]) -> float:
+    """The mean of finite numbers, finite itself and within [min, max] however large they are; 0.0 for none.
+
+    `sum(values) / n` overflows to infinity for two rewards of 1e308, and `math.fsum` raises. The correctly rounded
+    `fsum(values) / n` is kept whenever the sum fits a float; otherwise the values are first scaled by a power of two
+    at least n (exact: values that large have no subnormal bits to lose), so no partial sum can pass the largest one.
+    The result is clamped to [min, max], where the true mean lies: rounding the sum and then the quotient can
+    otherwise step one ulp outside (the mean of three equal values can exceed them).
+    """
+    n = len(values)
+    if n == 0:
+        return 0.0
+    try:
+        mean = math.fsum(values) / n
+    except OverflowError:
+        mean = math.inf
+    if not math.isfinite(mean):
+        scale = 2.0 ** math.ceil(math.log2(n))
+        mean = math.fsum(v / scale for v in values) / n * scale
+    return min(max(mean, min(values)), max(values))
 
 
 def _integer(label: str, value: object) -> int:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from rl.strict_json import flag_non_finite
 from rl.types import EvalResult, IterationMetrics
 
 RECENT_SAMPLES = 8
@@ -197,8 +198,11 @@ def _svg(panel: Panel, iterations: tuple[int, int]) -> str:
         ax.set_xlim(first - pad, last + pad)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
         if panel.from_zero:
-            top = max((y for s in panel.series for y in s.y), default=0.0)
-            ax.set_ylim(0, top * 1.08 if top > 0 else 1.0)  # headroom, so a flat series does not hide in the frame
+            # A diverged step's inf or NaN is not drawn (matplotlib skips it) and must not set the frame: an infinite
+            # axis limit raises, and the run would die in its reporter.
+            top = max((y for s in panel.series for y in s.y if math.isfinite(y)), default=0.0)
+            headroom = top * 1.08  # so a flat series does not hide in the frame
+            ax.set_ylim(0, (headroom if math.isfinite(headroom) else top) if top > 0 else 1.0)
         if panel.unit_range:
             ax.set_ylim(-0.03, 1.03)  # a rate pinned at 0 or 1 stays visible off the frame
         if len(panel.series) > 1 or panel.reference is not None:
@@ -331,7 +335,11 @@ class FileReporter:
     async def publish(
         self, history: Sequence[IterationMetrics], *, status: str, evals: Sequence[EvalResult] = ()
     ) -> None:
-        self.metrics_path.write_text("".join(json.dumps(row.to_dict()) + "\n" for row in history))
+        # A diverged run's NaN loss is written as null and named in the row's `non_finite` (strict JSON readers
+        # reject `NaN`); IterationMetrics.from_dict puts it back.
+        self.metrics_path.write_text(
+            "".join(json.dumps(flag_non_finite(row.to_dict()), allow_nan=False) + "\n" for row in history)
+        )
         now = time.monotonic()
         if status != "running" or now - self._rendered_at >= self.min_interval_s:
             page = render_report(

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from rl.errors import FreshRefusedError, UnsafeRunDirError
+from rl.run_lock import LOCK_FILES
 from rl.volumes.local import _force_rmtree
 
 MARKER = ".rl-run"
@@ -33,8 +34,14 @@ def written_by_run(name: str) -> bool:
 def claim(run_dir: Path) -> None:
     """Create `run_dir` if absent and mark it as a run directory; an existing one is marked only if it is empty."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not os.listdir(run_dir):
+    if not _entries(run_dir):
         (run_dir / MARKER).write_text(MARKER_TEXT)
+
+
+def _entries(run_dir: Path) -> list[str]:
+    """The directory's entries, but the writer's lock files (the lock this process holds on it: deleting its file would
+    let a third process lock a new one beside ours)."""
+    return sorted(name for name in os.listdir(run_dir) if name not in LOCK_FILES)
 
 
 def require_safe(run_dir: Path) -> None:
@@ -50,6 +57,25 @@ def require_safe(run_dir: Path) -> None:
             )
 
 
+def check_fresh(run_dir: Path) -> None:
+    """Raise FreshRefusedError unless `--fresh` may delete in `run_dir`: absent, empty, or marked by this tool.
+
+    Touches nothing, so a caller checks before it takes the run's lock (whose files would land in a refused folder)."""
+    if not os.path.lexists(run_dir):
+        return
+    if not run_dir.is_dir():
+        raise FreshRefusedError(
+            f"--fresh: {run_dir} is not a directory, so it is not a run to start over; pass another --out"
+        )
+    names = _entries(run_dir)
+    marker = run_dir / MARKER
+    if names and (marker.is_symlink() or not marker.is_file()):
+        raise FreshRefusedError(
+            f"--fresh refuses to delete anything in {run_dir}: this tool did not create it (no {MARKER} marker), so "
+            f"its {len(names)} entries may be someone's files; pass an --out of its own, or delete it yourself"
+        )
+
+
 def start_fresh(run_dir: Path) -> list[str]:
     """`--fresh`: delete the entries a run wrote in `run_dir`, if this tool created it; returns the names deleted.
 
@@ -57,17 +83,8 @@ def start_fresh(run_dir: Path) -> list[str]:
     """
     if not os.path.lexists(run_dir):
         return []
-    if not run_dir.is_dir():
-        raise FreshRefusedError(
-            f"--fresh: {run_dir} is not a directory, so it is not a run to start over; pass another --out"
-        )
-    names = sorted(os.listdir(run_dir))
-    marker = run_dir / MARKER
-    if names and (marker.is_symlink() or not marker.is_file()):
-        raise FreshRefusedError(
-            f"--fresh refuses to delete anything in {run_dir}: this tool did not create it (no {MARKER} marker), so "
-            f"its {len(names)} entries may be someone's files; pass an --out of its own, or delete it yourself"
-        )
+    check_fresh(run_dir)
+    names = _entries(run_dir)
     deleted = []
     for name in names:
         if written_by_run(name):

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rl.strict_json import unflag_non_finite
+
 
 @dataclass(frozen=True)
 class ArtifactRef:
@@ -151,7 +153,7 @@ class IterationMetrics:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> IterationMetrics:
-        d = dict(d)
+        d = dict(unflag_non_finite(d))
         # Rows written before task metrics existed carry the digit task's two as top-level keys.
         legacy = {key: d.pop(key) for key in _LEGACY_TASK_METRICS if key in d}
         if legacy:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
+
+from rl.strict_json import flag_non_finite
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -54,5 +57,6 @@ def run(args: argparse.Namespace) -> int:
     for key, value in figures.items():
         print(f"{key:<{width}}  {value:.4g}" if isinstance(value, float) else f"{key:<{width}}  {value}")
     if args.json:
-        print(json.dumps({k: (round(v, 6) if isinstance(v, float) else v) for k, v in figures.items()}))
+        rounded = {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in figures.items()}
+        print(json.dumps(flag_non_finite(rounded), allow_nan=False))
     return 0

@@ -11,6 +11,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from rl.strict_json import flag_non_finite
+
 LOOPS = ("grpo", "grpo-pipelined", "agentic")
 
 
@@ -78,6 +80,6 @@ def run(args: argparse.Namespace) -> int:
         f"{sweep_points} crash points swept, {summary['failures']} failure(s)"
     )
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps(flag_non_finite(summary), allow_nan=False))
     sys.stdout.flush()
     return 0 if summary["failures"] == 0 else 1

@@ -7,6 +7,7 @@ import json
 import time
 
 from rl.commands import user_path
+from rl.strict_json import flag_non_finite
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,29 +38,41 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_grpo_demo(args: argparse.Namespace) -> int:
-    import asyncio
-
-    from rich.console import Console
-
-    from rl.demo import grpo_demo_config, run_demo
-
-    console = Console(stderr=True)
-    if args.fresh:
-        from rl.run_layout import start_fresh
-
-        start_fresh(args.out)
-    config = grpo_demo_config(
-        iterations=args.iterations, seed=args.seed, prompts=args.prompts, samples=args.samples, pipelined=args.pipelined
-    )
-    from rl.errors import CheckpointError
+    from rl.run_lock import run_lock
 
     start = time.perf_counter()
-    try:
-        summary = asyncio.run(run_demo(config, args.out, console=console, buffer=not args.no_buffer))
-    except CheckpointError as exc:
-        console.print(f"rl demo grpo: cannot resume the run in {args.out}: {exc}")
-        console.print(f"Pass --fresh to start over in {args.out}, or --out another directory.")
-        return 2
+    # The lock comes first, before the slow imports and before --fresh deletes anything: a second process is refused
+    # at once, and never clears a directory that another one is writing.
+    if args.fresh:
+        from rl.run_layout import check_fresh
+
+        check_fresh(args.out)  # before the lock, whose files would otherwise land in a folder --fresh refuses
+    with run_lock(args.out, command="rl demo grpo"):
+        if args.fresh:
+            from rl.run_layout import start_fresh
+
+            start_fresh(args.out)
+        import asyncio
+
+        from rich.console import Console
+
+        from rl.demo import grpo_demo_config, run_demo
+        from rl.errors import CheckpointError
+
+        console = Console(stderr=True)
+        config = grpo_demo_config(
+            iterations=args.iterations,
+            seed=args.seed,
+            prompts=args.prompts,
+            samples=args.samples,
+            pipelined=args.pipelined,
+        )
+        try:
+            summary = asyncio.run(run_demo(config, args.out, console=console, buffer=not args.no_buffer))
+        except CheckpointError as exc:
+            console.print(f"rl demo grpo: cannot resume the run in {args.out}: {exc}")
+            console.print(f"Pass --fresh to start over in {args.out}, or --out another directory.")
+            return 2
     summary["wall_s"] = round(time.perf_counter() - start, 2)
     print(
         f"GRPO demo: {summary['iterations']} iterations in {summary['wall_s']} s; training accuracy "
@@ -69,5 +82,5 @@ def run_grpo_demo(args: argparse.Namespace) -> int:
     )
     print(f"report: {summary['report']}\nmetrics: {summary['metrics']}")
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps(flag_non_finite(summary), allow_nan=False))
     return 0

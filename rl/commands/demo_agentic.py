@@ -11,6 +11,8 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from rl.strict_json import flag_non_finite
+
 
 def add_agentic_demo(demo_subparsers: Any) -> argparse.ArgumentParser:
     """Register `agentic` under `rl demo`; returns its parser."""
@@ -114,5 +116,7 @@ def run_agentic_demo(args: argparse.Namespace) -> int:
         soft_wrap=True,
     )
     if args.json:
-        print(json.dumps({"seed": args.seed, **asdict(t)}, sort_keys=True), flush=True)
+        print(
+            json.dumps(flag_non_finite({"seed": args.seed, **asdict(t)}), sort_keys=True, allow_nan=False), flush=True
+        )
     return 0 if t.ok else 1

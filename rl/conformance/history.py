@@ -68,11 +68,12 @@ class RecordedHistory:
     def to_json(self) -> str:
         """Pretty JSON with one action per line, so a re-recorded history diffs action by action."""
         head = {k: v for k, v in asdict(self).items() if k != "actions"}
-        lines = [json.dumps(head, sort_keys=True)[:-1] + ', "actions": {']
+        lines = [json.dumps(head, sort_keys=True, allow_nan=False)[:-1] + ', "actions": {']
         for m, (mode, actions) in enumerate(sorted(self.actions.items())):
-            lines.append(f"  {json.dumps(mode)}: [")
+            lines.append(f"  {json.dumps(mode, allow_nan=False)}: [")
             lines += [
-                f"    {json.dumps(list(a))}" + ("," if i < len(actions) - 1 else "") for i, a in enumerate(actions)
+                f"    {json.dumps(list(a), allow_nan=False)}" + ("," if i < len(actions) - 1 else "")
+                for i, a in enumerate(actions)
             ]
             lines.append("  ]" + ("," if m < len(self.actions) - 1 else ""))
         return "\n".join([*lines, "}}"]) + "\n"

@@ -17,8 +17,9 @@ from rl.errors import (
     CheckpointSchemaError,
     MissingAdapterError,
 )
-from rl.identity import content_digest
+from rl.identity import canonical, content_digest
 from rl.protocols import Artifacts, StateStore
+from rl.strict_json import tag_non_finite, untag_non_finite
 from rl.types import ArtifactRef, EvalResult, IterationMetrics
 
 SCHEMA_VERSION = 1
@@ -40,6 +41,8 @@ class DriverState:
     previous_version: int = 0
     pending_eval: tuple[ArtifactRef, int] | None = None
     buffer_version: str | None = None
+    # The configuration's fields (`canonical(config)`), so that a mismatch can name what differs, not just two digests.
+    config: dict[str, Any] | None = None
 
     @classmethod
     def initial(cls, config_digest: str, adapter: ArtifactRef, optimizer_state: ArtifactRef) -> DriverState:
@@ -64,12 +67,17 @@ class DriverState:
             previous_version=d["previous_version"],
             pending_eval=(ArtifactRef(**pending[0]), pending[1]) if pending else None,
             buffer_version=d.get("buffer_version"),
+            config=d.get("config"),
         )
 
 
 def encode_state(state: DriverState) -> bytes:
-    body = state.to_json()
-    return json.dumps({"schema": SCHEMA_VERSION, "digest": content_digest(body), "state": body}).encode()
+    # A NaN loss or an infinite grad norm in the history is written as {"__float__": "nan"}, the form the digest
+    # already hashes it in, so the checkpoint is strict JSON and a resume restores the exact value.
+    body = tag_non_finite(state.to_json())
+    return json.dumps(
+        {"schema": SCHEMA_VERSION, "digest": content_digest(body), "state": body}, allow_nan=False
+    ).encode()
 
 
 def decode_state(blob: bytes) -> DriverState:
@@ -96,7 +104,7 @@ def decode_state(blob: bytes) -> DriverState:
             "delete it to restart from iteration 0, or restore the previous checkpoint"
         )
     try:
-        return DriverState.from_json(doc["state"])
+        return DriverState.from_json(untag_non_finite(doc["state"]))
     except (KeyError, TypeError) as exc:
         raise CheckpointCorruptError(f"the driver checkpoint lacks a field: {exc}") from exc
 
@@ -110,8 +118,8 @@ async def load_state(store: StateStore, config: Any, artifacts: Artifacts) -> Dr
     if state.config_digest != config.digest():
         raise CheckpointConfigMismatchError(
             f"the checkpoint was written by a run with configuration {state.config_digest[:12]}, this run has "
-            f"{config.digest()[:12]}; resume with the original configuration, or start a new run (a new run has its "
-            "own checkpoint)"
+            f"{config.digest()[:12]}{_differing_fields(state.config, config)}; resume with the original "
+            "configuration, or start a new run (a new run has its own checkpoint)"
         )
     for what, ref in (("adapter", state.adapter), ("optimizer state", state.optimizer_state)):
         if not await artifacts.exists(ref):
@@ -120,6 +128,43 @@ async def load_state(store: StateStore, config: Any, artifacts: Artifacts) -> Dr
                 "longer has; restore it or start a new run"
             )
     return state
+
+
+def _differing_fields(recorded: dict[str, Any] | None, config: Any) -> str:
+    """` (iterations: checkpoint 120, this run 200)`, or nothing for a checkpoint that predates recording its fields."""
+    if not isinstance(recorded, dict):
+        return ""
+    current = canonical(config)
+    names = sorted(set(recorded) | set(current))
+    diffs = [
+        f"{n}: checkpoint {recorded.get(n)!r}, this run {current.get(n)!r}"
+        for n in names
+        if recorded.get(n) != current.get(n)
+    ]
+    return f" ({'; '.join(diffs)})" if diffs else ""
+
+
+def check_recording(state: DriverState, *, buffered: bool) -> None:
+    """Refuse to resume a run whose rollout buffer would then miss iterations.
+
+    What a run records is part of its identity: a buffer turned on half way misses the iterations before it, and one
+    turned off misses those after. A checkpoint is written only after its iteration's rollouts were appended, so a
+    checkpoint's run kept a buffer exactly when it names a buffer version.
+    """
+    recorded = state.buffer_version is not None
+    if recorded == buffered:
+        return
+    done = f"iterations 0..{state.iteration}" if state.iteration > 0 else "iteration 0"
+    if recorded:
+        raise CheckpointConfigMismatchError(
+            f"field 'buffer' differs: the checkpoint's run kept its rollouts on the buffer ({done}), this run keeps "
+            f"none, so the buffer would miss every iteration from {state.iteration + 1}; resume with the rollout "
+            "buffer on (`rl demo grpo`: without --no-buffer), or start a new run"
+        )
+    raise CheckpointConfigMismatchError(
+        f"field 'buffer' differs: the checkpoint's run kept no rollout buffer ({done}), this run keeps one, so the "
+        f"buffer would miss {done}; resume without the buffer (`rl demo grpo`: --no-buffer), or start a new run"
+    )
 
 
 async def save_state(store: StateStore, state: DriverState) -> None:

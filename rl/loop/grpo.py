@@ -20,8 +20,9 @@ from dataclasses import dataclass, field, replace
 
 from rl.advantages import no_signal_groups
 from rl.errors import EngineContractError, GrpoInputError, NonFiniteRewardError, StaleBatchError
-from rl.identity import content_digest
-from rl.loop.checkpoint import DriverState, load_state, save_state
+from rl.identity import canonical, content_digest
+from rl.loop.checkpoint import DriverState, check_recording, load_state, save_state
+from rl.metrics import finite_mean
 from rl.protocols import (
     Artifacts,
     Evaluator,
@@ -216,7 +217,7 @@ def iteration_metrics(
         iteration=iteration,
         adapter_version=version,
         num_rollouts=n,
-        mean_reward=sum(rewards) / n,
+        mean_reward=finite_mean(rewards),
         max_reward=max(rewards),
         mean_loss=step.loss,
         contributing=step.contributing,
@@ -336,10 +337,14 @@ async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> G
     """Run (or resume) the loop to `config.iterations`; return the final adapter, optimizer state and history."""
     config.validate(tiers.prompts.train_prompts())
     state = await load_state(store, config, tiers.artifacts)
+    if state is not None:
+        check_recording(state, buffered=tiers.buffer is not None)
     resumed_from = state.iteration if state is not None else -1
     if state is None:
         init = await tiers.trainer.init_adapter(derive_seed(config.seed, "init"))
-        state = DriverState.initial(config.digest(), init.adapter, init.optimizer_state)
+        state = replace(
+            DriverState.initial(config.digest(), init.adapter, init.optimizer_state), config=canonical(config)
+        )
     await _publish(tiers, state, "running")
 
     evaluating = _launch_eval(config, tiers, state.pending_eval)

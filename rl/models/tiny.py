@@ -138,7 +138,7 @@ def _declare_tokenizer_class(path: Path) -> None:
     """
     config = json.loads(path.read_text())
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    path.write_text(json.dumps(config, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 def _check_model_dir(model_dir: Path, required: tuple[str, ...]) -> Path:

@@ -188,7 +188,7 @@ def adapter_files(model: PeftModel) -> dict[str, bytes]:
             config["target_modules"] = sorted(config["target_modules"])
         config["base_model_name_or_path"] = None
         return {
-            "adapter_config.json": (json.dumps(config, indent=2, sort_keys=True) + "\n").encode(),
+            "adapter_config.json": (json.dumps(config, indent=2, sort_keys=True, allow_nan=False) + "\n").encode(),
             "adapter_model.safetensors": (Path(tmp) / "adapter_model.safetensors").read_bytes(),
         }
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rl.metrics import finite_mean
 from rl.types import Rollout
 from rl.volumes.local import LocalVolumeStore, LocalVolumeVersion, VolumeError, _check_name
 
@@ -235,4 +236,4 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def _mean(xs: Sequence[float]) -> float:
-    return math.fsum(xs) / len(xs) if xs else 0.0
+    return finite_mean(xs)

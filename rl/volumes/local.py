@@ -423,7 +423,7 @@ class LocalVolumeVersion:
 
     @property
     def manifest(self) -> dict[str, Any]:
-        return json.loads(json.dumps(self._manifest))
+        return json.loads(json.dumps(self._manifest, allow_nan=False))
 
     @property
     def store(self) -> LocalVolumeStore:
@@ -858,7 +858,7 @@ def _hash_file(path: Path, *, fsync: bool) -> str:
 def _write_json(path: Path, obj: Any, *, durable: bool) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, sort_keys=True, indent=1)
+        json.dump(obj, f, sort_keys=True, indent=1, allow_nan=False)
         if durable:
             f.flush()
             os.fsync(f.fileno())

@@ -27,7 +27,7 @@ VERSION_RE = re.compile(r"[0-9a-f]{64}")
 
 def digest(obj: Any) -> str:
     """sha256 of canonical JSON: the content digest and the version id are this over their parts."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()).hexdigest()
 
 
 def relpath_problem(rel: object) -> str | None:
