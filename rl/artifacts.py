@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
+from rl.errors import RlError
 from rl.protocols import Artifacts
 from rl.types import ArtifactRef
 
@@ -33,8 +34,10 @@ _HEX = re.compile(r"[0-9a-f]{64}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 
-class ArtifactError(Exception):
+class ArtifactError(RlError):
     """Base of the artifact store's errors."""
+
+    exit_code = 4
 
 
 class ArtifactNotFound(ArtifactError, FileNotFoundError):

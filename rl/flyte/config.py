@@ -20,6 +20,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from rl.errors import InputError
 from rl.loop.grpo import GrpoConfig
 from rl.models.tiny import TinyModelConfig
 from rl.problems import DigitSuccessor, marked_answer_metrics
@@ -29,7 +30,7 @@ from rl.types import Prompt, Rollout
 ENGINES = ("torch", "vllm")
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A run configuration that cannot work; raised before any task starts."""
 
 

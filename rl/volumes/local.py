@@ -68,6 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Literal
 
+from rl.errors import RlError
 from rl.types import ArtifactRef
 
 ShareMode = Literal["reflink", "hardlink", "copy"]
@@ -90,8 +91,10 @@ _OPEN_WRITERS: set[tuple[int, str, str]] = set()
 _OPEN_WRITERS_LOCK = threading.Lock()
 
 
-class VolumeError(Exception):
+class VolumeError(RlError):
     """Base class of every error the volume layer raises."""
+
+    exit_code = 5
 
 
 class InvalidNameError(VolumeError, ValueError):
