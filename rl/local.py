@@ -21,6 +21,7 @@ from rl.models.tiny import TinyModelConfig, build_tiny_model
 from rl.problems import DigitSuccessor, constant_baseline_accuracy
 from rl.protocols import Reporter
 from rl.report import FileReporter
+from rl.rewards import get_reward
 from rl.scoring import RewardScorer, SamplingEvaluator
 from rl.state import FileStateStore
 from rl.trainer.config import TrainerConfig
@@ -51,6 +52,13 @@ def base_model(root: Path, config: TinyModelConfig) -> Path:
     return target
 
 
+def check_local_grpo(config: GrpoConfig, reward: str = "default") -> None:
+    """Refuse a configuration or reward name `local_grpo` cannot run, before it writes anything (a base model,
+    artifacts, volumes): an `InputError` (`GrpoInputError`, `UnknownRewardError`) saying what to change."""
+    config.validate(DigitSuccessor().train_prompts())
+    get_reward(reward)
+
+
 def local_grpo(
     out_dir: Path,
     config: GrpoConfig,
@@ -64,6 +72,7 @@ def local_grpo(
 ) -> LocalDeployment:
     """Assemble the tiers under `out_dir`: base-*/ (model), artifacts/, volumes/ (rollout buffer), checkpoint.json,
     metrics.jsonl and report.html."""
+    check_local_grpo(config, reward)
     out_dir = Path(out_dir).absolute()
     base = base_model(out_dir, model)
     artifacts = LocalArtifacts(out_dir / "artifacts")

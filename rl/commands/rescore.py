@@ -23,32 +23,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
-    from rl.rewards import UnknownRewardError, get_reward
+    from rl.errors import InputError
+    from rl.rewards import get_reward
     from rl.types import Rollout
     from rl.volumes.buffer import RolloutBuffer
     from rl.volumes.local import LocalVolumeStore
     from rl.volumes.sink import BUFFER_NAME
 
-    try:
-        reward = get_reward(args.reward)
-    except UnknownRewardError as exc:
-        print(f"rl rescore: {exc}", file=sys.stderr)
-        return 2
+    reward = get_reward(args.reward)  # an unknown name is refused before anything is read
     volumes = args.run_dir / "volumes"
     if not volumes.is_dir():
-        print(
-            f"rl rescore: {args.run_dir} has no rollout buffer (no volumes/ directory); run `rl demo grpo --out "
-            f"{args.run_dir}` with the buffer on (the default) first",
-            file=sys.stderr,
+        raise InputError(
+            f"{args.run_dir} has no rollout buffer (no volumes/ directory); run `rl demo grpo --out "
+            f"{args.run_dir}` with the buffer on (the default) first"
         )
-        return 2
     buffer = RolloutBuffer(LocalVolumeStore(volumes), BUFFER_NAME)
     head = buffer.head()
     if head is None:
-        print(f"rl rescore: the rollout buffer in {volumes} has no version yet", file=sys.stderr)
-        return 2
+        raise InputError(
+            f"the rollout buffer in {volumes} has no version yet; run `rl demo grpo --out {args.run_dir}` first"
+        )
 
     def rescored(rollout: Rollout) -> float:
         return reward(rollout.completion, rollout.answer)
