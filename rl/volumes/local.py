@@ -260,8 +260,19 @@ class LocalVolumeStore:
                 manifest = json.loads(path.read_text(encoding="utf-8"))
             except FileNotFoundError:
                 raise VersionNotFoundError(f"version {version} is not in {self.root}") from None
-            if manifest.get("format") != MANIFEST_FORMAT or manifest.get("version") != version:
-                raise VolumeCorruptedError(f"{path} is not a format-{MANIFEST_FORMAT} manifest of version {version}")
+            except ValueError as exc:  # not JSON, or not UTF-8: a damaged or foreign file
+                raise VolumeCorruptedError(
+                    f"{path} is not a manifest ({exc}); restore it from a backup, or start a new run"
+                ) from None
+            if (
+                not isinstance(manifest, dict)
+                or manifest.get("format") != MANIFEST_FORMAT
+                or manifest.get("version") != version
+            ):
+                raise VolumeCorruptedError(
+                    f"{path} is not a format-{MANIFEST_FORMAT} manifest of version {version}; restore it from a "
+                    "backup, or start a new run"
+                )
             self._manifests[version] = manifest
         return LocalVolumeVersion(self, manifest)
 
