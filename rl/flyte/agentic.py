@@ -47,8 +47,8 @@ from rl.agentic.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, 
 from rl.agentic.worlds import Workspace
 from rl.artifacts import compute_digest, read_dir
 from rl.flyte.bindings import attempt_number, is_local, task_context
-from rl.flyte.config import ConfigError, StrictConfig
 from rl.flyte.envs import agentic_driver_env, agentic_trainer_env, judge_env, sandbox_env
+from rl.flyte.strict import ConfigError, StrictConfig
 from rl.loop.agentic import AgenticOutcome, SkippedTrial
 from rl.loop.agentic import train as train_loop
 

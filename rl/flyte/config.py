@@ -19,11 +19,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from rl.errors import InputError
+from rl.flyte.strict import ConfigError, StrictConfig
 from rl.loop.grpo import GrpoConfig
 from rl.models.tiny import TinyModelConfig
 from rl.problems import DigitSuccessor, marked_answer_metrics
@@ -31,10 +31,6 @@ from rl.trainer.config import TrainerConfig
 from rl.types import Prompt, Rollout
 
 ENGINES = ("torch", "vllm")
-
-
-class ConfigError(InputError):
-    """A run configuration that cannot work; raised before any task starts."""
 
 
 @dataclass(frozen=True)
@@ -117,32 +113,6 @@ class FaultSpec:
             raise ConfigError(
                 f"faults.crash_after_iteration must be -1 (no crash) or an iteration, got {self.crash_after_iteration}"
             )
-
-
-class StrictConfig(BaseModel):
-    """A run's typed task input: frozen, and strict about its JSON. Pydantic rather than a dataclass because Flyte's
-    `--config` JSON drops the keys a dataclass does not have, silently, while a model with `extra="forbid"` (and the
-    nested dataclasses' `__pydantic_config__`) refuses them. Constructed in Python, a bad value is a `ConfigError`."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise ConfigError(_one_line(exc)) from None
-
-    def replace(self, **changes: Any) -> Any:
-        """A copy with `changes` applied, validated again (`dataclasses.replace` for these models)."""
-        return type(self)(**{**{name: getattr(self, name) for name in type(self).model_fields}, **changes})
-
-
-def _one_line(exc: ValidationError) -> str:
-    problems = []
-    for error in exc.errors():
-        where, message = ".".join(str(p) for p in error["loc"]), error["msg"].removeprefix("Value error, ")
-        problems.append(f"{where}: {message}" if where else message)
-    return "; ".join(problems)
 
 
 class GrpoRunConfig(StrictConfig):
