@@ -27,6 +27,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 
 from rl.dead_writers import discard_if_dead, lock_fd, locked_new_dir
+from rl.errors import RlError
 from rl.protocols import Artifacts
 from rl.types import ArtifactRef
 
@@ -37,8 +38,10 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _TEMP = re.compile(r"(ref-|corrupt-)?[0-9a-f]{32}")
 
 
-class ArtifactError(Exception):
+class ArtifactError(RlError):
     """Base of the artifact store's errors."""
+
+    exit_code = 4
 
 
 class ArtifactNotFound(ArtifactError, FileNotFoundError):

@@ -1,4 +1,26 @@
-"""The errors a GRPO driver raises where the conformance suite checks them, in one public module.
+"""Every error this project raises on purpose, under one root, `RlError`, in one public module.
+
+`except rl.errors.RlError` catches every expected failure (bad input, a checkpoint or artifact that cannot be used, a
+damaged volume, a tier that broke its contract, a full disk is an `OSError` instead); anything else is a bug. Each
+family's `exit_code` is the `rl` command's exit status when that family ends it (the README's table):
+
+| exit | family | what went wrong |
+| --- | --- | --- |
+| 1 | (none) | a check failed: `rl chaos` found a violated invariant, `rl demo agentic` ended with a failed run |
+| 2 | `InputError` | a flag, config or reward name cannot work (also argparse's usage errors); nothing was started |
+| 3 | `CheckpointError` | the run directory's checkpoint cannot be resumed from |
+| 4 | `ArtifactError` (`rl.artifacts`) | a stored adapter, optimizer state or other artifact is missing or corrupt |
+| 5 | `VolumeError` (`rl.volumes.local`) | the rollout buffer's volumes are damaged, locked or misused |
+| 6 | `TrainerError` | a train step was given a malformed batch, adapter or optimizer state |
+| 7 | `TierError` | a rollout engine or scorer returned what the driver refuses (NaN rewards, stale or wrong rollouts) |
+| 8 | `LedgerError` | the agentic trainer refused a step (a second payload for it, out of order, other worlds) |
+| 9 | `RlError` | any other expected failure |
+| 10 | `OSError` | the filesystem refused (disk full, read-only, permission denied, a file where a directory goes) |
+| 70 | anything else | a bug: the traceback is printed; please report it |
+
+Each family keeps the builtin base it had (`ValueError`, `RuntimeError`, `LookupError`, ...), so `except` clauses
+written against those still catch it. `ArtifactError` and `VolumeError` live with their stores and are re-exported
+here lazily, so importing this module stays free of everything but the standard library.
 
 A fork's driver raises these (or subclasses) so that the same `except` clauses, and the same laws, hold for it:
 `rl.conformance`'s driver laws expect `NonFiniteRewardError` for a NaN reward, and a resume from a checkpoint that
@@ -7,7 +29,14 @@ cannot be resumed is a `CheckpointError` whose type says why. Each message says 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:  # the lazy re-exports below, for type checkers and linters
+    from rl.artifacts import ArtifactError
+    from rl.volumes.local import VolumeError
+
 __all__ = [
+    "ArtifactError",
     "CheckpointConfigMismatchError",
     "CheckpointCorruptError",
     "CheckpointError",
@@ -16,17 +45,53 @@ __all__ = [
     "FreshRefusedError",
     "GrpoInputError",
     "IncompleteBufferError",
+    "InputError",
+    "LedgerError",
     "MissingAdapterError",
     "NonFiniteMetricError",
     "NonFiniteRewardError",
+    "RlError",
     "RunDirError",
     "RunLockedError",
     "StaleBatchError",
+    "TierError",
+    "TrainerError",
     "UnsafeRunDirError",
+    "VolumeError",
 ]
 
 
-class GrpoInputError(ValueError):
+class RlError(Exception):
+    """The root of every error this project raises on purpose; its message says what was wrong and what to do."""
+
+    exit_code: ClassVar[int] = 9
+
+
+class InputError(RlError, ValueError):
+    """A flag, configuration, prompt source or name that cannot work; raised before anything was started."""
+
+    exit_code = 2
+
+
+class TrainerError(RlError, ValueError):
+    """A train step's inputs cannot be used: a malformed batch, an adapter or optimizer state that is not one."""
+
+    exit_code = 6
+
+
+class TierError(RlError):
+    """A tier (rollout engine, scorer) returned something the driver refuses; the iteration was not committed."""
+
+    exit_code = 7
+
+
+class LedgerError(RlError, ValueError):
+    """The agentic trainer refused a step: applying it would break exactly-once training."""
+
+    exit_code = 8
+
+
+class GrpoInputError(InputError):
     """The run's configuration or prompts cannot work; nothing was started."""
 
 
@@ -42,20 +107,34 @@ class UnsafeRunDirError(RunDirError):
     """An entry of the run directory is a symlink, so using it would read or write outside the run directory."""
 
 
-class NonFiniteRewardError(ValueError):
+class RunLockedError(RunDirError, RuntimeError):
+    """Another process is writing the run directory (its message names the holder); nothing was written."""
+
+
+class IncompleteBufferError(InputError):
+    """A run's rollout buffer misses iterations the run trained (its message lists them); nothing was re-scored."""
+
+
+class NonFiniteMetricError(RlError, ValueError):
+    """A value about to be written as JSON is NaN or an infinity (its message names the field); nothing was written."""
+
+
+class NonFiniteRewardError(TierError, ValueError):
     """A scorer returned NaN or an infinity; the iteration was not committed."""
 
 
-class StaleBatchError(ValueError):
+class StaleBatchError(TierError, ValueError):
     """A batch holds rollouts further behind the trained policy than `max_staleness` allows."""
 
 
-class EngineContractError(RuntimeError):
+class EngineContractError(TierError, RuntimeError):
     """A rollout engine returned something the protocol forbids (wrong count, version or group)."""
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(RlError, RuntimeError):
     """The driver's checkpoint cannot be resumed from."""
+
+    exit_code = 3
 
 
 class CheckpointCorruptError(CheckpointError):
@@ -74,13 +153,28 @@ class MissingAdapterError(CheckpointError):
     """The checkpoint names an adapter or optimizer state that the artifact store no longer has."""
 
 
-class RunLockedError(RuntimeError):
-    """Another process is writing the run directory (its message names the holder); nothing was written."""
+# Families defined next to their stores; imported on first use so `import rl.errors` needs only the standard library.
+_LAZY = {"ArtifactError": "rl.artifacts", "VolumeError": "rl.volumes.local"}
 
 
-class IncompleteBufferError(ValueError):
-    """A run's rollout buffer misses iterations the run trained (its message lists them); nothing was re-scored."""
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'rl.errors' has no attribute {name!r}")
 
 
-class NonFiniteMetricError(ValueError):
-    """A value about to be written as JSON is NaN or an infinity (its message names the field); nothing was written."""
+def families() -> dict[str, int]:
+    """Each family's name and the exit status the `rl` command ends with when an error of that family stops it."""
+    classes: list[type[RlError]] = [
+        InputError,
+        CheckpointError,
+        __getattr__("ArtifactError"),
+        __getattr__("VolumeError"),
+        TrainerError,
+        TierError,
+        LedgerError,
+        RlError,
+    ]
+    return {cls.__name__: cls.exit_code for cls in classes}

@@ -24,6 +24,7 @@ from rl.models.tiny import _MODEL_FILES, _TOKENIZER_FILES, TinyModelConfig, buil
 from rl.problems import DigitSuccessor, constant_baseline_accuracy
 from rl.protocols import Reporter
 from rl.report import FileReporter
+from rl.rewards import get_reward
 from rl.run_layout import claim, require_safe
 from rl.scoring import RewardScorer, SamplingEvaluator
 from rl.state import FileStateStore
@@ -81,6 +82,13 @@ def discard_abandoned_bases(root: Path) -> list[str]:
     return [n for n in names if discard_if_dead(Path(root) / n, _force_rmtree)]
 
 
+def check_local_grpo(config: GrpoConfig, reward: str = "default") -> None:
+    """Refuse a configuration or reward name `local_grpo` cannot run, before it writes anything (a base model,
+    artifacts, volumes): an `InputError` (`GrpoInputError`, `UnknownRewardError`) saying what to change."""
+    config.validate(DigitSuccessor().train_prompts())
+    get_reward(reward)
+
+
 def local_grpo(
     out_dir: Path,
     config: GrpoConfig,
@@ -94,6 +102,7 @@ def local_grpo(
 ) -> LocalDeployment:
     """Assemble the tiers under `out_dir`: base-*/ (model), artifacts/, volumes/ (rollout buffer), checkpoint.json,
     metrics.jsonl and report.html."""
+    check_local_grpo(config, reward)
     out_dir = Path(out_dir).absolute()
     claim(out_dir)
     require_safe(out_dir)

@@ -13,6 +13,8 @@ import re
 from collections.abc import Callable
 from decimal import Decimal
 
+from rl.errors import InputError
+
 __all__ = [
     "ANSWER_MARKER",
     "FORMAT_BONUS",
@@ -89,7 +91,7 @@ REWARDS: dict[str, RewardFn] = {
 """Every reward by name. `"default"` is the seed's `score`; a re-scoring run names one of these."""
 
 
-class UnknownRewardError(KeyError):
+class UnknownRewardError(InputError, KeyError):
     """No reward is registered under the requested name; the message lists the names that are."""
 
     def __init__(self, name: str, known: list[str]) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+import pytest
+
 from rl.commands.demo_agentic import add_agentic_demo
 
 JSON_KEYS = {
@@ -56,5 +58,7 @@ def test_the_demo_takes_the_run_shape_from_its_flags(capsys):
 
 def test_the_demo_refuses_a_rate_outside_zero_one(capsys):
     """A typed error says what was wrong and what to do: rates are probabilities."""
-    code, out = _demo(["--flaky-trial-rate", "1.5"], capsys)
-    assert code == 2 and "--flaky-trial-rate must be a probability in [0, 1]" in out
+    from rl.errors import InputError
+
+    with pytest.raises(InputError, match=r"--flaky-trial-rate must be a probability in \[0, 1\]"):
+        _demo(["--flaky-trial-rate", "1.5"], capsys)

@@ -48,10 +48,11 @@ def test_demo_resumes_a_finished_run_without_training_again(tmp_path, capsys):
 
 
 def test_demo_refuses_to_resume_a_run_of_another_configuration_and_says_what_to_do(tmp_path, capsys):
-    """A different --samples in the same --out is a clear error (exit 2), not a traceback or a silent restart."""
+    """A different --samples in the same --out is a clear error (exit 3, `CheckpointError`'s family), not a
+    traceback or a silent restart."""
     base = ["demo", "grpo", "--iterations", "1", "--prompts", "2", "--out", str(tmp_path)]
     assert main([*base, "--samples", "2"]) == 0
     capsys.readouterr()
-    assert main([*base, "--samples", "4"]) == 2
+    assert main([*base, "--samples", "4"]) == 3
     err = capsys.readouterr().err
     assert "cannot resume" in err and "--fresh" in err

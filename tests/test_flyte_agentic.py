@@ -7,7 +7,6 @@ rather than silently skipped. The simulator's own tests prove those behaviours.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from rl.flyte.agentic import SMOKE, AgenticRunResult, RemoteOnlyError, fork, tra
 
 pytestmark = pytest.mark.flyte
 
-CONFIG = replace(SMOKE, tool_latency_s=0.0)
+CONFIG = SMOKE.replace(tool_latency_s=0.0)
 TRIALS = CONFIG.n_steps * CONFIG.prompts_per_step * CONFIG.n_samples
 
 
@@ -75,7 +74,7 @@ def test_crash_injection_and_fork_refuse_local_mode_with_the_way_to_see_them(fly
 
 def test_a_failed_trial_is_skipped_and_the_step_still_trains(flyte_local: LocalFlyte):
     """002: a trial that fails after its retries is skipped, never fatal to the step (every trial fails here)."""
-    result: AgenticRunResult = flyte_local.run(train, config=replace(CONFIG, n_steps=1), flaky_trial_rate=1.0).output
+    result: AgenticRunResult = flyte_local.run(train, config=CONFIG.replace(n_steps=1), flaky_trial_rate=1.0).output
     assert [h.n_trials for h in result.history] == [0]
     assert [h.weights.version for h in result.history] == [1]
     assert len(result.skipped) == CONFIG.prompts_per_step * CONFIG.n_samples

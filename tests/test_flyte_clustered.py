@@ -23,7 +23,7 @@ from rl.loop.grpo import GrpoOutcome, run_grpo
 pytestmark = pytest.mark.flyte
 
 FLYTE_DIR = Path(rl.flyte.__file__).parent
-CONFIG = replace(smoke(), grpo=replace(smoke().grpo, pipelined=True))
+CONFIG = smoke().replace(grpo=replace(smoke().grpo, pipelined=True))
 
 
 def _decorator_env(decorator: ast.expr) -> str | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import flyte
@@ -113,7 +112,7 @@ def test_a_driver_that_fails_after_iteration_one_resumes_from_its_checkpoint(fly
     twice would upload its adapter twice.
     """
     marker = flyte_local.root / "crashed"
-    config = replace(CONFIG, faults=FaultSpec(crash_after_iteration=1, crash_marker=str(marker)))
+    config = CONFIG.replace(faults=FaultSpec(crash_after_iteration=1, crash_marker=str(marker)))
     run = flyte_local.run(train_rl.override(retries=1), config=config, disable_run_cache=True)
     result: GrpoRunResult = run.output
 

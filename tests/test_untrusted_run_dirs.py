@@ -125,7 +125,7 @@ def test_a_manifest_edited_after_finalize_is_refused_by_its_version_id(tmp_path)
     manifest["message"] = "iteration 99"
     os.chmod(path, 0o644)
     path.write_text(json.dumps(manifest))
-    with pytest.raises(VolumeCorruptedError, match=rf"{version}.*version id.*Delete"):
+    with pytest.raises(VolumeCorruptedError, match=rf"{version}.*version id.*restore it"):
         LocalVolumeStore(store.root, durable=False).open(version)
 
 

@@ -20,10 +20,11 @@ from typing import Protocol, runtime_checkable
 
 from rl.agentic.types import Reward, StepResult, TrainerInfo, Weights
 from rl.agentic.world import N_DOCS
+from rl.errors import LedgerError
 from rl.identity import content_digest
 
 
-class TrainerLedgerError(ValueError):
+class TrainerLedgerError(LedgerError):
     """A step the trainer must not apply."""
 
 
@@ -48,7 +49,7 @@ class StepOutOfOrderError(TrainerLedgerError):
     """A step arrived before the steps it follows were applied."""
 
 
-class TrainerMismatchError(ValueError):
+class TrainerMismatchError(LedgerError):
     """An existing trainer was attached for other worlds than it was created for."""
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from typing import Any
 
+from rl.commands import positive_float
 from rl.strict_json import flag_non_finite
+
+SECTIONS = ("sim", "cpu", "volumes")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,7 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="comma-separated: sim (simulator, chaos rate, pipelining), cpu (tiny-model sampler and trainer), "
         "volumes (fork vs full copy of a world)",
     )
-    p.add_argument("--world-gib", type=float, default=1.0, help="world size for the volumes section (default 1 GiB)")
+    p.add_argument(
+        "--world-gib", type=positive_float, default=1.0, help="world size for the volumes section (default 1 GiB)"
+    )
     p.add_argument(
         "--gpu",
         action="store_true",
@@ -34,11 +38,14 @@ def run(args: argparse.Namespace) -> int:
         from rl.bench_gpu import run_gpu_bench
 
         return run_gpu_bench(json_out=args.json)
+    from rl.errors import InputError
+
     sections = {s.strip() for s in args.sections.split(",") if s.strip()}
-    unknown = sections - {"sim", "cpu", "volumes"}
+    unknown = sections - set(SECTIONS)
     if unknown:
-        print(f"rl bench: unknown section(s) {sorted(unknown)}; choose from sim, cpu, volumes", file=sys.stderr)
-        return 2
+        raise InputError(f"unknown section(s) {sorted(unknown)} in --sections; choose from {', '.join(SECTIONS)}")
+    if not sections:
+        raise InputError(f"--sections {args.sections!r} names no section; choose from {', '.join(SECTIONS)}")
     figures: dict[str, Any] = {}
     if "sim" in sections:
         from fakes.bench import simulator_bench

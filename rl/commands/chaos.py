@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from rl.commands import non_negative_int, positive_int
 from rl.strict_json import flag_non_finite
 
 LOOPS = ("grpo", "grpo-pipelined", "agentic")
@@ -20,8 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("chaos", help="run seeded fault scenarios on the simulator and check every invariant")
     p.add_argument("--loop", choices=LOOPS, required=True, help="which driver to torture")
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--seeds", type=int, default=100, help="run scenarios 0..N-1 (default 100)")
-    which.add_argument("--seed", type=int, help="rerun exactly one scenario")
+    which.add_argument("--seeds", type=positive_int, default=100, help="run scenarios 0..N-1 (default 100)")
+    which.add_argument("--seed", type=non_negative_int, help="rerun exactly one scenario")
     p.add_argument("--no-sweep", action="store_true", help="skip the kill-at-every-await-point sweep")
     p.add_argument("--json", action="store_true", help="end with one JSON object of the results")
     p.set_defaults(func=run)

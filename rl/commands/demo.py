@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
-from rl.commands import user_path
+from rl.commands import int_at_least, positive_int, user_path
 from rl.strict_json import flag_non_finite
 
 
@@ -14,13 +15,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     demo = subparsers.add_parser("demo", help="run a loop end to end on this machine")
     loops = demo.add_subparsers(dest="loop", metavar="LOOP", required=True)
     grpo = loops.add_parser("grpo", help="GRPO + LoRA on a tiny offline model, learning a prompt-dependent task")
-    grpo.add_argument("--iterations", type=int, default=120, help="training iterations (default 120)")
+    grpo.add_argument("--iterations", type=positive_int, default=120, help="training iterations (default 120)")
     grpo.add_argument("--seed", type=int, default=0, help="run seed: prompts, rollouts, LoRA init (default 0)")
     grpo.add_argument(
         "--out", type=user_path, default="runs/demo-grpo", help="output directory (default runs/demo-grpo)"
     )
-    grpo.add_argument("--prompts", type=int, default=8, help="prompts per iteration (default 8)")
-    grpo.add_argument("--samples", type=int, default=8, help="completions per prompt, the group size (default 8)")
+    grpo.add_argument("--prompts", type=positive_int, default=8, help="prompts per iteration (default 8)")
+    grpo.add_argument(
+        "--samples", type=int_at_least(2), default=8, help="completions per prompt, the group size (default 8)"
+    )
     grpo.add_argument("--pipelined", action="store_true", help="overlap generation of batch N+1 with training N")
     grpo.add_argument(
         "--fresh",
@@ -38,41 +41,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_grpo_demo(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rich.console import Console
+
+    from rl.demo import grpo_demo_config, run_demo
+    from rl.local import check_local_grpo
+    from rl.run_layout import check_fresh, start_fresh
     from rl.run_lock import run_lock
 
-    start = time.perf_counter()
-    # The lock comes first, before the slow imports and before --fresh deletes anything: a second process is refused
-    # at once, and never clears a directory that another one is writing.
+    console = Console(stderr=True)
+    config = grpo_demo_config(
+        iterations=args.iterations, seed=args.seed, prompts=args.prompts, samples=args.samples, pipelined=args.pipelined
+    )
+    # Everything is checked before the first side effect (the lock's files, --fresh's delete, the base model,
+    # artifacts, volumes).
+    check_local_grpo(config)
+    check_out_dir(args.out)
     if args.fresh:
-        from rl.run_layout import check_fresh
-
-        check_fresh(args.out)  # before the lock, whose files would otherwise land in a folder --fresh refuses
+        check_fresh(args.out)
+    # The lock before --fresh deletes anything: a second process is refused, and never clears a directory that
+    # another one is writing.
     with run_lock(args.out, command="rl demo grpo"):
         if args.fresh:
-            from rl.run_layout import start_fresh
-
             start_fresh(args.out)
-        import asyncio
-
-        from rich.console import Console
-
-        from rl.demo import grpo_demo_config, run_demo
-        from rl.errors import CheckpointError
-
-        console = Console(stderr=True)
-        config = grpo_demo_config(
-            iterations=args.iterations,
-            seed=args.seed,
-            prompts=args.prompts,
-            samples=args.samples,
-            pipelined=args.pipelined,
-        )
-        try:
-            summary = asyncio.run(run_demo(config, args.out, console=console, buffer=not args.no_buffer))
-        except CheckpointError as exc:
-            console.print(f"rl demo grpo: cannot resume the run in {args.out}: {exc}")
-            console.print(f"Pass --fresh to start over in {args.out}, or --out another directory.")
-            return 2
+        ensure_writable_dir(args.out)
+        start = time.perf_counter()
+        summary = asyncio.run(run_demo(config, args.out, console=console, buffer=not args.no_buffer))
     summary["wall_s"] = round(time.perf_counter() - start, 2)
     print(
         f"GRPO demo: {summary['iterations']} iterations in {summary['wall_s']} s; training accuracy "
@@ -84,3 +79,26 @@ def run_grpo_demo(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(flag_non_finite(summary), allow_nan=False))
     return 0
+
+
+def check_out_dir(out: Path) -> None:
+    """Refuse an --out that names something other than a directory, before anything is written or deleted."""
+    from rl.errors import InputError
+
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file, not a directory: pass --out a new or existing directory")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputError(f"--out {out} lies under {parent}, which is a file: pass --out another path")
+            break
+
+
+def ensure_writable_dir(out: Path) -> None:
+    """Create --out and prove it writable with a temporary file; the filesystem's refusal (read-only, full, no
+    permission) surfaces here as an `OSError`, before the run starts."""
+    import tempfile
+
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=out, prefix=".rl-write-probe-"):
+        pass

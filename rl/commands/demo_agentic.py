@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from rl.commands import int_at_least, positive_int
 from rl.strict_json import flag_non_finite
 
 
@@ -25,12 +26,18 @@ def add_agentic_demo(demo_subparsers: Any) -> argparse.ArgumentParser:
             "The seed's failure-injected run: --crash-driver-at-step 1 --flaky-trial-rate 0.25 --judge-flake-rate 0.3"
         ),
     )
-    parser.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
-    parser.add_argument("--worlds", type=int, default=3, help="worlds; prompt p explores world p mod W (default 3)")
-    parser.add_argument("--prompts-per-step", type=int, default=3, help="prompts per step (default 3)")
-    parser.add_argument("--samples", type=int, default=2, help="trials per prompt (default 2)")
+    parser.add_argument("--steps", type=positive_int, default=3, help="training steps (default 3)")
     parser.add_argument(
-        "--crash-driver-at-step", type=int, default=-1, metavar="K", help="kill driver attempt 0 after step K"
+        "--worlds", type=positive_int, default=3, help="worlds; prompt p explores world p mod W (default 3)"
+    )
+    parser.add_argument("--prompts-per-step", type=positive_int, default=3, help="prompts per step (default 3)")
+    parser.add_argument("--samples", type=positive_int, default=2, help="trials per prompt (default 2)")
+    parser.add_argument(
+        "--crash-driver-at-step",
+        type=int_at_least(-1),
+        default=-1,
+        metavar="K",
+        help="kill driver attempt 0 after step K, one of 0..steps-1 (default -1: no crash)",
     )
     parser.add_argument(
         "--flaky-trial-rate", type=float, default=0.0, metavar="P", help="sandboxes that die on attempt 0"
@@ -44,11 +51,18 @@ def add_agentic_demo(demo_subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _check_rates(args: argparse.Namespace) -> str | None:
+def check_agentic_args(args: argparse.Namespace) -> None:
+    """Refuse flags that cannot work together (each flag's own range is refused by argparse), before the run."""
+    from rl.errors import InputError
+
     for flag, value in (("--flaky-trial-rate", args.flaky_trial_rate), ("--judge-flake-rate", args.judge_flake_rate)):
         if not 0.0 <= value <= 1.0:
-            return f"{flag} must be a probability in [0, 1], got {value}"
-    return None
+            raise InputError(f"{flag} must be a probability in [0, 1], got {value}")
+    if args.crash_driver_at_step >= args.steps:
+        raise InputError(
+            f"--crash-driver-at-step {args.crash_driver_at_step} is beyond the run's {args.steps} steps (0.."
+            f"{args.steps - 1}): pass a step in that range, or -1 for no crash"
+        )
 
 
 def _arrow(values: list[float]) -> str:
@@ -62,11 +76,8 @@ def run_agentic_demo(args: argparse.Namespace) -> int:
 
     from fakes.agentic_sim import AgenticSim
 
+    check_agentic_args(args)
     console = Console(highlight=False)
-    problem = _check_rates(args)
-    if problem is not None:
-        console.print(f"error: {problem}")
-        return 2
     harness = AgenticSim(seed=args.seed)
     inputs = {
         "n_steps": args.steps,

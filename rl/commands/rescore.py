@@ -36,37 +36,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from rl.errors import IncompleteBufferError
-    from rl.rewards import UnknownRewardError, get_reward
+    from rl.errors import IncompleteBufferError, InputError
+    from rl.rewards import get_reward
+    from rl.run_layout import require_safe
     from rl.run_lock import run_lock
     from rl.types import Rollout
     from rl.volumes.buffer import RolloutBuffer
     from rl.volumes.local import LocalVolumeStore
     from rl.volumes.sink import BUFFER_NAME
 
-    try:
-        reward = get_reward(args.reward)
-    except UnknownRewardError as exc:
-        print(f"rl rescore: {exc}", file=sys.stderr)
-        return 2
-    from rl.run_layout import require_safe
-
+    reward = get_reward(args.reward)  # an unknown name is refused before anything is read
     require_safe(args.run_dir)  # a run directory someone sent: volumes/ must not lead elsewhere
     volumes = args.run_dir / "volumes"
     if not volumes.is_dir():
-        print(
-            f"rl rescore: {args.run_dir} has no rollout buffer (no volumes/ directory); run `rl demo grpo --out "
-            f"{args.run_dir}` with the buffer on (the default) first",
-            file=sys.stderr,
+        raise InputError(
+            f"{args.run_dir} has no rollout buffer (no volumes/ directory); run `rl demo grpo --out "
+            f"{args.run_dir}` with the buffer on (the default) first"
         )
-        return 2
     # A writer (a resuming `rl demo grpo`, another rescore) would move the head and the checkpoint under us.
     with run_lock(args.run_dir, command="rl rescore"):
         buffer = RolloutBuffer(LocalVolumeStore(volumes), BUFFER_NAME)
         head = buffer.head()
         if head is None:
-            print(f"rl rescore: the rollout buffer in {volumes} has no version yet", file=sys.stderr)
-            return 2
+            raise InputError(
+                f"the rollout buffer in {volumes} has no version yet; run `rl demo grpo --out {args.run_dir}` first"
+            )
         held = buffer.iterations(head)
         through, source = _trained_through(args.run_dir, held)
         missing = missing_iterations(held, through)

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import argparse
 import html
+import math
 import os
 import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from typing import Any
 import flyte
 import flyte.report
 from flyte.io import Dir
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from rl.agentic.bandit import bandit_update, initial_weights, step_result
 from rl.agentic.judge import judge_score
@@ -48,6 +48,7 @@ from rl.agentic.worlds import Workspace
 from rl.artifacts import compute_digest, read_dir
 from rl.flyte.bindings import attempt_number, is_local, task_context
 from rl.flyte.envs import agentic_driver_env, agentic_trainer_env, judge_env, sandbox_env
+from rl.flyte.strict import ConfigError, StrictConfig
 from rl.loop.agentic import AgenticOutcome, SkippedTrial
 from rl.loop.agentic import train as train_loop
 
@@ -86,9 +87,15 @@ class RemoteOnlyError(RuntimeError):
     """A feature that Flyte's local mode does not provide was asked for in local mode."""
 
 
-@dataclass(frozen=True)
-class AgenticRunConfig:
-    """The run's shape (seed 002's defaults: 3 steps x 3 prompts x 2 samples over 3 worlds) and its tool latency."""
+MAX_WORLDS = 1024  # each world is a cached task and a sealed Dir; more than this is a typo, not a run
+
+
+class AgenticRunConfig(StrictConfig):
+    """The run's shape (seed 002's defaults: 3 steps x 3 prompts x 2 samples over 3 worlds) and its tool latency.
+
+    Checked when built (from Python or `--config` JSON): unknown keys, counts below 1, more worlds than prompts per
+    step (prompt p explores world p mod W, so the rest would never be explored), a learning rate that is not a
+    finite positive number, and a tool latency whose `max_turns` calls alone outlast `generate`'s timeout."""
 
     n_steps: int = 3
     n_worlds: int = 3
@@ -98,6 +105,38 @@ class AgenticRunConfig:
     lr: float = 2.0
     max_turns: int = 6
     tool_latency_s: float = 0.2
+
+    @model_validator(mode="after")
+    def _check(self) -> AgenticRunConfig:
+        counts = {name: getattr(self, name) for name in ("n_steps", "n_worlds", "prompts_per_step", "n_samples")}
+        for name, value in {**counts, "max_turns": self.max_turns}.items():
+            if value < 1:
+                raise ConfigError(f"{name} must be >= 1, got {value}")
+        if self.n_worlds > min(self.prompts_per_step, MAX_WORLDS):
+            raise ConfigError(
+                f"n_worlds {self.n_worlds} is more than the {self.prompts_per_step} prompts per step explore (prompt p "
+                f"explores world p mod n_worlds; at most {MAX_WORLDS}): lower n_worlds or raise prompts_per_step"
+            )
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"lr must be a finite number > 0, got {self.lr}")
+        budget_s = GENERATE_TIMEOUT.max_runtime.total_seconds()
+        if not (math.isfinite(self.tool_latency_s) and 0 <= self.tool_latency_s * self.max_turns < budget_s):
+            raise ConfigError(
+                f"tool_latency_s must be >= 0 with max_turns x tool_latency_s under generate's {budget_s:g} s "
+                f"timeout, got {self.tool_latency_s} x {self.max_turns} turns"
+            )
+        return self
+
+    def check_inputs(self, crash_driver_at_step: int, flaky_trial_rate: float, judge_flake_rate: float) -> None:
+        """Refuse `train`'s other inputs that cannot work with this config, before any task starts."""
+        if not -1 <= crash_driver_at_step < self.n_steps:
+            raise ConfigError(
+                f"crash_driver_at_step {crash_driver_at_step} is beyond the run's {self.n_steps} steps "
+                f"(0..{self.n_steps - 1}); pick one of those, or -1 for no crash"
+            )
+        for name, rate in (("flaky_trial_rate", flaky_trial_rate), ("judge_flake_rate", judge_flake_rate)):
+            if not 0.0 <= rate <= 1.0:
+                raise ConfigError(f"{name} must be a probability in [0, 1], got {rate}")
 
 
 SMOKE = AgenticRunConfig()
@@ -358,6 +397,7 @@ async def train(
 ) -> AgenticRunResult:
     """Seed 002's driver: build worlds, attach the trainer, then per step fan out trials, judge each as it lands,
     skip failed trials, and take one train step on canonically ordered rewards."""
+    config.check_inputs(crash_driver_at_step, flaky_trial_rate, judge_flake_rate)
     local = is_local()
     if local and crash_driver_at_step >= 0:
         raise RemoteOnlyError(

@@ -138,7 +138,7 @@ async def train_step_clustered(
     )
 
 
-PIPELINED = replace(GrpoRunConfig(), grpo=replace(GrpoRunConfig().grpo, pipelined=True))
+PIPELINED = GrpoRunConfig().replace(grpo=replace(GrpoRunConfig().grpo, pipelined=True))
 
 
 @grpo_clustered_driver_env.task(report=True, retries=2)

@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from typing import ClassVar
 
+from pydantic import Field, model_validator
+
+from rl.flyte.strict import ConfigError, StrictConfig
 from rl.loop.grpo import GrpoConfig
 from rl.models.tiny import TinyModelConfig
 from rl.problems import DigitSuccessor, marked_answer_metrics
@@ -27,10 +31,6 @@ from rl.trainer.config import TrainerConfig
 from rl.types import Prompt, Rollout
 
 ENGINES = ("torch", "vllm")
-
-
-class ConfigError(ValueError):
-    """A run configuration that cannot work; raised before any task starts."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,9 @@ class EngineSpec:
     attention kernels need a head dimension of 64 or more, so the smoke profile's tiny model (64 wide over 4 heads)
     runs on the torch sampler; to try vLLM on a tiny model, build one 256 wide over 4 heads (`ModelSpec.tiny`).
     """
+
+    # Validated from JSON (a Flyte `--config`) through pydantic: a key that is not a field is refused, not dropped.
+    __pydantic_config__: ClassVar[dict[str, str]] = {"extra": "forbid"}
 
     kind: str = "torch"
     threads: int = 1
@@ -58,6 +61,13 @@ class EngineSpec:
             raise ConfigError(f"engine kind must be one of {ENGINES}, got {self.kind!r}")
         if self.threads < 1:
             raise ConfigError(f"engine threads must be >= 1, got {self.threads}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"engine gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.max_model_len < 1 or self.max_lora_rank < 1:
+            raise ConfigError(
+                f"engine max_model_len and max_lora_rank must be >= 1, got {self.max_model_len} and "
+                f"{self.max_lora_rank}"
+            )
 
     def vllm_kwargs(self) -> dict[str, object]:
         """Keyword arguments for `vllm.LLM` beyond the model and `enable_lora` (which the engine sets itself)."""
@@ -75,6 +85,9 @@ class ModelSpec:
     """The base model: `uri` (a Hugging Face model directory already in your object store) or, when empty, the tiny
     model built offline from `tiny` by the cached `build_base` task."""
 
+    # Validated from JSON (a Flyte `--config`) through pydantic: a key that is not a field is refused, not dropped.
+    __pydantic_config__: ClassVar[dict[str, str]] = {"extra": "forbid"}
+
     uri: str = ""
     tiny: TinyModelConfig = field(default_factory=lambda: TinyModelConfig(seed=0, initializer_range=0.2))
 
@@ -89,39 +102,67 @@ class FaultSpec:
     attempt number, so local runs need the marker.
     """
 
+    # Validated from JSON (a Flyte `--config`) through pydantic: a key that is not a field is refused, not dropped.
+    __pydantic_config__: ClassVar[dict[str, str]] = {"extra": "forbid"}
+
     crash_after_iteration: int = -1
     crash_marker: str = ""
 
+    def __post_init__(self) -> None:
+        if self.crash_after_iteration < -1:
+            raise ConfigError(
+                f"faults.crash_after_iteration must be -1 (no crash) or an iteration, got {self.crash_after_iteration}"
+            )
 
-@dataclass(frozen=True)
-class GrpoRunConfig:
+
+class GrpoRunConfig(StrictConfig):
     """One GRPO run: the loop's shape (`grpo`, whose digest guards the checkpoint), the model, engine, trainer, reward
-    and problem set. Build one with `smoke()` or `stress(base_uri=...)` and adjust with `dataclasses.replace`."""
+    and problem set. Build one with `smoke()` or `stress(base_uri=...)` and adjust with `.replace(...)`.
+
+    Everything is checked when it is built — from Python or from `--config` JSON — so a run that cannot work (an
+    unknown key or reward, `iterations` 0, a negative learning rate, a crash after the last iteration) fails before
+    its first task starts."""
 
     profile: str = "smoke"
-    grpo: GrpoConfig = field(
+    grpo: GrpoConfig = Field(
         default_factory=lambda: GrpoConfig(iterations=3, prompts_per_iteration=4, group_size=8, max_tokens=4, eval_k=2)
     )
-    model: ModelSpec = field(default_factory=ModelSpec)
-    engine: EngineSpec = field(default_factory=EngineSpec)
-    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=1e-2, threads=1))
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    trainer: TrainerConfig = Field(default_factory=lambda: TrainerConfig(lr=1e-2, threads=1))
     reward: str = "default"
     problems: str = "digits"
-    faults: FaultSpec = field(default_factory=FaultSpec)
+    faults: FaultSpec = Field(default_factory=FaultSpec)
     keep_rollouts: bool = True  # the rollout buffer: one Dir version per iteration (see rl.flyte.grpo.add_rollouts)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _check(self) -> GrpoRunConfig:
+        self.check()
+        return self
+
+    def check(self) -> None:
+        """Raise `ConfigError` (or the loop's `GrpoInputError`, the reward's `UnknownRewardError`) for a run that
+        cannot work; `run_driver` calls it again before its first task."""
+        from rl.rewards import get_reward
+
         if self.problems not in PROBLEM_SETS:
             raise ConfigError(f"problems must be one of {sorted(PROBLEM_SETS)}, got {self.problems!r}")
         if self.model.uri == "" and self.engine.kind == "vllm" and not self.engine.token_ids:
             raise ConfigError(
                 "the tiny model's character tokenizer only works with vLLM given token ids: set engine.token_ids=True"
             )
+        get_reward(self.reward)
+        self.grpo.validate(problem_set(self.problems).train_prompts())
+        if self.faults.crash_after_iteration >= self.grpo.iterations:
+            raise ConfigError(
+                f"faults.crash_after_iteration {self.faults.crash_after_iteration} is beyond the run's "
+                f"{self.grpo.iterations} iterations (0..{self.grpo.iterations - 1}); pick one of those, or -1"
+            )
 
 
 def smoke(**changes: object) -> GrpoRunConfig:
     """The CPU-friendly profile (see the module docstring); keyword arguments replace top-level fields."""
-    return replace(GrpoRunConfig(), **changes)  # type: ignore[arg-type]
+    return GrpoRunConfig(**changes)
 
 
 def stress(base_uri: str, **changes: object) -> GrpoRunConfig:
@@ -146,7 +187,7 @@ def stress(base_uri: str, **changes: object) -> GrpoRunConfig:
         ),
         problems="arithmetic",
     )
-    return replace(config, **changes)  # type: ignore[arg-type]
+    return config.replace(**changes)
 
 
 def gpu_smoke(**changes: object) -> GrpoRunConfig:
@@ -159,7 +200,7 @@ def gpu_smoke(**changes: object) -> GrpoRunConfig:
         model=ModelSpec(tiny=VLLM_MODEL),
         engine=EngineSpec(kind="vllm", token_ids=True, max_model_len=VLLM_MODEL.max_position, max_lora_rank=8),
     )
-    return replace(config, **changes)  # type: ignore[arg-type]
+    return config.replace(**changes)
 
 
 PROFILES: dict[str, Callable[..., GrpoRunConfig]] = {"smoke": smoke, "gpu-smoke": gpu_smoke, "stress": stress}

@@ -383,6 +383,7 @@ def grpo_tiers(config: GrpoRunConfig, base: Dir, *, step_task: TrainTask, title:
 
 async def run_driver(config: GrpoRunConfig, *, step_task: TrainTask, title: str) -> GrpoRunResult:
     """The body of both drivers: resolve the base model, bind the tiers, run (or resume) `run_grpo`."""
+    config.check()  # a config made without validation (`model_construct`) still fails before the first task
     base = Dir.from_existing_remote(config.model.uri) if config.model.uri else await build_base(config.model.tiny)
     ctx = flyte.ctx()
     store: StateStore = CheckpointStore(ctx.checkpoint if ctx is not None else None)
@@ -426,14 +427,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = PROFILES["stress"](args.base_uri) if args.profile == "stress" else PROFILES[args.profile]()
     if args.base_uri and args.profile != "stress":
-        config = replace(config, model=replace(config.model, uri=args.base_uri))
+        config = config.replace(model=replace(config.model, uri=args.base_uri))
     if args.iterations is not None:
-        config = replace(config, grpo=replace(config.grpo, iterations=args.iterations))
+        config = config.replace(grpo=replace(config.grpo, iterations=args.iterations))
     task: Any = train_rl
     if args.clustered:
         from rl.flyte.clustered import train_rl_clustered
 
-        config = replace(config, grpo=replace(config.grpo, pipelined=True))
+        config = config.replace(grpo=replace(config.grpo, pipelined=True))
         task = train_rl_clustered
     if args.local:
         run = flyte.with_runcontext(mode="local").run(task, config=config)

@@ -22,13 +22,14 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from rl.agentic.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
+from rl.errors import InputError
 
 T = TypeVar("T")
 
 PROMPT = "find the secret"
 
 
-class AgenticInputError(ValueError):
+class AgenticInputError(InputError):
     """The run's shape cannot work; nothing was started."""
 
 

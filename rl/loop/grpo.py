@@ -17,6 +17,7 @@ import random
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 from rl.advantages import no_signal_groups
 from rl.errors import EngineContractError, GrpoInputError, NonFiniteRewardError, StaleBatchError
@@ -51,6 +52,9 @@ from rl.types import (
 @dataclass(frozen=True)
 class GrpoConfig:
     """One run's shape. Its digest is stored in the checkpoint: resuming under another configuration is refused."""
+
+    # Validated from JSON (a Flyte `--config`) through pydantic: a key that is not a field is refused, not dropped.
+    __pydantic_config__: ClassVar[dict[str, str]] = {"extra": "forbid"}
 
     iterations: int = 4
     prompts_per_iteration: int = 4

@@ -18,10 +18,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import string
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config
+
+from rl.errors import InputError
 
 PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, EOS, BOS, UNK)
@@ -44,6 +47,9 @@ class TinyModelConfig:
     peaked enough that a LoRA adapter moves it measurably within tens of RL iterations.
     """
 
+    # Validated from JSON (a Flyte `--config`) through pydantic: a key that is not a field is refused, not dropped.
+    __pydantic_config__: ClassVar[dict[str, str]] = {"extra": "forbid"}
+
     seed: int = 0
     hidden_size: int = 64
     layers: int = 2
@@ -56,19 +62,19 @@ class TinyModelConfig:
     def __post_init__(self) -> None:
         for name in ("hidden_size", "layers", "heads", "kv_heads", "intermediate", "max_position"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"TinyModelConfig.{name} must be positive, got {getattr(self, name)}")
+                raise InputError(f"TinyModelConfig.{name} must be positive, got {getattr(self, name)}")
         if self.hidden_size % self.heads:
-            raise ValueError(
+            raise InputError(
                 f"TinyModelConfig.hidden_size ({self.hidden_size}) must be divisible by heads ({self.heads})"
             )
         if self.heads % self.kv_heads:
-            raise ValueError(f"TinyModelConfig.heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})")
+            raise InputError(f"TinyModelConfig.heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})")
         if (self.hidden_size // self.heads) % 2:
-            raise ValueError(
+            raise InputError(
                 f"head dim hidden_size/heads = {self.hidden_size // self.heads} must be even for rotary embeddings"
             )
         if not self.initializer_range > 0:
-            raise ValueError(f"TinyModelConfig.initializer_range must be > 0, got {self.initializer_range}")
+            raise InputError(f"TinyModelConfig.initializer_range must be > 0, got {self.initializer_range}")
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:

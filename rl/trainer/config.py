@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import get_args
+from typing import ClassVar, get_args
 
 from rl.advantages import Scale
+from rl.errors import InputError
 
 ADVANTAGE_SCALES: tuple[str, ...] = get_args(Scale)
 
@@ -20,6 +21,9 @@ class TrainerConfig:
     norm is still reported. `threads` pins torch's intra-op thread count for the step, because the thread count changes
     the bits of a reduction and a replayed step must be bitwise identical.
     """
+
+    # Validated from JSON (a Flyte `--config`) through pydantic: a key that is not a field is refused, not dropped.
+    __pydantic_config__: ClassVar[dict[str, str]] = {"extra": "forbid"}
 
     lora_rank: int = 8
     lora_alpha: int = 16
@@ -42,41 +46,41 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.lora_rank, int) or self.lora_rank < 1:
-            raise ValueError(f"lora_rank must be a positive int, got {self.lora_rank!r}")
+            raise InputError(f"lora_rank must be a positive int, got {self.lora_rank!r}")
         if not isinstance(self.lora_alpha, int) or self.lora_alpha < 1:
-            raise ValueError(f"lora_alpha must be a positive int (PEFT's type), got {self.lora_alpha!r}")
+            raise InputError(f"lora_alpha must be a positive int (PEFT's type), got {self.lora_alpha!r}")
         if not 0.0 <= self.lora_dropout < 1.0:
-            raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout!r}")
+            raise InputError(f"lora_dropout must be in [0, 1), got {self.lora_dropout!r}")
         if isinstance(self.target_modules, str):
             if not self.target_modules:
-                raise ValueError('target_modules must be "all-linear" or a non-empty tuple of module names, got ""')
+                raise InputError('target_modules must be "all-linear" or a non-empty tuple of module names, got ""')
         elif not self.target_modules or not all(isinstance(m, str) and m for m in self.target_modules):
-            raise ValueError(
+            raise InputError(
                 f'target_modules must be "all-linear" or a non-empty tuple of module names, got {self.target_modules!r}'
             )
         if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
+            raise InputError(f"lr must be a finite number > 0, got {self.lr!r}")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
+            raise InputError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+            raise InputError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
         if not self.adam_eps > 0:
-            raise ValueError(f"adam_eps must be > 0, got {self.adam_eps!r}")
+            raise InputError(f"adam_eps must be > 0, got {self.adam_eps!r}")
         if not self.max_grad_norm > 0:
-            raise ValueError(f"max_grad_norm must be > 0 (math.inf disables clipping), got {self.max_grad_norm!r}")
+            raise InputError(f"max_grad_norm must be > 0 (math.inf disables clipping), got {self.max_grad_norm!r}")
         if not 0.0 < self.clip_eps < 1.0:
-            raise ValueError(f"clip_eps must be in (0, 1), got {self.clip_eps!r}")
+            raise InputError(f"clip_eps must be in (0, 1), got {self.clip_eps!r}")
         if self.clip_eps_high is not None and not self.clip_eps_high > 0:
-            raise ValueError(f"clip_eps_high must be > 0 or None (then clip_eps is used), got {self.clip_eps_high!r}")
+            raise InputError(f"clip_eps_high must be > 0 or None (then clip_eps is used), got {self.clip_eps_high!r}")
         if not (math.isfinite(self.kl_beta) and self.kl_beta >= 0):
-            raise ValueError(f"kl_beta must be a finite number >= 0, got {self.kl_beta!r}")
+            raise InputError(f"kl_beta must be a finite number >= 0, got {self.kl_beta!r}")
         if self.advantage_scale not in ADVANTAGE_SCALES:
-            raise ValueError(f"advantage_scale must be one of {ADVANTAGE_SCALES}, got {self.advantage_scale!r}")
+            raise InputError(f"advantage_scale must be one of {ADVANTAGE_SCALES}, got {self.advantage_scale!r}")
         if not self.advantage_eps > 0:
-            raise ValueError(f"advantage_eps must be > 0, got {self.advantage_eps!r}")
+            raise InputError(f"advantage_eps must be > 0, got {self.advantage_eps!r}")
         if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
-            raise ValueError(f"max_staleness must be an int >= 0 (0: strictly on-policy), got {self.max_staleness!r}")
+            raise InputError(f"max_staleness must be an int >= 0 (0: strictly on-policy), got {self.max_staleness!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
+            raise InputError(f"seed must be an int >= 0, got {self.seed!r}")
         if not isinstance(self.threads, int) or self.threads < 1:
-            raise ValueError(f"threads must be an int >= 1, got {self.threads!r}")
+            raise InputError(f"threads must be an int >= 1, got {self.threads!r}")

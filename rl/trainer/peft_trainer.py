@@ -37,6 +37,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 
 from rl.advantages import group_normalized_advantages
 from rl.engines.torch_sampler import teacher_forced_logprobs
+from rl.errors import TrainerError
 from rl.loss import grpo_sample_loss
 from rl.models import load_base_model
 from rl.protocols import Artifacts
@@ -73,7 +74,7 @@ OPTIMIZER_FILE = "optimizer.pt"
 _OPTIMIZER_FORMAT = 1
 
 
-class BatchError(ValueError):
+class BatchError(TrainerError):
     """A TrainBatch is malformed (lengths disagree, an empty completion, a version below 1)."""
 
 
@@ -101,11 +102,11 @@ class StaleRolloutError(RolloutVersionError):
         return (type(self), (self.index, self.rollout_version, self.trained_version, self.max_staleness))
 
 
-class AdapterArtifactError(ValueError):
+class AdapterArtifactError(TrainerError):
     """An adapter artifact lacks the files PEFT needs."""
 
 
-class OptimizerStateError(ValueError):
+class OptimizerStateError(TrainerError):
     """An optimizer-state artifact is missing, unreadable or belongs to a different adapter layout."""
 
 

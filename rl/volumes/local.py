@@ -68,6 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Literal
 
+from rl.errors import RlError
 from rl.types import ArtifactRef
 from rl.volumes.manifest import MANIFEST_FORMAT, manifest_problem, symlink_target_problem
 from rl.volumes.manifest import digest as _digest
@@ -91,8 +92,10 @@ _OPEN_WRITERS: set[tuple[int, str, str]] = set()
 _OPEN_WRITERS_LOCK = threading.Lock()
 
 
-class VolumeError(Exception):
+class VolumeError(RlError):
     """Base class of every error the volume layer raises."""
+
+    exit_code = 5
 
 
 class InvalidNameError(VolumeError, ValueError):
@@ -265,13 +268,13 @@ class LocalVolumeStore:
                 problem = manifest_problem(manifest, version)
             except FileNotFoundError:
                 raise VersionNotFoundError(f"version {version} is not in {self.root}") from None
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            except ValueError as exc:  # not JSON, or not UTF-8: a damaged or foreign file
                 problem = f"the manifest is not JSON ({exc})"
             if problem:
                 raise VolumeCorruptedError(
                     f"version {version} in {self.root} is refused: {problem}. Its manifest ({path}) was not written "
-                    f"by this store or was changed since, and using it could read or write outside the volume. Delete "
-                    f"{path.parent} (or get the directory again from its source) and retry"
+                    f"by this store or was changed since, and using it could read or write outside the volume: "
+                    f"restore it from its source (or delete {path.parent}) and retry"
                 )
             self._manifests[version] = manifest
         return LocalVolumeVersion(self, manifest)
