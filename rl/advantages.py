@@ -61,15 +61,39 @@ def group_normalized_advantages(
         group_rewards = [rewards_f[i] for i in members]
         if _all_equal(group_rewards):
             continue
+        # Rewards so large their sum could overflow (fsum raises on 2 x 1e308) are scaled down by a power of two,
+        # which is exact: the advantages are the same numbers, computed where the sums fit.
+        shift = max(0, math.frexp(max(abs(r) for r in group_rewards))[1] - _SAFE_EXPONENT)
+        group_rewards = [math.ldexp(r, -shift) for r in group_rewards]
         # fmean (via fsum) and pstdev (via exact fractions) are correctly rounded from exact sums, so the advantages do
         # not depend on the order of the samples.
         mean = statistics.fmean(group_rewards)
-        denominator = statistics.pstdev(group_rewards) + eps if scale == "group" else 1.0
+        if scale == "group":
+            denominator, unscale = statistics.pstdev(group_rewards) + math.ldexp(eps, -shift), 0
+        else:
+            denominator, unscale = 1.0, shift
         if denominator == 0.0:
             continue  # eps=0 and a spread so small its std underflows (e.g. [0.0, 5e-324]): nothing to scale by
-        for i in members:
-            advantages[i] = (rewards_f[i] - mean) / denominator
+        for i, r in zip(members, group_rewards, strict=True):
+            advantages[i] = _unscaled((r - mean) / denominator, unscale)
+            if not math.isfinite(advantages[i]):
+                raise ValueError(
+                    f"reward {rewards_f[i]!r} (index {i}) is {rewards_f[i] - _unscaled(mean, shift)!r} from its "
+                    "group's mean, beyond the float range: with scale='none' the advantage is that difference; "
+                    "rescale the rewards or use scale='group'"
+                )
     return advantages
+
+
+_SAFE_EXPONENT = 960
+"""Rewards below 2**960 in magnitude are used as they are: a group of up to 2**60 of them sums without overflow."""
+
+
+def _unscaled(value: float, shift: int) -> float:
+    try:
+        return math.ldexp(value, shift)
+    except OverflowError:
+        return math.copysign(math.inf, value)
 
 
 def no_signal_groups(group_ids: Sequence[int], rewards: Sequence[float]) -> list[int]:
