@@ -33,6 +33,8 @@ TIER_MARKERS = {
     "rl_loss": "the GRPO loss laws (REINFORCE at ratio 1, clipped ratio, KL penalty, padding, aggregation)",
     "rl_ddp": "the multi-rank shard-step laws (spawned gloo ranks)",
     "rl_agentic": "the agentic loop laws (skipped trials, memoised judge, canonical inputs, exactly-once steps)",
+    "rl_volumes": "the versioned copy-on-write volume laws (fork isolation, immutable versions, one writer per name)",
+    "rl_buffer": "the rollout buffer laws (immutable versions, exact rows, rescoring changes only rewards)",
 }
 _REPRODUCE = pytest.StashKey[list[str]]()
 
@@ -48,6 +50,8 @@ _CONTRACT_MODULES = (
     "rl.conformance.ddp",
     "rl.conformance.agentic",
     "rl.conformance.loop",
+    "rl.conformance.volumes",
+    "rl.conformance.rollout_buffer",
 )
 pytest.register_assert_rewrite(*(m for m in _CONTRACT_MODULES if m not in sys.modules))
 
