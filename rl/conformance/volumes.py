@@ -28,18 +28,19 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
+    get_state_machine_test,
     initialize,
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 
 from rl.conformance._base import ContractBase, tier
+from rl.conformance.plugin import law_seed
 from rl.protocols import VolumeStore, VolumeVersion, WritableVolume
 
 __all__ = ["PATHS", "VolumeStoreContract", "VolumeStoreMachine", "read_tree"]
@@ -51,6 +52,19 @@ MAX_OPEN = 3
 """Open writers at once in the state machine: enough for a fork and two siblings."""
 
 StoreFactory = Callable[[], VolumeStore]
+
+MACHINE_SETTINGS = settings(
+    max_examples=25,
+    stateful_step_count=15,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    report_multiple_bugs=False,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors],
+    # The explain phase replays the failing history once per step variation: minutes on a store that copies files.
+    phases=tuple(phase for phase in Phase if phase is not Phase.explain),
+)
+"""The random-history law's settings: deterministic, 25 histories of up to 15 steps, shrunk but not explained."""
 
 
 def read_tree(root: Path) -> dict[str, bytes]:
@@ -130,10 +144,11 @@ class VolumeStoreMachine(RuleBasedStateMachine):
         return f"{self.prefix}-{self.counter}"
 
     def record(self, version: VolumeVersion, name: str, model: dict[str, bytes]) -> None:
-        assert version.version not in self.finalized, (
+        known = self.finalized.get(version.version)
+        assert known is None or (known == model and self.names[version.version] == name), (
             f"finalizing volume {name!r} returned version {version.version}, which volume "
-            f"{self.names.get(version.version)!r} already published: a new name, parent or content must give a new "
-            "version"
+            f"{self.names.get(version.version)!r} already published with other files: a new name, parent or content "
+            "must give a new version"
         )
         assert version.name == name, f"finalizing volume {name!r} returned a version named {version.name!r}"
         got = read_tree(version.path())
@@ -156,7 +171,7 @@ class VolumeStoreMachine(RuleBasedStateMachine):
         """An open writer's name, forking one first if none is open (preconditions would leave most rules disabled)."""
         if not self.open:
             self.fork(data)
-        return data.draw(st.sampled_from(sorted(self.open)), label="writer")
+        return data.draw(st.sampled_from(list(self.open)), label="writer")
 
     @precondition(lambda self: len(self.open) < MAX_OPEN)
     @rule()
@@ -167,9 +182,16 @@ class VolumeStoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.open) < MAX_OPEN)
     @rule(data=st.data())
     def fork(self, data: st.DataObject) -> None:
-        version = data.draw(st.sampled_from(sorted(self.finalized)), label="parent")
-        # Reusing a lost writer's name must start from the parent, not from the files the dead writer left behind.
-        name = self.lost.pop() if self.lost else self.fresh_name()
+        version = data.draw(st.sampled_from(list(self.finalized)), label="parent")
+        own = self.names[version]
+        # Reusing a lost writer's name must start from the parent, not from the files the dead writer left behind; a
+        # fork under its parent's own name is how a buffer grows, and must leave the parent as it was.
+        if self.lost:
+            name = self.lost.pop()
+        elif own not in self.open and own not in self.lost and data.draw(st.booleans(), label="parent's name"):
+            name = own
+        else:
+            name = self.fresh_name()
         self.open[name] = (self.store.open(version).fork(name), dict(self.finalized[version]))
 
     @rule(data=st.data(), path=st.sampled_from(PATHS), content=st.binary(max_size=32))
@@ -204,7 +226,7 @@ class VolumeStoreMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def second_writer_is_refused(self, data: st.DataObject) -> None:
         name = self.pick_open(data)
-        parent = self.store.open(data.draw(st.sampled_from(sorted(self.finalized)), label="parent"))
+        parent = self.store.open(data.draw(st.sampled_from(list(self.finalized)), label="parent"))
         refuse_second_writer(self, name, {"new": lambda: self.store.new(name), "fork": lambda: parent.fork(name)})
 
     # -- invariants ----------------------------------------------------------------------------------------------------
@@ -260,16 +282,6 @@ class VolumeStoreContract(ContractBase):
     machine: ClassVar[type[VolumeStoreMachine]] = VolumeStoreMachine
     """The state machine the random-history law runs; subclass it to add rules or change how files are written."""
 
-    machine_settings: ClassVar[settings] = settings(
-        max_examples=25,
-        stateful_step_count=15,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        report_multiple_bugs=False,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors],
-    )
-
     @pytest.fixture
     def volume_store_factory(self) -> StoreFactory:
         """Return a zero-argument callable that returns a fresh, empty `rl.protocols.VolumeStore` each call (the state
@@ -293,14 +305,19 @@ class VolumeStoreContract(ContractBase):
         return rw.finalize(message)
 
     def test_volumes_random_histories_match_a_dict_model(
-        self, volume_store_factory: StoreFactory, request: pytest.FixtureRequest
+        self, volume_store_factory: StoreFactory, rl_seed: int
     ) -> None:
-        """Any sequence of new volumes, forks, writes, deletes, finalizes, second writers and writers lost before
-        finalize keeps every finalized version exactly as finalized, lists exactly the finalized versions, and shows
-        each open fork its parent's files plus its own writes only."""
-        examples = request.config.getoption("rl_examples", default=None)
-        chosen = settings(self.machine_settings, max_examples=examples) if examples else self.machine_settings
-        run_state_machine_as_test(lambda: self.machine(volume_store_factory), settings=chosen)
+        """Any sequence of new volumes, forks (under new names or their parent's), writes, deletes, finalizes, second
+        writers and writers lost before finalize keeps every finalized version exactly as finalized, lists exactly the
+        finalized versions, and shows each open fork its parent's files plus its own writes only."""
+        law = type(self).test_volumes_random_histories_match_a_dict_model
+        # Read at every call, like a @given law's, so `--rl-examples` and the self-test's settings reach the machine.
+        chosen = getattr(law, "_hypothesis_internal_use_settings", MACHINE_SETTINGS)
+        machine_test = get_state_machine_test(lambda: self.machine(volume_store_factory), settings=chosen)
+        if rl_seed != 0:
+            # What @hypothesis.seed sets: the seed the plugin gives a @given law under --rl-seed N.
+            machine_test._hypothesis_internal_use_seed = law_seed(rl_seed, law.__qualname__)  # type: ignore[attr-defined]
+        machine_test()
 
     def test_volumes_implement_the_protocols(self, volume_store: VolumeStore) -> None:
         """The store is a `VolumeStore`, a writer a `WritableVolume`, a finalized version a `VolumeVersion`."""
@@ -439,3 +456,9 @@ class VolumeStoreContract(ContractBase):
                 continue
             raise AssertionError(f"{how}: {_bad_name_message(bad)}")
         assert [v.version for v in volume_store.versions()] == [world.version], "a refused name published a version"
+
+
+# Where hypothesis (and the plugin's --rl-seed / --rl-examples) looks for a law's settings; the law reads them back.
+VolumeStoreContract.test_volumes_random_histories_match_a_dict_model._hypothesis_internal_use_settings = (  # type: ignore[attr-defined]
+    MACHINE_SETTINGS
+)
