@@ -56,7 +56,9 @@ class MemoryBuffer:
         rescored = {}
         for it in self.iterations(version):
             rows = self.read(version, [it])
-            new = [{**r, "reward": float(reward_fn(Rollout.from_dict({k: r[k] for k in ROLLOUT_FIELDS})))} for r in rows]
+            new = [
+                {**r, "reward": float(reward_fn(Rollout.from_dict({k: r[k] for k in ROLLOUT_FIELDS})))} for r in rows
+            ]
             rescored[it] = self.encode(new)
         self.chain.append(rescored)
         return len(self.chain) - 1

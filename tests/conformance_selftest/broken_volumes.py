@@ -175,7 +175,7 @@ class NoWriterLockStore(DirStore):
 
 
 class StaleStagingStore(DirStore):
-    """Reuses a name's staging directory as it finds it: a retried task starts with the files of the attempt that died."""
+    """Reuses a name's staging directory as it finds it: a retried task starts with the dead attempt's files."""
 
     def populate(self, name: str, parent: DirVersion | None) -> Path:
         staging = self.root / "staging" / name
