@@ -8,6 +8,7 @@ process drops is dead). Each broken store changes one method.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import itertools
 import json
@@ -22,6 +23,7 @@ from rl.conformance import Implementation
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _ROOT = Path(tempfile.mkdtemp(prefix="rl-selftest-volumes-"))
+atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
 _COUNT = itertools.count()
 
 
