@@ -458,7 +458,8 @@ class VolumeStoreContract(ContractBase):
         assert [v.version for v in volume_store.versions()] == [world.version], "a refused name published a version"
 
 
-# Where hypothesis (and the plugin's --rl-seed / --rl-examples) looks for a law's settings; the law reads them back.
+# Where hypothesis keeps a @given law's settings, which the plugin's --rl-examples and the self-test change: the
+# random-history law reads its own from there.
 VolumeStoreContract.test_volumes_random_histories_match_a_dict_model._hypothesis_internal_use_settings = (  # type: ignore[attr-defined]
     MACHINE_SETTINGS
 )
