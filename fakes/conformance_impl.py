@@ -1,10 +1,10 @@
 """Our own implementations, bound for the conformance suite (`--rl-impl fakes.conformance_impl:FAKES`).
 
-- `FAKES`: the deterministic fakes of every tier, our drivers (GRPO and agentic) and our advantages and loss (fast;
-  what `tests/test_conformance.py` checks).
+- `FAKES`: the deterministic fakes of every tier, our drivers (GRPO and agentic), our advantages and loss, and our
+  local volumes and rollout buffer (fast; what `tests/test_conformance.py` checks).
 - `REAL_CPU`: the real CPU stack on a tiny model built into a temporary directory on first use: `LocalArtifacts`,
-  `FileStateStore`, the torch sampler, the PEFT trainer, `RewardScorer`, our advantages and loss, and the DDP shard step
-  (two spawned gloo ranks). torch is imported only when one of its
+  `FileStateStore`, the torch sampler, the PEFT trainer, `RewardScorer`, our advantages and loss, the DDP shard step
+  (two spawned gloo ranks), and our local volumes and rollout buffer. torch is imported only when one of its
   factories runs. It binds no driver: the driver laws run a driver on the fakes, and ours is checked under FAKES. Its
   algorithm is what the PEFT trainer runs with its default `TrainerConfig` (`trainer_algorithm`): the loss in
   float32.
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import atexit
 import functools
+import itertools
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -38,12 +40,13 @@ from rl.scoring import RewardScorer
 from rl.state import FileStateStore
 from rl.trainer.config import TrainerConfig
 from rl.types import ArtifactRef
+from rl.volumes import LocalVolumeStore, RolloutBuffer
 
 if TYPE_CHECKING:
     from rl.engines.torch_sampler import TorchSampler
     from rl.trainer.peft_trainer import PeftTrainer
 
-__all__ = ["FAKES", "REAL_CPU", "trainer_algorithm"]
+__all__ = ["FAKES", "REAL_CPU", "local_rollout_buffer", "local_volume_store", "trainer_algorithm"]
 
 
 async def fake_version0_adapter(artifacts: Artifacts) -> ArtifactRef:
@@ -77,6 +80,34 @@ def trainer_algorithm(config: TrainerConfig) -> AlgorithmSpec:
     )
 
 
+_STORES = itertools.count()
+
+
+@functools.cache
+def _volumes_root() -> Path:
+    """One temporary directory per process for every store the volume and buffer laws open (one per example)."""
+    path = Path(tempfile.mkdtemp(prefix="rl-conformance-volumes-"))
+    atexit.register(_remove_sealed_tree, path)
+    return path
+
+
+def _remove_sealed_tree(path: Path) -> None:
+    """Remove a tree of sealed versions (0555 directories, which a non-root owner cannot empty as they are)."""
+    for dirpath, _, _ in os.walk(path):
+        os.chmod(dirpath, 0o700)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def local_volume_store() -> LocalVolumeStore:
+    """A fresh, empty `LocalVolumeStore` (no fsyncs: the laws do not cut the power) in its own directory."""
+    return LocalVolumeStore(_volumes_root() / f"store-{next(_STORES)}", durable=False)
+
+
+def local_rollout_buffer() -> RolloutBuffer:
+    """Our rollout buffer on a fresh `local_volume_store()`, under the name the GRPO demo uses."""
+    return RolloutBuffer(local_volume_store(), "rollouts")
+
+
 FAKES = Implementation(
     name="fakes",
     artifacts=MemoryArtifacts,
@@ -91,6 +122,8 @@ FAKES = Implementation(
     agentic_driver=train,
     judge_tier=traced_judge_tier,
     policy_trainer=bandit_trainer,
+    volume_store=local_volume_store,
+    rollout_buffer=local_rollout_buffer,
     capabilities=Capabilities(),
 )
 
@@ -145,6 +178,8 @@ REAL_CPU = Implementation(
     advantages=group_normalized_advantages,
     sample_loss=sample_loss,
     ddp_shard_step=ddp_shard_step,
+    volume_store=local_volume_store,
+    rollout_buffer=local_rollout_buffer,
     capabilities=Capabilities(),
     algorithm=trainer_algorithm(TrainerConfig()),
 )

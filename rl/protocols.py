@@ -138,3 +138,20 @@ class WritableVolume(Protocol):
     def mount(self) -> Path: ...
 
     def finalize(self, message: str) -> VolumeVersion: ...
+
+
+@runtime_checkable
+class VolumeStore(Protocol):
+    """Where volumes live: new volumes, and every finalized version by id or by name (`rl.volumes.LocalVolumeStore`)."""
+
+    def new(self, name: str) -> WritableVolume:
+        """An empty writable volume named `name`, its first version's writer."""
+        ...
+
+    def open(self, name_or_version: str) -> VolumeVersion:
+        """A finalized version by its id, or the latest version of the volume `name`."""
+        ...
+
+    def versions(self, name: str | None = None) -> Sequence[VolumeVersion]:
+        """Every finalized version (of volume `name` if given), oldest first."""
+        ...

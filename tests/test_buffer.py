@@ -1,4 +1,5 @@
-"""The rollout buffer on local volumes: JSONL that pandas loads, partial reads, and re-scoring into a new version."""
+"""The rollout buffer on local volumes: the packaged buffer laws, then JSONL that pandas loads, partial reads, and
+re-scoring into a new version."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rl.conformance import RolloutBufferContract
 from rl.types import Rollout
 from rl.volumes import (
     PANDAS_DTYPES,
@@ -81,6 +83,14 @@ def iteration_rows(iteration: int) -> list[dict]:
 @pytest.fixture
 def buffer(tmp_path: Path) -> RolloutBuffer:
     return RolloutBuffer(LocalVolumeStore(tmp_path / "store"), "rollouts")
+
+
+class TestLocalRolloutBuffer(RolloutBufferContract):
+    """The packaged buffer laws on ours; the tests below add what only ours promises (pandas, sharing, messages)."""
+
+    @pytest.fixture
+    def rollout_buffer_factory(self, tmp_path: Path):
+        return lambda: RolloutBuffer(LocalVolumeStore(tempfile.mkdtemp(dir=tmp_path), durable=False), "rollouts")
 
 
 def test_the_jsonl_loads_with_pandas_read_json(buffer):

@@ -9,6 +9,7 @@ Two ways to run it against your implementation:
 Public API (names are stable): `AdvantageContract`, `LossContract`, `ArtifactsContract`, `StateStoreContract`,
 `RolloutEngineContract`, `ScorerContract`, `TrainerContract`, `GrpoDriverContract`, `DriverReplayContract`,
 `AgenticContract`, `LoopContract` (all of these), `DdpShardStepContract` (spawns ranks; not in `LoopContract`),
+`VolumeStoreContract`, `RolloutBufferContract` (storage, not in `LoopContract`),
 `trained_adapter`, `Capabilities`, `AlgorithmSpec` (the algorithm choices an implementation declares),
 `sample_loss_as_batch_loss`, `Implementation`, `load_implementation`, `RecordedHistory`, `load_history`,
 `record_history`.
@@ -38,7 +39,9 @@ if TYPE_CHECKING:
     from rl.conformance.implementation import Implementation, load_implementation
     from rl.conformance.loop import LoopContract
     from rl.conformance.loss_laws import LossContract, sample_loss_as_batch_loss
+    from rl.conformance.rollout_buffer import RolloutBufferContract
     from rl.conformance.spec import AlgorithmSpec
+    from rl.conformance.volumes import VolumeStoreContract
 
 _EXPORTS = {
     "AdvantageContract": "rl.conformance.advantage_laws",
@@ -62,6 +65,8 @@ _EXPORTS = {
     "load_history": "rl.conformance.history",
     "record_history": "rl.conformance.history",
     "LoopContract": "rl.conformance.loop",
+    "VolumeStoreContract": "rl.conformance.volumes",
+    "RolloutBufferContract": "rl.conformance.rollout_buffer",
 }
 
 __all__ = [
@@ -77,10 +82,12 @@ __all__ = [
     "LoopContract",
     "LossContract",
     "RecordedHistory",
+    "RolloutBufferContract",
     "RolloutEngineContract",
     "ScorerContract",
     "StateStoreContract",
     "TrainerContract",
+    "VolumeStoreContract",
     "load_history",
     "load_implementation",
     "record_history",

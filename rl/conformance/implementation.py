@@ -12,7 +12,7 @@ from rl.conformance.spec import AlgorithmSpec
 
 if TYPE_CHECKING:
     from fakes.grpo_sim import GrpoDriver
-    from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer
+    from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer, VolumeStore
     from rl.types import ArtifactRef
 
 __all__ = ["TIERS", "Implementation", "ImplementationError", "load_implementation"]
@@ -31,6 +31,8 @@ TIERS = (
     "agentic_driver",
     "judge_tier",
     "policy_trainer",
+    "volume_store",
+    "rollout_buffer",
 )
 """The factory attributes that each bind one contract of the packaged suite."""
 
@@ -69,6 +71,11 @@ class Implementation:
       callable, like `rl.agentic.tiers.JudgeTier(trace(judge), attempt=attempt)`.
     - `policy_trainer(world_ids, identity)`: a `rl.agentic.bandit.PolicyTrainer` with exactly-once `update`, like
       `rl.agentic.bandit.BanditTrainer(world_ids, identity=identity)`.
+    - `volume_store()`: a fresh, empty `rl.protocols.VolumeStore` (versioned copy-on-write volumes), a new one each
+      call, like `rl.volumes.LocalVolumeStore(tempfile.mkdtemp())`.
+    - `rollout_buffer()`: a fresh, empty rollout buffer with `append`, `read`, `iterations`, `versions` and `rescore`
+      (the surface `rl.conformance.rollout_buffer` describes), a new one each call, like
+      `rl.volumes.RolloutBuffer(LocalVolumeStore(tempfile.mkdtemp()), "rollouts")`.
     - `capabilities`: what the implementation claims (`Capabilities()`, the default, claims everything).
     - `algorithm`: the GRPO choices its advantages and loss make (`AlgorithmSpec()`, the default, is ours); the
       algorithm laws compute their reference from it.
@@ -91,6 +98,8 @@ class Implementation:
     agentic_driver: Callable[..., Awaitable[Any]] | None = None
     judge_tier: Callable[..., Any] | None = None
     policy_trainer: Callable[..., Any] | None = None
+    volume_store: Callable[[], VolumeStore] | None = None
+    rollout_buffer: Callable[[], Any] | None = None
     capabilities: Capabilities = field(default_factory=Capabilities)
     algorithm: AlgorithmSpec = field(default_factory=AlgorithmSpec)
 

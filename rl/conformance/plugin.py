@@ -33,6 +33,8 @@ TIER_MARKERS = {
     "rl_loss": "the GRPO loss laws (REINFORCE at ratio 1, clipped ratio, KL penalty, padding, aggregation)",
     "rl_ddp": "the multi-rank shard-step laws (spawned gloo ranks)",
     "rl_agentic": "the agentic loop laws (skipped trials, memoised judge, canonical inputs, exactly-once steps)",
+    "rl_volumes": "the versioned copy-on-write volume laws (fork isolation, immutable versions, one writer per name)",
+    "rl_buffer": "the rollout buffer laws (immutable versions, exact rows, rescoring changes only rewards)",
 }
 _REPRODUCE = pytest.StashKey[list[str]]()
 
@@ -48,6 +50,8 @@ _CONTRACT_MODULES = (
     "rl.conformance.ddp",
     "rl.conformance.agentic",
     "rl.conformance.loop",
+    "rl.conformance.volumes",
+    "rl.conformance.rollout_buffer",
 )
 pytest.register_assert_rewrite(*(m for m in _CONTRACT_MODULES if m not in sys.modules))
 
@@ -121,14 +125,16 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     own = getattr(function, "_hypothesis_internal_use_settings", None)
     if item.get_closest_marker("rl_conformance") is None or own is None or (rl_seed == 0 and examples is None):
         return (yield)
-    from hypothesis import settings
+    from hypothesis import is_hypothesis_test, settings
 
     own_seed = getattr(function, "_hypothesis_internal_use_seed", None)
     changes: dict[str, Any] = {"database": None}
     if examples is not None:
         changes["max_examples"] = examples
     function._hypothesis_internal_use_settings = settings(own, **changes)
-    if rl_seed != 0:
+    # Only a @given law takes a seed this way (hypothesis refuses one on any other test); a law that runs hypothesis
+    # itself (the volume state machine) derives it from `rl_seed` with `law_seed`.
+    if rl_seed != 0 and is_hypothesis_test(function):
         function._hypothesis_internal_use_seed = law_seed(rl_seed, function.__qualname__)
     try:
         return (yield)

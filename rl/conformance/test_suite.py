@@ -31,6 +31,8 @@ from rl.conformance.contracts import (
 from rl.conformance.driver import GrpoDriverContract
 from rl.conformance.history import DriverReplayContract
 from rl.conformance.implementation import Implementation, ImplementationError, load_implementation
+from rl.conformance.rollout_buffer import BufferFactory, RolloutBufferContract
+from rl.conformance.volumes import StoreFactory, VolumeStoreContract
 from rl.loop.agentic import train
 from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer
 from rl.types import ArtifactRef
@@ -175,3 +177,15 @@ class TestAgentic(_Bound, AgenticContract):
     @pytest.fixture
     def policy_trainer(self, implementation: Implementation) -> Any:
         return implementation.policy_trainer or bandit_trainer
+
+
+class TestVolumeStore(_Bound, VolumeStoreContract):
+    @pytest.fixture
+    def volume_store_factory(self, implementation: Implementation) -> StoreFactory:
+        return _factory(implementation, "volume_store", "volume")
+
+
+class TestRolloutBuffer(_Bound, RolloutBufferContract):
+    @pytest.fixture
+    def rollout_buffer_factory(self, implementation: Implementation) -> BufferFactory:
+        return _factory(implementation, "rollout_buffer", "rollout buffer")
