@@ -236,20 +236,19 @@ class GrpoDriverContract(DriverCheckpointLaws, ContractBase):
         trainer = _RecordingTrainer(tiers.trainer)
         try:
             rl_run(driver(config, replace(tiers, trainer=trainer), MemoryStateStore()))
-        except NonFiniteRewardError:
-            pass
+            raised: Exception | None = None
         except Exception as exc:
-            pytest.fail(
-                f"a reward of {value} (group {_NAN_GROUP}, sample {_NAN_SAMPLE}) raised {type(exc).__name__}: {exc}; "
-                "expected rl.errors.NonFiniteRewardError. Check rewards with math.isfinite, not only for NaN",
-                pytrace=False,
-            )
-        else:
-            pytest.fail(
-                f"a reward of {value} (group {_NAN_GROUP}, sample {_NAN_SAMPLE}) was trained on without an error: "
-                "the driver checks for NaN only. Check rewards with math.isfinite",
-                pytrace=False,
-            )
+            raised = exc
+        where = f"a reward of {value} (group {_NAN_GROUP}, sample {_NAN_SAMPLE})"
+        assert raised is not None, (
+            f"{where} was trained on without an error: the driver checks for NaN only. Check rewards with "
+            "math.isfinite and raise rl.errors.NonFiniteRewardError"
+        )
+        assert isinstance(raised, NonFiniteRewardError), (
+            f"{where} raised {type(raised).__name__}: {raised} (after the driver let it through to "
+            f"{'the trainer' if trainer.batches and trainer.batches[-1].step == _NAN_VERSION else 'elsewhere'}); "
+            "expected rl.errors.NonFiniteRewardError. Check rewards with math.isfinite, not only for NaN"
+        )
         trained = [b.step for b in trainer.batches]
         assert _NAN_VERSION not in trained, (
             f"the iteration with the reward {value} was trained (steps {trained}) before the error was raised"

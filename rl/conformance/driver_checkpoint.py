@@ -199,16 +199,16 @@ class DriverCheckpointLaws:
         store = _Store(planted)
         trainer = _Trainer(FakeTrainer(run.artifacts, max_staleness=config.max_staleness))
         try:
-            outcome = rl_run(driver(config, _tiers(config, run.artifacts, trainer), store))
-        except expected:
-            pass
+            outcome, raised = rl_run(driver(config, _tiers(config, run.artifacts, trainer), store)), None
         except Exception as exc:
+            outcome, raised = None, exc
+        if raised is not None and not isinstance(raised, expected):
             pytest.fail(
-                f"{what}: the driver raised {type(exc).__name__}: {exc}; expected rl.errors.{expected.__name__} "
+                f"{what}: the driver raised {type(raised).__name__}: {raised}; expected rl.errors.{expected.__name__} "
                 "(a CheckpointError a caller can catch, whose type says why the checkpoint cannot be resumed)",
                 pytrace=False,
             )
-        else:
+        if outcome is not None:
             pytest.fail(
                 f"{what}: the driver did not refuse it: it finished at adapter v{outcome.adapter_version} having "
                 f"trained steps {trainer.steps} (it started over, or continued from what it misread). Raise "
