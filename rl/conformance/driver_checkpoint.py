@@ -198,19 +198,22 @@ class DriverCheckpointLaws:
         config = config or run.config
         store = _Store(planted)
         trainer = _Trainer(FakeTrainer(run.artifacts, max_staleness=config.max_staleness))
+        outcome: Any = None
+        raised: Exception | None = None
         try:
-            outcome, raised = rl_run(driver(config, _tiers(config, run.artifacts, trainer), store)), None
+            outcome = rl_run(driver(config, _tiers(config, run.artifacts, trainer), store))
         except Exception as exc:
-            outcome, raised = None, exc
+            raised = exc
         if raised is not None and not isinstance(raised, expected):
             pytest.fail(
                 f"{what}: the driver raised {type(raised).__name__}: {raised}; expected rl.errors.{expected.__name__} "
                 "(a CheckpointError a caller can catch, whose type says why the checkpoint cannot be resumed)",
                 pytrace=False,
             )
-        if outcome is not None:
+        if raised is None:
+            version = getattr(outcome, "adapter_version", "?")
             pytest.fail(
-                f"{what}: the driver did not refuse it: it finished at adapter v{outcome.adapter_version} having "
+                f"{what}: the driver did not refuse it: it finished at adapter v{version} having "
                 f"trained steps {trainer.steps} (it started over, or continued from what it misread). Raise "
                 f"rl.errors.{expected.__name__} before training anything",
                 pytrace=False,
