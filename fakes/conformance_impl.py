@@ -34,6 +34,7 @@ from rl.conformance.capabilities import Capabilities
 from rl.conformance.implementation import Implementation
 from rl.conformance.spec import AlgorithmSpec
 from rl.loop.agentic import train
+from rl.loop.checkpoint import as_another_schema_version
 from rl.loop.grpo import run_grpo
 from rl.protocols import Artifacts
 from rl.scoring import RewardScorer
@@ -117,6 +118,7 @@ FAKES = Implementation(
     scorer=FakeScorer,
     trainer=FakeTrainer,
     driver=run_grpo,
+    checkpoint_from_another_version=as_another_schema_version,
     advantages=group_normalized_advantages,
     sample_loss=sample_loss,
     agentic_driver=train,

@@ -12,6 +12,7 @@ options, and kills the driver at chosen await points; the worlds are in-memory c
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -29,7 +30,7 @@ from fakes.agentic_sim import (
 )
 from fakes.chaos_agentic import SEED_FAILURES, agentic_sweep, all_trial_ids
 from fakes.faults import FaultPlan
-from rl.agentic.types import Reward, TrainerInfo, Weights
+from rl.agentic.types import Reward, Rubric, TrainerInfo, Weights
 from rl.conformance._base import ContractBase, tier
 from rl.loop.agentic import AgenticOutcome, train
 
@@ -38,6 +39,8 @@ __all__ = ["AgenticContract"]
 SWEEP_SHAPE = {"n_steps": 2, "n_worlds": 2, "prompts_per_step": 2, "n_samples": 1}
 """The kill-at-every-await-point law's run: small enough that every point takes well under a second in all."""
 LAW_SHAPE = {"n_steps": 2, "n_worlds": 2, "prompts_per_step": 2, "n_samples": 2}
+RESCORE_RUBRIC = Rubric(correctness_weight=1.0, efficiency_weight=1.0, tidiness_weight=0.5, name="v2-rescore")
+"""The rubric a fork of a finished run re-scores it with (seed 002's "v2-efficiency" re-weighting)."""
 
 
 class _RecordingTrainer:
@@ -68,8 +71,8 @@ def _finished(result: Any, what: str) -> AgenticOutcome:
 
 @tier("agentic")
 class AgenticContract(ContractBase):
-    """Laws of the durable agentic loop: skipped trials, a judge billed once, canonical step inputs, exactly-once steps,
-    and resumption from a driver killed anywhere."""
+    """Laws of the durable agentic loop: skipped trials, a judge billed once, re-scoring that re-judges, canonical step
+    inputs, exactly-once steps, and resumption from a driver killed anywhere."""
 
     @pytest.fixture
     def agentic_driver(self) -> AgenticDriver:
@@ -165,6 +168,34 @@ class AgenticContract(ContractBase):
                 "applied the update a second time. Record applied steps in the trainer and return the recorded "
                 "weights for a step it has already applied"
             )
+
+    def test_agentic_a_changed_rubric_re_judges_and_an_unchanged_one_bills_nothing(
+        self, agentic_harness: Callable[..., AgenticSim], rl_seed: int
+    ) -> None:
+        """Forking a finished run with an equal rubric recovers every judgment and bills the judge nothing; forking it
+        with a new rubric (re-scoring) calls the judge once for every trial under the new rubric."""
+        harness = agentic_harness(rl_seed)
+        first = harness.run(**LAW_SHAPE)
+        _finished(first, "the first run")
+        old = default_inputs()["rubric"]
+        billed_first = Counter(harness.judge.billed)
+        _finished(harness.rerun(first, rubric=Rubric(**old.model_dump())), "the fork with an equal rubric")
+        again = {key: n - billed_first[key] for key, n in harness.judge.billed.items() if n != billed_first[key]}
+        assert not again, (
+            f"forking the run with an equal rubric billed the judge again {again} (trial, rubric): the judging "
+            "actions' inputs changed between runs. Pass judging only the trajectory and the rubric, so a fork "
+            "recovers them"
+        )
+        new = RESCORE_RUBRIC
+        _finished(harness.rerun(first, rubric=new), f"the fork with rubric {new.name!r}")
+        trials = all_trial_ids({**default_inputs(rl_seed), **LAW_SHAPE})
+        unjudged = [t for t in trials if harness.judge.billed[(t, new.name)] == 0]
+        assert not unjudged, (
+            f"re-scoring with rubric {new.name!r} never called the judge for trials {unjudged}: they kept rubric "
+            f"{old.name!r}'s scores. Key the judge's memo on the rubric as well as the trajectory"
+        )
+        twice = {t: harness.judge.billed[(t, new.name)] for t in trials if harness.judge.billed[(t, new.name)] > 1}
+        assert not twice, f"re-scoring with rubric {new.name!r} billed the judge {twice} times per trial (want once)"
 
     def test_agentic_killed_at_every_await_point_resumes_to_the_uninterrupted_result(
         self, agentic_harness: Callable[..., AgenticSim], rl_seed: int

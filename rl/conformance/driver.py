@@ -21,6 +21,7 @@ from fakes.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, LatencyModel
 from fakes.state_store import MemoryStateStore
 from rl.conformance._base import ContractBase, Run, tier
 from rl.conformance.capabilities import Capabilities, require
+from rl.conformance.driver_checkpoint import DriverCheckpointLaws
 from rl.errors import NonFiniteRewardError
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor
@@ -51,12 +52,16 @@ def _violations(lines: Sequence[str], limit: int = 12) -> str:
 
 
 class _NanScorer(FakeScorer):
-    """The fake scorer, except one NaN at (policy version 1, group 1, sample 2)."""
+    """The fake scorer, except one `value` (NaN unless told) at (policy version 1, group 1, sample 2)."""
+
+    def __init__(self, value: float = float("nan")) -> None:
+        super().__init__()
+        self.value = value
 
     async def score_group(self, rollouts: Sequence[Rollout]) -> list[float]:
         rewards = await super().score_group(rollouts)
         if rollouts and rollouts[0].group_id == _NAN_GROUP and rollouts[0].policy_version == _NAN_VERSION:
-            rewards[_NAN_SAMPLE] = float("nan")
+            rewards[_NAN_SAMPLE] = self.value
         return rewards
 
 
@@ -112,8 +117,9 @@ def _first_batch_difference(a: Sequence[TrainBatch], b: Sequence[TrainBatch]) ->
 
 
 @tier("driver")
-class GrpoDriverContract(ContractBase):
-    """Laws of a GRPO driver: durable resume, fault tolerance, canonical step inputs and loud non-finite rewards.
+class GrpoDriverContract(DriverCheckpointLaws, ContractBase):
+    """Laws of a GRPO driver: durable resume, fault tolerance, canonical step inputs, loud non-finite rewards, one
+    history row per iteration, and checkpoints it cannot resume refused (`DriverCheckpointLaws`).
 
     Provide `driver` (default: `rl.loop.grpo.run_grpo`); override `driver_config` for a bigger run shape.
     """
@@ -217,6 +223,56 @@ class GrpoDriverContract(ContractBase):
         )
         assert resumed.optimizer_state.digest == clean.optimizer_state.digest, "the final optimizer state differs"
         assert resumed.history == clean.history, "the resumed run's history differs from the run that never saw the NaN"
+
+    @pytest.mark.parametrize("sign", [1, -1], ids=["positive", "negative"])
+    def test_driver_infinite_reward_is_refused_like_nan(
+        self, driver: GrpoDriver, driver_config: GrpoConfig, rl_run: Run[Any], sign: int
+    ) -> None:
+        """An infinite reward raises `NonFiniteRewardError` like a NaN, before its iteration is trained."""
+        config = self._nan_config(driver_config)
+        value = sign * float("inf")
+        artifacts = MemoryArtifacts()
+        tiers = _plain_tiers(config, artifacts, _NanScorer(value))
+        trainer = _RecordingTrainer(tiers.trainer)
+        try:
+            rl_run(driver(config, replace(tiers, trainer=trainer), MemoryStateStore()))
+            raised: Exception | None = None
+        except Exception as exc:
+            raised = exc
+        where = f"a reward of {value} (group {_NAN_GROUP}, sample {_NAN_SAMPLE})"
+        assert raised is not None, (
+            f"{where} was trained on without an error: the driver checks for NaN only. Check rewards with "
+            "math.isfinite and raise rl.errors.NonFiniteRewardError"
+        )
+        assert isinstance(raised, NonFiniteRewardError), (
+            f"{where} raised {type(raised).__name__}: {raised} (after the driver let it through to "
+            f"{'the trainer' if trainer.batches and trainer.batches[-1].step == _NAN_VERSION else 'elsewhere'}); "
+            "expected rl.errors.NonFiniteRewardError. Check rewards with math.isfinite, not only for NaN"
+        )
+        trained = [b.step for b in trainer.batches]
+        assert _NAN_VERSION not in trained, (
+            f"the iteration with the reward {value} was trained (steps {trained}) before the error was raised"
+        )
+
+    @pytest.mark.parametrize("mode", MODES)
+    def test_driver_history_has_one_row_per_iteration_in_order(
+        self, driver: GrpoDriver, driver_config: GrpoConfig, capabilities: Capabilities, mode: str
+    ) -> None:
+        """The outcome's history has exactly one row per iteration, in order, each naming the adapter version it
+        trained and the iteration's rollouts; the evaluations are one per evaluated version, in order."""
+        config = replace(driver_config, pipelined=pipelined_mode(mode, capabilities))
+        result = grpo_sim(config, seed=config.seed, driver=driver).run()
+        assert result.ok, f"the run failed: {result.error!r}"
+        rows = [(r.iteration, r.adapter_version, r.num_rollouts) for r in result.output.history]
+        rollouts = config.prompts_per_iteration * config.group_size
+        want = [(it, it + 1, rollouts) for it in range(config.iterations)]
+        assert rows == want, (
+            f"history rows (iteration, adapter version, rollouts) are {rows}; want {want}: one row per trained "
+            "iteration, recorded once, in order"
+        )
+        evaluated = [e.policy_version for e in result.output.evals]
+        want_evals = [v for v in range(1, config.iterations + 1) if config.evaluates(v)]
+        assert evaluated == want_evals, f"evaluated versions {evaluated}; want {want_evals}, each once, in order"
 
     @staticmethod
     def _nan_config(driver_config: GrpoConfig) -> GrpoConfig:

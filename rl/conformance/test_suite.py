@@ -8,6 +8,7 @@ A tier the implementation does not provide (its factory is None) skips, and the 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -34,6 +35,8 @@ from rl.conformance.implementation import Implementation, ImplementationError, l
 from rl.conformance.rollout_buffer import BufferFactory, RolloutBufferContract
 from rl.conformance.volumes import StoreFactory, VolumeStoreContract
 from rl.loop.agentic import train
+from rl.loop.checkpoint import as_another_schema_version
+from rl.loop.grpo import run_grpo
 from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer
 from rl.types import ArtifactRef
 
@@ -148,6 +151,12 @@ class TestGrpoDriver(_Bound, GrpoDriverContract):
     @pytest.fixture
     def driver(self, implementation: Implementation) -> GrpoDriver:
         return _factory(implementation, "driver", "GRPO driver")
+
+    @pytest.fixture
+    def checkpoint_from_another_version(self, implementation: Implementation) -> Callable[[bytes], bytes]:
+        if implementation.checkpoint_from_another_version is None and implementation.driver is run_grpo:
+            return as_another_schema_version
+        return _factory(implementation, "checkpoint_from_another_version", "checkpoint schema-version")
 
 
 class TestDriverReplay(_Bound, DriverReplayContract):

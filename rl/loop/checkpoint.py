@@ -109,6 +109,14 @@ def decode_state(blob: bytes) -> DriverState:
         raise CheckpointCorruptError(f"the driver checkpoint lacks a field: {exc}") from exc
 
 
+def as_another_schema_version(blob: bytes) -> bytes:
+    """`blob` as the next schema version would tag the same state (digest unchanged): the checkpoint an older package
+    meets when a newer one wrote it, which it must refuse rather than misread. The conformance suite plants it."""
+    doc = json.loads(blob)
+    doc["schema"] = SCHEMA_VERSION + 1
+    return json.dumps(doc).encode()
+
+
 async def load_state(store: StateStore, config: Any, artifacts: Artifacts) -> DriverState | None:
     """The state to resume from, or None for a fresh run. Raises a `CheckpointError` subtype when it can't resume."""
     blob = await store.load()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -179,16 +180,21 @@ async def generate_and_score(
             raise EngineContractError(
                 f"scorer returned {len(group_rewards)} rewards for group {gid} of {len(groups[gid])}"
             )
-        for sample, reward in enumerate(group_rewards):
-            if reward != reward or reward in (float("inf"), float("-inf")):
-                raise NonFiniteRewardError(
-                    f"iteration {iteration}: the scorer returned {reward} for group {gid}, sample {sample} "
-                    f"(prompt {groups[gid][sample].question!r}); iteration {iteration} was not trained or "
-                    "checkpointed. Fix the reward function so it always returns a finite float."
-                )
+        refuse_non_finite(iteration, groups[gid], group_rewards)
         rollouts.extend(groups[gid])
         rewards.extend(float(r) for r in group_rewards)
     return rollouts, rewards
+
+
+def refuse_non_finite(iteration: int, group: Sequence[Rollout], rewards: Sequence[float]) -> None:
+    """Raise `NonFiniteRewardError` naming the group and sample of the first NaN or infinite reward."""
+    for sample, reward in enumerate(rewards):
+        if not math.isfinite(reward):
+            raise NonFiniteRewardError(
+                f"iteration {iteration}: the scorer returned {reward} for group {group[sample].group_id}, sample "
+                f"{sample} (prompt {group[sample].question!r}); iteration {iteration} was not trained or "
+                "checkpointed. Fix the reward function so it always returns a finite float."
+            )
 
 
 def _check_group(group: list[Rollout], requests: list[RolloutRequest], version: int) -> int:

@@ -7,7 +7,7 @@ from typing import Any
 
 from rl.agentic.bandit import BanditTrainer, bandit_update
 from rl.agentic.tiers import JudgeTier
-from rl.agentic.types import Reward, Weights
+from rl.agentic.types import Reward, Rubric, Trajectory, Weights
 from rl.conformance import Implementation
 from rl.loop.agentic import AgenticOutcome, train
 
@@ -15,6 +15,25 @@ from rl.loop.agentic import AgenticOutcome, train
 def untraced_judge_tier(judge: Any, trace: Any, attempt: Any) -> JudgeTier:
     """Calls the vendor judge directly, not under the durable trace: a retried judging task bills again."""
     return JudgeTier(judge, attempt=attempt)
+
+
+class TrialKeyedJudgeTier(JudgeTier):
+    """Memoises the judge's score by trial id alone, so a retry never re-bills; but a fork that re-scores the run with
+    a new rubric gets the old rubric's scores back, and the judge is never asked."""
+
+    def __init__(self, judge: Any, attempt: Any) -> None:
+        self.scores: dict[str, float] = {}
+
+        async def call_judge(traj: Trajectory, rubric: Rubric) -> float:
+            if traj.trial_id not in self.scores:
+                self.scores[traj.trial_id] = await judge(traj, rubric)
+            return self.scores[traj.trial_id]
+
+        super().__init__(call_judge, attempt=attempt)
+
+
+def trial_keyed_judge_tier(judge: Any, trace: Any, attempt: Any) -> JudgeTier:
+    return TrialKeyedJudgeTier(judge, attempt)
 
 
 class NoLedgerTrainer(BanditTrainer):
@@ -44,6 +63,7 @@ async def fatal_failed_trial_driver(tiers: Any, **inputs: Any) -> AgenticOutcome
 
 
 UNTRACED_JUDGE = Implementation(name="untraced-judge", judge_tier=untraced_judge_tier)
+TRIAL_KEYED_JUDGE = Implementation(name="judge-memo-ignores-the-rubric", judge_tier=trial_keyed_judge_tier)
 NO_LEDGER = Implementation(name="no-ledger-trainer", policy_trainer=no_ledger_trainer)
 UNSORTED_REWARDS = Implementation(name="rewards-in-landing-order", agentic_driver=landing_order_driver)
 FATAL_FAILED_TRIAL = Implementation(name="failed-trial-is-fatal", agentic_driver=fatal_failed_trial_driver)

@@ -7,13 +7,16 @@ so the checkpoint verifies and only the laws about resuming can tell.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from dataclasses import replace
 from unittest import mock
 
+import rl.loop.checkpoint as checkpoint
 import rl.loop.grpo as grpo
 from fakes.conformance_impl import FAKES
 from rl.conformance import Implementation
+from rl.errors import CheckpointCorruptError
 from rl.loop.checkpoint import DriverState, decode_state, encode_state
 from rl.loop.grpo import GrpoConfig, GrpoOutcome, GrpoTiers, run_grpo
 from rl.protocols import StateStore
@@ -51,8 +54,10 @@ async def _in_finish_order(config, tiers, iteration, adapter, version):  # type:
     rollouts, rewards = [], []
     for finished in asyncio.as_completed([tiers.engine.generate(r) for r in requests]):
         group = await finished
+        group_rewards = await tiers.scorer.score_group(group)
+        grpo.refuse_non_finite(iteration, group, group_rewards)
         rollouts.extend(group)
-        rewards.extend(await tiers.scorer.score_group(group))
+        rewards.extend(group_rewards)
     return rollouts, rewards
 
 
@@ -77,6 +82,79 @@ async def reseeding_driver(config: GrpoConfig, tiers: GrpoTiers, store: StateSto
     return await run_grpo(config, replace(tiers, engine=_ReseededEngine(tiers.engine)), store)
 
 
+def _patched(target: object, name: str, replacement):  # type: ignore[no-untyped-def]
+    """Our driver with one module-level function of the loop replaced by a buggy one, for the call's duration."""
+
+    async def driver(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> GrpoOutcome:
+        with mock.patch.object(target, name, replacement):
+            return await run_grpo(config, tiers, store)
+
+    return driver
+
+
+async def _restart_on_corrupt(store, config, artifacts):  # type: ignore[no-untyped-def]
+    """Treats a checkpoint it cannot parse as no checkpoint: a torn write silently restarts the run from scratch."""
+    try:
+        return await checkpoint.load_state(store, config, artifacts)
+    except CheckpointCorruptError:
+        return None
+
+
+def _any_schema(blob: bytes) -> DriverState:
+    """Reads a checkpoint of any schema version as its own (the version tag is never compared)."""
+    try:
+        doc = json.loads(blob)
+    except ValueError:
+        return decode_state(blob)
+    if isinstance(doc, dict) and "schema" in doc:
+        doc["schema"] = checkpoint.SCHEMA_VERSION
+    return decode_state(json.dumps(doc).encode())
+
+
+class _TheCheckpointsConfig:
+    def __init__(self, digest: str) -> None:
+        self._digest = digest
+
+    def digest(self) -> str:
+        return self._digest
+
+
+async def _config_unchecked(store, config, artifacts):  # type: ignore[no-untyped-def]
+    """Resumes whatever checkpoint it finds, whichever configuration wrote it."""
+    blob = await store.load()
+    if blob is None:
+        return None
+    return await checkpoint.load_state(store, _TheCheckpointsConfig(decode_state(blob).config_digest), artifacts)
+
+
+class _EverythingExists:
+    def __init__(self, inner) -> None:  # type: ignore[no-untyped-def]
+        self.inner = inner
+
+    async def exists(self, ref) -> bool:  # type: ignore[no-untyped-def]
+        return True
+
+
+async def _artifacts_unchecked(store, config, artifacts):  # type: ignore[no-untyped-def]
+    """Resumes without asking the artifact store whether the checkpoint's adapter is still there."""
+    return await checkpoint.load_state(store, config, _EverythingExists(artifacts))
+
+
+def _nan_only(iteration, group, rewards):  # type: ignore[no-untyped-def]
+    """Checks rewards with `x != x`: NaN is caught, an infinity is trained on."""
+    if any(r != r for r in rewards):
+        _refuse_non_finite(iteration, group, rewards)
+
+
+async def _row_twice(config, tiers, state, iteration, scored):  # type: ignore[no-untyped-def]
+    """Records the iteration's metrics row when the step lands and again when it commits: two rows per iteration."""
+    trained = await _train(config, tiers, state, iteration, scored)
+    return replace(trained, history=[*trained.history, trained.history[-1]])
+
+
+_train, _refuse_non_finite = grpo._train, grpo.refuse_non_finite
+
+
 def _driver(name: str, driver) -> Implementation:  # type: ignore[no-untyped-def]
     return replace(FAKES, name=name, driver=driver)
 
@@ -88,3 +166,9 @@ STEP_TWICE = _driver(
 )
 FINISH_ORDER = _driver("rewards-in-finish-order", finish_order_driver)
 RESEEDED = _driver("reseeded-rollouts", reseeding_driver)
+TORN_RESTARTS = _driver("restarts-on-a-torn-checkpoint", _patched(grpo, "load_state", _restart_on_corrupt))
+ANY_SCHEMA = _driver("reads-any-schema-version", _patched(checkpoint, "decode_state", _any_schema))
+CONFIG_UNCHECKED = _driver("resumes-another-configuration", _patched(grpo, "load_state", _config_unchecked))
+ADAPTER_UNCHECKED = _driver("resumes-a-lost-adapter", _patched(grpo, "load_state", _artifacts_unchecked))
+NAN_ONLY = _driver("infinite-reward-trained", _patched(grpo, "refuse_non_finite", _nan_only))
+ROW_TWICE = _driver("history-row-twice", _patched(grpo, "_train", _row_twice))

@@ -35,6 +35,9 @@ FINISH_ORDER = {
     "test_driver_train_step_inputs_do_not_depend_on_group_finish_order[pipelined]",
 }
 DRIVER_TIERS = "rl_driver or rl_replay"
+TORN = "test_driver_refuses_a_torn_or_foreign_checkpoint_before_training"
+INFINITE = "test_driver_infinite_reward_is_refused_like_nan"
+HISTORY_ROWS = "test_driver_history_has_one_row_per_iteration_in_order"
 
 # (implementation, tiers run, the law that names the bug, what its message must say, every law that must fail)
 CASES = [
@@ -109,6 +112,63 @@ CASES = [
         "which the recorded run does not have",
         REPLAY,
         id="actions re-keyed by a new release",
+    ),
+    pytest.param(
+        "broken_drivers:TORN_RESTARTS",
+        DRIVER_TIERS,
+        f"{TORN}[truncated]",
+        r"a truncated checkpoint: the driver did not refuse it: it finished at adapter v\d having trained steps \[0",
+        {f"{TORN}[truncated]", f"{TORN}[foreign]"},
+        id="torn checkpoint restarts the run",
+    ),
+    pytest.param(
+        "broken_drivers:ANY_SCHEMA",
+        DRIVER_TIERS,
+        "test_driver_refuses_a_checkpoint_of_another_schema_version_before_training",
+        r"another schema version: the driver did not refuse it: .* Raise rl.errors.CheckpointSchemaError",
+        {"test_driver_refuses_a_checkpoint_of_another_schema_version_before_training"},
+        id="another schema version read as ours",
+    ),
+    pytest.param(
+        "broken_drivers:CONFIG_UNCHECKED",
+        DRIVER_TIERS,
+        "test_driver_refuses_to_resume_another_configurations_checkpoint",
+        r"resumed with seed 1: the driver did not refuse it: .* trained steps \[2\]",
+        {"test_driver_refuses_to_resume_another_configurations_checkpoint"},
+        id="another configuration's checkpoint continued",
+    ),
+    pytest.param(
+        "broken_drivers:ADAPTER_UNCHECKED",
+        DRIVER_TIERS,
+        "test_driver_refuses_a_checkpoint_whose_adapter_is_gone",
+        "the driver raised MissingArtifactError: .*; expected rl.errors.MissingAdapterError",
+        {"test_driver_refuses_a_checkpoint_whose_adapter_is_gone"},
+        id="lost adapter not checked on resume",
+    ),
+    pytest.param(
+        "broken_drivers:NAN_ONLY",
+        DRIVER_TIERS,
+        f"{INFINITE}[positive]",
+        r"a reward of inf \(group 1, sample 2\) raised ValueError: .* \(after the driver let it through to the "
+        r"trainer\); expected rl.errors.NonFiniteRewardError",
+        {f"{INFINITE}[positive]", f"{INFINITE}[negative]"},
+        id="infinite reward trained",
+    ),
+    pytest.param(
+        "broken_drivers:ROW_TWICE",
+        DRIVER_TIERS,
+        f"{HISTORY_ROWS}[sequential]",
+        r"history rows \(iteration, adapter version, rollouts\) are \[\(0, 1, 6\), \(0, 1, 6\)",
+        {f"{HISTORY_ROWS}[sequential]", f"{HISTORY_ROWS}[pipelined]"},
+        id="history row recorded twice",
+    ),
+    pytest.param(
+        "broken_agentic:TRIAL_KEYED_JUDGE",
+        "rl_agentic",
+        "test_agentic_a_changed_rubric_re_judges_and_an_unchanged_one_bills_nothing",
+        r"re-scoring with rubric 'v2-rescore' never called the judge for trials \['s0-p0-n0'",
+        {"test_agentic_a_changed_rubric_re_judges_and_an_unchanged_one_bills_nothing"},
+        id="judge memo ignores the rubric",
     ),
     pytest.param(
         "broken_agentic:UNTRACED_JUDGE",
