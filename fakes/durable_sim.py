@@ -35,7 +35,9 @@ from typing import Any, TypeVar
 
 from fakes.faults import FaultPlan, InjectedTaskFailure
 from fakes.virtual_loop import VirtualTimeLoop
+from rl.errors import RetriesExhaustedError
 from rl.identity import content_digest
+from rl.seeding import derive_seed
 
 T = TypeVar("T")
 
@@ -56,12 +58,26 @@ class ReplayDivergence(BaseException):
         )
 
 
-class TaskFailed(RuntimeError):
+class TaskFailed(RetriesExhaustedError):
     """A task failed on every attempt its retries allowed."""
 
     def __init__(self, task: str, action_id: str, attempts: int, cause: BaseException) -> None:
         self.task, self.action_id, self.attempts, self.cause = task, action_id, attempts, cause
-        super().__init__(f"task {task} ({action_id}) failed after {attempts} attempt(s): {cause!r}")
+        super().__init__(
+            f"task {task} ({action_id}) failed after {attempts} attempt(s), its retries exhausted: {cause!r}; the "
+            "run's finished actions are kept: fix the cause, then rerun with recover=True to resume from them"
+        )
+
+
+class DriverAttemptsExhausted(DriverCrash, RetriesExhaustedError):
+    """The driver was killed on its last allowed attempt: the run is over, its finished actions and checkpoint kept."""
+
+    def __init__(self, attempts: int, last: BaseException) -> None:
+        self.attempts, self.last = attempts, last
+        super().__init__(
+            f"the driver task was killed on all {attempts} attempt(s) its retries allowed (last: {last}); the run's "
+            "finished actions are kept: rerun with recover=True, or give the driver more retries"
+        )
 
 
 class SimUsageError(RuntimeError):
@@ -157,6 +173,9 @@ class _TaskAttempt:
     attempt: int
     trace_occurrences: Counter[tuple[str, str]] = field(default_factory=Counter)
 
+
+_FAULT_KIND = {"before": "task_failure", "after": "task_failure", "hang": "task_hang", "exhaust": "exhausted_task"}
+"""A task fault as `DurableSimulator.fired` counts it."""
 
 _DRIVER: ContextVar[_DriverAttempt | None] = ContextVar("rl_sim_driver", default=None)
 _TASK: ContextVar[_TaskAttempt | None] = ContextVar("rl_sim_task", default=None)
@@ -305,6 +324,9 @@ class SimTask:
             fault = sim.faults.task_fault(self.name, action_id, attempt, self.retries)
             if fault == "hang" and self.timeout_s is None:
                 fault = None
+            if fault is not None:
+                sim.fired[_FAULT_KIND[fault]] += 1
+                sim._log(driver, "fault.task", self.name, action_id, f"attempt={attempt} {fault}")
             token = _TASK.set(_TaskAttempt(action_id, attempt))
             try:
                 # asyncio.timeout, unlike wait_for, runs the body in this task: one task fewer per action.
@@ -324,6 +346,8 @@ class SimTask:
         raise TaskFailed(self.name, action_id, self.retries + 1, last) from last
 
     async def _body(self, inputs: dict[str, Any], fault: str | None) -> Any:
+        if fault == "exhaust":
+            raise InjectedTaskFailure(f"injected outage: {self.name} cannot run on any attempt (exhausts its retries)")
         if fault == "before":
             raise InjectedTaskFailure(f"injected failure before {self.name} ran")
         if fault == "hang":
@@ -372,6 +396,7 @@ class SimCheckpointStore:
         if may_crash and sim.faults.tear_checkpoint(driver.number, driver.points):
             if not sim.atomic_checkpoints:
                 driver.run.checkpoint = bytes(data[: len(data) // 2])
+            sim.fired["torn_checkpoint"] += 1
             sim._log(driver, "checkpoint.torn", detail=f"{len(data)}B atomic={sim.atomic_checkpoints}")
             sim._crash(driver, "killed in the middle of a checkpoint write")
         driver.run.checkpoint = bytes(data)
@@ -381,10 +406,21 @@ class SimCheckpointStore:
 class DurableSimulator:
     """Runs async driver code under simulated Flyte durable semantics. One `seed` fixes every fault and interleaving."""
 
-    def __init__(self, seed: int = 0, faults: FaultPlan | None = None, *, atomic_checkpoints: bool = True) -> None:
+    def __init__(
+        self,
+        seed: int = 0,
+        faults: FaultPlan | None = None,
+        *,
+        atomic_checkpoints: bool = True,
+        tie_break_seed: int | None = None,
+    ) -> None:
         self.seed = seed
         self.faults = faults if faults is not None else FaultPlan(seed=seed)
         self.atomic_checkpoints = atomic_checkpoints
+        self.tie_break_seed = tie_break_seed
+        """None: ready tasks run first-in first-out; an int: each run's ties are shuffled by a seed derived from it."""
+        self.fired: Counter[str] = Counter()
+        """Faults that fired, by kind (task_failure, task_hang, exhausted_task, driver_crash, torn_checkpoint)."""
         self.events: list[Event] = []
         self._cache: dict[tuple[str, str], Any] = {}
         self._runs = 0
@@ -513,7 +549,8 @@ class DurableSimulator:
         strict: tuple[ActionRecord, ...] | None = None,
     ) -> RunResult:
         self._runs += 1
-        loop = VirtualTimeLoop()
+        ties = None if self.tie_break_seed is None else derive_seed("ties", self.tie_break_seed, self._runs)
+        loop = VirtualTimeLoop(ties)
         run = _Run(f"run-{self._runs:04d}", driver, inputs, loop, recover_from=recover_from, strict_history=strict)
         if preload is not None:
             run.journal.update(preload)
@@ -556,6 +593,10 @@ class DurableSimulator:
                 break
             if attempt.crashed or isinstance(error, DriverCrash | asyncio.CancelledError):
                 error = error if isinstance(error, DriverCrash) else DriverCrash("driver attempt killed")
+                if number == retries:
+                    error = DriverAttemptsExhausted(retries + 1, error)
+                    self.fired["exhausted_driver"] += 1
+                    self._log(attempt, "driver.exhausted", detail=f"attempts={retries + 1}")
             else:
                 self._log(attempt, "driver.failed", detail=f"{type(error).__name__}: {error}")
         for action_id in list(run.inflight):
@@ -600,6 +641,7 @@ class DurableSimulator:
         if driver.crash_at == index:
             self._crash(driver, f"at await point {index} ({label})")
         if driver.run.crashes < self.faults.max_driver_crashes and self.faults.crash_driver(driver.number, index):
+            self.fired["driver_crash"] += 1
             self._crash(driver, f"injected at await point {index} ({label})")
 
     def _crash(self, driver: _DriverAttempt, why: str) -> None:

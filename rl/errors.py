@@ -16,6 +16,7 @@ __all__ = [
     "GrpoInputError",
     "MissingAdapterError",
     "NonFiniteRewardError",
+    "RetriesExhaustedError",
     "StaleBatchError",
 ]
 
@@ -54,3 +55,10 @@ class CheckpointConfigMismatchError(CheckpointError):
 
 class MissingAdapterError(CheckpointError):
     """The checkpoint names an adapter or optimizer state that the artifact store no longer has."""
+
+
+class RetriesExhaustedError(RuntimeError):
+    """A task failed on every attempt its retries allowed, or the driver was killed more often than it may retry.
+
+    The run failed; what it finished is kept (Flyte's recover reuses it). The message names the task and what to do.
+    """

@@ -42,7 +42,7 @@ def test_rl_chaos_json_reports_scenarios_failures_rate_and_crash_points(capsys):
 def test_rl_chaos_failure_prints_the_seed_and_the_reproducing_command(capsys, monkeypatch):
     import fakes.chaos as chaos
 
-    def broken(pipelined):
+    def broken(pipelined, trace=False):
         return lambda seed: chaos.ScenarioReport("grpo", seed, ["iteration 2 was trained 2 times"], 1, 2)
 
     monkeypatch.setattr(chaos, "grpo_random", broken)

@@ -1,6 +1,8 @@
 """`rl chaos`: seeded fault scenarios and crash-at-every-await-point sweeps of a loop on the durable simulator.
 
-Exit status 0 only when every invariant held. A failure prints its seed and the command that reproduces it.
+Exit status 0 only when every invariant held. A failure prints its seed and the command that reproduces it; the run
+ends with how many scenarios exercised each fault kind (it fired, not merely was enabled), so coverage is visible.
+`--seed S --trace` explains one scenario: its fault environment, the simulator's event log and a final-state digest.
 """
 
 from __future__ import annotations
@@ -10,6 +12,10 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fakes.chaos import ScenarioReport
 
 LOOPS = ("grpo", "grpo-pipelined", "agentic")
 
@@ -21,42 +27,59 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which.add_argument("--seeds", type=int, default=100, help="run scenarios 0..N-1 (default 100)")
     which.add_argument("--seed", type=int, help="rerun exactly one scenario")
     p.add_argument("--no-sweep", action="store_true", help="skip the kill-at-every-await-point sweep")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="with --seed: print the scenario (enabled faults, rates, budgets), its event log and a final-state digest",
+    )
     p.add_argument("--json", action="store_true", help="end with one JSON object of the results")
     p.set_defaults(func=run)
 
 
-def _scenario_and_sweep(loop: str) -> tuple[Callable[[int], list[str]], Callable[[], tuple[int, list[str]]]]:
+def _scenario_and_sweep(
+    loop: str, trace: bool
+) -> tuple[Callable[[int], ScenarioReport], Callable[[], tuple[int, list[str]]]]:
     if loop == "agentic":
-        from fakes.chaos_agentic import agentic_scenario, agentic_sweep
+        from fakes.chaos_agentic import agentic_report, agentic_sweep
 
-        return agentic_scenario, agentic_sweep
+        return (lambda seed: agentic_report(seed, trace=trace)), agentic_sweep
     from fakes.chaos import grpo_random, grpo_sweep
 
     pipelined = loop == "grpo-pipelined"
-    check = grpo_random(pipelined)
 
     def sweep() -> tuple[int, list[str]]:
         reports = grpo_sweep(pipelined)
         return len(reports), [f"kill at await point {r.seed}: {v}" for r in reports for v in r.violations]
 
-    return (lambda seed: check(seed).violations), sweep
+    return grpo_random(pipelined, trace=trace), sweep
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import track
 
+    from fakes.swarm import coverage
+
     console = Console(stderr=True)
-    scenario, sweep = _scenario_and_sweep(args.loop)
+    if args.trace and args.seed is None:
+        print("rl chaos: --trace explains one scenario: give it with --seed S", file=sys.stderr)
+        return 2
+    scenario, sweep = _scenario_and_sweep(args.loop, args.trace)
     seeds = [args.seed] if args.seed is not None else list(range(args.seeds))
     failures: list[tuple[int, list[str]]] = []
+    reports: list[ScenarioReport] = []
     start = time.perf_counter()
     for seed in track(seeds, description=f"chaos {args.loop}", console=console, disable=len(seeds) < 2):
-        violations = scenario(seed)
-        if violations:
-            failures.append((seed, violations))
+        report = scenario(seed)
+        reports.append(report)
+        if report.violations:
+            failures.append((seed, report.violations))
     scenario_s = time.perf_counter() - start
     sweep_points, sweep_violations = (0, []) if args.no_sweep or args.seed is not None else sweep()
+    for line in reports[0].trace if args.trace else []:
+        print(line)
+    exercised = coverage(reports)
+    exhausted = sum(1 for r in reports if r.error)
     for seed, violations in failures:
         print(f"FAIL seed={seed}: {'; '.join(violations)}")
         print(f"  reproduce: rl chaos --loop {args.loop} --seed {seed}")
@@ -70,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         "failures": len(failures) + len(sweep_violations),
         "scenarios_per_s": round(len(seeds) / scenario_s, 2) if scenario_s > 0 else None,
         "crash_points": sweep_points,
+        "exercised": {kind: exercised.get(kind, 0) for kind in _kinds(args.loop)},
+        "exhausted_then_resumed": exhausted,
         "seconds": round(time.perf_counter() - start, 2),
     }
     verdict = "ok" if summary["failures"] == 0 else "FAILED"
@@ -77,7 +102,19 @@ def run(args: argparse.Namespace) -> int:
         f"chaos {args.loop}: {verdict}: {len(seeds)} random scenarios ({summary['scenarios_per_s']}/s), "
         f"{sweep_points} crash points swept, {summary['failures']} failure(s)"
     )
+    kinds = ", ".join(f"{kind} {n}" for kind, n in summary["exercised"].items())
+    print(f"  scenarios exercising each fault kind: {kinds}; {exhausted} exhausted retries, then resumed")
     if args.json:
         print(json.dumps(summary))
     sys.stdout.flush()
     return 0 if summary["failures"] == 0 else 1
+
+
+def _kinds(loop: str) -> tuple[str, ...]:
+    from fakes.swarm import FAULT_KINDS
+
+    if loop == "agentic":
+        from fakes.chaos_agentic import AGENTIC_KINDS
+
+        return FAULT_KINDS + AGENTIC_KINDS
+    return FAULT_KINDS
