@@ -39,6 +39,21 @@ def test_rl_chaos_json_reports_scenarios_failures_rate_and_crash_points(capsys):
     assert summary["crash_points"] > 60 and summary["scenarios_per_s"] > 0
 
 
+def test_rl_chaos_reports_per_fault_kind_coverage_and_a_trace_explains_one_seed(capsys):
+    """Coverage per fault kind in the JSON and the summary; `--seed S --trace` prints scenario, log and digest."""
+    assert main(["chaos", "--loop", "grpo", "--seeds", "6", "--no-sweep", "--json"]) == 0
+    out = capsys.readouterr().out
+    summary = _json_tail(out)
+    assert set(summary["exercised"]) >= {"task_failure", "driver_crash", "exhausted_task", "exhausted_driver"}
+    assert "scenarios exercising each fault kind:" in out
+    assert main(["chaos", "--loop", "agentic", "--seed", "3", "--trace"]) == 0
+    out = capsys.readouterr().out
+    for needle in ("scenario seed=3", "enabled faults:", "event log:", "driver.start", "final state digest:"):
+        assert needle in out
+    assert main(["chaos", "--loop", "grpo", "--trace"]) == 2
+    assert "--seed" in capsys.readouterr().err
+
+
 def test_rl_chaos_failure_prints_the_seed_and_the_reproducing_command(capsys, monkeypatch):
     import fakes.chaos as chaos
 
