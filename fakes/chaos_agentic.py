@@ -19,6 +19,7 @@ The invariants (`check_agentic_run`), each violation a readable sentence:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections import Counter
 from collections.abc import Callable
@@ -135,6 +136,16 @@ def _world_violations(harness: AgenticSim, seed: int) -> list[str]:
     return violations
 
 
+SHAPE = ("n_steps", "n_worlds", "prompts_per_step", "n_samples")
+RUN_SEEDS = 16
+"""A scenario draws its run seed from 0..RUN_SEEDS-1, so fault-free references repeat and are computed once each."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_reference(seed: int, dead_trials: frozenset[str], shape: tuple[int, ...]) -> AgenticOutcome:
+    return _reference(seed, dead_trials, {**default_inputs(seed), **dict(zip(SHAPE, shape, strict=True))})
+
+
 def _reference(seed: int, dead_trials: frozenset[str], inputs: dict[str, Any]) -> AgenticOutcome:
     clean = {**inputs, "flaky_trial_rate": 0.0, "judge_flake_rate": 0.0, "crash_driver_at_step": -1}
     result = AgenticSim(seed, dead_trials=dead_trials).run(retries=0, **clean)
@@ -161,7 +172,7 @@ def agentic_swarm(seed: int) -> tuple[Swarm, dict[str, Any], frozenset[str]]:
     """The scenario of `seed`: its swarm draw (the loop's knobs in `knobs`), the run's inputs and its dead trials."""
     rng = swarm_rng("agentic", seed)
     swarm = draw_swarm(
-        rng, seed, run_seeds=1 << 16, tasks=AGENTIC_RETRY_BUDGETS, kinds=FAULT_KINDS, exhaust_tasks=EXHAUSTIBLE
+        rng, seed, run_seeds=RUN_SEEDS, tasks=AGENTIC_RETRY_BUDGETS, kinds=FAULT_KINDS, exhaust_tasks=EXHAUSTIBLE
     )
     n_steps = rng.randint(1, 3)
     inputs = {
@@ -196,7 +207,7 @@ def agentic_report(seed: int, *, trace: bool = False) -> ScenarioReport:
     if "crash_at_step" in swarm.enabled and swarm.driver_retries == 0:
         swarm = replace(swarm, driver_retries=1)  # the scripted crash needs a second attempt to be a crash, not an end
     knobs = {k: v for k, v in swarm.knobs.items() if k != "dead_trials"}
-    reference = _reference(run_seed, dead, inputs)
+    reference = _cached_reference(run_seed, dead, tuple(inputs[k] for k in SHAPE))
     jitter = swarm.jitter_scale
 
     def trial_delay_s(trial_id: str) -> float:
@@ -246,7 +257,7 @@ def agentic_report(seed: int, *, trace: bool = False) -> ScenarioReport:
 
 
 def _shape(inputs: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={inputs[k]}" for k in ("n_steps", "n_worlds", "prompts_per_step", "n_samples"))
+    return ", ".join(f"{k}={inputs[k]}" for k in SHAPE)
 
 
 def agentic_digest(outcome: AgenticOutcome) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import hashlib
 import inspect
 import pickle
 from collections import Counter
@@ -230,6 +231,35 @@ def _copy(value: T) -> T:
     return _thaw(_freeze(value))
 
 
+_DIGESTS: dict[bytes, str] = {}
+
+
+def _inputs_digest(task: str, inputs: dict[str, Any]) -> str:
+    """`content_digest(task, inputs)`, memoised process-wide by the inputs' pickle.
+
+    The canonical JSON digest was a fifth of a chaos scenario, and replays, reruns and same-seed scenarios ask it for
+    the same inputs again and again. Equal pickles are equal values, so a hit returns the digest the canonical form
+    would; equal values that pickle differently (another dict order) merely miss and compute it.
+    """
+    try:
+        pickled = pickle.dumps((task, inputs), protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return content_digest(task, inputs)
+    key = hashlib.blake2b(pickled, digest_size=16).digest()
+    digest = _DIGESTS.get(key)
+    if digest is None:
+        if len(_DIGESTS) >= 1 << 16:
+            _DIGESTS.clear()
+        digest = _DIGESTS[key] = content_digest(task, inputs)
+    return digest
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _action_id(scope: str, task: str, digest: str, occurrence: int) -> str:
+    """An action's identity (recorded histories pin it: never change the formula)."""
+    return content_digest(scope, task, digest, occurrence)[:16]
+
+
 class SimTask:
     """A task of the simulator: `await task(*args)` inside a simulated run issues one durable action."""
 
@@ -260,11 +290,11 @@ class SimTask:
         bound = self._signature.bind(*args, **kwargs)
         bound.apply_defaults()
         inputs = dict(bound.arguments)
-        digest = content_digest(self.name, inputs)
+        digest = _inputs_digest(self.name, inputs)
         scope = _TASK.get().action_id if _TASK.get() is not None else "driver"  # type: ignore[union-attr]
         occurrence = driver.occurrences[(self.name, digest)]
         driver.occurrences[(self.name, digest)] += 1
-        action_id = content_digest(scope, self.name, digest, occurrence)[:16]
+        action_id = _action_id(scope, self.name, digest, occurrence)
         issued = ActionRecord(action_id, self.name)
 
         sim._await_point(driver, f"call {self.name}")

@@ -6,7 +6,7 @@ always drowned by a common one); a swarm of plans, each with a few kinds on at t
 fixed mix does not. `draw_swarm(seed, ...)` draws, from `seed` alone:
 
 - the run seed (which prompts, which initial weights);
-- which fault kinds are enabled (each on with probability 1/2, exhaustion 1/4) and each enabled kind's rate;
+- which fault kinds are enabled (each on with probability 1/2, exhaustion 1/6) and each enabled kind's rate;
 - the tasks' retry budgets and the driver's, including budgets a scenario is meant to run out of;
 - the latency model's scale and jitter, and the seed that breaks ties among tasks ready at the same instant.
 
@@ -31,8 +31,8 @@ from rl.seeding import derive_seed
 
 FAULT_KINDS = ("task_failure", "task_hang", "driver_crash", "torn_checkpoint", "exhausted_task", "exhausted_driver")
 
-# Exhaustion ends a run early, so it is on in a quarter of scenarios; every other kind in half.
-ENABLE_P = {"exhausted_task": 0.25, "exhausted_driver": 0.25}
+# Exhaustion ends a run early (its liveness phase runs it again), so each is on in a sixth of scenarios; others half.
+ENABLE_P = {"exhausted_task": 1 / 6, "exhausted_driver": 1 / 6}
 
 # Rates each kind may be drawn with: from "rare, one run in a few" to "most actions".
 RATES: dict[str, tuple[float, ...]] = {
