@@ -156,6 +156,8 @@ def _reference(seed: int, dead_trials: frozenset[str], inputs: dict[str, Any]) -
 
 
 AGENTIC_KINDS = ("dead_trial", "flaky_trial", "judge_flake", "crash_at_step")
+SIM_KINDS = tuple(kind for kind in FAULT_KINDS if kind != "torn_checkpoint")
+"""The agentic driver keeps no checkpoint (its trainer holds the state), so a torn checkpoint write cannot happen."""
 AGENTIC_RETRY_BUDGETS = {
     BUILD_WORLD: (0, 1),
     GENERATE: (1, 2, 3),
@@ -172,7 +174,7 @@ def agentic_swarm(seed: int) -> tuple[Swarm, dict[str, Any], frozenset[str]]:
     """The scenario of `seed`: its swarm draw (the loop's knobs in `knobs`), the run's inputs and its dead trials."""
     rng = swarm_rng("agentic", seed)
     swarm = draw_swarm(
-        rng, seed, run_seeds=RUN_SEEDS, tasks=AGENTIC_RETRY_BUDGETS, kinds=FAULT_KINDS, exhaust_tasks=EXHAUSTIBLE
+        rng, seed, run_seeds=RUN_SEEDS, tasks=AGENTIC_RETRY_BUDGETS, kinds=SIM_KINDS, exhaust_tasks=EXHAUSTIBLE
     )
     n_steps = rng.randint(1, 3)
     inputs = {

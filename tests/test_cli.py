@@ -54,6 +54,17 @@ def test_rl_chaos_reports_per_fault_kind_coverage_and_a_trace_explains_one_seed(
     assert "--seed" in capsys.readouterr().err
 
 
+def test_rl_chaos_in_two_processes_reports_what_one_process_does(capsys):
+    """Scenarios are seeded and independent: `--jobs 2` changes the speed, never the reports."""
+    summaries = []
+    for jobs in ("1", "2"):
+        assert main(["chaos", "--loop", "agentic", "--seeds", "10", "--no-sweep", "--jobs", jobs, "--json"]) == 0
+        summary = _json_tail(capsys.readouterr().out)
+        summaries.append({k: summary[k] for k in ("scenarios", "failures", "exercised", "exhausted_then_resumed")})
+    assert summaries[0] == summaries[1]
+    assert "torn_checkpoint" not in summaries[0]["exercised"]  # the agentic driver keeps no checkpoint
+
+
 def test_rl_chaos_failure_prints_the_seed_and_the_reproducing_command(capsys, monkeypatch):
     import fakes.chaos as chaos
 

@@ -8,10 +8,14 @@ ends with how many scenarios exercised each fault kind (it fired, not merely was
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
+import multiprocessing
+import multiprocessing.pool
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -27,6 +31,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which.add_argument("--seeds", type=int, default=100, help="run scenarios 0..N-1 (default 100)")
     which.add_argument("--seed", type=int, help="rerun exactly one scenario")
     p.add_argument("--no-sweep", action="store_true", help="skip the kill-at-every-await-point sweep")
+    p.add_argument(
+        "--jobs",
+        type=_positive,
+        default=1,
+        help="run the random scenarios in N processes (default 1); results and output do not depend on N",
+    )
     p.add_argument(
         "--trace",
         action="store_true",
@@ -54,6 +64,33 @@ def _scenario_and_sweep(
     return grpo_random(pipelined, trace=trace), sweep
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+@functools.cache
+def _worker_scenario(loop: str) -> Callable[[int], ScenarioReport]:
+    return _scenario_and_sweep(loop, False)[0]
+
+
+def _in_worker(loop: str, seed: int) -> ScenarioReport:
+    """One scenario in a pool process: each process caches its own uninterrupted references."""
+    return _worker_scenario(loop)(seed)
+
+
+@contextlib.contextmanager
+def _pool(jobs: int) -> Iterator[multiprocessing.pool.Pool | None]:
+    """Scenarios are independent and seeded, so N processes give the reports one process would, in seed order."""
+    if jobs == 1:
+        yield None
+        return
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        yield pool
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import track
@@ -69,11 +106,16 @@ def run(args: argparse.Namespace) -> int:
     failures: list[tuple[int, list[str]]] = []
     reports: list[ScenarioReport] = []
     start = time.perf_counter()
-    for seed in track(seeds, description=f"chaos {args.loop}", console=console, disable=len(seeds) < 2):
-        report = scenario(seed)
-        reports.append(report)
-        if report.violations:
-            failures.append((seed, report.violations))
+    with _pool(args.jobs if len(seeds) > 1 else 1) as pool:
+        results = (
+            pool.imap(functools.partial(_in_worker, args.loop), seeds, chunksize=8) if pool else map(scenario, seeds)
+        )
+        for report in track(
+            results, total=len(seeds), description=f"chaos {args.loop}", console=console, disable=len(seeds) < 2
+        ):
+            reports.append(report)
+            if report.violations:
+                failures.append((report.seed, report.violations))
     scenario_s = time.perf_counter() - start
     sweep_points, sweep_violations = (0, []) if args.no_sweep or args.seed is not None else sweep()
     for line in reports[0].trace if args.trace else []:
@@ -114,7 +156,7 @@ def _kinds(loop: str) -> tuple[str, ...]:
     from fakes.swarm import FAULT_KINDS
 
     if loop == "agentic":
-        from fakes.chaos_agentic import AGENTIC_KINDS
+        from fakes.chaos_agentic import AGENTIC_KINDS, SIM_KINDS
 
-        return FAULT_KINDS + AGENTIC_KINDS
+        return SIM_KINDS + AGENTIC_KINDS
     return FAULT_KINDS
