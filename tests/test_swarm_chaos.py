@@ -7,8 +7,9 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fakes.agentic_sim import AgenticSim, default_inputs
 from fakes.chaos import CHAOS_GRPO, _grpo_reference, grpo_random, grpo_swarm, resume_violations
-from fakes.chaos_agentic import agentic_report
+from fakes.chaos_agentic import _reference, agentic_report, check_agentic_run
 from fakes.durable_sim import DriverAttemptsExhausted, DurableSimulator, TaskFailed
 from fakes.faults import FaultPlan
 from fakes.grpo_sim import TRAIN, grpo_sim, lineage_violations, outcome_violations
@@ -190,3 +191,28 @@ def test_hypothesis_fault_plans_keep_every_grpo_invariant(data):
     assert result.ok, result.error
     reference = grpo_sim(config, seed=0).run().output
     assert outcome_violations(reference, result.output) + lineage_violations(config, setup, result.output) == []
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.data())
+def test_hypothesis_fault_plans_keep_every_agentic_invariant(data):
+    """The agentic loop under a drawn plan and drawn knobs; a failure shrinks towards no faults and no knobs."""
+    rate = st.sampled_from([0.0, 0.1, 0.3])
+    plan = FaultPlan(
+        seed=data.draw(st.integers(0, 2**16), label="seed"),
+        task_failure_p=data.draw(rate, label="task_failure_p"),
+        task_hang_p=data.draw(rate, label="task_hang_p"),
+        driver_crash_p=data.draw(st.sampled_from([0.0, 0.03, 0.1]), label="driver_crash_p"),
+        max_driver_crashes=data.draw(st.integers(1, 3), label="max_driver_crashes"),
+    )
+    knobs = {
+        "flaky_trial_rate": data.draw(st.sampled_from([0.0, 0.25, 0.5]), label="flaky_trial_rate"),
+        "judge_flake_rate": data.draw(st.sampled_from([0.0, 0.3, 0.6]), label="judge_flake_rate"),
+        "crash_driver_at_step": data.draw(st.sampled_from([-1, 0, 1]), label="crash_driver_at_step"),
+    }
+    shape = {"n_steps": 2, "n_worlds": 2, "prompts_per_step": 2, "n_samples": 1}
+    tie_break_seed = data.draw(st.none() | st.integers(0, 2**16), label="tie_break_seed")
+    harness = AgenticSim(0, plan, tie_break_seed=tie_break_seed)
+    result = harness.run(retries=plan.max_driver_crashes + 2, **shape, **knobs)
+    reference = _reference(0, frozenset(), {**default_inputs(0), **shape})
+    assert check_agentic_run(harness, result, reference) == []
