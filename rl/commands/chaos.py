@@ -87,7 +87,8 @@ def _pool(jobs: int) -> Iterator[multiprocessing.pool.Pool | None]:
     if jobs == 1:
         yield None
         return
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+    # spawn, not fork: a forked child inherits its parent's threads and pipes (a pytest-xdist worker's channel, say).
+    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
         yield pool
 
 
