@@ -13,8 +13,11 @@ reproduces them:
 - `rerun(run, recover=True, **changed)`: a new run reusing every action of the old one whose identity is unchanged;
 - inputs and outputs are copied at every boundary, so a consumer cannot mutate a producer's value (`flyte.io.Dir`);
 - `timeout_s` per task, on the virtual clock;
-- crash injection: kill the driver at its N-th await point, or follow a seeded `FaultPlan`;
-- an event log that is identical byte for byte for the same seed;
+- crash injection: kill the driver at its N-th await point, or follow a seeded `FaultPlan` (`fired` counts, by kind,
+  the faults that really fired); a task out of retries fails as `TaskFailed`, a driver killed on its last attempt as
+  `DriverAttemptsExhausted`, both `rl.errors.RetriesExhaustedError`s that name what ran out and what to do;
+- `tie_break_seed`: tasks ready at the same virtual instant run in an order drawn from it (FIFO without it);
+- an event log that is identical byte for byte for the same seed (fault firings included: `fault.task`);
 - `check_replay`: run changed driver code against a recorded history and report the first diverging action.
 
 Public surface: `DurableSimulator`, `RunResult`, `ReplayReport`, `attempt_number`, `run_name`, and the exceptions below.
