@@ -35,7 +35,7 @@ from fakes.grpo_sim import (
     outcome_violations,
 )
 from fakes.grpo_tiers import LatencyModel
-from fakes.swarm import Swarm, draw_swarm, swarm_rng
+from fakes.swarm import Swarm, draw_swarm, swarm_rng, trace_summary
 from rl.loop.grpo import GrpoConfig, GrpoOutcome, run_grpo
 
 # The issue's floor: >= 4 iterations of >= 4 groups x 4 samples.
@@ -184,7 +184,9 @@ def _grpo_swarm_check(
     lines: list[str] = []
     if trace:
         lines = [*swarm.describe(), "event log:", *sim.log_lines()]
-        lines.append(f"result: {'ok' if final.ok else f'FAILED {final.error!r}'}")
+        outcome = "ok" if final.ok else f"FAILED {final.error!r}"
+        first = f" after the first run failed with {error}" if error else ""
+        lines += trace_summary(sim, f"result: {outcome}{first}")
         if final.ok:
             lines.append(f"final state digest: {state_digest(final.output)} (reference {state_digest(reference)})")
     exercised = frozenset(kind for kind, n in sim.fired.items() if n)

@@ -30,7 +30,7 @@ from fakes.agentic_sim import BUILD_WORLD, GENERATE, JUDGE, SETUP, TRAIN_STEP, A
 from fakes.chaos import ScenarioReport, exhaustion_violations
 from fakes.durable_sim import RunResult
 from fakes.memory_worlds import MemoryWorlds
-from fakes.swarm import FAULT_KINDS, Swarm, draw_swarm, swarm_rng
+from fakes.swarm import FAULT_KINDS, Swarm, draw_swarm, swarm_rng, trace_summary
 from rl.agentic.world import ANSWER_FILE, SCRATCH_FILE, world_files
 from rl.loop.agentic import AgenticOutcome, trial_specs, world_ids_for
 
@@ -251,7 +251,9 @@ def agentic_report(seed: int, *, trace: bool = False) -> ScenarioReport:
     lines: list[str] = []
     if trace:
         lines = [*swarm.describe(), f"shape: {_shape(inputs)}", "event log:", *sim.log_lines()]
-        lines.append(f"result: {'ok' if final.ok else f'FAILED {final.error!r}'}")
+        outcome = "ok" if final.ok else f"FAILED {final.error!r}"
+        first = f" after the first run failed with {error}" if error else ""
+        lines += trace_summary(sim, f"result: {outcome}{first}")
         if final.ok:
             lines.append(f"final state digest: {agentic_digest(final.output)} (reference {agentic_digest(reference)})")
     crashes = result.crashes + (final.crashes if final is not result else 0)

@@ -142,3 +142,12 @@ def coverage(reports: Iterable[object]) -> dict[str, int]:
         for kind in getattr(report, "exercised", ()):
             counts[kind] = counts.get(kind, 0) + 1
     return counts
+
+
+def trace_summary(sim: object, result_line: str) -> list[str]:
+    """The lines after a trace's event log: the faults that fired, where the driver died, and the outcome."""
+    fired = getattr(sim, "fired", {})
+    events = getattr(sim, "events", [])
+    counts = ", ".join(f"{kind} {n}" for kind, n in sorted(fired.items()) if n) or "none"
+    crashes = [f"{e.run} d{e.attempt} {e.detail}" for e in events if e.kind == "driver.crash"]
+    return [f"faults fired: {counts}", f"crash points: {'; '.join(crashes) or 'none'}", result_line]
