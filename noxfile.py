@@ -159,11 +159,17 @@ def readme(session: nox.Session) -> None:
 
 @nox.session
 def chaos(session: nox.Session) -> None:
-    """1,000 seeded fault scenarios per loop (GRPO, pipelined GRPO, agentic) plus a kill-at-every-point sweep."""
+    """1,000 swarm fault scenarios per loop (GRPO, pipelined GRPO, agentic: faults, rates, budgets, latencies and
+    interleavings drawn from each seed; some exhaust retries, then resume) plus a kill-at-every-point sweep, on every
+    core; then the real CPU demo, SIGKILLed at seeded moments and resumed, must end bit for bit as an uninterrupted run.
+    `nox -s chaos -- 200` runs 200 scenarios per loop."""
     _install_cpu(session)
     seeds = session.posargs[0] if session.posargs else "1000"
+    jobs = str(min(os.cpu_count() or 1, 4))
     for loop in ("grpo", "grpo-pipelined", "agentic"):
-        session.run("rl", "chaos", "--loop", loop, "--seeds", seeds, env=HYPOTHESIS_ENV)
+        session.run("rl", "chaos", "--loop", loop, "--seeds", seeds, "--jobs", jobs, env=HYPOTHESIS_ENV)
+    kills = ("--iterations", "3", "--kills", "4", "--seed", "0")
+    session.run("python", "-m", "fakes.process_kills", *kills, env=HYPOTHESIS_ENV)
 
 
 @nox.session

@@ -45,6 +45,9 @@ JUDGE_CALL = "judge.call_judge"
 SETUP = "trainer.setup_trainer"
 TRAIN_STEP = "trainer.train_step"
 
+TASK_RETRIES = {BUILD_WORLD: 0, GENERATE: 1, JUDGE: 2, SETUP: 0, TRAIN_STEP: 1}
+"""Each task's retry budget: the seed's options."""
+
 FIRST_TRAINER_PID = 4100
 
 AgenticDriver = Callable[..., Awaitable[AgenticOutcome]]
@@ -136,12 +139,23 @@ class FlakySandboxTier(SandboxTier):
 class SimAgenticTiers:
     """The `rl.loop.agentic.AgenticTiers` of one simulator: each method a task with the seed's options."""
 
-    def __init__(self, sim: DurableSimulator, sandbox: SandboxTier, judge: JudgeTier, trainer: TrainerTier) -> None:
-        self.build_world = sim.task(sandbox.build_world, name=BUILD_WORLD, cache=True)
-        self.generate = sim.task(sandbox.generate, name=GENERATE, retries=1, timeout_s=300)
-        self.verify_and_judge = sim.task(judge.verify_and_judge, name=JUDGE, retries=2)
-        self.setup_trainer = sim.task(trainer.setup_trainer, name=SETUP)
-        self.train_step = sim.task(trainer.train_step, name=TRAIN_STEP, retries=1, timeout_s=600)
+    def __init__(
+        self,
+        sim: DurableSimulator,
+        sandbox: SandboxTier,
+        judge: JudgeTier,
+        trainer: TrainerTier,
+        retries: dict[str, int] | None = None,
+    ) -> None:
+        budget = {**TASK_RETRIES, **(retries or {})}
+        unknown = set(budget) - set(TASK_RETRIES)
+        if unknown:
+            raise ValueError(f"retries names unknown tasks {sorted(unknown)}; known: {sorted(TASK_RETRIES)}")
+        self.build_world = sim.task(sandbox.build_world, name=BUILD_WORLD, cache=True, retries=budget[BUILD_WORLD])
+        self.generate = sim.task(sandbox.generate, name=GENERATE, retries=budget[GENERATE], timeout_s=300)
+        self.verify_and_judge = sim.task(judge.verify_and_judge, name=JUDGE, retries=budget[JUDGE])
+        self.setup_trainer = sim.task(trainer.setup_trainer, name=SETUP, retries=budget[SETUP])
+        self.train_step = sim.task(trainer.train_step, name=TRAIN_STEP, retries=budget[TRAIN_STEP], timeout_s=600)
 
     @staticmethod
     def driver_attempt() -> int:
@@ -182,9 +196,11 @@ class AgenticSim:
         driver: AgenticDriver = train,
         judge_tier: JudgeTierFactory = traced_judge_tier,
         policy_trainer: TrainerFactory = bandit_trainer,
+        retries: dict[str, int] | None = None,
+        tie_break_seed: int | None = None,
     ) -> None:
         self.seed = seed
-        self.sim = DurableSimulator(seed, faults=faults)
+        self.sim = DurableSimulator(seed, faults=faults, tie_break_seed=tie_break_seed)
         self.worlds: WorldStore = worlds if worlds is not None else MemoryWorlds()
         self.judge = BilledJudge(judge_latency_s)
         self.cluster = RunScopedCluster(factory=policy_trainer)
@@ -193,7 +209,7 @@ class AgenticSim:
             self.worlds, dead_trials=dead_trials, tool_latency_s=tool_latency_s, trial_delay_s=trial_delay_s
         )
         judge = judge_tier(self.judge, lambda fn: self.sim.trace(fn, name=JUDGE_CALL), attempt_number)
-        self.tiers = SimAgenticTiers(self.sim, sandbox, judge, TrainerTier(self.cluster.attach))
+        self.tiers = SimAgenticTiers(self.sim, sandbox, judge, TrainerTier(self.cluster.attach), retries)
 
     async def driver(self, **inputs: Any) -> AgenticOutcome:
         return await self.driver_fn(self.tiers, **inputs)

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from fakes.chaos import grpo_random
+from fakes.chaos_agentic import agentic_report
 from fakes.durable_sim import DurableSimulator
 from fakes.grpo_sim import Latencies, grpo_sim
 from fakes.grpo_tiers import LatencyModel
@@ -41,16 +42,27 @@ def replay_speed(actions: int = 2000) -> dict[str, float]:
     return {"replay_ms_per_action": 1000 * elapsed / actions, "replayed_actions_per_s": actions / elapsed}
 
 
-def scenario_speed(scenarios: int = 40) -> dict[str, float]:
-    """Random fault scenarios (crashes, retries, torn checkpoints) of the GRPO loop on fakes, invariants checked."""
+def scenario_speed(scenarios: int = 100) -> dict[str, float]:
+    """Swarm fault scenarios of the GRPO and agentic loops on fakes, every invariant checked, in this one process.
+
+    References are warmed first (a long `rl chaos` run computes each once), so the rates are the steady state.
+    """
     check = grpo_random(pipelined=False)
-    check(0)  # warm the reference runs' cache for a fair rate
-    for s in range(1, 8):
-        check(s)
+    for seed in range(scenarios):
+        check(seed)  # warms the uninterrupted references of every run seed
     start = time.perf_counter()
-    failures = sum(not check(seed).ok for seed in range(scenarios))
-    elapsed = time.perf_counter() - start
-    return {"scenarios_per_s": scenarios / elapsed, "scenario_failures": failures}
+    failures = sum(not check(seed).ok for seed in range(scenarios, 2 * scenarios))
+    grpo_s = time.perf_counter() - start
+    for seed in range(scenarios):
+        agentic_report(seed)
+    start = time.perf_counter()
+    failures += sum(not agentic_report(seed).ok for seed in range(scenarios, 2 * scenarios))
+    agentic_s = time.perf_counter() - start
+    return {
+        "scenarios_per_s": scenarios / grpo_s,
+        "agentic_scenarios_per_s": scenarios / agentic_s,
+        "scenario_failures": failures,
+    }
 
 
 def _steady_iteration_s(pipelined: bool, iterations: int = 8) -> float:

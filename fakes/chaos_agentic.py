@@ -1,8 +1,12 @@
 """Chaos for the agentic loop: seeded fault scenarios and a kill-at-every-await-point sweep, checked against invariants.
 
-`agentic_scenario(seed)` draws one scenario from `seed` — the run's shape, dead trials (sandboxes that die on every
-attempt), the seed's flaky-trial and judge-flake rates, a `crash_driver_at_step`, and a `FaultPlan` of task failures
-(before or after the body), hung sandboxes and driver crashes — runs it, and returns the violated invariants.
+`agentic_scenario(seed)` draws one swarm scenario from `seed` (`fakes.swarm`): the run's shape, which fault kinds are
+on and their rates — the simulator's (task failures before or after the body, hung sandboxes, driver crashes, outages
+that exhaust a task's retries, a driver short of attempts) and the loop's own (dead trials, flaky sandboxes, judge
+flakes, a scripted `crash_driver_at_step`) — the retry budgets, the latencies and the tie-breaking of simultaneous
+tasks; runs it, and returns the violated invariants. A run that exhausted retries must fail with a
+`RetriesExhaustedError` naming the task; the outage then ends and `rerun(recover=True)` must reach the uninterrupted
+result without executing again any action the failed run committed.
 `agentic_sweep()` kills the driver at every await point of the seed's failure-injected run in turn.
 
 The invariants (`check_agentic_run`), each violation a readable sentence:
@@ -15,18 +19,20 @@ The invariants (`check_agentic_run`), each violation a readable sentence:
 
 from __future__ import annotations
 
-import random
+import functools
+import hashlib
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
-from fakes.agentic_sim import AgenticSim, default_inputs
+from fakes.agentic_sim import BUILD_WORLD, GENERATE, JUDGE, SETUP, TRAIN_STEP, AgenticSim, default_inputs
+from fakes.chaos import ScenarioReport, exhaustion_violations
 from fakes.durable_sim import RunResult
-from fakes.faults import FaultPlan
 from fakes.memory_worlds import MemoryWorlds
+from fakes.swarm import FAULT_KINDS, Swarm, draw_swarm, swarm_rng, trace_summary
 from rl.agentic.world import ANSWER_FILE, SCRATCH_FILE, world_files
 from rl.loop.agentic import AgenticOutcome, trial_specs, world_ids_for
-from rl.seeding import derive_seed
 
 SEED_FAILURES: dict[str, Any] = {"flaky_trial_rate": 0.25, "judge_flake_rate": 0.3}
 """The seed's failure-injected run (without its driver crash, which the sweep supplies at every point instead)."""
@@ -49,9 +55,17 @@ def all_trial_ids(inputs: dict[str, Any]) -> list[str]:
 
 
 def check_agentic_run(
-    harness: AgenticSim, result: RunResult, reference: AgenticOutcome, dead_trials: frozenset[str] = frozenset()
+    harness: AgenticSim,
+    result: RunResult,
+    reference: AgenticOutcome,
+    dead_trials: frozenset[str] = frozenset(),
+    *,
+    resumed: bool = False,
 ) -> list[str]:
-    """Every invariant of the agentic loop for one finished run; empty when all hold."""
+    """Every invariant of the agentic loop for one finished run; empty when all hold.
+
+    `resumed`: the run is a `rerun(recover=True)` of a failed one, whose trainer and judge bills count too.
+    """
     if not result.ok:
         return [f"the run did not finish: {type(result.error).__name__}: {result.error}"]
     inputs, outcome = result.inputs, result.output
@@ -87,18 +101,23 @@ def check_agentic_run(
             for step in steps:
                 if applications[step] != 1:
                     violations.append(f"training step {step} applied {applications[step]} times; want once")
-    if len(harness.cluster.trainers) != 1:
+    if not resumed and len(harness.cluster.trainers) != 1:
         violations.append(f"{len(harness.cluster.trainers)} trainers were created; the run's one should survive")
     identities = sorted({h.actor_pid for h in outcome.history})
     if len(identities) != 1:
         violations.append(f"steps ran on trainer identities {identities}; want one across driver attempts")
     if [h.step for h in outcome.history] != steps:
         violations.append(f"history has steps {[h.step for h in outcome.history]}; want {steps}")
-    elif outcome.history != reference.history:
+    elif _pidless(outcome.history, resumed) != _pidless(reference.history, resumed):
         first = next(i for i, (a, b) in enumerate(zip(outcome.history, reference.history, strict=True)) if a != b)
         violations.append(f"step {first} differs from the uninterrupted run's (weights or summary)")
     violations.extend(_world_violations(harness, inputs["seed"]))
     return violations
+
+
+def _pidless(history: list[Any], resumed: bool) -> list[Any]:
+    """A fresh run after a failed one trains on its own trainer, a new process: only its pid may differ."""
+    return [h.model_copy(update={"actor_pid": 0}) for h in history] if resumed else history
 
 
 def _world_violations(harness: AgenticSim, seed: int) -> list[str]:
@@ -117,6 +136,16 @@ def _world_violations(harness: AgenticSim, seed: int) -> list[str]:
     return violations
 
 
+SHAPE = ("n_steps", "n_worlds", "prompts_per_step", "n_samples")
+RUN_SEEDS = 16
+"""A scenario draws its run seed from 0..RUN_SEEDS-1, so fault-free references repeat and are computed once each."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_reference(seed: int, dead_trials: frozenset[str], shape: tuple[int, ...]) -> AgenticOutcome:
+    return _reference(seed, dead_trials, {**default_inputs(seed), **dict(zip(SHAPE, shape, strict=True))})
+
+
 def _reference(seed: int, dead_trials: frozenset[str], inputs: dict[str, Any]) -> AgenticOutcome:
     clean = {**inputs, "flaky_trial_rate": 0.0, "judge_flake_rate": 0.0, "crash_driver_at_step": -1}
     result = AgenticSim(seed, dead_trials=dead_trials).run(retries=0, **clean)
@@ -126,35 +155,124 @@ def _reference(seed: int, dead_trials: frozenset[str], inputs: dict[str, Any]) -
     return result.output
 
 
-def agentic_scenario(seed: int) -> list[str]:
-    """Run one seeded random fault scenario; the violated invariants, each with its reason (empty when all hold)."""
-    rng = random.Random(derive_seed("agentic-chaos", seed))
+AGENTIC_KINDS = ("dead_trial", "flaky_trial", "judge_flake", "crash_at_step")
+SIM_KINDS = tuple(kind for kind in FAULT_KINDS if kind != "torn_checkpoint")
+"""The agentic driver keeps no checkpoint (its trainer holds the state), so a torn checkpoint write cannot happen."""
+AGENTIC_RETRY_BUDGETS = {
+    BUILD_WORLD: (0, 1),
+    GENERATE: (1, 2, 3),
+    JUDGE: (1, 2, 3),
+    SETUP: (0, 1),
+    TRAIN_STEP: (0, 1, 2),
+}
+"""Generate and judge keep >= 1 retry: the seed's flaky sandboxes and judges fail attempt 0, and must be survivable."""
+EXHAUSTIBLE = frozenset({SETUP, TRAIN_STEP})
+"""A generate or judge that exhausts its retries skips its trial by design (a dead trial); these tasks fail the run."""
+
+
+def agentic_swarm(seed: int) -> tuple[Swarm, dict[str, Any], frozenset[str]]:
+    """The scenario of `seed`: its swarm draw (the loop's knobs in `knobs`), the run's inputs and its dead trials."""
+    rng = swarm_rng("agentic", seed)
+    swarm = draw_swarm(
+        rng, seed, run_seeds=RUN_SEEDS, tasks=AGENTIC_RETRY_BUDGETS, kinds=SIM_KINDS, exhaust_tasks=EXHAUSTIBLE
+    )
     n_steps = rng.randint(1, 3)
     inputs = {
-        **default_inputs(seed),
+        **default_inputs(swarm.run_seed),
         "n_steps": n_steps,
         "n_worlds": rng.randint(1, 3),
         "prompts_per_step": rng.randint(1, 3),
         "n_samples": rng.randint(1, 2),
     }
+    own = {kind for kind in AGENTIC_KINDS if rng.random() < 0.5}
     trials = all_trial_ids(inputs)
-    dead = frozenset(rng.sample(trials, k=rng.randint(0, min(2, len(trials) - 1))))
-    knobs = {
-        "flaky_trial_rate": rng.choice([0.0, 0.25, 0.5]),
-        "judge_flake_rate": rng.choice([0.0, 0.3, 0.6]),
-        "crash_driver_at_step": rng.choice([-1, *range(n_steps)]),
-    }
-    plan = FaultPlan(
-        seed=seed,
-        task_failure_p=rng.choice([0.0, 0.1, 0.3]),
-        task_hang_p=rng.choice([0.0, 0.1]),
-        driver_crash_p=rng.choice([0.0, 0.02, 0.05]),
-        max_driver_crashes=3,
+    if len(trials) < 2:
+        own.discard("dead_trial")  # a step of dead trials only has nothing to train on
+    dead = (
+        frozenset(rng.sample(trials, k=rng.randint(1, min(2, len(trials) - 1)))) if "dead_trial" in own else frozenset()
     )
-    reference = _reference(seed, dead, inputs)
-    harness = AgenticSim(seed, plan, dead_trials=dead)
-    result = harness.run(retries=plan.max_driver_crashes + 1, **{**inputs, **knobs})
-    return check_agentic_run(harness, result, reference, dead)
+    knobs: dict[str, object] = {
+        "flaky_trial_rate": rng.choice([0.25, 0.5]) if "flaky_trial" in own else 0.0,
+        "judge_flake_rate": rng.choice([0.3, 0.6]) if "judge_flake" in own else 0.0,
+        "crash_driver_at_step": rng.randrange(n_steps) if "crash_at_step" in own else -1,
+    }
+    if dead:
+        knobs["dead_trials"] = ",".join(sorted(dead))
+    return replace(swarm, enabled=swarm.enabled | own, knobs=knobs), inputs, dead
+
+
+def agentic_report(seed: int, *, trace: bool = False) -> ScenarioReport:
+    """Run one seeded swarm scenario and check every invariant (safety, then liveness after an exhausted run)."""
+    swarm, inputs, dead = agentic_swarm(seed)
+    scale = swarm.latency_scale
+    run_seed = swarm.run_seed
+    if "crash_at_step" in swarm.enabled and swarm.driver_retries == 0:
+        swarm = replace(swarm, driver_retries=1)  # the scripted crash needs a second attempt to be a crash, not an end
+    knobs = {k: v for k, v in swarm.knobs.items() if k != "dead_trials"}
+    reference = _cached_reference(run_seed, dead, tuple(inputs[k] for k in SHAPE))
+    jitter = swarm.jitter_scale
+
+    def trial_delay_s(trial_id: str) -> float:
+        return 5.0 * jitter * int.from_bytes(hashlib.blake2b(trial_id.encode(), digest_size=2).digest(), "big") / 65536
+
+    harness = AgenticSim(
+        run_seed,
+        swarm.plan,
+        dead_trials=dead,
+        tool_latency_s=0.2 * scale,
+        judge_latency_s=0.5 * scale,
+        trial_delay_s=trial_delay_s if jitter else None,
+        retries=swarm.task_retries,
+        tie_break_seed=swarm.tie_break_seed,
+    )
+    sim = harness.sim
+    result = harness.run(retries=swarm.driver_retries, **{**inputs, **knobs})
+    final, error = result, ""
+    if result.ok:
+        violations = check_agentic_run(harness, result, reference, dead)
+    else:
+        assert result.error is not None
+        error = f"{type(result.error).__name__}: {result.error}"
+        violations = exhaustion_violations(result.error, swarm.enabled)
+        # The documented resume is a fresh run: the trainer is run-scoped (the seed's ReusePolicy(scope="run")), so a
+        # rerun(recover=True) would replay committed train steps onto a new trainer that never applied them (it fails
+        # with StepOutOfOrderError). A fresh run must still reach the uninterrupted result, billing each trial once.
+        sim.faults = swarm.plan.outage_over()
+        harness.judge.billed.clear()  # the failed run's bills are its own; the fresh run's are checked
+        final = harness.sim.rerun(
+            result, driver=harness.driver, recover=False, retries=swarm.plan.max_driver_crashes + 2
+        )
+        if not final.ok:
+            violations.append(f"the fresh run after {type(result.error).__name__} did not finish: {final.error!r}")
+        else:
+            violations += check_agentic_run(harness, final, reference, dead, resumed=True)
+    exercised = {kind for kind, n in sim.fired.items() if n}
+    exercised |= {k for k in swarm.enabled if k in AGENTIC_KINDS}
+    lines: list[str] = []
+    if trace:
+        lines = [*swarm.describe(), f"shape: {_shape(inputs)}", "event log:", *sim.log_lines()]
+        outcome = "ok" if final.ok else f"FAILED {final.error!r}"
+        first = f" after the first run failed with {error}" if error else ""
+        lines += trace_summary(sim, f"result: {outcome}{first}")
+        if final.ok:
+            lines.append(f"final state digest: {agentic_digest(final.output)} (reference {agentic_digest(reference)})")
+    crashes = result.crashes + (final.crashes if final is not result else 0)
+    return ScenarioReport("agentic", seed, violations, crashes, final.attempts, frozenset(exercised), error, lines)
+
+
+def _shape(inputs: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={inputs[k]}" for k in SHAPE)
+
+
+def agentic_digest(outcome: AgenticOutcome) -> str:
+    """A short digest of a finished agentic run (history with final weights, skipped trials) to compare by eye."""
+    text = repr((outcome.history, sorted(s.trial_id for s in outcome.skipped)))
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def agentic_scenario(seed: int) -> list[str]:
+    """Run one seeded swarm scenario; the violated invariants, each with its reason (empty when all hold)."""
+    return agentic_report(seed).violations
 
 
 def agentic_sweep(

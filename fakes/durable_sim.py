@@ -13,8 +13,11 @@ reproduces them:
 - `rerun(run, recover=True, **changed)`: a new run reusing every action of the old one whose identity is unchanged;
 - inputs and outputs are copied at every boundary, so a consumer cannot mutate a producer's value (`flyte.io.Dir`);
 - `timeout_s` per task, on the virtual clock;
-- crash injection: kill the driver at its N-th await point, or follow a seeded `FaultPlan`;
-- an event log that is identical byte for byte for the same seed;
+- crash injection: kill the driver at its N-th await point, or follow a seeded `FaultPlan` (`fired` counts, by kind,
+  the faults that really fired); a task out of retries fails as `TaskFailed`, a driver killed on its last attempt as
+  `DriverAttemptsExhausted`, both `rl.errors.RetriesExhaustedError`s that name what ran out and what to do;
+- `tie_break_seed`: tasks ready at the same virtual instant run in an order drawn from it (FIFO without it);
+- an event log that is identical byte for byte for the same seed (fault firings included: `fault.task`);
 - `check_replay`: run changed driver code against a recorded history and report the first diverging action.
 
 Public surface: `DurableSimulator`, `RunResult`, `ReplayReport`, `attempt_number`, `run_name`, and the exceptions below.
@@ -25,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import hashlib
 import inspect
 import pickle
 from collections import Counter
@@ -35,7 +39,9 @@ from typing import Any, TypeVar
 
 from fakes.faults import FaultPlan, InjectedTaskFailure
 from fakes.virtual_loop import VirtualTimeLoop
+from rl.errors import RetriesExhaustedError
 from rl.identity import content_digest
+from rl.seeding import derive_seed
 
 T = TypeVar("T")
 
@@ -56,12 +62,26 @@ class ReplayDivergence(BaseException):
         )
 
 
-class TaskFailed(RuntimeError):
+class TaskFailed(RetriesExhaustedError):
     """A task failed on every attempt its retries allowed."""
 
     def __init__(self, task: str, action_id: str, attempts: int, cause: BaseException) -> None:
         self.task, self.action_id, self.attempts, self.cause = task, action_id, attempts, cause
-        super().__init__(f"task {task} ({action_id}) failed after {attempts} attempt(s): {cause!r}")
+        super().__init__(
+            f"task {task} ({action_id}) failed after {attempts} attempt(s), its retries exhausted: {cause!r}; the "
+            "run's finished actions are kept: fix the cause, then rerun with recover=True to resume from them"
+        )
+
+
+class DriverAttemptsExhausted(DriverCrash, RetriesExhaustedError):
+    """The driver was killed on its last allowed attempt: the run is over, its finished actions and checkpoint kept."""
+
+    def __init__(self, attempts: int, last: BaseException) -> None:
+        self.attempts, self.last = attempts, last
+        super().__init__(
+            f"the driver task was killed on all {attempts} attempt(s) its retries allowed (last: {last}); the run's "
+            "finished actions are kept: rerun with recover=True, or give the driver more retries"
+        )
 
 
 class SimUsageError(RuntimeError):
@@ -158,6 +178,9 @@ class _TaskAttempt:
     trace_occurrences: Counter[tuple[str, str]] = field(default_factory=Counter)
 
 
+_FAULT_KIND = {"before": "task_failure", "after": "task_failure", "hang": "task_hang", "exhaust": "exhausted_task"}
+"""A task fault as `DurableSimulator.fired` counts it."""
+
 _DRIVER: ContextVar[_DriverAttempt | None] = ContextVar("rl_sim_driver", default=None)
 _TASK: ContextVar[_TaskAttempt | None] = ContextVar("rl_sim_task", default=None)
 
@@ -211,6 +234,35 @@ def _copy(value: T) -> T:
     return _thaw(_freeze(value))
 
 
+_DIGESTS: dict[bytes, str] = {}
+
+
+def _inputs_digest(task: str, inputs: dict[str, Any]) -> tuple[str, bytes | _Unpicklable]:
+    """`content_digest(task, inputs)`, memoised process-wide by the inputs' pickle; and that frozen record of them.
+
+    The canonical JSON digest was a fifth of a chaos scenario, and replays, reruns and same-seed scenarios ask it for
+    the same inputs again and again. Equal pickles are equal values, so a hit returns the digest the canonical form
+    would; equal values that pickle differently (another dict order) merely miss and compute it. The pickle is also
+    the inputs' durable record, which each attempt thaws into its own copy.
+    """
+    record = _freeze(inputs)
+    if isinstance(record, _Unpicklable):
+        return content_digest(task, inputs), record
+    key = hashlib.blake2b(task.encode() + b"\x00" + record, digest_size=16).digest()
+    digest = _DIGESTS.get(key)
+    if digest is None:
+        if len(_DIGESTS) >= 1 << 16:
+            _DIGESTS.clear()
+        digest = _DIGESTS[key] = content_digest(task, inputs)
+    return digest, record
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _action_id(scope: str, task: str, digest: str, occurrence: int) -> str:
+    """An action's identity (recorded histories pin it: never change the formula)."""
+    return content_digest(scope, task, digest, occurrence)[:16]
+
+
 class SimTask:
     """A task of the simulator: `await task(*args)` inside a simulated run issues one durable action."""
 
@@ -231,6 +283,9 @@ class SimTask:
         self.sim, self.fn, self.name = sim, fn, name
         self.retries, self.cache, self.timeout_s = retries, cache, timeout_s
         self._signature = inspect.signature(fn)
+        plain = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in self._signature.parameters.values())
+        self._positional = tuple(self._signature.parameters) if plain else None
+        """Parameter names, when every parameter may be passed positionally: such calls skip `bind` (~5% of a run)."""
         functools.update_wrapper(self, fn)
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -238,14 +293,17 @@ class SimTask:
         if driver is None:
             raise SimUsageError(f"task {self.name} was called outside DurableSimulator.run(); start a run first")
         sim, run = self.sim, driver.run
-        bound = self._signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        inputs = dict(bound.arguments)
-        digest = content_digest(self.name, inputs)
+        if not kwargs and self._positional is not None and len(args) == len(self._positional):
+            inputs = dict(zip(self._positional, args, strict=True))
+        else:
+            bound = self._signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            inputs = dict(bound.arguments)
+        digest, frozen_inputs = _inputs_digest(self.name, inputs)
         scope = _TASK.get().action_id if _TASK.get() is not None else "driver"  # type: ignore[union-attr]
         occurrence = driver.occurrences[(self.name, digest)]
         driver.occurrences[(self.name, digest)] += 1
-        action_id = content_digest(scope, self.name, digest, occurrence)[:16]
+        action_id = _action_id(scope, self.name, digest, occurrence)
         issued = ActionRecord(action_id, self.name)
 
         sim._await_point(driver, f"call {self.name}")
@@ -273,7 +331,7 @@ class SimTask:
                 # Remotely the retried driver re-submits the same action name, finds it running, and monitors it.
                 sim._log(driver, "action.attached", self.name, action_id)
             else:
-                execution = asyncio.ensure_future(self._run_action(driver, action_id, digest, inputs))
+                execution = asyncio.ensure_future(self._run_action(driver, action_id, digest, frozen_inputs))
                 execution.add_done_callback(_retrieve)
                 run.inflight[action_id] = execution
             # The action outlives a dead driver: cancelling this caller must not cancel the action.
@@ -281,7 +339,9 @@ class SimTask:
         sim._await_point(driver, f"return {self.name}")
         return _thaw(record)
 
-    async def _run_action(self, driver: _DriverAttempt, action_id: str, digest: str, inputs: dict[str, Any]) -> Any:
+    async def _run_action(
+        self, driver: _DriverAttempt, action_id: str, digest: str, inputs: bytes | _Unpicklable
+    ) -> Any:
         """One action's execution, independent of the driver attempt that launched it; records its outcome."""
         sim, run = self.sim, driver.run
         try:
@@ -297,7 +357,7 @@ class SimTask:
         sim._log(driver, "action.completed", self.name, action_id)
         return record
 
-    async def _execute(self, driver: _DriverAttempt, action_id: str, inputs: dict[str, Any]) -> Any:
+    async def _execute(self, driver: _DriverAttempt, action_id: str, inputs: bytes | _Unpicklable) -> Any:
         sim = self.sim
         last: BaseException | None = None
         for attempt in range(self.retries + 1):
@@ -305,6 +365,9 @@ class SimTask:
             fault = sim.faults.task_fault(self.name, action_id, attempt, self.retries)
             if fault == "hang" and self.timeout_s is None:
                 fault = None
+            if fault is not None:
+                sim.fired[_FAULT_KIND[fault]] += 1
+                sim._log(driver, "fault.task", self.name, action_id, f"attempt={attempt} {fault}")
             token = _TASK.set(_TaskAttempt(action_id, attempt))
             try:
                 # asyncio.timeout, unlike wait_for, runs the body in this task: one task fewer per action.
@@ -323,13 +386,15 @@ class SimTask:
         assert last is not None
         raise TaskFailed(self.name, action_id, self.retries + 1, last) from last
 
-    async def _body(self, inputs: dict[str, Any], fault: str | None) -> Any:
+    async def _body(self, inputs: bytes | _Unpicklable, fault: str | None) -> Any:
+        if fault == "exhaust":
+            raise InjectedTaskFailure(f"injected outage: {self.name} cannot run on any attempt (exhausts its retries)")
         if fault == "before":
             raise InjectedTaskFailure(f"injected failure before {self.name} ran")
         if fault == "hang":
             assert self.timeout_s is not None
             await asyncio.sleep(self.timeout_s * 2)
-        output = await self.fn(**_copy(inputs))
+        output = await self.fn(**_thaw(inputs))  # each attempt gets its own copy of the recorded inputs
         if fault == "after":
             raise InjectedTaskFailure(f"injected failure after {self.name} ran, before its result was recorded")
         return output
@@ -372,6 +437,7 @@ class SimCheckpointStore:
         if may_crash and sim.faults.tear_checkpoint(driver.number, driver.points):
             if not sim.atomic_checkpoints:
                 driver.run.checkpoint = bytes(data[: len(data) // 2])
+            sim.fired["torn_checkpoint"] += 1
             sim._log(driver, "checkpoint.torn", detail=f"{len(data)}B atomic={sim.atomic_checkpoints}")
             sim._crash(driver, "killed in the middle of a checkpoint write")
         driver.run.checkpoint = bytes(data)
@@ -381,10 +447,21 @@ class SimCheckpointStore:
 class DurableSimulator:
     """Runs async driver code under simulated Flyte durable semantics. One `seed` fixes every fault and interleaving."""
 
-    def __init__(self, seed: int = 0, faults: FaultPlan | None = None, *, atomic_checkpoints: bool = True) -> None:
+    def __init__(
+        self,
+        seed: int = 0,
+        faults: FaultPlan | None = None,
+        *,
+        atomic_checkpoints: bool = True,
+        tie_break_seed: int | None = None,
+    ) -> None:
         self.seed = seed
         self.faults = faults if faults is not None else FaultPlan(seed=seed)
         self.atomic_checkpoints = atomic_checkpoints
+        self.tie_break_seed = tie_break_seed
+        """None: ready tasks run first-in first-out; an int: each run's ties are shuffled by a seed derived from it."""
+        self.fired: Counter[str] = Counter()
+        """Faults that fired, by kind (task_failure, task_hang, exhausted_task, driver_crash, torn_checkpoint)."""
         self.events: list[Event] = []
         self._cache: dict[tuple[str, str], Any] = {}
         self._runs = 0
@@ -513,7 +590,8 @@ class DurableSimulator:
         strict: tuple[ActionRecord, ...] | None = None,
     ) -> RunResult:
         self._runs += 1
-        loop = VirtualTimeLoop()
+        ties = None if self.tie_break_seed is None else derive_seed("ties", self.tie_break_seed, self._runs)
+        loop = VirtualTimeLoop(ties)
         run = _Run(f"run-{self._runs:04d}", driver, inputs, loop, recover_from=recover_from, strict_history=strict)
         if preload is not None:
             run.journal.update(preload)
@@ -556,6 +634,10 @@ class DurableSimulator:
                 break
             if attempt.crashed or isinstance(error, DriverCrash | asyncio.CancelledError):
                 error = error if isinstance(error, DriverCrash) else DriverCrash("driver attempt killed")
+                if number == retries:
+                    error = DriverAttemptsExhausted(retries + 1, error)
+                    self.fired["exhausted_driver"] += 1
+                    self._log(attempt, "driver.exhausted", detail=f"attempts={retries + 1}")
             else:
                 self._log(attempt, "driver.failed", detail=f"{type(error).__name__}: {error}")
         for action_id in list(run.inflight):
@@ -600,6 +682,7 @@ class DurableSimulator:
         if driver.crash_at == index:
             self._crash(driver, f"at await point {index} ({label})")
         if driver.run.crashes < self.faults.max_driver_crashes and self.faults.crash_driver(driver.number, index):
+            self.fired["driver_crash"] += 1
             self._crash(driver, f"injected at await point {index} ({label})")
 
     def _crash(self, driver: _DriverAttempt, why: str) -> None:

@@ -7,7 +7,7 @@ position, so a fault hits the same action on every run of a seed however the act
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 def _coin(seed: int, *where: object) -> float:
@@ -21,11 +21,14 @@ class FaultPlan:
     """A seeded schedule of faults. All probabilities default to 0 (no faults).
 
     - `task_failure_p`: an attempt of a task raises `InjectedTaskFailure` — before its body runs, or (half the time)
-      after it, so side effects happened but no result was recorded. Only attempts below the task's retry budget fail,
-      so every task still succeeds within its retries.
+      after it, so side effects happened but no result was recorded. Only attempts below the task's retry budget
+      fail, so every task still succeeds within its retries.
     - `task_hang_p`: an attempt of a task with a timeout sleeps past it (a hung sandbox), so the timeout fires.
     - `driver_crash_p`: the driver is killed at an await point; at most `max_driver_crashes` per run.
     - `torn_checkpoint_p`: the driver is killed in the middle of a checkpoint write.
+    - `exhaust_p`: an action of a task in `exhaust_tasks` (every task when empty) fails before its body on *every*
+      attempt, its last included: an outage longer than its retry budget. The task runs out of retries and the run
+      fails with a `RetriesExhaustedError`; `outage_over()` is the plan with the outage ended, for the liveness phase.
     - `fail_after_body`: scripted, not drawn: see the field.
     """
 
@@ -35,18 +38,23 @@ class FaultPlan:
     driver_crash_p: float = 0.0
     torn_checkpoint_p: float = 0.0
     max_driver_crashes: int = 3
+    exhaust_p: float = 0.0
+    exhaust_tasks: frozenset[str] = frozenset()
     fail_after_body: frozenset[str] = frozenset()
     """Tasks (by name) whose every action fails on attempt 0 *after* its body ran: the retry re-sends a request whose
     side effect already happened (a trainer that applied the update, a judge that was billed)."""
 
     def __post_init__(self) -> None:
-        for name in ("task_failure_p", "task_hang_p", "driver_crash_p", "torn_checkpoint_p"):
+        for name in ("task_failure_p", "task_hang_p", "driver_crash_p", "torn_checkpoint_p", "exhaust_p"):
             p = getattr(self, name)
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"FaultPlan.{name} must be a probability in [0, 1], got {p!r}")
 
     def task_fault(self, task: str, action_id: str, attempt: int, retries: int) -> str | None:
-        """'before', 'after' or 'hang' for a faulted attempt; None for a clean one."""
+        """'before', 'after', 'hang' or 'exhaust' (before, every attempt) for a faulted attempt; None if clean."""
+        exhaustible = self.exhaust_p and (not self.exhaust_tasks or task in self.exhaust_tasks)
+        if exhaustible and _coin(self.seed, "exhaust", action_id) < self.exhaust_p:
+            return "exhaust"
         if attempt >= retries:
             return None
         if attempt == 0 and task in self.fail_after_body:
@@ -56,6 +64,10 @@ class FaultPlan:
         if _coin(self.seed, "hang", action_id, attempt) < self.task_hang_p:
             return "hang"
         return None
+
+    def outage_over(self) -> FaultPlan:
+        """This plan after its outage: nothing exhausts retries any more; every other fault stays."""
+        return replace(self, exhaust_p=0.0)
 
     def crash_driver(self, driver_attempt: int, point: int) -> bool:
         return _coin(self.seed, "crash", driver_attempt, point) < self.driver_crash_p

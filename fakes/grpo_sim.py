@@ -18,6 +18,16 @@ from rl.loop.grpo import GrpoConfig, GrpoOutcome, GrpoTiers, run_grpo, sample_pr
 from rl.problems import DigitSuccessor, marked_answer_metrics
 from rl.protocols import StateStore
 
+GENERATE, SCORE, INIT, TRAIN, EVALUATE = (
+    "rollout.generate",
+    "reward.score_group",
+    "train.init_adapter",
+    "train.train_step",
+    "eval.evaluate",
+)
+TASK_RETRIES = {GENERATE: 2, SCORE: 2, INIT: 1, TRAIN: 1, EVALUATE: 1}
+"""The tiers' tasks and their retry budgets (the seeds' options)."""
+
 # A driver with `run_grpo`'s signature: ours, or a fork's under the conformance suite.
 GrpoDriver = Callable[[GrpoConfig, GrpoTiers, StateStore], Awaitable[GrpoOutcome]]
 
@@ -59,8 +69,15 @@ def grpo_sim(
     faults: FaultPlan | None = None,
     latencies: Latencies = Latencies(),
     driver: GrpoDriver = run_grpo,
+    retries: dict[str, int] | None = None,
+    tie_break_seed: int | None = None,
 ) -> GrpoSim:
-    sim = DurableSimulator(seed=seed, faults=faults)
+    """`retries` overrides tasks' retry budgets by name (`{"train.train_step": 0}`); `tie_break_seed` shuffles ties."""
+    budget = {**TASK_RETRIES, **(retries or {})}
+    unknown = set(budget) - set(TASK_RETRIES)
+    if unknown:
+        raise ValueError(f"grpo_sim retries names unknown tasks {sorted(unknown)}; known: {sorted(TASK_RETRIES)}")
+    sim = DurableSimulator(seed=seed, faults=faults, tie_break_seed=tie_break_seed)
     artifacts = MemoryArtifacts()
     prompts = DigitSuccessor()
     engine = FakeEngine(artifacts, latency=latencies.generate)
@@ -72,15 +89,17 @@ def grpo_sim(
     )
     reporter = RecordingReporter()
     tiers = GrpoTiers(
-        engine=sim.tier(engine, "rollout", generate={"retries": 2, "timeout_s": 600.0}),
-        scorer=sim.tier(FakeScorer(latency=latencies.score), "reward", score_group={"retries": 2}),
-        trainer=sim.tier(trainer, "train", init_adapter={"retries": 1}, train_step={"retries": 1}),
+        engine=sim.tier(engine, "rollout", generate={"retries": budget[GENERATE], "timeout_s": 600.0}),
+        scorer=sim.tier(FakeScorer(latency=latencies.score), "reward", score_group={"retries": budget[SCORE]}),
+        trainer=sim.tier(
+            trainer, "train", init_adapter={"retries": budget[INIT]}, train_step={"retries": budget[TRAIN]}
+        ),
         artifacts=artifacts,
         prompts=prompts,
         evaluator=sim.tier(
             FakeEvaluator(artifacts, prompts.eval_prompts(), latency=latencies.evaluate),
             "eval",
-            evaluate={"retries": 1},
+            evaluate={"retries": budget[EVALUATE]},
         ),
         reporter=reporter,
         task_metrics=marked_answer_metrics,  # the fake engine answers "####<digit>"

@@ -1,14 +1,21 @@
 """An asyncio event loop on a virtual clock.
 
 `asyncio.sleep`, `wait_for` timeouts and every timer run on simulated seconds: when no callback is ready the loop jumps
-straight to the next timer instead of waiting. A 5-minute trainer cold start therefore costs no wall time, and since the
-ready queue is FIFO and timers fire in (time, insertion) order, the same program interleaves the same way on every run.
-Threads and real I/O are not simulated: a fake that needs them does not belong on this loop.
+straight to the next timer instead of waiting. A 5-minute trainer cold start therefore costs no wall time.
+
+Interleaving: by default the ready queue is FIFO and timers due together fire in asyncio's heap order (fixed, though not
+always insertion order). With `tie_break_seed`, the
+callbacks ready in one loop iteration (tasks woken at the same virtual instant, timers due together) run in an order
+drawn from that seed instead (TigerBeetle's VOPR: the seed picks the interleaving), so one seed is one interleaving,
+the same on every run, and another seed explores another. Threads and real I/O are not simulated: a fake that needs
+them does not belong on this loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import random
 import selectors
 from typing import Any
 
@@ -44,6 +51,9 @@ class _VirtualSelector(selectors.BaseSelector):
             )
         if timeout > 0:
             self.loop.advance(timeout)
+        ready = self.loop._ready
+        if isinstance(ready, _ShuffledReady):
+            ready.new_batch()
         return []
 
     def get_map(self) -> dict[int, selectors.SelectorKey]:  # type: ignore[override]
@@ -53,14 +63,51 @@ class _VirtualSelector(selectors.BaseSelector):
         self._keys.clear()
 
 
-class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    """A selector event loop whose `time()` is a virtual clock starting at 0.0 seconds."""
+class _ShuffledReady(collections.deque):  # type: ignore[type-arg]
+    """The loop's ready queue, popped in a seeded order within each batch.
 
-    def __init__(self) -> None:
+    asyncio's `_run_once` selects, moves due timers onto the ready queue, then pops exactly the callbacks that were
+    ready at that moment (later `call_soon`s wait for the next iteration). The selector marks each new iteration;
+    the first pop sizes the batch, and every pop takes a seeded pick among what is left of it, never a newcomer.
+    """
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self._rng = random.Random(seed)
+        self._left = -1  # -1: the next pop starts a batch
+
+    def new_batch(self) -> None:
+        self._left = -1
+
+    def popleft(self) -> object:
+        if self._left < 0:
+            self._left = len(self)
+        if self._left <= 1:
+            self._left -= 1
+            return super().popleft()
+        index = self._rng.randrange(self._left)
+        self._left -= 1
+        if index == 0:
+            return super().popleft()
+        item = self[index]
+        del self[index]
+        return item
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """A selector event loop whose `time()` is a virtual clock starting at 0.0 seconds.
+
+    `tie_break_seed`: None runs ready callbacks first-in first-out; an int shuffles each batch of simultaneously ready
+    callbacks in the order that seed draws.
+    """
+
+    def __init__(self, tie_break_seed: int | None = None) -> None:
         self._virtual_now = 0.0
         selector = _VirtualSelector()
         super().__init__(selector)
         selector.loop = self
+        if tie_break_seed is not None:
+            self._ready = _ShuffledReady(tie_break_seed)
         # Timers due within this much of "now" fire together; coarser than float noise from repeated additions.
         self._clock_resolution = 1e-6
 

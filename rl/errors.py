@@ -50,6 +50,7 @@ __all__ = [
     "MissingAdapterError",
     "NonFiniteMetricError",
     "NonFiniteRewardError",
+    "RetriesExhaustedError",
     "RlError",
     "RunDirError",
     "RunLockedError",
@@ -151,6 +152,13 @@ class CheckpointConfigMismatchError(CheckpointError):
 
 class MissingAdapterError(CheckpointError):
     """The checkpoint names an adapter or optimizer state that the artifact store no longer has."""
+
+
+class RetriesExhaustedError(RlError, RuntimeError):
+    """A task failed on every attempt its retries allowed, or the driver was killed more often than it may retry.
+
+    The run failed; what it finished is kept (Flyte's recover reuses it). The message names the task and what to do.
+    """
 
 
 # Families defined next to their stores; imported on first use so `import rl.errors` needs only the standard library.

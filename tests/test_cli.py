@@ -39,10 +39,36 @@ def test_rl_chaos_json_reports_scenarios_failures_rate_and_crash_points(capsys):
     assert summary["crash_points"] > 60 and summary["scenarios_per_s"] > 0
 
 
+def test_rl_chaos_reports_per_fault_kind_coverage_and_a_trace_explains_one_seed(capsys):
+    """Coverage per fault kind in the JSON and the summary; `--seed S --trace` prints scenario, log and digest."""
+    assert main(["chaos", "--loop", "grpo", "--seeds", "6", "--no-sweep", "--json"]) == 0
+    out = capsys.readouterr().out
+    summary = _json_tail(out)
+    assert set(summary["exercised"]) >= {"task_failure", "driver_crash", "exhausted_task", "exhausted_driver"}
+    assert "scenarios exercising each fault kind:" in out
+    assert main(["chaos", "--loop", "agentic", "--seed", "3", "--trace"]) == 0
+    out = capsys.readouterr().out
+    for needle in ("scenario seed=3", "enabled faults:", "event log:", "driver.start", "final state digest:"):
+        assert needle in out
+    assert main(["chaos", "--loop", "grpo", "--trace"]) == 2
+    assert "--seed" in capsys.readouterr().err
+
+
+def test_rl_chaos_in_two_processes_reports_what_one_process_does(capsys):
+    """Scenarios are seeded and independent: `--jobs 2` changes the speed, never the reports."""
+    summaries = []
+    for jobs in ("1", "2"):
+        assert main(["chaos", "--loop", "agentic", "--seeds", "10", "--no-sweep", "--jobs", jobs, "--json"]) == 0
+        summary = _json_tail(capsys.readouterr().out)
+        summaries.append({k: summary[k] for k in ("scenarios", "failures", "exercised", "exhausted_then_resumed")})
+    assert summaries[0] == summaries[1]
+    assert "torn_checkpoint" not in summaries[0]["exercised"]  # the agentic driver keeps no checkpoint
+
+
 def test_rl_chaos_failure_prints_the_seed_and_the_reproducing_command(capsys, monkeypatch):
     import fakes.chaos as chaos
 
-    def broken(pipelined):
+    def broken(pipelined, trace=False):
         return lambda seed: chaos.ScenarioReport("grpo", seed, ["iteration 2 was trained 2 times"], 1, 2)
 
     monkeypatch.setattr(chaos, "grpo_random", broken)

@@ -1,15 +1,25 @@
 """`rl chaos`: seeded fault scenarios and crash-at-every-await-point sweeps of a loop on the durable simulator.
 
-Exit status 0 only when every invariant held. A failure prints its seed and the command that reproduces it.
+Exit status 0 only when every invariant held. A failure prints its seed and the command that reproduces it; the run
+ends with how many scenarios exercised each fault kind (it fired, not merely was enabled), so coverage is visible.
+`--seed S --trace` explains one scenario: its fault environment, the simulator's event log and a final-state digest.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
+import multiprocessing
+import multiprocessing.pool
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fakes.chaos import ScenarioReport
 
 from rl.commands import non_negative_int, positive_int
 from rl.strict_json import flag_non_finite
@@ -24,42 +34,98 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which.add_argument("--seeds", type=positive_int, default=100, help="run scenarios 0..N-1 (default 100)")
     which.add_argument("--seed", type=non_negative_int, help="rerun exactly one scenario")
     p.add_argument("--no-sweep", action="store_true", help="skip the kill-at-every-await-point sweep")
+    p.add_argument(
+        "--jobs",
+        type=_positive,
+        default=1,
+        help="run the random scenarios in N processes (default 1); results and output do not depend on N",
+    )
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="with --seed: print the scenario (enabled faults, rates, budgets), its event log and a final-state digest",
+    )
     p.add_argument("--json", action="store_true", help="end with one JSON object of the results")
     p.set_defaults(func=run)
 
 
-def _scenario_and_sweep(loop: str) -> tuple[Callable[[int], list[str]], Callable[[], tuple[int, list[str]]]]:
+def _scenario_and_sweep(
+    loop: str, trace: bool
+) -> tuple[Callable[[int], ScenarioReport], Callable[[], tuple[int, list[str]]]]:
     if loop == "agentic":
-        from fakes.chaos_agentic import agentic_scenario, agentic_sweep
+        from fakes.chaos_agentic import agentic_report, agentic_sweep
 
-        return agentic_scenario, agentic_sweep
+        return (lambda seed: agentic_report(seed, trace=trace)), agentic_sweep
     from fakes.chaos import grpo_random, grpo_sweep
 
     pipelined = loop == "grpo-pipelined"
-    check = grpo_random(pipelined)
 
     def sweep() -> tuple[int, list[str]]:
         reports = grpo_sweep(pipelined)
         return len(reports), [f"kill at await point {r.seed}: {v}" for r in reports for v in r.violations]
 
-    return (lambda seed: check(seed).violations), sweep
+    return grpo_random(pipelined, trace=trace), sweep
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+@functools.cache
+def _worker_scenario(loop: str) -> Callable[[int], ScenarioReport]:
+    return _scenario_and_sweep(loop, False)[0]
+
+
+def _in_worker(loop: str, seed: int) -> ScenarioReport:
+    """One scenario in a pool process: each process caches its own uninterrupted references."""
+    return _worker_scenario(loop)(seed)
+
+
+@contextlib.contextmanager
+def _pool(jobs: int) -> Iterator[multiprocessing.pool.Pool | None]:
+    """Scenarios are independent and seeded, so N processes give the reports one process would, in seed order."""
+    if jobs == 1:
+        yield None
+        return
+    # spawn, not fork: a forked child inherits its parent's threads and pipes (a pytest-xdist worker's channel, say).
+    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+        yield pool
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import track
 
+    from fakes.swarm import coverage
+
     console = Console(stderr=True)
-    scenario, sweep = _scenario_and_sweep(args.loop)
+    if args.trace and args.seed is None:
+        print("rl chaos: --trace explains one scenario: give it with --seed S", file=sys.stderr)
+        return 2
+    scenario, sweep = _scenario_and_sweep(args.loop, args.trace)
     seeds = [args.seed] if args.seed is not None else list(range(args.seeds))
     failures: list[tuple[int, list[str]]] = []
+    reports: list[ScenarioReport] = []
     start = time.perf_counter()
-    for seed in track(seeds, description=f"chaos {args.loop}", console=console, disable=len(seeds) < 2):
-        violations = scenario(seed)
-        if violations:
-            failures.append((seed, violations))
+    with _pool(args.jobs if len(seeds) > 1 else 1) as pool:
+        results = (
+            pool.imap(functools.partial(_in_worker, args.loop), seeds, chunksize=8) if pool else map(scenario, seeds)
+        )
+        for report in track(
+            results, total=len(seeds), description=f"chaos {args.loop}", console=console, disable=len(seeds) < 2
+        ):
+            reports.append(report)
+            if report.violations:
+                failures.append((report.seed, report.violations))
     scenario_s = time.perf_counter() - start
     sweep_points, sweep_violations = (0, []) if args.no_sweep or args.seed is not None else sweep()
+    for line in reports[0].trace if args.trace else []:
+        print(line)
+    exercised = coverage(reports)
+    exhausted = sum(1 for r in reports if r.error)
     for seed, violations in failures:
         print(f"FAIL seed={seed}: {'; '.join(violations)}")
         print(f"  reproduce: rl chaos --loop {args.loop} --seed {seed}")
@@ -73,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
         "failures": len(failures) + len(sweep_violations),
         "scenarios_per_s": round(len(seeds) / scenario_s, 2) if scenario_s > 0 else None,
         "crash_points": sweep_points,
+        "exercised": {kind: exercised.get(kind, 0) for kind in _kinds(args.loop)},
+        "exhausted_then_resumed": exhausted,
         "seconds": round(time.perf_counter() - start, 2),
     }
     verdict = "ok" if summary["failures"] == 0 else "FAILED"
@@ -80,7 +148,19 @@ def run(args: argparse.Namespace) -> int:
         f"chaos {args.loop}: {verdict}: {len(seeds)} random scenarios ({summary['scenarios_per_s']}/s), "
         f"{sweep_points} crash points swept, {summary['failures']} failure(s)"
     )
+    kinds = ", ".join(f"{kind} {n}" for kind, n in summary["exercised"].items())
+    print(f"  scenarios exercising each fault kind: {kinds}; {exhausted} exhausted retries, then resumed")
     if args.json:
         print(json.dumps(flag_non_finite(summary), allow_nan=False))
     sys.stdout.flush()
     return 0 if summary["failures"] == 0 else 1
+
+
+def _kinds(loop: str) -> tuple[str, ...]:
+    from fakes.swarm import FAULT_KINDS
+
+    if loop == "agentic":
+        from fakes.chaos_agentic import AGENTIC_KINDS, SIM_KINDS
+
+        return SIM_KINDS + AGENTIC_KINDS
+    return FAULT_KINDS
