@@ -24,6 +24,7 @@ import rl.loop.grpo as grpo
 from fakes.artifacts import MemoryArtifacts
 from fakes.chaos import grpo_random
 from fakes.conformance_impl import FAKES, fake_version0_adapter, trainer_algorithm
+from fakes.conformance_impl import batch_loss as our_batch_loss
 from fakes.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
 from fakes.state_store import MemoryStateStore
 from rl.advantages import group_normalized_advantages
@@ -45,7 +46,7 @@ from rl.conformance import (
 from rl.conformance.contracts import default_scorer_group
 from rl.conformance.implementation import ImplementationError
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
-from rl.loss import LossSample, grpo_batch_loss, grpo_sample_loss
+from rl.loss import grpo_sample_loss
 from rl.trainer.config import TrainerConfig
 from rl.types import ArtifactRef, Prompt, Rollout, RolloutRequest, TrainBatch, TrainResult
 
@@ -92,15 +93,7 @@ class TestOurBatchLoss(LossContract):
 
     @pytest.fixture
     def batch_loss(self):
-        def batch_loss(new_logp, old_logp, ref_logp, advantages, mask, *, clip_eps, kl_beta):
-            keep = mask > 0
-            samples = [
-                LossSample(new_logp[i][keep[i]], old_logp[i][keep[i]], ref_logp[i][keep[i]], float(advantages[i]))
-                for i in range(new_logp.shape[0])
-            ]
-            return grpo_batch_loss(samples, clip_eps=clip_eps, kl_beta=kl_beta)
-
-        return batch_loss
+        return our_batch_loss
 
 
 class TestTrainerConfigAlgorithms(AdvantageContract):
