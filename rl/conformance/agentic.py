@@ -169,6 +169,39 @@ class AgenticContract(ContractBase):
                 "weights for a step it has already applied"
             )
 
+    def test_agentic_trainer_refuses_a_step_re_sent_with_another_payload(self, policy_trainer: TrainerFactory) -> None:
+        """A step id the trainer applied, re-sent with other rewards, another order of them or another lr, is refused
+        with an `rl.errors.LedgerError` and changes nothing: a replay that drifted must fail loudly, never silently
+        return the recorded weights (the run would then train on rewards it never applied) or train twice."""
+        from rl.errors import LedgerError
+
+        def reward(trial: str, world: str, value: float) -> Reward:
+            return Reward(
+                trial_id=trial, world_id=world, verified_correct=value > 0, n_turns=2, judge_score=value,
+                reward=value, found_doc=0 if value > 0 else None,
+            )  # fmt: skip
+
+        worlds = ["w0", "w1"]
+        applied = [reward("s0-a", "w0", 1.0), reward("s0-b", "w1", 0.0)]
+        for label, payload, lr in (
+            ("another reward", [reward("s0-a", "w0", 0.5), applied[1]], 2.0),
+            ("the rewards in another order", list(reversed(applied)), 2.0),
+            ("another lr", applied, 3.0),
+        ):
+            trainer = policy_trainer(worlds, 0)
+            first = trainer.update(0, applied, 2.0)
+            try:
+                trainer.update(0, payload, lr)
+            except LedgerError:
+                pass
+            else:
+                raise AssertionError(
+                    f"step 0 re-sent with {label} was accepted: the trainer must refuse a step id it applied with "
+                    "another payload (raise rl.errors.LedgerError, e.g. StepPayloadConflictError), not return the "
+                    "recorded weights or apply it again"
+                )
+            assert trainer.weights() == first, f"refusing step 0 re-sent with {label} changed the weights"
+
     def test_agentic_a_changed_rubric_re_judges_and_an_unchanged_one_bills_nothing(
         self, agentic_harness: Callable[..., AgenticSim], rl_seed: int
     ) -> None:

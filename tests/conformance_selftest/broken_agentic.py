@@ -49,6 +49,19 @@ def no_ledger_trainer(world_ids: Sequence[str], identity: int) -> NoLedgerTraine
     return NoLedgerTrainer(world_ids, identity=identity)
 
 
+class SilentReplayTrainer(BanditTrainer):
+    """Returns the recorded weights for any step id it has applied, whatever the payload: a replay that drifted (other
+    rewards, another order) goes unnoticed and the run trains on rewards it never applied."""
+
+    def update(self, step: int, rewards: Sequence[Reward], lr: float) -> Weights:
+        done = self._applied.get(step)
+        return done.weights if done is not None else super().update(step, rewards, lr)
+
+
+def silent_replay_trainer(world_ids: Sequence[str], identity: int) -> SilentReplayTrainer:
+    return SilentReplayTrainer(world_ids, identity=identity)
+
+
 async def landing_order_driver(tiers: Any, **inputs: Any) -> AgenticOutcome:
     """Seed 002's first version: each step's rewards go to the trainer in the order the trials landed."""
     return await train(tiers, **{**inputs, "sort_rewards": False})
@@ -65,5 +78,6 @@ async def fatal_failed_trial_driver(tiers: Any, **inputs: Any) -> AgenticOutcome
 UNTRACED_JUDGE = Implementation(name="untraced-judge", judge_tier=untraced_judge_tier)
 TRIAL_KEYED_JUDGE = Implementation(name="judge-memo-ignores-the-rubric", judge_tier=trial_keyed_judge_tier)
 NO_LEDGER = Implementation(name="no-ledger-trainer", policy_trainer=no_ledger_trainer)
+SILENT_REPLAY = Implementation(name="payload-conflict-ignored", policy_trainer=silent_replay_trainer)
 UNSORTED_REWARDS = Implementation(name="rewards-in-landing-order", agentic_driver=landing_order_driver)
 FATAL_FAILED_TRIAL = Implementation(name="failed-trial-is-fatal", agentic_driver=fatal_failed_trial_driver)

@@ -186,8 +186,19 @@ CASES = [
         "rl_agentic",
         "test_agentic_a_retried_train_step_is_applied_once",
         "the retry applied the update a second time",
-        {"test_agentic_a_retried_train_step_is_applied_once"},
+        {
+            "test_agentic_a_retried_train_step_is_applied_once",
+            "test_agentic_trainer_refuses_a_step_re_sent_with_another_payload",
+        },
         id="step applied twice (agentic trainer)",
+    ),
+    pytest.param(
+        "broken_agentic:SILENT_REPLAY",
+        "rl_agentic",
+        "test_agentic_trainer_refuses_a_step_re_sent_with_another_payload",
+        "step 0 re-sent with another reward was accepted",
+        {"test_agentic_trainer_refuses_a_step_re_sent_with_another_payload"},
+        id="payload conflict ignored (agentic trainer)",
     ),
     pytest.param(
         "broken_agentic:UNSORTED_REWARDS",
