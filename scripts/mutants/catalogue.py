@@ -280,7 +280,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         '        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)\n',
         '        with open(self.path, "wb") as f:\n'
         "            f.write(data[: len(data) // 2])\n"
-        "            await __import__(\"asyncio\").sleep(0)  # an async file API awaits between chunks\n"
+        '            await __import__("asyncio").sleep(0)  # an async file API awaits between chunks\n'
         "            f.write(data[len(data) // 2 :])\n"
         "        return\n"
         '        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)\n',
@@ -292,7 +292,9 @@ CATALOGUE: tuple[Mutant, ...] = (
         "state-store",
         "rl/state.py",
         "        self.path.parent.mkdir(parents=True, exist_ok=True)\n",
-        "        if self.path.exists():\n            return\n        self.path.parent.mkdir(parents=True, exist_ok=True)\n",
+        "        if self.path.exists():\n"
+        "            return\n"
+        "        self.path.parent.mkdir(parents=True, exist_ok=True)\n",
         "save is a no-op once a checkpoint exists (create-only): the store keeps the first write",
         ("tests/test_grpo_driver.py",),
     ),
@@ -328,7 +330,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "grpo-nan-swallowed",
         "grpo-driver",
         "rl/loop/grpo.py",
-        "            if reward != reward or reward in (float(\"inf\"), float(\"-inf\")):\n",
+        '            if reward != reward or reward in (float("inf"), float("-inf")):\n',
         "            if False:\n",
         "non-finite rewards pass into the train step instead of raising NonFiniteRewardError",
         ("tests/test_grpo_driver.py",),
@@ -524,13 +526,13 @@ CATALOGUE: tuple[Mutant, ...] = (
         "volume-fork-writes-in-place",
         "volumes",
         "rl/volumes/local.py",
-        "        tmp = path.with_name(f\".{path.name}.tmp-{uuid.uuid4().hex[:8]}\")\n",
+        '        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")\n',
         "        if path.exists():\n"
         "            os.chmod(path, mode)\n"
-        "        with open(path, \"wb\") as f:\n"
+        '        with open(path, "wb") as f:\n'
         "            f.write(data)\n"
         "        return path\n"
-        "        tmp = path.with_name(f\".{path.name}.tmp-{uuid.uuid4().hex[:8]}\")\n",
+        '        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")\n',
         "a fork's write_bytes writes the inherited (hard-linked) inode in place: the write leaks into the parent",
         ("tests/test_volumes.py",),
     ),

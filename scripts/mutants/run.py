@@ -49,7 +49,7 @@ SANITY = Mutant(
     "sanity-broken-import",
     "sanity",
     "rl/__init__.py",
-    '__version__ = ',
+    "__version__ = ",
     'raise RuntimeError("mutant sanity check: this copy of rl is broken on purpose")\n__version__ = ',
     "importing rl fails: every side must see it, or it is not importing the mutated copy",
 )
@@ -207,7 +207,12 @@ def kill_rates(rows: list[dict[str, object]]) -> dict[str, object]:
 def markdown(rows: list[dict[str, object]], rates: dict[str, object], command: str) -> str:
     def cell(side: dict[str, object]) -> str:
         outcome = str(side["outcome"])
-        mark = {"killed": "killed", "survived": "**survived**", "timeout": "killed (timeout)", "error": "killed (error)"}
+        mark = {
+            "killed": "killed",
+            "survived": "**survived**",
+            "timeout": "killed (timeout)",
+            "error": "killed (error)",
+        }
         return mark[outcome]
 
     lines = [
