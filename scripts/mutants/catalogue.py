@@ -473,7 +473,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "        score = await self.call_judge(traj, rubric)\n",
         '        score = await getattr(self.call_judge, "__wrapped__", self.call_judge)(traj, rubric)\n',
         "the vendor judge called unwrapped, outside the durable trace: a judging retry bills the judge again",
-        ("tests/test_agentic_loop.py",),
+        ("tests/test_agentic_loop.py", "tests/test_agentic_chaos.py"),
     ),
     Mutant(
         "agentic-rubric-ignored",

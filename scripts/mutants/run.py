@@ -23,7 +23,6 @@ import concurrent.futures
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -277,16 +276,31 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(f"[mutants] the sanity mutant survived on {blind}: those runs do not import the mutated copy")
 
     started = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        rows = list(pool.map(lambda m: measure(m, args), mutants))
-    rates = kill_rates(rows)
     command = "python scripts/mutants/run.py" + (f" --only {args.only}" if wanted else "")
     args.out.mkdir(parents=True, exist_ok=True)
-    doc = {"command": command, "seconds": round(time.monotonic() - started), "rates": rates, "mutants": rows}
-    (args.out / "mutants.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (args.out / "mutants.md").write_text(markdown(rows, rates, command))
-    print(markdown(rows, rates, command))
-    shutil.rmtree(args.out / "tmp", ignore_errors=True)
+    done: dict[str, dict[str, object]] = {}
+
+    def write(final: bool) -> None:
+        # After every mutant, so a long run interrupted midway still leaves what it measured.
+        rows = [done[m.id] for m in mutants if m.id in done]
+        rates = kill_rates(rows)
+        doc = {
+            "command": command,
+            "complete": final and len(rows) == len(mutants),
+            "seconds": round(time.monotonic() - started),
+            "rates": rates,
+            "mutants": rows,
+        }
+        (args.out / "mutants.json").write_text(json.dumps(doc, indent=2) + "\n")
+        (args.out / "mutants.md").write_text(markdown(rows, rates, command))
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = {pool.submit(measure, m, args): m for m in mutants}
+        for future in concurrent.futures.as_completed(futures):
+            done[futures[future].id] = future.result()
+            write(final=False)
+    write(final=True)
+    print((args.out / "mutants.md").read_text())
     return 0
 
 
