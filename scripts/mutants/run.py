@@ -122,7 +122,8 @@ def _side(rc: int | None, out: str, seconds: float, stage: str = "") -> Side:
         return Side("timeout", seconds, stage, first or "(no test finished before the timeout)")
     if rc == 0:
         return Side("survived", seconds, stage)
-    if rc == 1:
+    if rc == 1 or (rc == 2 and failures):
+        # xdist under -x reports the first failure's stop as an interruption (exit 2): still a failed test.
         return Side("killed", seconds, stage, first)
     tail = " | ".join(line for line in out.strip().splitlines()[-3:])
     return Side("error", seconds, stage, first or f"pytest exit {rc}: {tail[-300:]}")
