@@ -186,6 +186,15 @@ def conformance(session: nox.Session) -> None:
 
 
 @nox.session
+def mutants(session: nox.Session) -> None:
+    """Plant each bug of scripts/mutants/catalogue.py in a copy of HEAD and report which ones tests/ and the packaged
+    conformance suite (FAKES, REAL_CPU) catch, and the suite's kill rate over what tests/ kills (docs/mutants.md). Slow
+    (minutes per mutant that tests/ misses); `-- --only ID,ID` measures a few, `-- --check` only checks they apply."""
+    _install_cpu(session)
+    session.run("python", "scripts/mutants/run.py", *session.posargs, env=HYPOTHESIS_ENV)
+
+
+@nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks printed side by side: simulator replay, chaos scenario rate, pipelining on the virtual clock."""
     _install_cpu(session)

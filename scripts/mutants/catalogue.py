@@ -1,0 +1,580 @@
+"""Planted bugs in our production code (`rl/`), each the kind of mistake a fork makes, for measuring what the packaged
+conformance suite catches of what `tests/` catches (`scripts/mutants/run.py`, `docs/mutants.md`).
+
+Each `Mutant` replaces one exact snippet of one file. The snippet must occur exactly once in the tree
+(`tests/test_mutants_catalogue.py` checks every entry, so an edit to `rl/` that moves a snippet fails fast instead of
+silently dropping a mutant), and the replacement must change behaviour, never only formatting.
+
+`hints` are the test files most likely to kill the mutant: the runner tries them first and, only when they pass, runs
+the whole of `tests/`, so a killed mutant costs seconds. They never decide "survived".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["CATALOGUE", "TIERS", "Mutant", "by_id"]
+
+TIERS = (
+    "advantages",
+    "loss",
+    "engine",
+    "scorer",
+    "trainer",
+    "artifacts",
+    "state-store",
+    "grpo-driver",
+    "checkpoint",
+    "agentic",
+    "ddp",
+    "volumes",
+    "buffer",
+)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    tier: str
+    file: str
+    old: str
+    new: str
+    models: str  # the fork's mistake, and the guarantee it breaks
+    hints: tuple[str, ...] = ()
+
+
+CATALOGUE: tuple[Mutant, ...] = (
+    # --- advantages (rl/advantages.py) ---
+    Mutant(
+        "adv-sample-std",
+        "advantages",
+        "rl/advantages.py",
+        "statistics.pstdev(group_rewards) + eps",
+        "statistics.stdev(group_rewards) + eps",
+        "sample std (n-1) instead of the declared population std: advantages scaled by sqrt((n-1)/n)",
+        ("tests/test_advantages.py",),
+    ),
+    Mutant(
+        "adv-eps-dropped",
+        "advantages",
+        "rl/advantages.py",
+        "statistics.pstdev(group_rewards) + eps if",
+        "statistics.pstdev(group_rewards) if",
+        "eps silently dropped from the denominator: the declared std_eps is not applied",
+        ("tests/test_advantages.py",),
+    ),
+    Mutant(
+        "adv-no-all-equal-guard",
+        "advantages",
+        "rl/advantages.py",
+        "        if _all_equal(group_rewards):\n            continue\n",
+        "",
+        "all-equal guard removed: a no-signal group gets the float-mean residue (1e-13 / eps) instead of exact zeros",
+        ("tests/test_advantages.py",),
+    ),
+    Mutant(
+        "adv-batch-mean",
+        "advantages",
+        "rl/advantages.py",
+        "mean = statistics.fmean(group_rewards)",
+        "mean = statistics.fmean(rewards_f)",
+        "baseline is the batch mean, not the group's: advantages depend on other groups and do not centre per group",
+        ("tests/test_advantages.py",),
+    ),
+    # --- loss (rl/loss.py) ---
+    Mutant(
+        "loss-sign-flip",
+        "loss",
+        "rl/loss.py",
+        "loss = -(surrogate - beta * kl)",
+        "loss = surrogate + beta * kl",
+        "objective's sign flipped (gradient ascent on the loss): not REINFORCE at ratio 1",
+        ("tests/test_loss.py",),
+    ),
+    Mutant(
+        "loss-kl-sign",
+        "loss",
+        "rl/loss.py",
+        "loss = -(surrogate - beta * kl)",
+        "loss = -(surrogate + beta * kl)",
+        "KL penalty added with the wrong sign: pushes the policy away from the reference",
+        ("tests/test_loss.py",),
+    ),
+    Mutant(
+        "loss-kl-k1",
+        "loss",
+        "rl/loss.py",
+        "return torch.expm1(delta) - delta",
+        "return -delta",
+        "k1 estimator (ref - new) instead of k3: the per-token penalty can go negative",
+        ("tests/test_loss.py",),
+    ),
+    Mutant(
+        "loss-clip-one-sided",
+        "loss",
+        "rl/loss.py",
+        "clipped = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)",
+        "clipped = torch.clamp(ratio, max=1.0 + clip_eps_high)",
+        "ratio clipped above only: a negative-advantage sample below 1 - eps keeps pushing (gain not capped)",
+        ("tests/test_loss.py",),
+    ),
+    Mutant(
+        "loss-clip-both-sides",
+        "loss",
+        "rl/loss.py",
+        "return torch.minimum(ratio * advantage, clipped * advantage)",
+        "return clipped * advantage",
+        "the pessimistic min dropped: the clip also zeroes the gradient of a move that lowers the objective",
+        ("tests/test_loss.py",),
+    ),
+    Mutant(
+        "loss-ratio-inverted",
+        "loss",
+        "rl/loss.py",
+        "return torch.exp(new_logp - old_logp.detach())",
+        "return torch.exp(old_logp.detach() - new_logp)",
+        "importance ratio inverted (old over new)",
+        ("tests/test_loss.py",),
+    ),
+    Mutant(
+        "loss-batch-sum",
+        "loss",
+        "rl/loss.py",
+        "batch_loss = torch.stack(losses).mean()",
+        "batch_loss = torch.stack(losses).sum()",
+        "batch aggregation sums completions instead of averaging: the step size grows with the batch",
+        ("tests/test_loss.py",),
+    ),
+    Mutant(
+        "loss-token-sum",
+        "loss",
+        "rl/loss.py",
+        "surrogate = clipped_surrogate(ratio, advantage, eps_low, eps_high).mean()",
+        "surrogate = clipped_surrogate(ratio, advantage, eps_low, eps_high).sum()",
+        "token sum instead of token mean per completion: long completions weigh more (another aggregation)",
+        ("tests/test_loss.py",),
+    ),
+    # --- engine (rl/engines/torch_sampler.py) ---
+    Mutant(
+        "engine-unseeded",
+        "engine",
+        "rl/engines/torch_sampler.py",
+        'generator = torch.Generator(device="cpu").manual_seed(seed)',
+        'generator = torch.Generator(device="cpu")\n    generator.seed()',
+        "sampler's generator seeded from the OS: a retried request samples other tokens",
+        ("tests/test_torch_sampler.py",),
+    ),
+    Mutant(
+        "engine-seed-not-passed",
+        "engine",
+        "rl/engines/torch_sampler.py",
+        "            seed=request.seed,\n            eos_token_id=self.eos_token_id,",
+        "            seed=0,\n            eos_token_id=self.eos_token_id,",
+        "the request's seed never reaches the sampler: every group and iteration samples the same stream",
+        ("tests/test_torch_sampler.py",),
+    ),
+    Mutant(
+        "engine-cache-by-version",
+        "engine",
+        "rl/engines/torch_sampler.py",
+        "        model = await self.policy(request.adapter)\n",
+        '        model = self.adapters.get(f"v{request.policy_version}")\n'
+        "        if model is None:\n"
+        '            with tempfile.TemporaryDirectory(prefix="rl-adapter-") as tmp:\n'
+        "                await materialize(self.artifacts, request.adapter, Path(tmp))\n"
+        '                model = self.adapters.load_dir(f"v{request.policy_version}", Path(tmp))\n',
+        "adapter cached by its version label, not its digest: a new adapter under a known version serves the stale one",
+        ("tests/test_torch_sampler.py",),
+    ),
+    Mutant(
+        "engine-logprobs-missing",
+        "engine",
+        "rl/engines/torch_sampler.py",
+        "                logprobs=s.logprobs,\n",
+        "                logprobs=[],\n",
+        "rollouts carry no sampling log-probs (the loss then has no old policy)",
+        ("tests/test_torch_sampler.py",),
+    ),
+    # --- scorer (rl/scoring.py, rl/rewards.py) ---
+    Mutant(
+        "scorer-sorted",
+        "scorer",
+        "rl/scoring.py",
+        "return [float(self.reward(r.completion, r.answer)) for r in rollouts]",
+        "return sorted(float(self.reward(r.completion, r.answer)) for r in rollouts)",
+        "a group's rewards returned sorted: they no longer follow their rollouts",
+        ("tests/test_rewards.py",),
+    ),
+    Mutant(
+        "scorer-nan-unscorable",
+        "scorer",
+        "rl/rewards.py",
+        "return CORRECT_BONUS if predicted is not None and predicted == _canonical_reference(answer) else 0.0",
+        'return float("nan") if predicted is None else CORRECT_BONUS if predicted == _canonical_reference(answer) '
+        "else 0.0",
+        "an unscorable completion (no number) scored NaN, which passes through the scorer",
+        ("tests/test_rewards.py",),
+    ),
+    # --- trainer (rl/trainer/peft_trainer.py) ---
+    Mutant(
+        "trainer-optimizer-dropped",
+        "trainer",
+        "rl/trainer/peft_trainer.py",
+        "optimizer = build_optimizer(params, config, optimizer_state)",
+        "optimizer = build_optimizer(params, config, None)",
+        "optimizer state not carried between steps: a fresh AdamW every step",
+        ("tests/test_peft_trainer.py",),
+    ),
+    Mutant(
+        "trainer-unseeded-init",
+        "trainer",
+        "rl/trainer/peft_trainer.py",
+        "        torch.manual_seed(seed)\n        model = get_peft_model(base, lora)",
+        "        torch.seed()\n        model = get_peft_model(base, lora)",
+        "LoRA init seeded from the OS, not the init seed: version 0 differs between attempts",
+        ("tests/test_peft_trainer.py",),
+    ),
+    Mutant(
+        "trainer-step-noop",
+        "trainer",
+        "rl/trainer/peft_trainer.py",
+        "    prepared.optimizer.step()\n",
+        "",
+        "gradients computed but the optimizer never steps: the adapter never changes",
+        ("tests/test_peft_trainer.py",),
+    ),
+    # --- artifacts (rl/artifacts.py) ---
+    Mutant(
+        "artifacts-aliasing",
+        "artifacts",
+        "rl/artifacts.py",
+        "        return self._read_verified(ref)\n\n    async def exists",
+        '        return self.__dict__.setdefault("_reads", {}).setdefault(ref.digest, self._read_verified(ref))\n\n'
+        "    async def exists",
+        "reads memoised and the same dict handed to every caller: one consumer's edit reaches the next",
+        ("tests/test_artifacts.py",),
+    ),
+    Mutant(
+        "artifacts-digest-ignores-content",
+        "artifacts",
+        "rl/artifacts.py",
+        "        h.update(content)\n",
+        "",
+        "digest over paths and sizes only: two different artifacts of the same shape share an address",
+        ("tests/test_artifacts.py",),
+    ),
+    Mutant(
+        "artifacts-missing-is-empty",
+        "artifacts",
+        "rl/artifacts.py",
+        "        if not obj.is_dir():\n            raise ArtifactNotFound(",
+        "        if not obj.is_dir():\n            return {}\n            raise ArtifactNotFound(",
+        "a missing ref reads as an empty artifact instead of raising",
+        ("tests/test_artifacts.py",),
+    ),
+    # --- state store (rl/state.py) ---
+    Mutant(
+        "state-in-place-write",
+        "state-store",
+        "rl/state.py",
+        '        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)\n',
+        '        with open(self.path, "wb") as f:\n'
+        "            f.write(data[: len(data) // 2])\n"
+        '            await __import__("asyncio").sleep(0)  # an async file API awaits between chunks\n'
+        "            f.write(data[len(data) // 2 :])\n"
+        "        return\n"
+        '        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)\n',
+        "checkpoint written in place (in chunks, yielding between them): a save cancelled midway leaves a torn blob",
+        ("tests/test_grpo_driver.py",),
+    ),
+    Mutant(
+        "state-keeps-first-write",
+        "state-store",
+        "rl/state.py",
+        "        self.path.parent.mkdir(parents=True, exist_ok=True)\n",
+        "        if self.path.exists():\n"
+        "            return\n"
+        "        self.path.parent.mkdir(parents=True, exist_ok=True)\n",
+        "save is a no-op once a checkpoint exists (create-only): the store keeps the first write",
+        ("tests/test_grpo_driver.py",),
+    ),
+    # --- GRPO driver (rl/loop/grpo.py) ---
+    Mutant(
+        "grpo-resume-skips-iteration",
+        "grpo-driver",
+        "rl/loop/grpo.py",
+        "    start = state.iteration + 1\n",
+        "    start = state.iteration + (2 if resumed_from >= 0 else 1)\n",
+        "off-by-one on resume: the iteration after the checkpointed one (its prompts) is skipped",
+        ("tests/test_grpo_driver.py",),
+    ),
+    Mutant(
+        "grpo-resume-repeats-iteration",
+        "grpo-driver",
+        "rl/loop/grpo.py",
+        "    start = state.iteration + 1\n",
+        "    start = max(state.iteration, 0)\n",
+        "resume restarts at the checkpointed iteration: its step is applied twice",
+        ("tests/test_grpo_driver.py",),
+    ),
+    Mutant(
+        "grpo-finish-order",
+        "grpo-driver",
+        "rl/loop/grpo.py",
+        "    for gid in sorted(groups):\n",
+        "    for gid in groups:\n",
+        "groups handed to the train step in finish order, not group-id order: a replayed step has other inputs",
+        ("tests/test_grpo_driver.py",),
+    ),
+    Mutant(
+        "grpo-nan-swallowed",
+        "grpo-driver",
+        "rl/loop/grpo.py",
+        '            if reward != reward or reward in (float("inf"), float("-inf")):\n',
+        "            if False:\n",
+        "non-finite rewards pass into the train step instead of raising NonFiniteRewardError",
+        ("tests/test_grpo_driver.py",),
+    ),
+    Mutant(
+        "grpo-nan-half-committed",
+        "grpo-driver",
+        "rl/loop/grpo.py",
+        "        rollouts.extend(groups[gid])\n        rewards.extend(float(r) for r in group_rewards)\n",
+        "        rollouts.extend(groups[gid])\n        rewards.extend(float(r) for r in group_rewards)\n"
+        "        if tiers.buffer is not None:\n"
+        "            await tiers.buffer.append(iteration, groups[gid], [float(r) for r in group_rewards], None)\n",
+        "each group's rollouts streamed to the rollout buffer as it is checked: a NaN in a later group leaves the "
+        "earlier groups of its iteration committed",
+        ("tests/test_grpo_driver.py",),
+    ),
+    Mutant(
+        "grpo-staleness-off",
+        "grpo-driver",
+        "rl/loop/grpo.py",
+        "    if worst > config.max_staleness or min(staleness) < 0:\n",
+        "    if min(staleness) < 0:\n",
+        "staleness check off: rollouts older than max_staleness are trained on",
+        ("tests/test_grpo_driver.py",),
+    ),
+    Mutant(
+        "grpo-seed-ignores-iteration",
+        "grpo-driver",
+        "rl/loop/grpo.py",
+        "seed=rollout_seed(config.seed, iteration, gid)",
+        "seed=rollout_seed(config.seed, 0, gid)",
+        "rollout seeds per (run seed, group) only: every iteration re-samples group g with the same seed",
+        ("tests/test_grpo_driver.py",),
+    ),
+    Mutant(
+        "grpo-prompts-unseeded",
+        "grpo-driver",
+        "rl/loop/grpo.py",
+        '    rng = random.Random(derive_seed(config.seed, "prompts", iteration))\n',
+        "    rng = random.Random()\n",
+        "the iteration's prompts drawn unseeded: a retried or resumed iteration trains on other prompts",
+        ("tests/test_grpo_driver.py",),
+    ),
+    Mutant(
+        "grpo-pipelined-resume-fresh-adapter",
+        "grpo-driver",
+        "rl/loop/grpo.py",
+        "            if state.previous_adapter is not None\n            else (state.adapter, state.adapter_version)",
+        "            if state.previous_adapter is None\n            else (state.adapter, state.adapter_version)",
+        "pipelined resume generates the next batch with the newest adapter, not the one an uninterrupted run used",
+        ("tests/test_grpo_driver.py",),
+    ),
+    # --- checkpoint (rl/loop/checkpoint.py) ---
+    Mutant(
+        "ckpt-history-dropped",
+        "checkpoint",
+        "rl/loop/checkpoint.py",
+        'history=[IterationMetrics.from_dict(row) for row in d["history"]],',
+        "history=[],",
+        "history not restored from the checkpoint: a resumed run reports only its own iterations",
+        ("tests/test_grpo_driver.py",),
+    ),
+    Mutant(
+        "ckpt-digest-unchecked",
+        "checkpoint",
+        "rl/loop/checkpoint.py",
+        '    if content_digest(doc["state"]) != doc["digest"]:\n',
+        "    if False:\n",
+        "checkpoint digest not verified: a partial or altered (but parseable) checkpoint is resumed",
+        ("tests/test_grpo_driver.py",),
+    ),
+    Mutant(
+        "ckpt-corrupt-is-fresh",
+        "checkpoint",
+        "rl/loop/checkpoint.py",
+        "    state = decode_state(blob)\n",
+        "    try:\n        state = decode_state(blob)\n    except CheckpointCorruptError:\n        return None\n",
+        "a torn or foreign checkpoint silently treated as no checkpoint: the run restarts from iteration 0",
+        ("tests/test_grpo_driver.py",),
+    ),
+    Mutant(
+        "ckpt-other-schema-accepted",
+        "checkpoint",
+        "rl/loop/checkpoint.py",
+        '    if doc["schema"] != SCHEMA_VERSION:\n',
+        '    if not isinstance(doc["schema"], int):\n',
+        "a checkpoint of another schema version is read as this one",
+        ("tests/test_grpo_driver.py",),
+    ),
+    Mutant(
+        "ckpt-other-config-accepted",
+        "checkpoint",
+        "rl/loop/checkpoint.py",
+        "    if state.config_digest != config.digest():\n",
+        "    if not state.config_digest:\n",
+        "a checkpoint written under another configuration is resumed",
+        ("tests/test_grpo_driver.py",),
+    ),
+    Mutant(
+        "ckpt-missing-adapter-accepted",
+        "checkpoint",
+        "rl/loop/checkpoint.py",
+        "        if not await artifacts.exists(ref):\n",
+        "        if False:\n",
+        "a checkpoint naming an artifact the store no longer has is resumed (fails later, untyped)",
+        ("tests/test_grpo_driver.py",),
+    ),
+    # --- agentic driver and tiers (rl/loop/agentic.py, rl/agentic/) ---
+    Mutant(
+        "agentic-landing-order",
+        "agentic",
+        "rl/loop/agentic.py",
+        "batch = canonical_rewards(rewards) if sort_rewards else rewards",
+        "batch = rewards",
+        "rewards sent to the train step in landing order: a replayed step hashes differently",
+        ("tests/test_agentic_loop.py",),
+    ),
+    Mutant(
+        "agentic-trial-failure-fatal",
+        "agentic",
+        "rl/loop/agentic.py",
+        '            skipped.append(SkippedTrial(trial_id=trial_id, stage="generate", reason=repr(traj)))\n',
+        "            raise traj\n",
+        "a trial that fails every retry is fatal to its step instead of skipped and counted",
+        ("tests/test_agentic_loop.py",),
+    ),
+    Mutant(
+        "agentic-judge-fatal",
+        "agentic",
+        "rl/loop/agentic.py",
+        '            skipped.append(SkippedTrial(trial_id=trial_id, stage="verify_and_judge", reason=repr(reward)))\n',
+        "            raise reward\n",
+        "a judging that fails every retry is fatal to its step instead of skipped and counted",
+        ("tests/test_agentic_loop.py",),
+    ),
+    Mutant(
+        "agentic-judge-untraced",
+        "agentic",
+        "rl/agentic/tiers.py",
+        "        score = await self.call_judge(traj, rubric)\n",
+        '        score = await getattr(self.call_judge, "__wrapped__", self.call_judge)(traj, rubric)\n',
+        "the vendor judge called unwrapped, outside the durable trace: a judging retry bills the judge again",
+        ("tests/test_agentic_loop.py", "tests/test_agentic_chaos.py"),
+    ),
+    Mutant(
+        "agentic-rubric-ignored",
+        "agentic",
+        "rl/agentic/tiers.py",
+        "        score = await self.call_judge(traj, rubric)\n",
+        "        score = await self.call_judge(traj, Rubric())\n",
+        "the judge always scores the default rubric: a run forked with a new rubric is not re-judged",
+        ("tests/test_agentic_loop.py",),
+    ),
+    Mutant(
+        "agentic-no-ledger",
+        "agentic",
+        "rl/agentic/bandit.py",
+        "        done = self._applied.get(step)\n",
+        "        done = None\n        self._applied.pop(step, None)\n",
+        "the trainer keeps no applied-steps ledger: a retried step is applied twice",
+        ("tests/test_agentic_trainer.py",),
+    ),
+    Mutant(
+        "agentic-payload-conflict-ignored",
+        "agentic",
+        "rl/agentic/bandit.py",
+        "            if done.digest != digest:\n",
+        "            if False:\n",
+        "a step re-sent with a different payload silently returns the recorded weights",
+        ("tests/test_agentic_trainer.py",),
+    ),
+    # --- DDP shard step (rl/trainer/ddp.py) ---
+    Mutant(
+        "ddp-empty-shard-skips-sync",
+        "ddp",
+        "rl/trainer/ddp.py",
+        "    (sync_forward().float().sum() * 0.0).backward()  # the one synchronising backward\n",
+        "    if sample_loss_fns:\n        (sync_forward().float().sum() * 0.0).backward()\n",
+        "a rank with an empty shard skips the synchronising backward: the other ranks deadlock in the all-reduce",
+        ("tests/test_ddp.py",),
+    ),
+    Mutant(
+        "ddp-no-no-sync",
+        "ddp",
+        "rl/trainer/ddp.py",
+        "    with ddp_model.no_sync():\n",
+        "    if True:\n",
+        "every per-sample backward all-reduces: collective counts differ between ranks with unequal shards",
+        ("tests/test_ddp.py",),
+    ),
+    # --- volumes (rl/volumes/local.py) ---
+    Mutant(
+        "volume-fork-writes-in-place",
+        "volumes",
+        "rl/volumes/local.py",
+        '        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")\n',
+        "        if path.exists():\n"
+        "            os.chmod(path, mode)\n"
+        '        with open(path, "wb") as f:\n'
+        "            f.write(data)\n"
+        "        return path\n"
+        '        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")\n',
+        "a fork's write_bytes writes the inherited (hard-linked) inode in place: the write leaks into the parent",
+        ("tests/test_volumes.py",),
+    ),
+    Mutant(
+        "volume-truncate-shared",
+        "volumes",
+        "rl/volumes/local.py",
+        "                os.unlink(path)\n",
+        "                os.chmod(path, 0o644)\n",
+        "open_for_write('w') truncates the shared inode instead of unlinking it: the parent version changes",
+        ("tests/test_volumes.py",),
+    ),
+    Mutant(
+        "volume-not-sealed",
+        "volumes",
+        "rl/volumes/local.py",
+        "        _seal_modes(data, durable=durable)\n",
+        "",
+        "finalize does not seal modes: a published version stays writable and can be mutated",
+        ("tests/test_volumes.py",),
+    ),
+    # --- rollout buffer (rl/volumes/buffer.py) ---
+    Mutant(
+        "buffer-float-rounding",
+        "buffer",
+        "rl/volumes/buffer.py",
+        '"reward": float(w)}',
+        '"reward": round(float(w), 6)}',
+        "rewards rounded to 6 decimals when stored: the buffer does not round-trip a reward",
+        ("tests/test_buffer.py",),
+    ),
+    Mutant(
+        "buffer-reappend-silently-kept",
+        "buffer",
+        "rl/volumes/buffer.py",
+        "            if base.files[relpath].sha256 == hashlib.sha256(payload).hexdigest():\n",
+        "            if True:\n",
+        "re-appending an iteration with different rows silently keeps the old rows",
+        ("tests/test_buffer.py",),
+    ),
+)
+
+
+def by_id() -> dict[str, Mutant]:
+    return {m.id: m for m in CATALOGUE}
