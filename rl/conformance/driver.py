@@ -95,14 +95,34 @@ class _RecordingTrainer:
         return result
 
 
-def _plain_tiers(config: GrpoConfig, artifacts: MemoryArtifacts, scorer: FakeScorer) -> GrpoTiers:
+def _plain_tiers(
+    config: GrpoConfig, artifacts: MemoryArtifacts, scorer: FakeScorer, buffer: _RecordingBuffer | None = None
+) -> GrpoTiers:
     return GrpoTiers(
         engine=FakeEngine(artifacts),
         scorer=scorer,
         trainer=FakeTrainer(artifacts, max_staleness=config.max_staleness),
         artifacts=artifacts,
         prompts=DigitSuccessor(),
+        buffer=buffer,
     )
+
+
+class _RecordingBuffer:
+    """A `RolloutSink` that keeps every append: `(iteration, group ids, rewards)` in call order. A version id is the
+    digest of the rows so far, so appending the same rows again returns the same version, as the protocol says."""
+
+    def __init__(self) -> None:
+        self.appends: list[tuple[int, tuple[int, ...], tuple[float, ...]]] = []
+        self.rows: dict[int, tuple[tuple[int, ...], tuple[float, ...]]] = {}
+
+    async def append(
+        self, iteration: int, rollouts: Sequence[Rollout], rewards: Sequence[float], parent: str | None
+    ) -> str:
+        row = (tuple(r.group_id for r in rollouts), tuple(float(x) for x in rewards))
+        self.appends.append((iteration, *row))
+        self.rows[iteration] = row
+        return repr(sorted(self.rows.items()))
 
 
 def _first_batch_difference(a: Sequence[TrainBatch], b: Sequence[TrainBatch]) -> str:
@@ -211,12 +231,23 @@ class GrpoDriverContract(DriverCheckpointLaws, ContractBase):
     ) -> None:
         """After a NaN reward stops a run, resuming with a fixed scorer gives exactly the run that never saw a NaN."""
         config = self._nan_config(driver_config)
-        clean_artifacts = MemoryArtifacts()
-        clean = rl_run(driver(config, _plain_tiers(config, clean_artifacts, FakeScorer()), MemoryStateStore()))
-        artifacts, store = MemoryArtifacts(), MemoryStateStore()
+        clean_artifacts, clean_buffer = MemoryArtifacts(), _RecordingBuffer()
+        clean = rl_run(
+            driver(config, _plain_tiers(config, clean_artifacts, FakeScorer(), clean_buffer), MemoryStateStore())
+        )
+        artifacts, store, buffer = MemoryArtifacts(), MemoryStateStore(), _RecordingBuffer()
         with pytest.raises(NonFiniteRewardError):
-            rl_run(driver(config, _plain_tiers(config, artifacts, _NanScorer()), store))
-        resumed = rl_run(driver(config, _plain_tiers(config, artifacts, FakeScorer()), store))
+            rl_run(driver(config, _plain_tiers(config, artifacts, _NanScorer(), buffer), store))
+        failed_at = {it for it, *_ in buffer.appends}
+        assert all(it < _NAN_VERSION for it in failed_at), (
+            f"the rollout buffer received iteration(s) {sorted(failed_at - set(range(_NAN_VERSION)))} from the run "
+            f"a NaN reward stopped in iteration {_NAN_VERSION}: part of the failed iteration was committed. "
+            "Check every group's rewards before anything of the iteration is written"
+        )
+        resumed = rl_run(driver(config, _plain_tiers(config, artifacts, FakeScorer(), buffer), store))
+        assert buffer.rows == clean_buffer.rows, (
+            "the rollout buffer after the NaN and the resume differs from the run that never saw the NaN"
+        )
         assert resumed.adapter.digest == clean.adapter.digest, (
             "the resumed run's final adapter differs from the run that never saw the NaN: part of the failed "
             "iteration was committed (trained, or checkpointed with a replaced reward)"

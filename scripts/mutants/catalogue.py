@@ -49,8 +49,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         "adv-sample-std",
         "advantages",
         "rl/advantages.py",
-        "statistics.pstdev(group_rewards) + eps",
-        "statistics.stdev(group_rewards) + eps",
+        "statistics.pstdev(group_rewards) + math.ldexp(eps, -shift)",
+        "statistics.stdev(group_rewards) + math.ldexp(eps, -shift)",
         "sample std (n-1) instead of the declared population std: advantages scaled by sqrt((n-1)/n)",
         ("tests/test_advantages.py",),
     ),
@@ -58,8 +58,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         "adv-eps-dropped",
         "advantages",
         "rl/advantages.py",
-        "statistics.pstdev(group_rewards) + eps if",
-        "statistics.pstdev(group_rewards) if",
+        "statistics.pstdev(group_rewards) + math.ldexp(eps, -shift), 0",
+        "statistics.pstdev(group_rewards), 0",
         "eps silently dropped from the denominator: the declared std_eps is not applied",
         ("tests/test_advantages.py",),
     ),
@@ -277,13 +277,13 @@ CATALOGUE: tuple[Mutant, ...] = (
         "state-in-place-write",
         "state-store",
         "rl/state.py",
-        '        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)\n',
+        "        while True:\n            fd, tmp = tempfile.mkstemp(prefix=self._temp_prefix, dir=self.path.parent)\n",
         '        with open(self.path, "wb") as f:\n'
         "            f.write(data[: len(data) // 2])\n"
         '            await __import__("asyncio").sleep(0)  # an async file API awaits between chunks\n'
         "            f.write(data[len(data) // 2 :])\n"
         "        return\n"
-        '        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)\n',
+        "        while True:\n            fd, tmp = tempfile.mkstemp(prefix=self._temp_prefix, dir=self.path.parent)\n",
         "checkpoint written in place (in chunks, yielding between them): a save cancelled midway leaves a torn blob",
         ("tests/test_grpo_driver.py",),
     ),
@@ -330,8 +330,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         "grpo-nan-swallowed",
         "grpo-driver",
         "rl/loop/grpo.py",
-        '            if reward != reward or reward in (float("inf"), float("-inf")):\n',
-        "            if False:\n",
+        "        if not math.isfinite(reward):\n",
+        "        if False:\n",
         "non-finite rewards pass into the train step instead of raising NonFiniteRewardError",
         ("tests/test_grpo_driver.py",),
     ),
