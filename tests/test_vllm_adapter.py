@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures_real import adapter_dirs, one_thread, refs, run, store, tiny_model_dir
+from fixtures_real import adapter_dirs, make_adapter_dir, one_thread, refs, run, store, tiny_model_dir
 
 import fakes.vllm_stub as vllm_stub
 from fakes.vllm_stub import CompletionOutput, Logprob, RequestOutput, SamplingParams
@@ -19,7 +19,6 @@ from fakes.vllm_stub.lora.request import LoRARequest
 from rl.artifacts import LocalArtifacts, read_dir
 from rl.engines.torch_sampler import TorchSampler, teacher_forced_logprobs
 from rl.engines.vllm import (
-    AdapterIdConflict,
     EngineOutputError,
     VLLMEngine,
     VLLMUnavailable,
@@ -78,7 +77,8 @@ def test_sampling_params_and_lora_request_are_passed_as_the_seed_specifies(
     assert (sp.n, sp.temperature, sp.top_p, sp.seed, sp.logprobs, sp.max_tokens) == (6, 1.0, 1.0, 17, 0, 10)
     lora = call.lora_request
     assert isinstance(lora, LoRARequest)
-    assert (lora.lora_name, lora.lora_int_id) == ("policy-v3", 4)
+    digest = refs["trained"].digest
+    assert (lora.lora_name, lora.lora_int_id) == (f"policy-v3-{digest.partition(':')[2][:12]}", 1)
     assert read_dir(Path(lora.lora_path)) == run(store.get(refs["trained"]))
 
 
@@ -95,12 +95,12 @@ def test_with_the_models_tokenizer_prompts_go_as_token_ids_and_text_is_decoded_l
     assert rollouts == run(TorchSampler(tiny_model_dir, store).generate(req))
 
 
-def test_version_zero_gets_lora_id_one_because_vllm_reserves_zero(
+def test_the_first_adapter_gets_lora_id_one_because_vllm_reserves_zero(
     engine: VLLMEngine, refs: dict[str, ArtifactRef]
 ) -> None:
     run(engine.generate(request(refs["v0"], policy_version=0)))
     lora = engine.llm.generate_calls[-1].lora_request
-    assert (lora.lora_name, lora.lora_int_id) == ("policy-v0", 1)
+    assert lora.lora_int_id == 1 and lora.lora_name.startswith("policy-v0-")
 
 
 def test_outputs_become_rollouts_with_the_requests_version_and_the_policys_logprobs(
@@ -133,13 +133,38 @@ def test_each_adapter_is_written_and_loaded_once(engine: VLLMEngine, refs: dict[
     assert len([p for p in engine.adapter_root.iterdir() if not p.name.startswith(".")]) == 1
 
 
-def test_a_second_adapter_under_one_version_is_refused_not_served_stale(
+def test_one_warm_engine_serves_two_runs_each_from_its_own_adapters(
+    engine: VLLMEngine,
+    refs: dict[str, ArtifactRef],
+    store: LocalArtifacts,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """A replica's engine outlives a run: run two's version 0 (another seed, so another adapter) must get its own vLLM
+    LoRA id, or vLLM serves run one's cached adapter under the reused id (version + 1 did exactly that)."""
+    run_two_v0 = run(store.put_dir(make_adapter_dir(tiny_model_dir, tmp_path / "b0", seed=5, identity=False), "b0"))
+    sampler = TorchSampler(tiny_model_dir, store)
+    runs = [[refs["v0"], refs["trained"]], [run_two_v0, refs["trained"]]]  # run two's v1 happens to equal run one's
+    for adapters in runs:
+        for version, adapter in enumerate(adapters):
+            req = request(adapter, policy_version=version, seed=11)
+            assert run(engine.generate(req)) == run(sampler.generate(req))
+    served = [(c.lora_request.lora_name, c.lora_request.lora_int_id) for c in engine.llm.generate_calls]
+    assert [i for _, i in served] == [1, 2, 3, 2]  # one id per distinct adapter; the shared one keeps its id
+    assert all(
+        a.digest.partition(":")[2][:12] in name
+        for a, (name, _) in zip([a for r in runs for a in r], served, strict=True)
+    )
+    assert engine.llm.lora_loads == 3
+
+
+def test_an_id_is_taken_before_vllm_sees_the_adapter_so_a_failed_call_cannot_free_it(
     engine: VLLMEngine, refs: dict[str, ArtifactRef]
 ) -> None:
-    run(engine.generate(request(refs["v0"], policy_version=2)))
-    with pytest.raises(AdapterIdConflict, match="stale"):
-        run(engine.generate(request(refs["trained"], policy_version=2)))
-    assert len(run(engine.generate(request(refs["trained"], policy_version=4)))) == 6
+    """vLLM may have loaded the adapter before a call fails; the id stays that adapter's."""
+    first = engine.lora_id(0, refs["v0"].digest)
+    assert engine.lora_id(0, refs["trained"].digest) != first
+    assert engine.lora_id(7, refs["v0"].digest) == first
 
 
 def test_the_stub_like_vllm_serves_a_stale_adapter_under_a_reused_id(

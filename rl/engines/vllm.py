@@ -1,16 +1,19 @@
 """The rollout engine on vLLM, exactly as the rollouts page (seed 004) samples: one group per call, LoRA per version.
 
     LLM(model=<base dir>, enable_lora=True)
-    LoRARequest(f"policy-v{version}", version + 1, <adapter dir>)
+    LoRARequest(f"policy-v{version}-{digest[:12]}", <one id per adapter digest, from 1>, <adapter dir>)
     SamplingParams(n=G, temperature=1.0, top_p=1.0, seed=<seed>, logprobs=0, max_tokens=<max_tokens>)
 
 `logprobs=0` makes vLLM return only the sampled token's log-probability at each position, which is what the trainer's
 importance ratio needs; temperature 1.0 and top_p 1.0 make it the policy's own log-probability (vLLM reports log-probs
 after its sampling adjustments). LoRA ids start at 1 because vLLM reserves 0 for "no adapter".
 
-vLLM caches a LoRA by its integer id, so a second, different adapter under an id it has seen would be served stale.
-The engine therefore remembers which digest each id carried and refuses a conflicting request (`AdapterIdConflict`)
-instead of sampling from the wrong policy.
+vLLM caches a LoRA by its integer id and never reloads a known id (unless `load_inplace=True`), and it tells requests
+apart by `lora_name`. The seed's `id = version + 1` therefore breaks on an engine that outlives a run (the process
+cache in `rl.flyte.grpo`, a `ReusePolicy` replica): a second run's version 0 is another adapter under run one's id 1,
+and vLLM would sample the stale one. So the engine gives each distinct adapter *digest* its own id (1, 2, ... in the
+order it first sees them, for the engine's life) and puts the digest in the name; the version stays in the name for
+people reading vLLM's logs.
 
 Prompts go to vLLM as text, as in the seed, unless the engine is given the model's own `tokenizer`: then they go as
 token ids (`{"prompt_token_ids": [...]}`) and completions are decoded with it. The tiny character model needs that:
@@ -46,10 +49,6 @@ class VLLMUnavailable(ImportError):
     """vLLM is not installed in this environment."""
 
 
-class AdapterIdConflict(RuntimeError):
-    """Two different adapters were requested under one policy version, so one vLLM LoRA id would name both."""
-
-
 class EngineOutputError(RuntimeError):
     """vLLM's output lacks or contradicts what the engine asked for (log-probs, one output per prompt, ...)."""
 
@@ -65,11 +64,11 @@ def import_vllm() -> ModuleType:
         ) from e
 
 
-def lora_request_args(version: int, adapter_dir: Path) -> tuple[str, int, str]:
-    """The positional arguments of `LoRARequest` for a policy version: (name, int id, path), as the seed writes them."""
+def lora_name(version: int, digest: str) -> str:
+    """vLLM's `lora_name` for an adapter: its policy version (for people), its digest (what tells adapters apart)."""
     if version < 0:
         raise ValueError(f"policy version must be >= 0, got {version}")
-    return f"policy-v{version}", version + 1, str(adapter_dir)
+    return f"policy-v{version}-{digest.partition(':')[2][:12] or digest[:12]}"
 
 
 def sampling_params_kwargs(request: RolloutRequest) -> dict[str, Any]:
@@ -183,7 +182,7 @@ class VLLMEngine:
             if reserved in self.llm_kwargs:
                 raise ValueError(f"llm_kwargs may not set {reserved!r}; the engine passes it as the seed specifies")
         self._llm: Any = None
-        self._digest_by_lora_id: dict[int, str] = {}
+        self._lora_by_digest: dict[str, tuple[str, int]] = {}  # digest -> (lora_name, lora_int_id), never reassigned
         self._adapter_dirs: dict[str, Path] = {}
         self.tokenizer = tokenizer
 
@@ -200,11 +199,20 @@ class VLLMEngine:
             self._llm = self.vllm.LLM(model=str(self.base_model_dir), enable_lora=True, **self.llm_kwargs)
         return self._llm
 
-    def _lora_request(self, version: int, adapter_dir: Path) -> Any:
+    def lora_id(self, version: int, digest: str) -> tuple[str, int]:
+        """(lora_name, lora_int_id) of an adapter: assigned on first sight, before vLLM sees it, and kept for good, so
+        one id never names two adapters, whichever call failed in between."""
+        known = self._lora_by_digest.get(digest)
+        if known is None:
+            known = self._lora_by_digest[digest] = (lora_name(version, digest), len(self._lora_by_digest) + 1)
+        return known
+
+    def _lora_request(self, version: int, digest: str, adapter_dir: Path) -> Any:
         if self._lora_request_cls is None:
             # Import the submodule by name so it works for the real package and for an injected stand-in alike.
             self._lora_request_cls = importlib.import_module(f"{self.vllm.__name__}.lora.request").LoRARequest
-        return self._lora_request_cls(*lora_request_args(version, adapter_dir))
+        name, lora_int_id = self.lora_id(version, digest)
+        return self._lora_request_cls(name, lora_int_id, str(adapter_dir))
 
     async def _adapter_dir(self, adapter: ArtifactRef) -> Path:
         cached = self._adapter_dirs.get(adapter.digest)
@@ -224,16 +232,8 @@ class VLLMEngine:
         return final
 
     async def generate(self, request: RolloutRequest) -> list[Rollout]:
-        name, lora_id, _ = lora_request_args(request.policy_version, Path())
-        seen = self._digest_by_lora_id.get(lora_id)
-        if seen is not None and seen != request.adapter.digest:
-            raise AdapterIdConflict(
-                f"policy version {request.policy_version} (vLLM LoRA {name!r}, id {lora_id}) was first served from "
-                f"adapter {seen} and is now requested with {request.adapter.digest}; vLLM caches LoRAs by id and "
-                "would sample the stale one. Give each distinct adapter its own version, or use a fresh VLLMEngine"
-            )
         adapter_dir = await self._adapter_dir(request.adapter)
-        lora = self._lora_request(request.policy_version, adapter_dir)
+        lora = self._lora_request(request.policy_version, request.adapter.digest, adapter_dir)
         sampling = self.vllm.SamplingParams(**sampling_params_kwargs(request))
         prompt: Any = request.prompt.question
         prompt_ids: list[int] | None = None
@@ -243,7 +243,6 @@ class VLLMEngine:
             prompt = {"prompt_token_ids": prompt_ids}
             decode = self._decode
         outputs = self.llm.generate([prompt], sampling, lora_request=lora)
-        self._digest_by_lora_id[lora_id] = request.adapter.digest
         if len(outputs) != 1:
             raise EngineOutputError(f"asked vLLM for one prompt's group, got {len(outputs)} request outputs")
         return rollouts_from_request_output(outputs[0], request, decode=decode, expected_prompt_ids=prompt_ids)
