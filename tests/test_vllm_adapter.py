@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 from fixtures_real import adapter_dirs, make_adapter_dir, one_thread, refs, run, store, tiny_model_dir
+from hypothesis import given
+from hypothesis import strategies as st
 
 import fakes.vllm_stub as vllm_stub
 from fakes.vllm_stub import CompletionOutput, Logprob, RequestOutput, SamplingParams
@@ -19,14 +21,17 @@ from fakes.vllm_stub.lora.request import LoRARequest
 from rl.artifacts import LocalArtifacts, read_dir
 from rl.engines.torch_sampler import TorchSampler, teacher_forced_logprobs
 from rl.engines.vllm import (
+    VLLM_SEED_STRIDE,
     EngineOutputError,
     VLLMEngine,
     VLLMUnavailable,
     rollouts_from_request_output,
+    sampling_params_kwargs,
+    vllm_seed,
 )
 from rl.models import load_tokenizer
 from rl.protocols import RolloutEngine
-from rl.types import ArtifactRef, Prompt, RolloutRequest
+from rl.types import ArtifactRef, Prompt, Rollout, RolloutRequest
 
 __all__ = ["adapter_dirs", "one_thread", "refs", "store", "tiny_model_dir"]
 
@@ -41,6 +46,16 @@ def request(adapter: ArtifactRef, **overrides: object) -> RolloutRequest:
         group_id=2, prompt=Prompt("4=", "5"), n=6, adapter=adapter, policy_version=3, seed=17, max_tokens=10
     )
     return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
+
+
+def per_sample_seeded(sampler: TorchSampler, req: RolloutRequest) -> list[Rollout]:
+    """What vLLM samples for `req`, on the torch sampler: completion i alone, seeded `vllm_seed(req.seed) + i`."""
+    return [
+        dataclasses.replace(
+            run(sampler.generate(dataclasses.replace(req, n=1, seed=vllm_seed(req.seed) + i)))[0], seed=req.seed
+        )
+        for i in range(req.n)
+    ]
 
 
 def test_vllm_engine_is_a_rollout_engine(engine: VLLMEngine) -> None:
@@ -74,7 +89,7 @@ def test_sampling_params_and_lora_request_are_passed_as_the_seed_specifies(
     [call] = llm.generate_calls
     assert call.prompts == ["4="]
     [sp] = call.sampling_params
-    assert (sp.n, sp.temperature, sp.top_p, sp.seed, sp.logprobs, sp.max_tokens) == (6, 1.0, 1.0, 17, 0, 10)
+    assert (sp.n, sp.temperature, sp.top_p, sp.seed, sp.logprobs, sp.max_tokens) == (6, 1.0, 1.0, 17 * 256, 0, 10)
     lora = call.lora_request
     assert isinstance(lora, LoRARequest)
     digest = refs["trained"].digest
@@ -92,7 +107,7 @@ def test_with_the_models_tokenizer_prompts_go_as_token_ids_and_text_is_decoded_l
     rollouts = run(engine.generate(req))
     [call] = engine.llm.generate_calls
     assert call.prompts == [{"prompt_token_ids": tokenizer("a b\n4=")["input_ids"]}]
-    assert rollouts == run(TorchSampler(tiny_model_dir, store).generate(req))
+    assert rollouts == per_sample_seeded(TorchSampler(tiny_model_dir, store), req)
 
 
 def test_the_first_adapter_gets_lora_id_one_because_vllm_reserves_zero(
@@ -121,9 +136,10 @@ def test_outputs_become_rollouts_with_the_requests_version_and_the_policys_logpr
 def test_translation_loses_nothing_the_torch_sampler_records(
     engine: VLLMEngine, refs: dict[str, ArtifactRef], tiny_model_dir: Path, store: LocalArtifacts
 ) -> None:
-    """The stub samples with the torch sampler's code, so the two engines' rollouts agree field for field."""
+    """The stub samples with the torch sampler's code, one completion per seed as vLLM does, so the rollouts agree
+    field for field with the torch sampler's single completions at those seeds."""
     req = request(refs["trained"], seed=23)
-    assert run(engine.generate(req)) == run(TorchSampler(tiny_model_dir, store).generate(req))
+    assert run(engine.generate(req)) == per_sample_seeded(TorchSampler(tiny_model_dir, store), req)
 
 
 def test_each_adapter_is_written_and_loaded_once(engine: VLLMEngine, refs: dict[str, ArtifactRef]) -> None:
@@ -148,7 +164,7 @@ def test_one_warm_engine_serves_two_runs_each_from_its_own_adapters(
     for adapters in runs:
         for version, adapter in enumerate(adapters):
             req = request(adapter, policy_version=version, seed=11)
-            assert run(engine.generate(req)) == run(sampler.generate(req))
+            assert run(engine.generate(req)) == per_sample_seeded(sampler, req)
     served = [(c.lora_request.lora_name, c.lora_request.lora_int_id) for c in engine.llm.generate_calls]
     assert [i for _, i in served] == [1, 2, 3, 2]  # one id per distinct adapter; the shared one keeps its id
     assert all(
@@ -178,6 +194,38 @@ def test_the_stub_like_vllm_serves_a_stale_adapter_under_a_reused_id(
     fresh = llm.generate(["1="], sp, lora_request=LoRARequest("b", 2, str(adapter_dirs["trained"])))
     assert stale[0].outputs[0].logprobs == first[0].outputs[0].logprobs
     assert fresh[0].outputs[0].logprobs != first[0].outputs[0].logprobs
+
+
+def test_the_stub_like_vllm_seeds_completion_i_with_seed_plus_i(
+    tiny_model_dir: Path, adapter_dirs: dict[str, Path]
+) -> None:
+    """vLLM gives child request i of an n-completion request the seed `seed + i`: groups seeded s and s + 1 from one
+    prompt and adapter share all but one completion (why rl.seeding spaces group seeds)."""
+    llm = vllm_stub.LLM(model=str(tiny_model_dir), enable_lora=True)
+    lora = LoRARequest("a", 1, str(adapter_dirs["trained"]))
+    [a] = llm.generate(["1="], SamplingParams(n=4, seed=40, logprobs=0, max_tokens=6), lora_request=lora)
+    [b] = llm.generate(["1="], SamplingParams(n=4, seed=41, logprobs=0, max_tokens=6), lora_request=lora)
+    [alone] = llm.generate(["1="], SamplingParams(n=1, seed=42, logprobs=0, max_tokens=6), lora_request=lora)
+    assert [c.token_ids for c in a.outputs[1:]] == [c.token_ids for c in b.outputs[:3]]
+    assert a.outputs[2].logprobs == alone.outputs[0].logprobs
+
+
+@given(data=st.data())
+def test_groups_with_nearby_seeds_never_share_a_per_sample_seed(data: st.DataObject) -> None:
+    """vLLM samples completion i with (the seed it is given) + i: the ranges of two distinct group seeds, however
+    close, are disjoint once the engine spaces them (passed as they are, seeds s and s + 1 share n - 1 of them)."""
+    a = data.draw(st.integers(0, 2**31 - 1), label="seed")
+    b = a + data.draw(st.integers(1, VLLM_SEED_STRIDE), label="gap")
+    n = data.draw(st.integers(1, VLLM_SEED_STRIDE), label="n")
+    adapter = ArtifactRef(uri="", digest="sha256:" + "0" * 64)
+    seeds = [sampling_params_kwargs(request(adapter, n=n, seed=s))["seed"] for s in (a, b)]
+    assert set(range(seeds[0], seeds[0] + n)).isdisjoint(range(seeds[1], seeds[1] + n))
+
+
+def test_a_group_too_large_for_its_seed_range_is_refused() -> None:
+    adapter = ArtifactRef(uri="", digest="sha256:" + "0" * 64)
+    with pytest.raises(ValueError, match="share samples"):
+        sampling_params_kwargs(request(adapter, n=VLLM_SEED_STRIDE + 1))
 
 
 def test_the_stub_checks_what_vllm_checks(tiny_model_dir: Path, adapter_dirs: dict[str, Path]) -> None:

@@ -12,7 +12,9 @@ translation code against this module in the unit tests. What it reproduces of vL
 - LoRA adapters are cached by `lora_int_id`, like vLLM: a second adapter under a known id is *not* loaded (the stale
   adapter is served). A `LoRARequest` without `enable_lora=True` and an adapter rank above `max_lora_rank` are errors.
 - A prompt is text or a `TokensPrompt` dict `{"prompt_token_ids": [...]}` (then `RequestOutput.prompt` is None).
-- A per-request `seed` makes sampling reproducible; `seed=None` samples from fresh entropy.
+- Seeds as vLLM 0.33 uses them (`vllm/v1/engine/parallel_sampling.py`): a request with `n` completions is `n` child
+  requests, child `i` sampled alone with seed `seed + i`; so completion `i` of a request seeded `s` is completion 0 of
+  one seeded `s + i`. `seed=None` samples from fresh entropy.
 
 What it does not do raises rather than silently differing: temperature or top_p other than 1.0 and `logprobs` > 0
 (`NotImplementedError`), any other sampling field such as stop strings (`TypeError`). Prompts of one call run one after
@@ -104,6 +106,13 @@ class SamplingParams:
         return f"SamplingParams({fields})"
 
 
+def _child_seeds(sp: SamplingParams) -> list[int]:
+    """vLLM's per-completion seeds: `seed + i` for completion i, or fresh entropy for each when `seed` is None."""
+    if sp.seed is None:
+        return [secrets.randbits(31) for _ in range(sp.n)]
+    return [sp.seed + i for i in range(sp.n)]
+
+
 @dataclass
 class GenerateCall:
     """One recorded `LLM.generate` call."""
@@ -192,9 +201,11 @@ class LLM:
                 prompt_ids, prompt_text = [int(t) for t in prompt["prompt_token_ids"]], None
             else:
                 prompt_ids, prompt_text = [int(t) for t in self.tokenizer(prompt)["input_ids"]], prompt
-            seed = sp.seed if sp.seed is not None else secrets.randbits(31)
             max_tokens = sp.max_tokens if sp.max_tokens is not None else 16
-            seqs = sample_group(model, prompt_ids, n=sp.n, max_tokens=max_tokens, seed=seed, eos_token_id=eos)
+            seqs = [
+                sample_group(model, prompt_ids, n=1, max_tokens=max_tokens, seed=child_seed, eos_token_id=eos)[0]
+                for child_seed in _child_seeds(sp)
+            ]
             outputs = []
             for i, s in enumerate(seqs):
                 text = self.tokenizer.decode(s.token_ids, skip_special_tokens=True)

@@ -2,7 +2,7 @@
 
     LLM(model=<base dir>, enable_lora=True)
     LoRARequest(f"policy-v{version}-{digest[:12]}", <one id per adapter digest, from 1>, <adapter dir>)
-    SamplingParams(n=G, temperature=1.0, top_p=1.0, seed=<seed>, logprobs=0, max_tokens=<max_tokens>)
+    SamplingParams(n=G, temperature=1.0, top_p=1.0, seed=<seed> * 256, logprobs=0, max_tokens=<max_tokens>)
 
 `logprobs=0` makes vLLM return only the sampled token's log-probability at each position, which is what the trainer's
 importance ratio needs; temperature 1.0 and top_p 1.0 make it the policy's own log-probability (vLLM reports log-probs
@@ -14,6 +14,12 @@ cache in `rl.flyte.grpo`, a `ReusePolicy` replica): a second run's version 0 is 
 and vLLM would sample the stale one. So the engine gives each distinct adapter *digest* its own id (1, 2, ... in the
 order it first sees them, for the engine's life) and puts the digest in the name; the version stays in the name for
 people reading vLLM's logs.
+
+vLLM samples completion i of a request alone, seeded `seed + i` (`vllm/v1/engine/parallel_sampling.py`). Passing the
+group's seed as it is would make groups seeded s and s + 1 (same prompt, same adapter) share n - 1 completions, so the
+engine passes `vllm_seed(seed) = seed * VLLM_SEED_STRIDE`: distinct group seeds then own disjoint ranges of per-sample
+seeds (for n <= VLLM_SEED_STRIDE; larger groups are refused). vLLM's seeds are 64-bit (torch generators, int64 seed
+arrays), so the product fits. The rollouts still carry the group's own seed.
 
 Prompts go to vLLM as text, as in the seed, unless the engine is given the model's own `tokenizer`: then they go as
 token ids (`{"prompt_token_ids": [...]}`) and completions are decoded with it. The tiny character model needs that:
@@ -40,6 +46,9 @@ from typing import Any
 from rl.artifacts import materialize
 from rl.protocols import Artifacts
 from rl.types import ArtifactRef, Rollout, RolloutRequest
+
+VLLM_SEED_STRIDE = 2**8
+"""Each group seed owns this many consecutive vLLM seeds: the largest group whose per-sample seeds stay its own."""
 
 # A generous bound: it catches a misaligned translation (log-probs shifted by a token), not float accumulation noise.
 _CUMULATIVE_ATOL = 1e-2
@@ -71,13 +80,25 @@ def lora_name(version: int, digest: str) -> str:
     return f"policy-v{version}-{digest.partition(':')[2][:12] or digest[:12]}"
 
 
+def vllm_seed(seed: int) -> int:
+    """The seed vLLM gets for a group seeded `seed`: completion i then samples with `seed * VLLM_SEED_STRIDE + i`, a
+    range no other group seed's range meets."""
+    return seed * VLLM_SEED_STRIDE
+
+
 def sampling_params_kwargs(request: RolloutRequest) -> dict[str, Any]:
-    """The `SamplingParams` keyword arguments for one group, as the seed writes them."""
+    """The `SamplingParams` keyword arguments for one group, as the seed writes them (the seed spaced: `vllm_seed`)."""
+    if request.n > VLLM_SEED_STRIDE:
+        raise ValueError(
+            f"group {request.group_id} asks for n={request.n} completions; the vLLM engine spaces group seeds "
+            f"{VLLM_SEED_STRIDE} apart (vLLM seeds completion i with seed + i), so groups of more than "
+            f"{VLLM_SEED_STRIDE} would share samples: use a smaller group or raise VLLM_SEED_STRIDE"
+        )
     return {
         "n": request.n,
         "temperature": 1.0,
         "top_p": 1.0,
-        "seed": request.seed,
+        "seed": vllm_seed(request.seed),
         "logprobs": 0,
         "max_tokens": request.max_tokens,
     }
