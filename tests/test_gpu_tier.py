@@ -194,7 +194,9 @@ async def test_the_vllm_settings_pass_through_the_engine(tmp_path: Path) -> None
     from rl.trainer.peft_trainer import PeftTrainer
     from rl.types import Prompt, RolloutRequest
 
-    base = build_tiny_model(tmp_path / "model", TinyModelConfig(seed=1, hidden_size=32, intermediate=64))
+    # As long as VLLM_MODEL's positions: vllm_llm_kwargs' max_model_len is that model's, and vLLM refuses a longer one.
+    config = TinyModelConfig(seed=1, hidden_size=32, intermediate=64, max_position=gpu.VLLM_MODEL.max_position)
+    base = build_tiny_model(tmp_path / "model", config)
     artifacts = LocalArtifacts(tmp_path / "store")
     init = await PeftTrainer(base, artifacts, TrainerConfig()).init_adapter(seed=0)
     engine = VLLMEngine(

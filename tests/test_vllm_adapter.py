@@ -171,7 +171,9 @@ def test_one_warm_engine_serves_two_runs_each_from_its_own_adapters(
         a.digest.partition(":")[2][:12] in name
         for a, (name, _) in zip([a for r in runs for a in r], served, strict=True)
     )
-    assert engine.llm.lora_loads == 3
+    # vLLM's LRU holds max_cpu_loras (= max_loras = 1 here): the shared adapter, evicted by run two's v0, was loaded
+    # again from its path under its own id.
+    assert engine.llm.lora_loads == 4
 
 
 def test_an_id_is_taken_before_vllm_sees_the_adapter_so_a_failed_call_cannot_free_it(
@@ -299,3 +301,59 @@ def test_prompt_ids_other_than_those_sent_raise() -> None:
 def test_llm_kwargs_cannot_override_what_the_seed_fixes(tiny_model_dir: Path, store: LocalArtifacts) -> None:
     with pytest.raises(ValueError, match="enable_lora"):
         VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, llm_kwargs={"enable_lora": False})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"enable_lora": True, "swap_space": 4}, TypeError, "unexpected keyword"),
+        ({"enable_lora": True, "max_lora_rank": 4}, ValueError, "max_lora_rank must be one of"),
+        ({"enable_lora": True, "max_loras": 2, "max_cpu_loras": 1}, ValueError, "must be >= max_loras"),
+        ({"max_model_len": 2048}, ValueError, "greater than the derived max_model_len"),
+        ({"logprobs_mode": "processed"}, ValueError, "logprobs_mode"),
+    ],
+)
+def test_the_stub_refuses_engine_arguments_vllm_refuses(
+    tiny_model_dir: Path, kwargs: dict[str, object], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        vllm_stub.LLM(model=str(tiny_model_dir), **kwargs)
+
+
+def test_the_stub_refuses_adapters_and_prompts_vllm_refuses(
+    tiny_model_dir: Path, adapter_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    llm = vllm_stub.LLM(model=str(tiny_model_dir), enable_lora=True, max_lora_rank=1)
+    sp = SamplingParams(seed=1, max_tokens=2)
+    with pytest.raises(ValueError, match="LoRA rank 4 is greater than max_lora_rank 1"):
+        llm.generate(["1="], sp, lora_request=LoRARequest("a", 1, str(adapter_dirs["v0"])))
+    no_config = tmp_path / "no-config"
+    no_config.mkdir()
+    (no_config / "adapter_model.safetensors").write_bytes(
+        (adapter_dirs["v0"] / "adapter_model.safetensors").read_bytes()
+    )
+    with pytest.raises(FileNotFoundError, match=r"adapter_config\.json"):
+        llm.generate(["1="], sp, lora_request=LoRARequest("b", 2, str(no_config)))
+    with pytest.raises(AssertionError, match="lora_path"):
+        LoRARequest("c", 3)
+    with pytest.raises(vllm_stub.VLLMValidationError, match="out of vocabulary"):
+        llm.generate([{"prompt_token_ids": [1, llm.vocab_size]}], sp)
+
+
+def test_the_stub_keeps_an_lru_of_max_cpu_loras_and_reloads_evicted_ids_from_their_path(
+    tiny_model_dir: Path, adapter_dirs: dict[str, Path]
+) -> None:
+    """vLLM's LRUCacheWorkerLoRAManager: a cached id is served as cached (stale if its path changed); once evicted,
+    the id is loaded again from the path its request names."""
+    llm = vllm_stub.LLM(model=str(tiny_model_dir), enable_lora=True, max_loras=1, max_cpu_loras=2)
+    sp = SamplingParams(n=2, seed=1, logprobs=0, max_tokens=5)
+    v0, trained = str(adapter_dirs["v0"]), str(adapter_dirs["trained"])
+    [a] = llm.generate(["1="], sp, lora_request=LoRARequest("a", 1, v0))
+    [b] = llm.generate(["1="], sp, lora_request=LoRARequest("b", 2, trained))
+    [stale] = llm.generate(["1="], sp, lora_request=LoRARequest("a2", 1, trained))  # id 1 still cached
+    llm.generate(["1="], sp, lora_request=LoRARequest("c", 3, v0))  # evicts id 2, then id 1 is the oldest...
+    llm.generate(["1="], sp, lora_request=LoRARequest("b", 2, trained))  # ...and goes
+    [reloaded] = llm.generate(["1="], sp, lora_request=LoRARequest("a2", 1, trained))
+    assert stale.outputs[0].logprobs == a.outputs[0].logprobs
+    assert reloaded.outputs[0].logprobs == b.outputs[0].logprobs != a.outputs[0].logprobs
+    assert llm.lora_loads == 5
