@@ -214,4 +214,38 @@ async def test_the_vllm_settings_pass_through_the_engine(tmp_path: Path) -> None
         )
     )
     assert len(group) == 2
-    assert engine.llm.init_kwargs == {"model": str(base), "enable_lora": True, **gpu.vllm_llm_kwargs()}
+    fixed = {"model": str(base), "enable_lora": True, "logprobs_mode": "raw_logprobs"}
+    assert engine.llm.init_kwargs == {**fixed, **gpu.vllm_llm_kwargs()}
+
+
+def test_a_vllm_engine_spec_takes_its_length_from_the_model(tmp_path: Path) -> None:
+    """`EngineSpec(kind="vllm")` asks vLLM for the model's own length: a fixed 2048 was longer than the tiny model's
+    positions, which vLLM (and the stub) refuse."""
+    import fakes.vllm_stub as stub
+    from rl.flyte.config import ConfigError, EngineSpec
+    from rl.flyte.grpo import _make_engine
+    from rl.models import TinyModelConfig, build_tiny_model
+
+    base = build_tiny_model(tmp_path / "model", TinyModelConfig(seed=1, hidden_size=32, intermediate=64))
+    engine = _make_engine(base, EngineSpec(kind="vllm"))
+    engine._vllm = stub  # type: ignore[attr-defined]
+    assert engine.llm.max_model_len == TinyModelConfig().max_position  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="exceeds the model's 128 positions"):
+        _make_engine(base, EngineSpec(kind="vllm", max_model_len=2048))
+
+
+def test_rollout_tasks_make_vllm_spawn_its_engine_process() -> None:
+    """Forking a threaded process can hang vLLM's engine core; rollout tasks set the spawn start method."""
+    from rl.flyte.envs import rollout_env
+
+    assert rollout_env.env_vars["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+
+
+def test_gpu_smoke_trains_at_the_rate_the_cuda_trainer_test_measured() -> None:
+    """gpu_tests/test_cuda_trainer.py records that the CPU demo's lr 1e-2 overshoots on VLLM_MODEL; gpu-smoke trains
+    that model, so it uses the rate that test uses."""
+    from rl.flyte.config import gpu_smoke
+
+    source = (Path(__file__).parents[1] / "gpu_tests" / "test_cuda_trainer.py").read_text()
+    [measured] = re.findall(r"^CONFIG = TrainerConfig\(lr=([0-9.e-]+)", source, flags=re.M)
+    assert gpu_smoke().trainer.lr == float(measured)

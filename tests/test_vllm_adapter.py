@@ -86,6 +86,8 @@ def test_sampling_params_and_lora_request_are_passed_as_the_seed_specifies(
     llm = engine.llm
     assert llm.init_kwargs["model"] == str(tiny_model_dir)
     assert llm.init_kwargs["enable_lora"] is True
+    # vLLM 0.33's default is raw log-probs too; asked for explicitly so that a changed default cannot move them.
+    assert llm.init_kwargs["logprobs_mode"] == "raw_logprobs"
     [call] = llm.generate_calls
     assert call.prompts == ["4="]
     [sp] = call.sampling_params
@@ -299,8 +301,9 @@ def test_prompt_ids_other_than_those_sent_raise() -> None:
 
 
 def test_llm_kwargs_cannot_override_what_the_seed_fixes(tiny_model_dir: Path, store: LocalArtifacts) -> None:
-    with pytest.raises(ValueError, match="enable_lora"):
-        VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, llm_kwargs={"enable_lora": False})
+    for fixed in ({"enable_lora": False}, {"logprobs_mode": "processed_logprobs"}):
+        with pytest.raises(ValueError, match=next(iter(fixed))):
+            VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, llm_kwargs=fixed)
 
 
 @pytest.mark.parametrize(

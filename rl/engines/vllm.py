@@ -1,12 +1,15 @@
 """The rollout engine on vLLM, exactly as the rollouts page (seed 004) samples: one group per call, LoRA per version.
 
-    LLM(model=<base dir>, enable_lora=True)
+    LLM(model=<base dir>, enable_lora=True, logprobs_mode="raw_logprobs")
     LoRARequest(f"policy-v{version}-{digest[:12]}", <one id per adapter digest, from 1>, <adapter dir>)
     SamplingParams(n=G, temperature=1.0, top_p=1.0, seed=<seed> * 256, logprobs=0, max_tokens=<max_tokens>)
 
 `logprobs=0` makes vLLM return only the sampled token's log-probability at each position, which is what the trainer's
-importance ratio needs; temperature 1.0 and top_p 1.0 make it the policy's own log-probability (vLLM reports log-probs
-after its sampling adjustments). LoRA ids start at 1 because vLLM reserves 0 for "no adapter".
+importance ratio needs. vLLM 0.33 reports *raw* log-probs (the model's, before temperature and top-p) unless told
+otherwise; the engine asks for that explicitly (`LLM(logprobs_mode="raw_logprobs")`, so a changed default cannot
+move it), and samples at temperature 1.0 and top_p 1.0, where the raw distribution is also the one sampled from: the
+recorded log-prob is then the policy's own, as the loss assumes. LoRA ids start at 1 because vLLM reserves 0 for
+"no adapter".
 
 vLLM caches a LoRA by its integer id and never reloads a known id (unless `load_inplace=True`), and it tells requests
 apart by `lora_name`. The seed's `id = version + 1` therefore breaks on an engine that outlives a run (the process
@@ -34,6 +37,7 @@ no torch.
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import shutil
 import tempfile
@@ -78,6 +82,22 @@ def lora_name(version: int, digest: str) -> str:
     if version < 0:
         raise ValueError(f"policy version must be >= 0, got {version}")
     return f"policy-v{version}-{digest.partition(':')[2][:12] or digest[:12]}"
+
+
+ENGINE_FIXED_ARGS = ("model", "enable_lora", "logprobs_mode")
+"""`LLM` keywords the engine sets itself; `llm_kwargs` may not."""
+
+
+def engine_llm_kwargs(base_model_dir: Path, llm_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Every keyword the engine passes to `vllm.LLM` (`nox -s vllm-api` checks them against `EngineArgs`)."""
+    return {"model": str(base_model_dir), "enable_lora": True, "logprobs_mode": "raw_logprobs", **llm_kwargs}
+
+
+def model_max_len(base_model_dir: Path) -> int:
+    """The longest sequence the model in `base_model_dir` supports (`max_position_embeddings` of its config.json):
+    vLLM's default `max_model_len`, and the most it accepts."""
+    config = json.loads((Path(base_model_dir) / "config.json").read_text())
+    return int(config["max_position_embeddings"])
 
 
 def vllm_seed(seed: int) -> int:
@@ -199,9 +219,11 @@ class VLLMEngine:
         self.adapter_root = Path(adapter_root)
         self.adapter_root.mkdir(parents=True, exist_ok=True)
         self.llm_kwargs = dict(llm_kwargs or {})
-        for reserved in ("model", "enable_lora"):
+        for reserved in ENGINE_FIXED_ARGS:
             if reserved in self.llm_kwargs:
-                raise ValueError(f"llm_kwargs may not set {reserved!r}; the engine passes it as the seed specifies")
+                raise ValueError(
+                    f"llm_kwargs may not set {reserved!r}; the engine passes it itself (the loss needs it as it is)"
+                )
         self._llm: Any = None
         self._lora_by_digest: dict[str, tuple[str, int]] = {}  # digest -> (lora_name, lora_int_id), never reassigned
         self._adapter_dirs: dict[str, Path] = {}
@@ -215,9 +237,9 @@ class VLLMEngine:
 
     @property
     def llm(self) -> Any:
-        """The `vllm.LLM`, created on first access: `LLM(model=<base dir>, enable_lora=True, **llm_kwargs)`."""
+        """The `vllm.LLM`, created on first access: `LLM(**engine_llm_kwargs(base dir, llm_kwargs))`."""
         if self._llm is None:
-            self._llm = self.vllm.LLM(model=str(self.base_model_dir), enable_lora=True, **self.llm_kwargs)
+            self._llm = self.vllm.LLM(**engine_llm_kwargs(self.base_model_dir, self.llm_kwargs))
         return self._llm
 
     def lora_id(self, version: int, digest: str) -> tuple[str, int]:
