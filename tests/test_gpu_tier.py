@@ -249,3 +249,21 @@ def test_gpu_smoke_trains_at_the_rate_the_cuda_trainer_test_measured() -> None:
     source = (Path(__file__).parents[1] / "gpu_tests" / "test_cuda_trainer.py").read_text()
     [measured] = re.findall(r"^CONFIG = TrainerConfig\(lr=([0-9.e-]+)", source, flags=re.M)
     assert gpu_smoke().trainer.lr == float(measured)
+
+
+def test_an_existing_nccl_group_computes_on_the_ranks_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process group made before the task (torchrun's, a launcher's) that runs NCCL reduces only CUDA tensors, so
+    the rank's device is its bound GPU, not "cpu" (which every collective of the step would then fail on)."""
+    import torch
+    import torch.distributed as dist
+
+    from rl.flyte.clustered import join_process_group
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda: 3)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(dist, "get_backend", lambda: "nccl")
+    assert join_process_group() == (3, 4, "cuda:1", False)
+    monkeypatch.setattr(dist, "get_backend", lambda: "gloo")
+    assert join_process_group() == (3, 4, "cpu", False)

@@ -360,3 +360,15 @@ def test_the_stub_keeps_an_lru_of_max_cpu_loras_and_reloads_evicted_ids_from_the
     assert stale.outputs[0].logprobs == a.outputs[0].logprobs
     assert reloaded.outputs[0].logprobs == b.outputs[0].logprobs != a.outputs[0].logprobs
     assert llm.lora_loads == 5
+
+
+def test_closing_the_engine_stops_vllms_engine_core(engine: VLLMEngine, refs: dict[str, ArtifactRef]) -> None:
+    """vLLM 0.33's LLMEngine has no `shutdown`; its `engine_core` does. After `close`, the next call starts anew."""
+    run(engine.generate(request(refs["v0"], n=1)))
+    llm = engine.llm
+    engine.close()
+    assert llm.llm_engine.engine_core.shutdowns == 1
+    assert not hasattr(llm.llm_engine, "shutdown")
+    assert engine.llm is not llm
+    engine.close()
+    engine.close()  # closing a closed engine is a no-op

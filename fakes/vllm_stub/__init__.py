@@ -138,6 +138,23 @@ class GenerateCall:
     lora_request: LoRARequest | None
 
 
+@dataclass
+class _EngineCoreClient:
+    """`vllm.v1.engine.core_client.EngineCoreClient`: what stops vLLM's engine process (`shutdown`)."""
+
+    shutdowns: int = 0
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        self.shutdowns += 1
+
+
+@dataclass
+class _LLMEngine:
+    """`vllm.v1.engine.llm_engine.LLMEngine` as of 0.33: no `shutdown` of its own, only its `engine_core`'s."""
+
+    engine_core: _EngineCoreClient
+
+
 # What `LLM(...)` accepts: keyword arguments that are `vllm.engine.arg_utils.EngineArgs` fields (`nox -s vllm-api`
 # checks this list against the real class). vLLM raises TypeError for any other keyword; so does the stub.
 ENGINE_ARGS = (
@@ -207,6 +224,7 @@ class LLM:
         self.tokenizer = load_tokenizer(Path(model))
         self._cache = AdapterCache(Path(model), capacity=self.max_cpu_loras, merge=True)
         self._requests = 0
+        self.llm_engine = _LLMEngine(_EngineCoreClient())
 
     @property
     def lora_loads(self) -> int:

@@ -290,6 +290,24 @@ class VLLMEngine:
             raise EngineOutputError(f"asked vLLM for one prompt's group, got {len(outputs)} request outputs")
         return rollouts_from_request_output(outputs[0], request, decode=decode, expected_prompt_ids=prompt_ids)
 
+    def close(self) -> None:
+        """Stop vLLM's engine process and free its GPU memory; the next `generate` starts a fresh `LLM`.
+
+        vLLM 0.33's `LLMEngine` has no `shutdown`: its engine-core client (`llm_engine.engine_core`) has. Without
+        this, the engine core outlives the engine until the interpreter exits, holding its share of the GPU.
+        """
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        shutdown = getattr(core, "shutdown", None)
+        if not callable(shutdown):
+            raise EngineOutputError(
+                "this vllm's LLM has no llm_engine.engine_core.shutdown() (vLLM 0.33's way to stop the engine "
+                "process); pin vllm to the tested range of pyproject.toml's gpu extra"
+            )
+        shutdown()
+
     def _decode(self, token_ids: list[int]) -> str:
         assert self.tokenizer is not None
         return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
