@@ -267,3 +267,28 @@ def test_an_existing_nccl_group_computes_on_the_ranks_gpu(monkeypatch: pytest.Mo
     assert join_process_group() == (3, 4, "cuda:1", False)
     monkeypatch.setattr(dist, "get_backend", lambda: "gloo")
     assert join_process_group() == (3, 4, "cpu", False)
+
+
+def test_a_rank_loads_the_base_straight_onto_its_device(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Each clustered rank used to read the base in float32 into host memory and move it after (~33 GB per rank for
+    an 8 B model); the weights must be read onto the rank's device directly."""
+    import torch
+
+    import rl.models.tiny as tiny
+    from rl.models import TinyModelConfig, build_tiny_model
+    from rl.trainer.peft_trainer import ADAPTER_FILES, load_policy
+
+    base = build_tiny_model(tmp_path / "model", TinyModelConfig(seed=1, hidden_size=32, intermediate=64))
+    asked: dict[str, object] = {}
+
+    class Stop(Exception):
+        pass
+
+    def from_pretrained(path: str, **kwargs: object) -> None:
+        asked.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(tiny.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    with pytest.raises(Stop):
+        load_policy(base, dict.fromkeys(ADAPTER_FILES, b""), trainable=True, device="cuda:1")
+    assert asked["device_map"] == "cuda:1" and asked["dtype"] == torch.float32
