@@ -196,6 +196,29 @@ def gpu(session: nox.Session) -> None:
     session.run("pytest", "gpu_tests", "-m", "gpu", *session.posargs, env=env)
 
 
+VLLM_PIN = "vllm==0.33.0"
+# What vllm's configuration and request classes import at module level, beside torch and our own dependencies (the
+# rest of vllm's requirements are CUDA kernels and its server, which a CPU cannot install or does not need).
+VLLM_PURE_DEPS = (
+    "msgspec", "pydantic", "cloudpickle", "pyzmq", "blake3", "cbor2", "cachetools", "einops", "psutil", "aiohttp",
+    "requests", "openai", "openai-harmony", "pillow", "pybase64", "uvloop", "py-cpuinfo", "sentencepiece", "regex",
+    "prometheus_client", "fastapi", "partial-json-parser", "gguf", "diskcache", "lark==1.2.2",
+)  # fmt: skip
+
+
+@nox.session(name="vllm-api")
+def vllm_api(session: nox.Session) -> None:
+    """Our vLLM calls and the vLLM stub against the real vllm==0.33.0 on the CPU: its wheel without dependencies,
+    plus the pure-Python ones its config and request classes import (vllm_api_tests/). Proves every `LLM(...)`
+    keyword we pass is an `EngineArgs` field with a valid value, our `SamplingParams`/`LoRARequest` are built by the
+    real classes, and the stub refuses what vLLM refuses. Also checks that uv.lock (the GPU image's) matches
+    pyproject.toml."""
+    _install_cpu(session, with_=VLLM_PURE_DEPS)
+    session.install("--no-deps", VLLM_PIN)
+    session.run("uv", "lock", "--check", external=True)
+    session.run("pytest", "vllm_api_tests", "-p", "no:cacheprovider", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
+
+
 # Real GRPO libraries, pinned, each bound with its declared choices (`peers/*.py`), and the laws each binding fails
 # today: a real bug, or a choice `AlgorithmSpec` cannot declare (docs/conformance.md, "Proven on real peers"). `IMPL` is
 # the library's default configuration (`ALGORITHM`), `IMPL_KL` the same with its KL penalty on (`ALGORITHM_KL`).
