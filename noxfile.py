@@ -196,6 +196,50 @@ def gpu(session: nox.Session) -> None:
     session.run("pytest", "gpu_tests", "-m", "gpu", *session.posargs, env=env)
 
 
+@nox.session(venv_backend="uv")
+def mindeps(session: nox.Session) -> None:
+    """The fast tests (as `unit`, without Flyte local mode) on the lowest version of every dependency pyproject.toml
+    declares (uv's `--resolution lowest-direct`; torch stays at the CPU pin), so a lower bound that does not work fails
+    here instead of at a user's."""
+    source = (*_cpu_torch_source(session), *_uv_compile(session))
+    session.install(*CPU_CONSTRAINTS, *source, "--resolution", "lowest-direct", "-e", ".[test]")
+    _check_cpu_torch(session)
+    skipped = ("gpu", "slow", "ray", "browser", "flyte")
+    workers = ("-n", "auto", "--maxprocesses", "4", "--dist", "worksteal")
+    session.run(
+        "pytest", *workers, "-m", " and ".join(f"not {m}" for m in skipped), *session.posargs, env=HYPOTHESIS_ENV
+    )
+
+
+# The driver environments `flyte deploy` takes (file, environment), each with the tiers it depends on.
+DRIVER_ENVS = (
+    ("rl/flyte/grpo.py", "grpo_driver_env"),
+    ("rl/flyte/clustered.py", "grpo_clustered_driver_env"),
+    ("rl/flyte/agentic.py", "agentic_driver_env"),
+)
+
+
+@nox.session(name="deploy-dry-run")
+def deploy_dry_run(session: nox.Session) -> None:
+    """`flyte deploy --dry-run` of the three driver environments (GRPO, clustered, agentic) under each
+    `RL_FLYTE_TIERS` (cpu, gpu, stress): every task, image spec and input type serialises as a cluster deploy would
+    serialise it, with a throwaway config and an isolated HOME, talking to no backend."""
+    _install_cpu(session)
+    with tempfile.TemporaryDirectory(prefix="rl-deploy-") as home:
+        config = Path(home) / "config.yaml"
+        config.write_text(
+            "admin:\n  endpoint: dns:///localhost:1\n  insecure: true\n"
+            "task:\n  project: dry-run\n  domain: development\nimage:\n  builder: local\n"
+        )
+        for tiers in ("cpu", "gpu", "stress"):
+            for path, env_name in DRIVER_ENVS:
+                session.log(f"RL_FLYTE_TIERS={tiers}: {path} {env_name}")
+                env = {"HOME": home, "RL_FLYTE_TIERS": tiers, "HF_HUB_OFFLINE": "1"}
+                session.run(
+                    "flyte", "--config", str(config), "deploy", "--dry-run", path, env_name, env=env, silent=True
+                )
+
+
 VLLM_PIN = "vllm==0.33.0"
 # What vllm's configuration and request classes import at module level, beside torch and our own dependencies (the
 # rest of vllm's requirements are CUDA kernels and its server, which a CPU cannot install or does not need).
