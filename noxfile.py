@@ -213,6 +213,62 @@ def gpu(session: nox.Session) -> None:
     session.run("pytest", "gpu_tests", "-m", "gpu", *session.posargs, env=env)
 
 
+@nox.session(venv_backend="uv")
+def mindeps(session: nox.Session) -> None:
+    """The fast tests (as `unit`, without Flyte local mode) on the lowest version of every dependency pyproject.toml
+    declares (uv's `--resolution lowest-direct`; torch stays at the CPU pin), so a lower bound that does not work fails
+    here instead of at a user's."""
+    source = (*_cpu_torch_source(session), *_uv_compile(session))
+    session.install(*CPU_CONSTRAINTS, *source, "--resolution", "lowest-direct", "-e", ".[test]")
+    _check_cpu_torch(session)
+    skipped = ("gpu", "slow", "ray", "browser", "flyte")
+    workers = ("-n", "auto", "--maxprocesses", "4", "--dist", "worksteal")
+    session.run(
+        "pytest", *workers, "-m", " and ".join(f"not {m}" for m in skipped), *session.posargs, env=HYPOTHESIS_ENV
+    )
+
+
+@nox.session(name="deploy-dry-run")
+def deploy_dry_run(session: nox.Session) -> None:
+    """`flyte deploy --dry-run` of the three driver environments (GRPO, clustered, agentic) and all they depend on,
+    under each `RL_FLYTE_TIERS` (cpu, gpu, stress): every task, image spec and input type serialises as a cluster
+    deploy would, with a throwaway config and an isolated HOME, talking to no backend (`.ci/deploy_dry_run.py`, one
+    process per tier)."""
+    _install_cpu(session)
+    with tempfile.TemporaryDirectory(prefix="rl-deploy-") as home:
+        config = Path(home) / "config.yaml"
+        config.write_text(
+            "admin:\n  endpoint: dns:///localhost:1\n  insecure: true\n"
+            "task:\n  project: dry-run\n  domain: development\nimage:\n  builder: local\n"
+        )
+        for tiers in ("cpu", "gpu", "stress"):
+            env = {"HOME": home, "RL_FLYTE_TIERS": tiers, "HF_HUB_OFFLINE": "1"}
+            session.run("python", ".ci/deploy_dry_run.py", str(config), env=env)
+
+
+VLLM_PIN = "vllm==0.33.0"
+# What vllm's configuration and request classes import at module level, beside torch and our own dependencies (the
+# rest of vllm's requirements are CUDA kernels and its server, which a CPU cannot install or does not need).
+VLLM_PURE_DEPS = (
+    "msgspec", "pydantic", "cloudpickle", "pyzmq", "blake3", "cbor2", "cachetools", "einops", "psutil", "aiohttp",
+    "requests", "openai", "openai-harmony", "pillow", "pybase64", "uvloop", "py-cpuinfo", "sentencepiece", "regex",
+    "prometheus_client", "fastapi", "partial-json-parser", "gguf", "diskcache", "lark==1.2.2",
+)  # fmt: skip
+
+
+@nox.session(name="vllm-api")
+def vllm_api(session: nox.Session) -> None:
+    """Our vLLM calls and the vLLM stub against the real vllm==0.33.0 on the CPU: its wheel without dependencies,
+    plus the pure-Python ones its config and request classes import (vllm_api_tests/). Proves every `LLM(...)`
+    keyword we pass is an `EngineArgs` field with a valid value, our `SamplingParams`/`LoRARequest` are built by the
+    real classes, and the stub refuses what vLLM refuses. Also checks that uv.lock (the GPU image's) matches
+    pyproject.toml."""
+    _install_cpu(session, with_=VLLM_PURE_DEPS)
+    session.install("--no-deps", VLLM_PIN)
+    session.run("uv", "lock", "--check", external=True)
+    session.run("pytest", "vllm_api_tests", "-p", "no:cacheprovider", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
+
+
 # Real GRPO libraries, pinned, each bound with its declared choices (`peers/*.py`), and the laws each binding fails
 # today: a real bug, or a choice `AlgorithmSpec` cannot declare (docs/conformance.md, "Proven on real peers"). `IMPL` is
 # the library's default configuration (`ALGORITHM`), `IMPL_KL` the same with its KL penalty on (`ALGORITHM_KL`).

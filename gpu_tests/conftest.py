@@ -112,8 +112,8 @@ def gpu_store(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def vllm_engine(gpu_model_dir: Path, gpu_store: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One `VLLMEngine` (real vLLM, bf16, LoRA enabled) over `gpu_model_dir` and `gpu_store`, started once.
 
-    It is shared, like a long-lived rollout server: tests give their adapters distinct policy versions (the sampler
-    tests use 100 and up, the driver 0, 1, 2), because the engine refuses a second adapter under a version it served.
+    It is shared, like a long-lived rollout server: each distinct adapter gets its own vLLM LoRA id, whatever policy
+    version it is requested under (the sampler tests use versions 100 and up, the driver 0, 1, 2).
     """
     requires_cuda()
     requires_vllm()
@@ -129,12 +129,7 @@ def vllm_engine(gpu_model_dir: Path, gpu_store: Any, tmp_path_factory: pytest.Te
     )
     _ = engine.llm  # start vLLM now, so its start-up is not charged to the first test
     yield engine
-    llm = engine._llm
-    engine._llm = None
-    shutdown = getattr(getattr(llm, "llm_engine", None), "shutdown", None)
-    if callable(shutdown):
-        shutdown()
-    del llm
+    engine.close()  # vLLM 0.33's LLMEngine has no shutdown(); the engine stops its engine core
 
 
 @pytest.fixture

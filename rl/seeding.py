@@ -9,6 +9,14 @@ Distinct inputs give distinct seeds except by chance: some two of N seeds coinci
 (0.2% for 3,000 seeds). A collision only makes two rollouts share a sampler seed, which matters only when they also
 share a prompt and an adapter.
 
+A group's seed is not one stream on every engine. The torch sampler draws a group's `n` rows from one generator seeded
+`seed`. vLLM (0.33, `vllm/v1/engine/parallel_sampling.py`) splits a request for `n` completions into `n` child
+requests and samples child `i` alone with the seed `seed + i`, so groups seeded `s` and `s + 1` from one prompt and
+adapter would share `n - 1` completions, and hash-derived seeds are nearby by chance. The vLLM engine therefore does
+not pass these seeds as they are: it spaces them (`rl.engines.vllm.vllm_seed`: `seed * VLLM_SEED_STRIDE`), so
+distinct group seeds give disjoint per-sample seed ranges. The seeds here stay as they were: a recorded run's
+actions (and its rollouts' `seed` fields) keep their identity.
+
 Pure Python: every tier derives its seed without torch.
 """
 
@@ -45,8 +53,8 @@ def derive_seed(*parts: int | str) -> int:
 def rollout_seed(run_seed: int, iteration: int, group_id: int) -> int:
     """The sampler seed of one rollout group: the same on every attempt, process and machine.
 
-    One seed per group, not per sample: a sampler draws the group's `n` completions from one seeded request, and they
-    differ from each other because they are successive draws from that one stream.
+    One seed per group, not per sample: a sampler draws the group's `n` completions from one seeded request (one
+    stream on the torch sampler, one spaced seed per completion on vLLM: see the module docstring).
     """
     return derive_seed("rollout", run_seed, iteration, group_id)
 

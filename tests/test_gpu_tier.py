@@ -194,7 +194,9 @@ async def test_the_vllm_settings_pass_through_the_engine(tmp_path: Path) -> None
     from rl.trainer.peft_trainer import PeftTrainer
     from rl.types import Prompt, RolloutRequest
 
-    base = build_tiny_model(tmp_path / "model", TinyModelConfig(seed=1, hidden_size=32, intermediate=64))
+    # As long as VLLM_MODEL's positions: vllm_llm_kwargs' max_model_len is that model's, and vLLM refuses a longer one.
+    config = TinyModelConfig(seed=1, hidden_size=32, intermediate=64, max_position=gpu.VLLM_MODEL.max_position)
+    base = build_tiny_model(tmp_path / "model", config)
     artifacts = LocalArtifacts(tmp_path / "store")
     init = await PeftTrainer(base, artifacts, TrainerConfig()).init_adapter(seed=0)
     engine = VLLMEngine(
@@ -212,4 +214,81 @@ async def test_the_vllm_settings_pass_through_the_engine(tmp_path: Path) -> None
         )
     )
     assert len(group) == 2
-    assert engine.llm.init_kwargs == {"model": str(base), "enable_lora": True, **gpu.vllm_llm_kwargs()}
+    fixed = {"model": str(base), "enable_lora": True, "logprobs_mode": "raw_logprobs"}
+    assert engine.llm.init_kwargs == {**fixed, **gpu.vllm_llm_kwargs()}
+
+
+def test_a_vllm_engine_spec_takes_its_length_from_the_model(tmp_path: Path) -> None:
+    """`EngineSpec(kind="vllm")` asks vLLM for the model's own length: a fixed 2048 was longer than the tiny model's
+    positions, which vLLM (and the stub) refuse."""
+    import fakes.vllm_stub as stub
+    from rl.flyte.config import ConfigError, EngineSpec
+    from rl.flyte.grpo import _make_engine
+    from rl.models import TinyModelConfig, build_tiny_model
+
+    base = build_tiny_model(tmp_path / "model", TinyModelConfig(seed=1, hidden_size=32, intermediate=64))
+    engine = _make_engine(base, EngineSpec(kind="vllm"))
+    engine._vllm = stub  # type: ignore[attr-defined]
+    assert engine.llm.max_model_len == TinyModelConfig().max_position  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="exceeds the model's 128 positions"):
+        _make_engine(base, EngineSpec(kind="vllm", max_model_len=2048))
+
+
+def test_rollout_tasks_make_vllm_spawn_its_engine_process() -> None:
+    """Forking a threaded process can hang vLLM's engine core; rollout tasks set the spawn start method."""
+    from rl.flyte.envs import rollout_env
+
+    assert rollout_env.env_vars["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+
+
+def test_gpu_smoke_trains_at_the_rate_the_cuda_trainer_test_measured() -> None:
+    """gpu_tests/test_cuda_trainer.py records that the CPU demo's lr 1e-2 overshoots on VLLM_MODEL; gpu-smoke trains
+    that model, so it uses the rate that test uses."""
+    from rl.flyte.config import gpu_smoke
+
+    source = (Path(__file__).parents[1] / "gpu_tests" / "test_cuda_trainer.py").read_text()
+    [measured] = re.findall(r"^CONFIG = TrainerConfig\(lr=([0-9.e-]+)", source, flags=re.M)
+    assert gpu_smoke().trainer.lr == float(measured)
+
+
+def test_an_existing_nccl_group_computes_on_the_ranks_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process group made before the task (torchrun's, a launcher's) that runs NCCL reduces only CUDA tensors, so
+    the rank's device is its bound GPU, not "cpu" (which every collective of the step would then fail on)."""
+    import torch
+    import torch.distributed as dist
+
+    from rl.flyte.clustered import join_process_group
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda: 3)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(dist, "get_backend", lambda: "nccl")
+    assert join_process_group() == (3, 4, "cuda:1", False)
+    monkeypatch.setattr(dist, "get_backend", lambda: "gloo")
+    assert join_process_group() == (3, 4, "cpu", False)
+
+
+def test_a_rank_loads_the_base_straight_onto_its_device(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Each clustered rank used to read the base in float32 into host memory and move it after (~33 GB per rank for
+    an 8 B model); the weights must be read onto the rank's device directly."""
+    import torch
+
+    import rl.models.tiny as tiny
+    from rl.models import TinyModelConfig, build_tiny_model
+    from rl.trainer.peft_trainer import ADAPTER_FILES, load_policy
+
+    base = build_tiny_model(tmp_path / "model", TinyModelConfig(seed=1, hidden_size=32, intermediate=64))
+    asked: dict[str, object] = {}
+
+    class Stop(Exception):
+        pass
+
+    def from_pretrained(path: str, **kwargs: object) -> None:
+        asked.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(tiny.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    with pytest.raises(Stop):
+        load_policy(base, dict.fromkeys(ADAPTER_FILES, b""), trainable=True, device="cuda:1")
+    assert asked["device_map"] == "cuda:1" and asked["dtype"] == torch.float32

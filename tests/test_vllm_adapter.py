@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures_real import adapter_dirs, one_thread, refs, run, store, tiny_model_dir
+from fixtures_real import adapter_dirs, make_adapter_dir, one_thread, refs, run, store, tiny_model_dir
+from hypothesis import given
+from hypothesis import strategies as st
 
 import fakes.vllm_stub as vllm_stub
 from fakes.vllm_stub import CompletionOutput, Logprob, RequestOutput, SamplingParams
@@ -19,15 +21,17 @@ from fakes.vllm_stub.lora.request import LoRARequest
 from rl.artifacts import LocalArtifacts, read_dir
 from rl.engines.torch_sampler import TorchSampler, teacher_forced_logprobs
 from rl.engines.vllm import (
-    AdapterIdConflict,
+    VLLM_SEED_STRIDE,
     EngineOutputError,
     VLLMEngine,
     VLLMUnavailable,
     rollouts_from_request_output,
+    sampling_params_kwargs,
+    vllm_seed,
 )
 from rl.models import load_tokenizer
 from rl.protocols import RolloutEngine
-from rl.types import ArtifactRef, Prompt, RolloutRequest
+from rl.types import ArtifactRef, Prompt, Rollout, RolloutRequest
 
 __all__ = ["adapter_dirs", "one_thread", "refs", "store", "tiny_model_dir"]
 
@@ -42,6 +46,16 @@ def request(adapter: ArtifactRef, **overrides: object) -> RolloutRequest:
         group_id=2, prompt=Prompt("4=", "5"), n=6, adapter=adapter, policy_version=3, seed=17, max_tokens=10
     )
     return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
+
+
+def per_sample_seeded(sampler: TorchSampler, req: RolloutRequest) -> list[Rollout]:
+    """What vLLM samples for `req`, on the torch sampler: completion i alone, seeded `vllm_seed(req.seed) + i`."""
+    return [
+        dataclasses.replace(
+            run(sampler.generate(dataclasses.replace(req, n=1, seed=vllm_seed(req.seed) + i)))[0], seed=req.seed
+        )
+        for i in range(req.n)
+    ]
 
 
 def test_vllm_engine_is_a_rollout_engine(engine: VLLMEngine) -> None:
@@ -72,13 +86,16 @@ def test_sampling_params_and_lora_request_are_passed_as_the_seed_specifies(
     llm = engine.llm
     assert llm.init_kwargs["model"] == str(tiny_model_dir)
     assert llm.init_kwargs["enable_lora"] is True
+    # vLLM 0.33's default is raw log-probs too; asked for explicitly so that a changed default cannot move them.
+    assert llm.init_kwargs["logprobs_mode"] == "raw_logprobs"
     [call] = llm.generate_calls
     assert call.prompts == ["4="]
     [sp] = call.sampling_params
-    assert (sp.n, sp.temperature, sp.top_p, sp.seed, sp.logprobs, sp.max_tokens) == (6, 1.0, 1.0, 17, 0, 10)
+    assert (sp.n, sp.temperature, sp.top_p, sp.seed, sp.logprobs, sp.max_tokens) == (6, 1.0, 1.0, 17 * 256, 0, 10)
     lora = call.lora_request
     assert isinstance(lora, LoRARequest)
-    assert (lora.lora_name, lora.lora_int_id) == ("policy-v3", 4)
+    digest = refs["trained"].digest
+    assert (lora.lora_name, lora.lora_int_id) == (f"policy-v3-{digest.partition(':')[2][:12]}", 1)
     assert read_dir(Path(lora.lora_path)) == run(store.get(refs["trained"]))
 
 
@@ -92,15 +109,15 @@ def test_with_the_models_tokenizer_prompts_go_as_token_ids_and_text_is_decoded_l
     rollouts = run(engine.generate(req))
     [call] = engine.llm.generate_calls
     assert call.prompts == [{"prompt_token_ids": tokenizer("a b\n4=")["input_ids"]}]
-    assert rollouts == run(TorchSampler(tiny_model_dir, store).generate(req))
+    assert rollouts == per_sample_seeded(TorchSampler(tiny_model_dir, store), req)
 
 
-def test_version_zero_gets_lora_id_one_because_vllm_reserves_zero(
+def test_the_first_adapter_gets_lora_id_one_because_vllm_reserves_zero(
     engine: VLLMEngine, refs: dict[str, ArtifactRef]
 ) -> None:
     run(engine.generate(request(refs["v0"], policy_version=0)))
     lora = engine.llm.generate_calls[-1].lora_request
-    assert (lora.lora_name, lora.lora_int_id) == ("policy-v0", 1)
+    assert lora.lora_int_id == 1 and lora.lora_name.startswith("policy-v0-")
 
 
 def test_outputs_become_rollouts_with_the_requests_version_and_the_policys_logprobs(
@@ -121,9 +138,10 @@ def test_outputs_become_rollouts_with_the_requests_version_and_the_policys_logpr
 def test_translation_loses_nothing_the_torch_sampler_records(
     engine: VLLMEngine, refs: dict[str, ArtifactRef], tiny_model_dir: Path, store: LocalArtifacts
 ) -> None:
-    """The stub samples with the torch sampler's code, so the two engines' rollouts agree field for field."""
+    """The stub samples with the torch sampler's code, one completion per seed as vLLM does, so the rollouts agree
+    field for field with the torch sampler's single completions at those seeds."""
     req = request(refs["trained"], seed=23)
-    assert run(engine.generate(req)) == run(TorchSampler(tiny_model_dir, store).generate(req))
+    assert run(engine.generate(req)) == per_sample_seeded(TorchSampler(tiny_model_dir, store), req)
 
 
 def test_each_adapter_is_written_and_loaded_once(engine: VLLMEngine, refs: dict[str, ArtifactRef]) -> None:
@@ -133,13 +151,40 @@ def test_each_adapter_is_written_and_loaded_once(engine: VLLMEngine, refs: dict[
     assert len([p for p in engine.adapter_root.iterdir() if not p.name.startswith(".")]) == 1
 
 
-def test_a_second_adapter_under_one_version_is_refused_not_served_stale(
+def test_one_warm_engine_serves_two_runs_each_from_its_own_adapters(
+    engine: VLLMEngine,
+    refs: dict[str, ArtifactRef],
+    store: LocalArtifacts,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """A replica's engine outlives a run: run two's version 0 (another seed, so another adapter) must get its own vLLM
+    LoRA id, or vLLM serves run one's cached adapter under the reused id (version + 1 did exactly that)."""
+    run_two_v0 = run(store.put_dir(make_adapter_dir(tiny_model_dir, tmp_path / "b0", seed=5, identity=False), "b0"))
+    sampler = TorchSampler(tiny_model_dir, store)
+    runs = [[refs["v0"], refs["trained"]], [run_two_v0, refs["trained"]]]  # run two's v1 happens to equal run one's
+    for adapters in runs:
+        for version, adapter in enumerate(adapters):
+            req = request(adapter, policy_version=version, seed=11)
+            assert run(engine.generate(req)) == per_sample_seeded(sampler, req)
+    served = [(c.lora_request.lora_name, c.lora_request.lora_int_id) for c in engine.llm.generate_calls]
+    assert [i for _, i in served] == [1, 2, 3, 2]  # one id per distinct adapter; the shared one keeps its id
+    assert all(
+        a.digest.partition(":")[2][:12] in name
+        for a, (name, _) in zip([a for r in runs for a in r], served, strict=True)
+    )
+    # vLLM's LRU holds max_cpu_loras (= max_loras = 1 here): the shared adapter, evicted by run two's v0, was loaded
+    # again from its path under its own id.
+    assert engine.llm.lora_loads == 4
+
+
+def test_an_id_is_taken_before_vllm_sees_the_adapter_so_a_failed_call_cannot_free_it(
     engine: VLLMEngine, refs: dict[str, ArtifactRef]
 ) -> None:
-    run(engine.generate(request(refs["v0"], policy_version=2)))
-    with pytest.raises(AdapterIdConflict, match="stale"):
-        run(engine.generate(request(refs["trained"], policy_version=2)))
-    assert len(run(engine.generate(request(refs["trained"], policy_version=4)))) == 6
+    """vLLM may have loaded the adapter before a call fails; the id stays that adapter's."""
+    first = engine.lora_id(0, refs["v0"].digest)
+    assert engine.lora_id(0, refs["trained"].digest) != first
+    assert engine.lora_id(7, refs["v0"].digest) == first
 
 
 def test_the_stub_like_vllm_serves_a_stale_adapter_under_a_reused_id(
@@ -153,6 +198,38 @@ def test_the_stub_like_vllm_serves_a_stale_adapter_under_a_reused_id(
     fresh = llm.generate(["1="], sp, lora_request=LoRARequest("b", 2, str(adapter_dirs["trained"])))
     assert stale[0].outputs[0].logprobs == first[0].outputs[0].logprobs
     assert fresh[0].outputs[0].logprobs != first[0].outputs[0].logprobs
+
+
+def test_the_stub_like_vllm_seeds_completion_i_with_seed_plus_i(
+    tiny_model_dir: Path, adapter_dirs: dict[str, Path]
+) -> None:
+    """vLLM gives child request i of an n-completion request the seed `seed + i`: groups seeded s and s + 1 from one
+    prompt and adapter share all but one completion (why rl.seeding spaces group seeds)."""
+    llm = vllm_stub.LLM(model=str(tiny_model_dir), enable_lora=True)
+    lora = LoRARequest("a", 1, str(adapter_dirs["trained"]))
+    [a] = llm.generate(["1="], SamplingParams(n=4, seed=40, logprobs=0, max_tokens=6), lora_request=lora)
+    [b] = llm.generate(["1="], SamplingParams(n=4, seed=41, logprobs=0, max_tokens=6), lora_request=lora)
+    [alone] = llm.generate(["1="], SamplingParams(n=1, seed=42, logprobs=0, max_tokens=6), lora_request=lora)
+    assert [c.token_ids for c in a.outputs[1:]] == [c.token_ids for c in b.outputs[:3]]
+    assert a.outputs[2].logprobs == alone.outputs[0].logprobs
+
+
+@given(data=st.data())
+def test_groups_with_nearby_seeds_never_share_a_per_sample_seed(data: st.DataObject) -> None:
+    """vLLM samples completion i with (the seed it is given) + i: the ranges of two distinct group seeds, however
+    close, are disjoint once the engine spaces them (passed as they are, seeds s and s + 1 share n - 1 of them)."""
+    a = data.draw(st.integers(0, 2**31 - 1), label="seed")
+    b = a + data.draw(st.integers(1, VLLM_SEED_STRIDE), label="gap")
+    n = data.draw(st.integers(1, VLLM_SEED_STRIDE), label="n")
+    adapter = ArtifactRef(uri="", digest="sha256:" + "0" * 64)
+    seeds = [sampling_params_kwargs(request(adapter, n=n, seed=s))["seed"] for s in (a, b)]
+    assert set(range(seeds[0], seeds[0] + n)).isdisjoint(range(seeds[1], seeds[1] + n))
+
+
+def test_a_group_too_large_for_its_seed_range_is_refused() -> None:
+    adapter = ArtifactRef(uri="", digest="sha256:" + "0" * 64)
+    with pytest.raises(ValueError, match="share samples"):
+        sampling_params_kwargs(request(adapter, n=VLLM_SEED_STRIDE + 1))
 
 
 def test_the_stub_checks_what_vllm_checks(tiny_model_dir: Path, adapter_dirs: dict[str, Path]) -> None:
@@ -224,5 +301,74 @@ def test_prompt_ids_other_than_those_sent_raise() -> None:
 
 
 def test_llm_kwargs_cannot_override_what_the_seed_fixes(tiny_model_dir: Path, store: LocalArtifacts) -> None:
-    with pytest.raises(ValueError, match="enable_lora"):
-        VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, llm_kwargs={"enable_lora": False})
+    for fixed in ({"enable_lora": False}, {"logprobs_mode": "processed_logprobs"}):
+        with pytest.raises(ValueError, match=next(iter(fixed))):
+            VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, llm_kwargs=fixed)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"enable_lora": True, "swap_space": 4}, TypeError, "unexpected keyword"),
+        ({"enable_lora": True, "max_lora_rank": 4}, ValueError, "max_lora_rank must be one of"),
+        ({"enable_lora": True, "max_loras": 2, "max_cpu_loras": 1}, ValueError, "must be >= max_loras"),
+        ({"max_model_len": 2048}, ValueError, "greater than the derived max_model_len"),
+        ({"logprobs_mode": "processed"}, ValueError, "logprobs_mode"),
+    ],
+)
+def test_the_stub_refuses_engine_arguments_vllm_refuses(
+    tiny_model_dir: Path, kwargs: dict[str, object], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        vllm_stub.LLM(model=str(tiny_model_dir), **kwargs)
+
+
+def test_the_stub_refuses_adapters_and_prompts_vllm_refuses(
+    tiny_model_dir: Path, adapter_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    llm = vllm_stub.LLM(model=str(tiny_model_dir), enable_lora=True, max_lora_rank=1)
+    sp = SamplingParams(seed=1, max_tokens=2)
+    with pytest.raises(ValueError, match="LoRA rank 4 is greater than max_lora_rank 1"):
+        llm.generate(["1="], sp, lora_request=LoRARequest("a", 1, str(adapter_dirs["v0"])))
+    no_config = tmp_path / "no-config"
+    no_config.mkdir()
+    (no_config / "adapter_model.safetensors").write_bytes(
+        (adapter_dirs["v0"] / "adapter_model.safetensors").read_bytes()
+    )
+    with pytest.raises(FileNotFoundError, match=r"adapter_config\.json"):
+        llm.generate(["1="], sp, lora_request=LoRARequest("b", 2, str(no_config)))
+    with pytest.raises(AssertionError, match="lora_path"):
+        LoRARequest("c", 3)
+    with pytest.raises(vllm_stub.VLLMValidationError, match="out of vocabulary"):
+        llm.generate([{"prompt_token_ids": [1, llm.vocab_size]}], sp)
+
+
+def test_the_stub_keeps_an_lru_of_max_cpu_loras_and_reloads_evicted_ids_from_their_path(
+    tiny_model_dir: Path, adapter_dirs: dict[str, Path]
+) -> None:
+    """vLLM's LRUCacheWorkerLoRAManager: a cached id is served as cached (stale if its path changed); once evicted,
+    the id is loaded again from the path its request names."""
+    llm = vllm_stub.LLM(model=str(tiny_model_dir), enable_lora=True, max_loras=1, max_cpu_loras=2)
+    sp = SamplingParams(n=2, seed=1, logprobs=0, max_tokens=5)
+    v0, trained = str(adapter_dirs["v0"]), str(adapter_dirs["trained"])
+    [a] = llm.generate(["1="], sp, lora_request=LoRARequest("a", 1, v0))
+    [b] = llm.generate(["1="], sp, lora_request=LoRARequest("b", 2, trained))
+    [stale] = llm.generate(["1="], sp, lora_request=LoRARequest("a2", 1, trained))  # id 1 still cached
+    llm.generate(["1="], sp, lora_request=LoRARequest("c", 3, v0))  # evicts id 2, then id 1 is the oldest...
+    llm.generate(["1="], sp, lora_request=LoRARequest("b", 2, trained))  # ...and goes
+    [reloaded] = llm.generate(["1="], sp, lora_request=LoRARequest("a2", 1, trained))
+    assert stale.outputs[0].logprobs == a.outputs[0].logprobs
+    assert reloaded.outputs[0].logprobs == b.outputs[0].logprobs != a.outputs[0].logprobs
+    assert llm.lora_loads == 5
+
+
+def test_closing_the_engine_stops_vllms_engine_core(engine: VLLMEngine, refs: dict[str, ArtifactRef]) -> None:
+    """vLLM 0.33's LLMEngine has no `shutdown`; its `engine_core` does. After `close`, the next call starts anew."""
+    run(engine.generate(request(refs["v0"], n=1)))
+    llm = engine.llm
+    engine.close()
+    assert llm.llm_engine.engine_core.shutdowns == 1
+    assert not hasattr(llm.llm_engine, "shutdown")
+    assert engine.llm is not llm
+    engine.close()
+    engine.close()  # closing a closed engine is a no-op

@@ -9,10 +9,15 @@ translation code against this module in the unit tests. What it reproduces of vL
 - `logprobs=0` gives, per position, `{sampled_token_id: Logprob(logprob=...)}`; `logprobs=None` gives `None` (and no
   `cumulative_logprob`). `<eos>` stays in `token_ids` and out of `text`.
 - LoRA adapters are merged into a base copy, as `TorchSampler` does by default, so the two engines sample alike.
-- LoRA adapters are cached by `lora_int_id`, like vLLM: a second adapter under a known id is *not* loaded (the stale
-  adapter is served). A `LoRARequest` without `enable_lora=True` and an adapter rank above `max_lora_rank` are errors.
+- LoRA adapters are cached by `lora_int_id` in an LRU of `max_cpu_loras`, like vLLM: a second adapter under a cached
+  id is *not* loaded (the stale adapter is served), an evicted id is loaded again from its path. `LLM` refuses what
+  vLLM 0.33 refuses (see `LLM`); a `LoRARequest` without `enable_lora=True`, an adapter directory without
+  `adapter_config.json`, a rank above `max_lora_rank`, target modules vLLM cannot serve and out-of-vocabulary prompt
+  token ids are errors. `nox -s vllm-api` checks these against the real package.
 - A prompt is text or a `TokensPrompt` dict `{"prompt_token_ids": [...]}` (then `RequestOutput.prompt` is None).
-- A per-request `seed` makes sampling reproducible; `seed=None` samples from fresh entropy.
+- Seeds as vLLM 0.33 uses them (`vllm/v1/engine/parallel_sampling.py`): a request with `n` completions is `n` child
+  requests, child `i` sampled alone with seed `seed + i`; so completion `i` of a request seeded `s` is completion 0 of
+  one seeded `s + i`. `seed=None` samples from fresh entropy.
 
 What it does not do raises rather than silently differing: temperature or top_p other than 1.0 and `logprobs` > 0
 (`NotImplementedError`), any other sampling field such as stop strings (`TypeError`). Prompts of one call run one after
@@ -31,7 +36,20 @@ from typing import Any
 
 from fakes.vllm_stub.lora.request import LoRARequest
 
-__all__ = ["LLM", "CompletionOutput", "GenerateCall", "LoRARequest", "Logprob", "RequestOutput", "SamplingParams"]
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "GenerateCall",
+    "LoRARequest",
+    "Logprob",
+    "RequestOutput",
+    "SamplingParams",
+    "VLLMValidationError",
+]
+
+
+class VLLMValidationError(Exception):
+    """`vllm.exceptions.VLLMValidationError`: a request vLLM refuses (an out-of-vocabulary token id, ...)."""
 
 
 @dataclass
@@ -104,6 +122,13 @@ class SamplingParams:
         return f"SamplingParams({fields})"
 
 
+def _child_seeds(sp: SamplingParams) -> list[int]:
+    """vLLM's per-completion seeds: `seed + i` for completion i, or fresh entropy for each when `seed` is None."""
+    if sp.seed is None:
+        return [secrets.randbits(31) for _ in range(sp.n)]
+    return [sp.seed + i for i in range(sp.n)]
+
+
 @dataclass
 class GenerateCall:
     """One recorded `LLM.generate` call."""
@@ -114,36 +139,97 @@ class GenerateCall:
 
 
 @dataclass
-class _Loaded:
-    lora_request: LoRARequest
-    model: Any
+class _EngineCoreClient:
+    """`vllm.v1.engine.core_client.EngineCoreClient`: what stops vLLM's engine process (`shutdown`)."""
+
+    shutdowns: int = 0
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        self.shutdowns += 1
+
+
+@dataclass
+class _LLMEngine:
+    """`vllm.v1.engine.llm_engine.LLMEngine` as of 0.33: no `shutdown` of its own, only its `engine_core`'s."""
+
+    engine_core: _EngineCoreClient
+
+
+# What `LLM(...)` accepts: keyword arguments that are `vllm.engine.arg_utils.EngineArgs` fields (`nox -s vllm-api`
+# checks this list against the real class). vLLM raises TypeError for any other keyword; so does the stub.
+ENGINE_ARGS = (
+    "model",
+    "tokenizer",
+    "dtype",
+    "seed",
+    "enable_lora",
+    "max_lora_rank",
+    "max_loras",
+    "max_cpu_loras",
+    "max_model_len",
+    "gpu_memory_utilization",
+    "enforce_eager",
+    "logprobs_mode",
+)
+MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""`vllm.config.lora.MaxLoRARanks`: the only values `max_lora_rank` may take (a pydantic error otherwise)."""
+LOGPROBS_MODES = ("raw_logits", "raw_logprobs", "processed_logits", "processed_logprobs")
+"""`vllm.config.model.LogprobsMode`. The default, `raw_logprobs`, reports log-probs before temperature and top-p."""
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj")
+"""The modules vLLM's Qwen2/Llama implementations can carry LoRA on; an adapter targeting another is refused."""
 
 
 class LLM:
-    """`vllm.LLM` on the torch sampler: loads the base model directory `model` (and LoRA adapters by id)."""
+    """`vllm.LLM` on the torch sampler: loads the base model directory `model` (and LoRA adapters by id).
 
-    def __init__(
-        self, model: str, *, enable_lora: bool = False, max_lora_rank: int = 16, max_loras: int = 1, **kwargs: Any
-    ) -> None:
+    Strict where vLLM 0.33 is: keywords other than `ENGINE_ARGS` (TypeError), `max_lora_rank` outside
+    `MAX_LORA_RANKS`, `max_cpu_loras < max_loras`, `max_model_len` beyond the model's `max_position_embeddings`, an
+    unknown `logprobs_mode` (ValueError). Adapters live in an LRU of `max_cpu_loras` (default `max_loras`) keyed by
+    `lora_int_id`: a known id is served from the cache (stale if its path changed), an evicted one is loaded again
+    from its path, as vLLM's `LRUCacheWorkerLoRAManager` does.
+    """
+
+    def __init__(self, model: str, **kwargs: Any) -> None:
         from rl.engines.torch_sampler import AdapterCache
         from rl.models import load_tokenizer
 
-        self.init_kwargs: dict[str, Any] = {
-            "model": model,
-            "enable_lora": enable_lora,
-            "max_lora_rank": max_lora_rank,
-            "max_loras": max_loras,
-            **kwargs,
-        }
+        unknown = sorted(set(kwargs) - set(ENGINE_ARGS))
+        if unknown:
+            raise TypeError(f"EngineArgs.__init__() got unexpected keyword arguments {unknown}")
+        self.init_kwargs: dict[str, Any] = {"model": model, **kwargs}
         self.generate_calls: list[GenerateCall] = []
-        self.enable_lora = enable_lora
-        self.max_lora_rank = max_lora_rank
+        self.enable_lora = bool(kwargs.get("enable_lora", False))
+        self.max_lora_rank = int(kwargs.get("max_lora_rank", 16))
+        if self.max_lora_rank not in MAX_LORA_RANKS:
+            raise ValueError(f"max_lora_rank must be one of {MAX_LORA_RANKS}, got {self.max_lora_rank}")
+        self.max_loras = int(kwargs.get("max_loras", 1))
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
+        max_cpu_loras = kwargs.get("max_cpu_loras")
+        self.max_cpu_loras = self.max_loras if max_cpu_loras is None else int(max_cpu_loras)
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras}).")
+        self.logprobs_mode = kwargs.get("logprobs_mode", "raw_logprobs")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
+        hf_config = json.loads((Path(model) / "config.json").read_text())
+        derived = int(hf_config["max_position_embeddings"])
+        self.vocab_size = int(hf_config["vocab_size"])
+        self.max_model_len = kwargs.get("max_model_len") or derived
+        if self.max_model_len > derived:
+            raise ValueError(
+                f"User-specified max_model_len ({self.max_model_len}) is greater than the derived max_model_len "
+                f"(max_position_embeddings={derived} or model_max_length=None in model's config.json)."
+            )
         self.tokenizer = load_tokenizer(Path(model))
-        # vLLM keeps many more LoRAs on the CPU than it runs at once; the stub never evicts.
-        self._cache = AdapterCache(Path(model), capacity=1 << 16, merge=True)
-        self._loras: dict[int, _Loaded] = {}
+        self._cache = AdapterCache(Path(model), capacity=self.max_cpu_loras, merge=True)
         self._requests = 0
-        self.lora_loads = 0
+        self.llm_engine = _LLMEngine(_EngineCoreClient())
+
+    @property
+    def lora_loads(self) -> int:
+        """Adapters loaded from disk so far (a reload after eviction counts again)."""
+        return self._cache.loads
 
     def _model_for(self, lora: LoRARequest | None) -> Any:
         if lora is None:
@@ -152,16 +238,35 @@ class LLM:
             raise ValueError(
                 f"LoRA request {lora.lora_name!r} was given but LoRA is not enabled; pass enable_lora=True"
             )
-        loaded = self._loras.get(lora.lora_int_id)
-        if loaded is None:
-            config_path = Path(lora.lora_path) / "adapter_config.json"
-            rank = int(json.loads(config_path.read_text()).get("r", 0)) if config_path.is_file() else 0
-            if rank > self.max_lora_rank:
-                raise ValueError(f"LoRA rank {rank} is greater than max_lora_rank {self.max_lora_rank}.")
-            loaded = _Loaded(lora, self._cache.load_dir(str(lora.lora_int_id), Path(lora.lora_path)))
-            self._loras[lora.lora_int_id] = loaded
-            self.lora_loads += 1
-        return loaded.model
+        cached = self._cache.get(str(lora.lora_int_id))
+        if cached is not None and not lora.load_inplace:
+            return cached
+        self._check_adapter(Path(lora.lora_path))
+        return self._cache.load_dir(str(lora.lora_int_id), Path(lora.lora_path))
+
+    def _check_adapter(self, adapter_dir: Path) -> None:
+        """What vLLM's `PEFTHelper` and `LoRAModel.from_local_checkpoint` refuse, before loading."""
+        config_path = adapter_dir / "adapter_config.json"
+        if not config_path.is_file():  # PEFTHelper.from_local_dir opens it unconditionally
+            raise FileNotFoundError(f"[Errno 2] No such file or directory: '{config_path}'")
+        config = json.loads(config_path.read_text())
+        rank = max([int(config.get("r", 8)), *(int(r) for r in (config.get("rank_pattern") or {}).values())])
+        if rank > self.max_lora_rank:
+            raise ValueError(f"LoRA rank {rank} is greater than max_lora_rank {self.max_lora_rank}.")
+        if config.get("bias", "none") != "none":
+            raise ValueError("Adapter bias is not supported.")
+        weights = adapter_dir / "adapter_model.safetensors"
+        if weights.is_file():  # vLLM takes the module names from the weights, not from target_modules
+            from safetensors import safe_open
+
+            with safe_open(str(weights), framework="pt") as f:
+                modules = {key.split(".lora_")[0] for key in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+            unexpected = sorted(m for m in modules if m.rsplit(".", 1)[-1] not in LORA_MODULES)
+            if unexpected:
+                raise ValueError(
+                    f"While loading {adapter_dir}, expected target modules in {list(LORA_MODULES)} but received "
+                    f"{unexpected}. Please verify that the loaded LoRA module is correct"
+                )
 
     def generate(
         self,
@@ -192,9 +297,14 @@ class LLM:
                 prompt_ids, prompt_text = [int(t) for t in prompt["prompt_token_ids"]], None
             else:
                 prompt_ids, prompt_text = [int(t) for t in self.tokenizer(prompt)["input_ids"]], prompt
-            seed = sp.seed if sp.seed is not None else secrets.randbits(31)
+            for token in (min(prompt_ids, default=0), max(prompt_ids, default=0)):
+                if not 0 <= token < self.vocab_size:  # vllm.renderers.base
+                    raise VLLMValidationError(f"Token id {token} is out of vocabulary")
             max_tokens = sp.max_tokens if sp.max_tokens is not None else 16
-            seqs = sample_group(model, prompt_ids, n=sp.n, max_tokens=max_tokens, seed=seed, eos_token_id=eos)
+            seqs = [
+                sample_group(model, prompt_ids, n=1, max_tokens=max_tokens, seed=child_seed, eos_token_id=eos)[0]
+                for child_seed in _child_seeds(sp)
+            ]
             outputs = []
             for i, s in enumerate(seqs):
                 text = self.tokenizer.decode(s.token_ids, skip_special_tokens=True)

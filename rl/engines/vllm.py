@@ -1,16 +1,28 @@
 """The rollout engine on vLLM, exactly as the rollouts page (seed 004) samples: one group per call, LoRA per version.
 
-    LLM(model=<base dir>, enable_lora=True)
-    LoRARequest(f"policy-v{version}", version + 1, <adapter dir>)
-    SamplingParams(n=G, temperature=1.0, top_p=1.0, seed=<seed>, logprobs=0, max_tokens=<max_tokens>)
+    LLM(model=<base dir>, enable_lora=True, logprobs_mode="raw_logprobs")
+    LoRARequest(f"policy-v{version}-{digest[:12]}", <one id per adapter digest, from 1>, <adapter dir>)
+    SamplingParams(n=G, temperature=1.0, top_p=1.0, seed=<seed> * 256, logprobs=0, max_tokens=<max_tokens>)
 
 `logprobs=0` makes vLLM return only the sampled token's log-probability at each position, which is what the trainer's
-importance ratio needs; temperature 1.0 and top_p 1.0 make it the policy's own log-probability (vLLM reports log-probs
-after its sampling adjustments). LoRA ids start at 1 because vLLM reserves 0 for "no adapter".
+importance ratio needs. vLLM 0.33 reports *raw* log-probs (the model's, before temperature and top-p) unless told
+otherwise; the engine asks for that explicitly (`LLM(logprobs_mode="raw_logprobs")`, so a changed default cannot
+move it), and samples at temperature 1.0 and top_p 1.0, where the raw distribution is also the one sampled from: the
+recorded log-prob is then the policy's own, as the loss assumes. LoRA ids start at 1 because vLLM reserves 0 for
+"no adapter".
 
-vLLM caches a LoRA by its integer id, so a second, different adapter under an id it has seen would be served stale.
-The engine therefore remembers which digest each id carried and refuses a conflicting request (`AdapterIdConflict`)
-instead of sampling from the wrong policy.
+vLLM caches a LoRA by its integer id and never reloads a known id (unless `load_inplace=True`), and it tells requests
+apart by `lora_name`. The seed's `id = version + 1` therefore breaks on an engine that outlives a run (the process
+cache in `rl.flyte.grpo`, a `ReusePolicy` replica): a second run's version 0 is another adapter under run one's id 1,
+and vLLM would sample the stale one. So the engine gives each distinct adapter *digest* its own id (1, 2, ... in the
+order it first sees them, for the engine's life) and puts the digest in the name; the version stays in the name for
+people reading vLLM's logs.
+
+vLLM samples completion i of a request alone, seeded `seed + i` (`vllm/v1/engine/parallel_sampling.py`). Passing the
+group's seed as it is would make groups seeded s and s + 1 (same prompt, same adapter) share n - 1 completions, so the
+engine passes `vllm_seed(seed) = seed * VLLM_SEED_STRIDE`: distinct group seeds then own disjoint ranges of per-sample
+seeds (for n <= VLLM_SEED_STRIDE; larger groups are refused). vLLM's seeds are 64-bit (torch generators, int64 seed
+arrays), so the product fits. The rollouts still carry the group's own seed.
 
 Prompts go to vLLM as text, as in the seed, unless the engine is given the model's own `tokenizer`: then they go as
 token ids (`{"prompt_token_ids": [...]}`) and completions are decoded with it. The tiny character model needs that:
@@ -25,6 +37,7 @@ no torch.
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import shutil
 import tempfile
@@ -38,16 +51,15 @@ from rl.artifacts import materialize
 from rl.protocols import Artifacts
 from rl.types import ArtifactRef, Rollout, RolloutRequest
 
+VLLM_SEED_STRIDE = 2**8
+"""Each group seed owns this many consecutive vLLM seeds: the largest group whose per-sample seeds stay its own."""
+
 # A generous bound: it catches a misaligned translation (log-probs shifted by a token), not float accumulation noise.
 _CUMULATIVE_ATOL = 1e-2
 
 
 class VLLMUnavailable(ImportError):
     """vLLM is not installed in this environment."""
-
-
-class AdapterIdConflict(RuntimeError):
-    """Two different adapters were requested under one policy version, so one vLLM LoRA id would name both."""
 
 
 class EngineOutputError(RuntimeError):
@@ -65,20 +77,48 @@ def import_vllm() -> ModuleType:
         ) from e
 
 
-def lora_request_args(version: int, adapter_dir: Path) -> tuple[str, int, str]:
-    """The positional arguments of `LoRARequest` for a policy version: (name, int id, path), as the seed writes them."""
+def lora_name(version: int, digest: str) -> str:
+    """vLLM's `lora_name` for an adapter: its policy version (for people), its digest (what tells adapters apart)."""
     if version < 0:
         raise ValueError(f"policy version must be >= 0, got {version}")
-    return f"policy-v{version}", version + 1, str(adapter_dir)
+    return f"policy-v{version}-{digest.partition(':')[2][:12] or digest[:12]}"
+
+
+ENGINE_FIXED_ARGS = ("model", "enable_lora", "logprobs_mode")
+"""`LLM` keywords the engine sets itself; `llm_kwargs` may not."""
+
+
+def engine_llm_kwargs(base_model_dir: Path, llm_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Every keyword the engine passes to `vllm.LLM` (`nox -s vllm-api` checks them against `EngineArgs`)."""
+    return {"model": str(base_model_dir), "enable_lora": True, "logprobs_mode": "raw_logprobs", **llm_kwargs}
+
+
+def model_max_len(base_model_dir: Path) -> int:
+    """The longest sequence the model in `base_model_dir` supports (`max_position_embeddings` of its config.json):
+    vLLM's default `max_model_len`, and the most it accepts."""
+    config = json.loads((Path(base_model_dir) / "config.json").read_text())
+    return int(config["max_position_embeddings"])
+
+
+def vllm_seed(seed: int) -> int:
+    """The seed vLLM gets for a group seeded `seed`: completion i then samples with `seed * VLLM_SEED_STRIDE + i`, a
+    range no other group seed's range meets."""
+    return seed * VLLM_SEED_STRIDE
 
 
 def sampling_params_kwargs(request: RolloutRequest) -> dict[str, Any]:
-    """The `SamplingParams` keyword arguments for one group, as the seed writes them."""
+    """The `SamplingParams` keyword arguments for one group, as the seed writes them (the seed spaced: `vllm_seed`)."""
+    if request.n > VLLM_SEED_STRIDE:
+        raise ValueError(
+            f"group {request.group_id} asks for n={request.n} completions; the vLLM engine spaces group seeds "
+            f"{VLLM_SEED_STRIDE} apart (vLLM seeds completion i with seed + i), so groups of more than "
+            f"{VLLM_SEED_STRIDE} would share samples: use a smaller group or raise VLLM_SEED_STRIDE"
+        )
     return {
         "n": request.n,
         "temperature": 1.0,
         "top_p": 1.0,
-        "seed": request.seed,
+        "seed": vllm_seed(request.seed),
         "logprobs": 0,
         "max_tokens": request.max_tokens,
     }
@@ -179,11 +219,13 @@ class VLLMEngine:
         self.adapter_root = Path(adapter_root)
         self.adapter_root.mkdir(parents=True, exist_ok=True)
         self.llm_kwargs = dict(llm_kwargs or {})
-        for reserved in ("model", "enable_lora"):
+        for reserved in ENGINE_FIXED_ARGS:
             if reserved in self.llm_kwargs:
-                raise ValueError(f"llm_kwargs may not set {reserved!r}; the engine passes it as the seed specifies")
+                raise ValueError(
+                    f"llm_kwargs may not set {reserved!r}; the engine passes it itself (the loss needs it as it is)"
+                )
         self._llm: Any = None
-        self._digest_by_lora_id: dict[int, str] = {}
+        self._lora_by_digest: dict[str, tuple[str, int]] = {}  # digest -> (lora_name, lora_int_id), never reassigned
         self._adapter_dirs: dict[str, Path] = {}
         self.tokenizer = tokenizer
 
@@ -195,16 +237,25 @@ class VLLMEngine:
 
     @property
     def llm(self) -> Any:
-        """The `vllm.LLM`, created on first access: `LLM(model=<base dir>, enable_lora=True, **llm_kwargs)`."""
+        """The `vllm.LLM`, created on first access: `LLM(**engine_llm_kwargs(base dir, llm_kwargs))`."""
         if self._llm is None:
-            self._llm = self.vllm.LLM(model=str(self.base_model_dir), enable_lora=True, **self.llm_kwargs)
+            self._llm = self.vllm.LLM(**engine_llm_kwargs(self.base_model_dir, self.llm_kwargs))
         return self._llm
 
-    def _lora_request(self, version: int, adapter_dir: Path) -> Any:
+    def lora_id(self, version: int, digest: str) -> tuple[str, int]:
+        """(lora_name, lora_int_id) of an adapter: assigned on first sight, before vLLM sees it, and kept for good, so
+        one id never names two adapters, whichever call failed in between."""
+        known = self._lora_by_digest.get(digest)
+        if known is None:
+            known = self._lora_by_digest[digest] = (lora_name(version, digest), len(self._lora_by_digest) + 1)
+        return known
+
+    def _lora_request(self, version: int, digest: str, adapter_dir: Path) -> Any:
         if self._lora_request_cls is None:
             # Import the submodule by name so it works for the real package and for an injected stand-in alike.
             self._lora_request_cls = importlib.import_module(f"{self.vllm.__name__}.lora.request").LoRARequest
-        return self._lora_request_cls(*lora_request_args(version, adapter_dir))
+        name, lora_int_id = self.lora_id(version, digest)
+        return self._lora_request_cls(name, lora_int_id, str(adapter_dir))
 
     async def _adapter_dir(self, adapter: ArtifactRef) -> Path:
         cached = self._adapter_dirs.get(adapter.digest)
@@ -224,16 +275,8 @@ class VLLMEngine:
         return final
 
     async def generate(self, request: RolloutRequest) -> list[Rollout]:
-        name, lora_id, _ = lora_request_args(request.policy_version, Path())
-        seen = self._digest_by_lora_id.get(lora_id)
-        if seen is not None and seen != request.adapter.digest:
-            raise AdapterIdConflict(
-                f"policy version {request.policy_version} (vLLM LoRA {name!r}, id {lora_id}) was first served from "
-                f"adapter {seen} and is now requested with {request.adapter.digest}; vLLM caches LoRAs by id and "
-                "would sample the stale one. Give each distinct adapter its own version, or use a fresh VLLMEngine"
-            )
         adapter_dir = await self._adapter_dir(request.adapter)
-        lora = self._lora_request(request.policy_version, adapter_dir)
+        lora = self._lora_request(request.policy_version, request.adapter.digest, adapter_dir)
         sampling = self.vllm.SamplingParams(**sampling_params_kwargs(request))
         prompt: Any = request.prompt.question
         prompt_ids: list[int] | None = None
@@ -243,10 +286,27 @@ class VLLMEngine:
             prompt = {"prompt_token_ids": prompt_ids}
             decode = self._decode
         outputs = self.llm.generate([prompt], sampling, lora_request=lora)
-        self._digest_by_lora_id[lora_id] = request.adapter.digest
         if len(outputs) != 1:
             raise EngineOutputError(f"asked vLLM for one prompt's group, got {len(outputs)} request outputs")
         return rollouts_from_request_output(outputs[0], request, decode=decode, expected_prompt_ids=prompt_ids)
+
+    def close(self) -> None:
+        """Stop vLLM's engine process and free its GPU memory; the next `generate` starts a fresh `LLM`.
+
+        vLLM 0.33's `LLMEngine` has no `shutdown`: its engine-core client (`llm_engine.engine_core`) has. Without
+        this, the engine core outlives the engine until the interpreter exits, holding its share of the GPU.
+        """
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        shutdown = getattr(core, "shutdown", None)
+        if not callable(shutdown):
+            raise EngineOutputError(
+                "this vllm's LLM has no llm_engine.engine_core.shutdown() (vLLM 0.33's way to stop the engine "
+                "process); pin vllm to the tested range of pyproject.toml's gpu extra"
+            )
+        shutdown()
 
     def _decode(self, token_ids: list[int]) -> str:
         assert self.tokenizer is not None

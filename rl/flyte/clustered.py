@@ -53,7 +53,10 @@ def join_process_group() -> tuple[int, int, str, bool]:
     import torch.distributed as dist
 
     if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size(), "cpu", False
+        # A group someone else made: its backend says where this rank computes (NCCL reduces CUDA tensors only, on the
+        # device its creator bound with torch.cuda.set_device).
+        device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+        return dist.get_rank(), dist.get_world_size(), device, False
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         if torch.cuda.is_available():
             local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -42,6 +42,7 @@ class EngineSpec:
     prompt token ids and decodes with the model's own tokenizer (required for the tiny character model). vLLM's
     attention kernels need a head dimension of 64 or more, so the smoke profile's tiny model (64 wide over 4 heads)
     runs on the torch sampler; to try vLLM on a tiny model, build one 256 wide over 4 heads (`ModelSpec.tiny`).
+    `max_model_len=None` leaves vLLM's context length to the model's config; vLLM refuses a longer one.
     """
 
     # Validated from JSON (a Flyte `--config`) through pydantic: a key that is not a field is refused, not dropped.
@@ -52,7 +53,7 @@ class EngineSpec:
     merge_adapters: bool = True
     token_ids: bool = True
     gpu_memory_utilization: float = 0.85
-    max_model_len: int = 2048
+    max_model_len: int | None = None  # None: the model's own length (its config's max_position_embeddings)
     max_lora_rank: int = 16
     enforce_eager: bool = True
 
@@ -69,11 +70,17 @@ class EngineSpec:
                 f"{self.max_lora_rank}"
             )
 
-    def vllm_kwargs(self) -> dict[str, object]:
-        """Keyword arguments for `vllm.LLM` beyond the model and `enable_lora` (which the engine sets itself)."""
+    def vllm_kwargs(self, model_max_len: int) -> dict[str, object]:
+        """Keyword arguments for `vllm.LLM` beyond what the engine sets itself, for a model of `model_max_len`
+        positions (`rl.engines.vllm.model_max_len`)."""
+        if self.max_model_len is not None and self.max_model_len > model_max_len:
+            raise ConfigError(
+                f"engine.max_model_len={self.max_model_len} exceeds the model's {model_max_len} positions, which vLLM "
+                "refuses; leave it None (the model's own length) or set at most that"
+            )
         return {
             "gpu_memory_utilization": self.gpu_memory_utilization,
-            "max_model_len": self.max_model_len,
+            "max_model_len": self.max_model_len or model_max_len,
             "max_lora_rank": self.max_lora_rank,
             "max_loras": 2,  # a pipelined loop samples version N+1 while evaluating N
             "enforce_eager": self.enforce_eager,
@@ -198,7 +205,9 @@ def gpu_smoke(**changes: object) -> GrpoRunConfig:
     config = GrpoRunConfig(
         profile="gpu-smoke",
         model=ModelSpec(tiny=VLLM_MODEL),
-        engine=EngineSpec(kind="vllm", token_ids=True, max_model_len=VLLM_MODEL.max_position, max_lora_rank=8),
+        engine=EngineSpec(kind="vllm", token_ids=True, max_lora_rank=8),
+        # The CPU profile's 1e-2 overshoots on this wider model (gpu_tests/test_cuda_trainer.py measured it).
+        trainer=TrainerConfig(lr=1e-3, threads=1),
     )
     return config.replace(**changes)
 

@@ -44,6 +44,13 @@ ENV_VARS = {
     "HF_HUB_OFFLINE": "1",
 }
 
+ROLLOUT_ENV_VARS = {
+    **ENV_VARS,
+    # vLLM starts its engine core in a child process; forking a process that already runs threads (Flyte's runtime,
+    # asyncio, torch's pools) can deadlock the child, so rollout tasks make vLLM spawn it instead.
+    "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+}
+
 
 @dataclass(frozen=True)
 class TierSizing:
@@ -104,7 +111,7 @@ rollout_env = flyte.TaskEnvironment(
     description="GRPO rollouts: one group per call from the requested LoRA adapter (vLLM on GPU, torch on CPU).",
     image=image,
     resources=SIZES.rollout,
-    env_vars=ENV_VARS,
+    env_vars=ROLLOUT_ENV_VARS,
     # concurrency=1: one engine per replica batches internally; parallelism comes from replicas.
     reusable=flyte.ReusePolicy(replicas=SIZES.rollout_replicas, concurrency=1, idle_ttl=600) if REUSE else None,
 )

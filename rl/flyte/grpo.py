@@ -143,11 +143,12 @@ _ENGINES: dict[str, RolloutEngine] = {}
 
 def _make_engine(base_dir: Path, spec: EngineSpec) -> RolloutEngine:
     if spec.kind == "vllm":
-        from rl.engines.vllm import VLLMEngine  # imports vllm itself only when it first samples
+        from rl.engines.vllm import VLLMEngine, model_max_len  # imports vllm itself only when it first samples
         from rl.models import load_tokenizer
 
         tokenizer = load_tokenizer(base_dir) if spec.token_ids else None
-        return VLLMEngine(base_dir, DirArtifacts(), llm_kwargs=spec.vllm_kwargs(), tokenizer=tokenizer)
+        llm_kwargs = spec.vllm_kwargs(model_max_len(base_dir))
+        return VLLMEngine(base_dir, DirArtifacts(), llm_kwargs=llm_kwargs, tokenizer=tokenizer)
     from rl.engines.torch_sampler import TorchSampler
 
     return TorchSampler(base_dir, DirArtifacts(), threads=spec.threads, merge_adapters=spec.merge_adapters)

@@ -167,13 +167,13 @@ def load_policy(
             f"adapter artifact lacks {', '.join(missing)} (has {sorted(files)}); pass an adapter produced by "
             "PeftTrainer.init_adapter or train_step"
         )
-    base = load_base_model(base_dir)
+    base = load_base_model(base_dir, device=device)  # straight onto the device: no host copy of the base
     with tempfile.TemporaryDirectory(prefix="adapter-") as tmp:
         for name in ADAPTER_FILES:
             (Path(tmp) / name).write_bytes(files[name])
         with _quiet_peft():
             model = PeftModel.from_pretrained(base, tmp, is_trainable=trainable)
-    return model.to(device)  # a no-op on the CPU
+    return model.to(device)  # the adapter's weights too (PEFT loads them beside the base; a no-op then)
 
 
 def adapter_files(model: PeftModel) -> dict[str, bytes]:

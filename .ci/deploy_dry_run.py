@@ -1,0 +1,31 @@
+"""`flyte deploy --dry-run` of the three driver environments in one process, for the tiers `RL_FLYTE_TIERS` names.
+
+    python .ci/deploy_dry_run.py CONFIG.yaml
+
+The environments read their tiers at import time, so `nox -s deploy-dry-run` runs this once per tier. One process per
+tier instead of one `flyte deploy` per environment: each of those re-imports flyte, torch and the package (~40 s).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import flyte
+
+
+def main(config: str) -> int:
+    from rl.flyte.agentic import agentic_driver_env
+    from rl.flyte.clustered import grpo_clustered_driver_env
+    from rl.flyte.grpo import grpo_driver_env
+
+    flyte.init_from_config(config)
+    drivers = (grpo_driver_env, grpo_clustered_driver_env, agentic_driver_env)
+    deployments = flyte.deploy(*drivers, dry_run=True)
+    tiers = os.environ.get("RL_FLYTE_TIERS", "(default)")
+    print(f"RL_FLYTE_TIERS={tiers}: {', '.join(d.name for d in drivers)} serialised ({len(deployments)} deployments)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
