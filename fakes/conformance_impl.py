@@ -34,7 +34,7 @@ from rl.conformance.capabilities import Capabilities
 from rl.conformance.implementation import Implementation
 from rl.conformance.spec import AlgorithmSpec
 from rl.loop.agentic import train
-from rl.loop.checkpoint import as_another_schema_version
+from rl.loop.checkpoint import as_altered, as_another_schema_version
 from rl.loop.grpo import run_grpo
 from rl.protocols import Artifacts
 from rl.scoring import RewardScorer
@@ -134,6 +134,7 @@ FAKES = Implementation(
     trainer=FakeTrainer,
     driver=run_grpo,
     checkpoint_from_another_version=as_another_schema_version,
+    checkpoint_altered=as_altered,
     advantages=group_normalized_advantages,
     sample_loss=sample_loss,
     agentic_driver=train,

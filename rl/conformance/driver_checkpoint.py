@@ -28,7 +28,7 @@ from rl.errors import (
     CheckpointSchemaError,
     MissingAdapterError,
 )
-from rl.loop.checkpoint import as_another_schema_version
+from rl.loop.checkpoint import as_altered, as_another_schema_version
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor
 from rl.types import ArtifactRef, TrainBatch, TrainResult
@@ -121,6 +121,32 @@ class DriverCheckpointLaws:
             "the driver is not rl.loop.grpo.run_grpo and no `checkpoint_from_another_version` is given, so the law "
             "that another schema version's checkpoint is refused does not apply; provide it to check that law"
         )
+
+    @pytest.fixture
+    def checkpoint_altered(self, driver: GrpoDriver) -> Callable[[bytes], bytes]:
+        """Return `(blob) -> bytes`: a checkpoint your driver saved with part of its state changed after it was
+        written and its integrity check (digest, checksum, signature) left as it was. Default: ours
+        (`rl.loop.checkpoint.as_altered`) for `run_grpo`; for another driver the law skips until you override this
+        fixture (a checkpoint with no integrity check cannot give one)."""
+        if driver is run_grpo:
+            return as_altered
+        pytest.skip(
+            "the driver is not rl.loop.grpo.run_grpo and no `checkpoint_altered` is given, so the law that an altered "
+            "checkpoint is refused does not apply; provide it to check that law"
+        )
+
+    def test_driver_refuses_a_checkpoint_altered_after_it_was_written(
+        self,
+        driver: GrpoDriver,
+        driver_config: GrpoConfig,
+        rl_run: Run[Any],
+        checkpoint_altered: Callable[[bytes], bytes],
+    ) -> None:
+        """The state it saved, changed afterwards but still parseable (a partial write, a bad disk, a hand edit),
+        raises `CheckpointCorruptError`: the driver checks its checkpoint's integrity before resuming from it."""
+        run = self._checkpointed(driver, driver_config, rl_run)
+        planted = checkpoint_altered(run.store.data or b"")
+        self._refused(driver, run, planted, CheckpointCorruptError, "a checkpoint altered after it was written", rl_run)
 
     @pytest.mark.parametrize("damage", sorted(DAMAGES))
     def test_driver_refuses_a_torn_or_foreign_checkpoint_before_training(

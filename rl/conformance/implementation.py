@@ -60,6 +60,9 @@ class Implementation:
       version of it would have saved the same state (what a resume by an older or newer release meets), like
       `rl.loop.checkpoint.as_another_schema_version`. Optional when `driver` is `run_grpo` (ours is used); without
       it, the law that a driver refuses another schema version's checkpoint skips.
+    - `checkpoint_altered`: `(blob) -> bytes`, a checkpoint `driver` saved with part of its state changed afterwards
+      and its integrity check left as it was, like `rl.loop.checkpoint.as_altered`. Optional when `driver` is
+      `run_grpo` (ours is used); without it, the law that a driver refuses an altered checkpoint skips.
     - `advantages`: `(group_ids, rewards) -> list[float]`, like `rl.advantages.group_normalized_advantages`.
     - `sample_loss`: `(new_logp, old_logp, ref_logp, advantage, clip_eps, kl_beta) -> (loss, stats)` on 1-D torch
       tensors, like `rl.loss.grpo_sample_loss`; the loss laws lift it to the batch form (each completion, then the
@@ -96,6 +99,7 @@ class Implementation:
     trainer: Callable[[Artifacts], Trainer] | None = None
     driver: GrpoDriver | None = None
     checkpoint_from_another_version: Callable[[bytes], bytes] | None = None
+    checkpoint_altered: Callable[[bytes], bytes] | None = None
     advantages: Callable[..., Sequence[float]] | None = None
     sample_loss: Callable[..., Any] | None = None
     batch_loss: Callable[..., Any] | None = None
@@ -158,7 +162,10 @@ def load_implementation(spec: str) -> Implementation:
             raise ImplementationError(f"--rl-impl {spec!r}: {module_name!r} has no attribute {attr!r}") from None
     if isinstance(obj, Implementation):
         return obj
-    found = {name: getattr(obj, name, None) for name in (*TIERS, "adapter", "checkpoint_from_another_version")}
+    found = {
+        name: getattr(obj, name, None)
+        for name in (*TIERS, "adapter", "checkpoint_from_another_version", "checkpoint_altered")
+    }
     if not any(value is not None for value in found.values()):
         raise ImplementationError(
             f"--rl-impl {spec!r} names a {type(obj).__name__} with none of the factories {', '.join(TIERS)}; "

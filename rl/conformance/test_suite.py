@@ -35,7 +35,7 @@ from rl.conformance.implementation import Implementation, ImplementationError, l
 from rl.conformance.rollout_buffer import BufferFactory, RolloutBufferContract
 from rl.conformance.volumes import StoreFactory, VolumeStoreContract
 from rl.loop.agentic import train
-from rl.loop.checkpoint import as_another_schema_version
+from rl.loop.checkpoint import as_altered, as_another_schema_version
 from rl.loop.grpo import run_grpo
 from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer
 from rl.types import ArtifactRef
@@ -157,6 +157,12 @@ class TestGrpoDriver(_Bound, GrpoDriverContract):
         if implementation.checkpoint_from_another_version is None and implementation.driver is run_grpo:
             return as_another_schema_version
         return _factory(implementation, "checkpoint_from_another_version", "checkpoint schema-version")
+
+    @pytest.fixture
+    def checkpoint_altered(self, implementation: Implementation) -> Callable[[bytes], bytes]:
+        if implementation.checkpoint_altered is None and implementation.driver is run_grpo:
+            return as_altered
+        return _factory(implementation, "checkpoint_altered", "altered-checkpoint")
 
 
 class TestDriverReplay(_Bound, DriverReplayContract):

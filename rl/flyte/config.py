@@ -64,7 +64,7 @@ class EngineSpec:
             raise ConfigError(f"engine threads must be >= 1, got {self.threads}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"engine gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.max_model_len < 1 or self.max_lora_rank < 1:
+        if (self.max_model_len is not None and self.max_model_len < 1) or self.max_lora_rank < 1:
             raise ConfigError(
                 f"engine max_model_len and max_lora_rank must be >= 1, got {self.max_model_len} and "
                 f"{self.max_lora_rank}"

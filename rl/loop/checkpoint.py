@@ -114,7 +114,16 @@ def as_another_schema_version(blob: bytes) -> bytes:
     meets when a newer one wrote it, which it must refuse rather than misread. The conformance suite plants it."""
     doc = json.loads(blob)
     doc["schema"] = SCHEMA_VERSION + 1
-    return json.dumps(doc).encode()
+    return json.dumps(doc, allow_nan=False).encode()
+
+
+def as_altered(blob: bytes) -> bytes:
+    """`blob` with its iteration changed after it was written and its digest left as it was: a partial or tampered
+    write that still parses, which the driver must refuse rather than resume. The conformance suite plants it."""
+    doc = json.loads(blob)
+    iteration = doc["state"]["iteration"]
+    doc["state"]["iteration"] = iteration - 1 if iteration > 0 else iteration + 1
+    return json.dumps(doc, allow_nan=False).encode()
 
 
 async def load_state(store: StateStore, config: Any, artifacts: Artifacts) -> DriverState | None:

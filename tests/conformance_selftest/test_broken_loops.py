@@ -118,8 +118,17 @@ CASES = [
         DRIVER_TIERS,
         f"{TORN}[truncated]",
         r"a truncated checkpoint: the driver did not refuse it: it finished at adapter v\d having trained steps \[0",
-        {f"{TORN}[truncated]", f"{TORN}[foreign]"},
+        # It restarts on every CheckpointCorruptError, an altered checkpoint's too.
+        {f"{TORN}[truncated]", f"{TORN}[foreign]", "test_driver_refuses_a_checkpoint_altered_after_it_was_written"},
         id="torn checkpoint restarts the run",
+    ),
+    pytest.param(
+        "broken_drivers:DIGEST_UNCHECKED",
+        DRIVER_TIERS,
+        "test_driver_refuses_a_checkpoint_altered_after_it_was_written",
+        r"altered after it was written: the driver did not refuse it",
+        {"test_driver_refuses_a_checkpoint_altered_after_it_was_written"},
+        id="altered checkpoint resumed",
     ),
     pytest.param(
         "broken_drivers:ANY_SCHEMA",
