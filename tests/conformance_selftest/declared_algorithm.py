@@ -179,12 +179,17 @@ def _k3(new_logp: Tensor, ref_logp: Tensor) -> Tensor:
 DUAL_CLIP_C = 3.0
 
 
+def _clipped_surrogate(new_logp: Tensor, old_logp: Tensor, advantage: float, clip_eps: float) -> tuple[Tensor, Tensor]:
+    """`(ratio, min(r A, clip(r, 1 - eps, 1 + eps) A))` per token. Shape: `[T]` -> `[T]`, `[T]`."""
+    ratio = torch.exp(new_logp - old_logp)
+    return ratio, torch.minimum(ratio * advantage, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * advantage)
+
+
 def dual_clip_loss(
     new_logp: Tensor, old_logp: Tensor, ref_logp: Tensor, advantage: float, clip_eps: float = 0.2, kl_beta: float = 0.03
 ) -> tuple[Tensor, dict[str, float]]:
     """Ours with verl's dual clip (`clip_ratio_c=3`): for A < 0 the objective is `max(min(r A, clip(r) A), 3 A)`."""
-    ratio = torch.exp(new_logp - old_logp)
-    surrogate = torch.minimum(ratio * advantage, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * advantage)
+    _, surrogate = _clipped_surrogate(new_logp, old_logp, advantage, clip_eps)
     if advantage < 0:
         surrogate = torch.clamp(surrogate, min=DUAL_CLIP_C * advantage)
     return _sample_loss(surrogate, _k3(new_logp, ref_logp), kl_beta)
@@ -194,8 +199,7 @@ def k3_ratio_loss(
     new_logp: Tensor, old_logp: Tensor, ref_logp: Tensor, advantage: float, clip_eps: float = 0.2, kl_beta: float = 0.03
 ) -> tuple[Tensor, dict[str, float]]:
     """Ours with TRL's bias-corrected KL (`use_bias_correction_kl=True`): k3 times the ratio, not detached."""
-    ratio = torch.exp(new_logp - old_logp)
-    surrogate = torch.minimum(ratio * advantage, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * advantage)
+    ratio, surrogate = _clipped_surrogate(new_logp, old_logp, advantage, clip_eps)
     return _sample_loss(surrogate, ratio * _k3(new_logp, ref_logp), kl_beta)
 
 
@@ -203,8 +207,7 @@ def clamped_kl_loss(
     new_logp: Tensor, old_logp: Tensor, ref_logp: Tensor, advantage: float, clip_eps: float = 0.2, kl_beta: float = 0.03
 ) -> tuple[Tensor, dict[str, float]]:
     """Ours with verl's `low_var_kl` clamp: each token's k3 at most 10."""
-    ratio = torch.exp(new_logp - old_logp)
-    surrogate = torch.minimum(ratio * advantage, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * advantage)
+    _, surrogate = _clipped_surrogate(new_logp, old_logp, advantage, clip_eps)
     return _sample_loss(surrogate, torch.clamp(_k3(new_logp, ref_logp), max=10.0), kl_beta)
 
 
