@@ -63,7 +63,7 @@ class _VirtualSelector(selectors.BaseSelector):
         self._keys.clear()
 
 
-class _ShuffledReady(collections.deque):  # type: ignore[type-arg]
+class _ShuffledReady(collections.deque):
     """The loop's ready queue, popped in a seeded order within each batch.
 
     asyncio's `_run_once` selects, moves due timers onto the ready queue, then pops exactly the callbacks that were

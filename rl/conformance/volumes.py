@@ -313,7 +313,8 @@ class VolumeStoreContract(ContractBase):
         law = type(self).test_volumes_random_histories_match_a_dict_model
         # Read at every call, like a @given law's, so `--rl-examples` and the self-test's settings reach the machine.
         chosen = getattr(law, "_hypothesis_internal_use_settings", MACHINE_SETTINGS)
-        machine_test = get_state_machine_test(lambda: self.machine(volume_store_factory), settings=chosen)
+        factory: Any = lambda: self.machine(volume_store_factory)  # noqa: E731  (a factory, as hypothesis accepts)
+        machine_test = get_state_machine_test(factory, settings=chosen)
         if rl_seed != 0:
             # What @hypothesis.seed sets: the seed the plugin gives a @given law under --rl-seed N.
             machine_test._hypothesis_internal_use_seed = law_seed(rl_seed, law.__qualname__)  # type: ignore[attr-defined]

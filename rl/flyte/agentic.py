@@ -68,7 +68,8 @@ __all__ = [
     "verify_and_judge",
 ]
 
-GENERATE_TIMEOUT = flyte.Timeout(max_runtime=timedelta(seconds=300))
+GENERATE_TIMEOUT_S = 300.0
+GENERATE_TIMEOUT = flyte.Timeout(max_runtime=timedelta(seconds=GENERATE_TIMEOUT_S))
 TRAIN_TIMEOUT = flyte.Timeout(max_runtime=timedelta(seconds=600))
 
 REMOTE_ONLY = (
@@ -119,7 +120,7 @@ class AgenticRunConfig(StrictConfig):
             )
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ConfigError(f"lr must be a finite number > 0, got {self.lr}")
-        budget_s = GENERATE_TIMEOUT.max_runtime.total_seconds()
+        budget_s = GENERATE_TIMEOUT_S
         if not (math.isfinite(self.tool_latency_s) and 0 <= self.tool_latency_s * self.max_turns < budget_s):
             raise ConfigError(
                 f"tool_latency_s must be >= 0 with max_turns x tool_latency_s under generate's {budget_s:g} s "

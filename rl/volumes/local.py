@@ -260,23 +260,24 @@ class LocalVolumeStore:
         return [e.name for e in os.scandir(self.root / "versions") if _VERSION_RE.fullmatch(e.name)]
 
     def _version(self, version: str) -> LocalVolumeVersion:
-        manifest = self._manifests.get(version)
-        if manifest is None:
-            path = self.root / "versions" / version / "manifest.json"
-            try:
-                manifest = json.loads(path.read_text(encoding="utf-8"))
-                problem = manifest_problem(manifest, version)
-            except FileNotFoundError:
-                raise VersionNotFoundError(f"version {version} is not in {self.root}") from None
-            except ValueError as exc:  # not JSON, or not UTF-8: a damaged or foreign file
-                problem = f"the manifest is not JSON ({exc})"
-            if problem:
-                raise VolumeCorruptedError(
-                    f"version {version} in {self.root} is refused: {problem}. Its manifest ({path}) was not written "
-                    f"by this store or was changed since, and using it could read or write outside the volume: "
-                    f"restore it from its source (or delete {path.parent}) and retry"
-                )
-            self._manifests[version] = manifest
+        cached = self._manifests.get(version)
+        if cached is not None:
+            return LocalVolumeVersion(self, cached)
+        path = self.root / "versions" / version / "manifest.json"
+        try:
+            manifest: Any = json.loads(path.read_text(encoding="utf-8"))
+            problem = manifest_problem(manifest, version)
+        except FileNotFoundError:
+            raise VersionNotFoundError(f"version {version} is not in {self.root}") from None
+        except ValueError as exc:  # not JSON, or not UTF-8: a damaged or foreign file
+            problem = f"the manifest is not JSON ({exc})"
+        if problem:
+            raise VolumeCorruptedError(
+                f"version {version} in {self.root} is refused: {problem}. Its manifest ({path}) was not written "
+                f"by this store or was changed since, and using it could read or write outside the volume: "
+                f"restore it from its source (or delete {path.parent}) and retry"
+            )
+        self._manifests[version] = manifest
         return LocalVolumeVersion(self, manifest)
 
     def _open_writer(self, name: str, parent: LocalVolumeVersion | None) -> LocalWritableVolume:
