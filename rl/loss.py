@@ -28,6 +28,8 @@ __all__ = [
     "clip_fraction",
     "clipped_surrogate",
     "grpo_batch_loss",
+    "grpo_masked_loss",
+    "grpo_masked_row_losses",
     "grpo_sample_loss",
     "importance_ratio",
     "k3_kl",
@@ -179,6 +181,110 @@ def grpo_batch_loss(
     batch_loss = torch.stack(losses).mean()
     n = len(samples)
     return batch_loss, {"loss": float(batch_loss.detach()), **{key: total / n for key, total in sums.items()}}
+
+
+def grpo_masked_row_losses(
+    new_logp: Tensor,
+    old_logp: Tensor,
+    ref_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_eps: float = 0.2,
+    kl_beta: float = 0.03,
+    clip_eps_high: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """`grpo_sample_loss` of every row of a right-padded batch at once: what a trainer back-propagates from one
+    batched forward instead of one forward per completion.
+
+    Row b's loss is `grpo_sample_loss(new[b, m_b], old[b, m_b], ref[b, m_b], advantages[b])` with `m_b = mask[b]`, equal
+    up to float rounding (a masked sum over a padded row adds its terms in another order than a mean over the unpadded
+    row): the law `tests/test_loss.py` checks, values and gradients. Padded positions contribute nothing, whatever they
+    hold.
+
+    Shape: `new_logp`, `old_logp`, `ref_logp`, `mask` (bool or 0/1): `[B, T]`, every row with at least one token;
+    `advantages`: `[B]` -> row losses `[B]` (differentiable w.r.t. `new_logp`) and detached per-row `ratio`, `kl`,
+    `clip_frac` `[B]`.
+
+    Raises:
+        ValueError: shapes that disagree, a row with no tokens, a non-finite advantage, or a negative or non-finite
+            `clip_eps`, `clip_eps_high` or `kl_beta`; the message says which.
+    """
+    keep = _check_masked(new_logp, old_logp, ref_logp, advantages, mask)
+    eps_low = _non_negative("clip_eps", clip_eps)
+    eps_high = eps_low if clip_eps_high is None else _non_negative("clip_eps_high", clip_eps_high)
+    beta = _non_negative("kl_beta", kl_beta)
+    weight = keep.to(new_logp.dtype)  # [B, T]
+    tokens = weight.sum(dim=1)  # [B]
+    adv = advantages.to(new_logp.dtype).unsqueeze(1)  # [B, 1]
+    # Padding is zeroed before exp so a padded position can neither overflow nor send a NaN gradient through the mask.
+    new = new_logp.masked_fill(~keep, 0.0)
+    old = old_logp.detach().masked_fill(~keep, 0.0)
+    ref = ref_logp.detach().masked_fill(~keep, 0.0)
+    ratio = torch.exp(new - old)  # [B, T]
+    surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv)  # [B, T]
+    delta = ref - new
+    kl = torch.expm1(delta) - delta  # [B, T]
+    surrogate_mean = (surrogate * weight).sum(dim=1) / tokens  # [B]
+    kl_mean = (kl * weight).sum(dim=1) / tokens  # [B]
+    rows = -(surrogate_mean - beta * kl_mean)  # [B]
+    with torch.no_grad():
+        shifted = ratio - 1.0  # as `clip_fraction` compares, so the two agree at the band's edges
+        outside = ((shifted < -eps_low) | (shifted > eps_high)) & keep
+        stats = {
+            "loss": rows.detach(),
+            "ratio": (ratio * weight).sum(dim=1) / tokens,
+            "kl": kl_mean.detach(),
+            "clip_frac": outside.to(new_logp.dtype).sum(dim=1) / tokens,
+        }
+    return rows, stats
+
+
+def grpo_masked_loss(
+    new_logp: Tensor,
+    old_logp: Tensor,
+    ref_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps: float = 0.2,
+    kl_beta: float = 0.03,
+    clip_eps_high: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """`grpo_batch_loss` on a right-padded batch: the mean over rows of `grpo_masked_row_losses`, and the per-row
+    stats averaged with the same weights. The padded form the conformance suite's `batch_loss` binding takes.
+
+    Shape: `[B, T]` log-probs and mask, `[B]` advantages -> loss `[]`.
+    """
+    rows, stats = grpo_masked_row_losses(
+        new_logp, old_logp, ref_logp, advantages, mask, clip_eps=clip_eps, kl_beta=kl_beta, clip_eps_high=clip_eps_high
+    )
+    loss = rows.mean()
+    return loss, {"loss": float(loss.detach()), **{k: float(v.mean()) for k, v in stats.items() if k != "loss"}}
+
+
+def _check_masked(new_logp: object, old_logp: object, ref_logp: object, advantages: object, mask: object) -> Tensor:
+    """The mask as bool after checking every shape; raises ValueError naming what disagrees."""
+    for name, t in (("new_logp", new_logp), ("old_logp", old_logp), ("ref_logp", ref_logp)):
+        if not isinstance(t, Tensor) or t.dim() != 2 or not t.is_floating_point():
+            got = f"shape {tuple(t.shape)} {t.dtype}" if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a 2-D floating-point tensor [B, T], got {got}")
+    assert isinstance(new_logp, Tensor) and isinstance(old_logp, Tensor) and isinstance(ref_logp, Tensor)
+    if not isinstance(mask, Tensor) or not isinstance(advantages, Tensor):
+        raise ValueError("mask and advantages must be torch.Tensors ([B, T] and [B])")
+    shapes = {"new_logp": new_logp.shape, "old_logp": old_logp.shape, "ref_logp": ref_logp.shape, "mask": mask.shape}
+    if len(set(shapes.values())) != 1:
+        raise ValueError(
+            f"log-probs and mask must share one [B, T] shape, got { ({k: tuple(v) for k, v in shapes.items()}) }"
+        )
+    if tuple(advantages.shape) != (new_logp.shape[0],):
+        raise ValueError(f"advantages must have shape [B] = [{new_logp.shape[0]}], got {tuple(advantages.shape)}")
+    if not bool(torch.isfinite(advantages).all()):
+        raise ValueError(f"advantages must be finite, got {advantages.tolist()}")
+    keep = mask.bool() if mask.dtype == torch.bool else mask > 0
+    empty = (~keep.any(dim=1)).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"rows {empty} of the mask have no tokens; drop empty completions before the loss")
+    return keep
 
 
 def _check_logps(new_logp: object, old_logp: object, ref_logp: object) -> None:

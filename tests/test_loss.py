@@ -282,3 +282,73 @@ def test_batch_errors_name_the_offending_sample_and_empty_batches_raise():
         grpo_batch_loss([good, bad])
     with pytest.raises(ValueError, match="at least one sample"):
         grpo_batch_loss([])
+
+
+def _padded(rows, pad_value):
+    """Right-pad 1-D tensors to one `[B, T_max]` tensor holding `pad_value` past each row's end, and its mask."""
+    t_max = max(len(r) for r in rows)
+    out = torch.full((len(rows), t_max), pad_value, dtype=rows[0].dtype)
+    mask = torch.zeros(len(rows), t_max, dtype=torch.bool)
+    for b, r in enumerate(rows):
+        out[b, : len(r)] = r
+        mask[b, : len(r)] = True
+    return out, mask
+
+
+@given(data=st.data())
+def test_masked_batch_loss_equals_the_sample_loss_row_by_row(data):
+    """Law: the padded [B, T] loss the trainer back-propagates from one batched forward gives each row the value, stats
+    and gradient `grpo_sample_loss` gives that row's unpadded tokens, whatever the padding holds (float rounding only)."""
+    from rl.loss import grpo_masked_loss, grpo_masked_row_losses
+
+    n = data.draw(st.integers(min_value=1, max_value=5))
+    raw = [(*data.draw(logprob_tensors(dtype=torch.float32)), data.draw(advantages())) for _ in range(n)]
+    eps, eps_high, beta = data.draw(CLIP_EPS), data.draw(CLIP_EPS_HIGH), data.draw(KL_BETA)
+    pad = data.draw(st.sampled_from([0.0, -30.0, 50.0]))
+    new, mask = _padded([r[0] for r in raw], pad)
+    old, _ = _padded([r[1] for r in raw], pad)
+    ref, _ = _padded([r[2] for r in raw], pad)
+    new = _leaf(new)
+    adv = torch.tensor([r[3] for r in raw])
+    rows, stats = grpo_masked_row_losses(new, old, ref, adv, mask, eps, beta, eps_high)
+    rows.sum().backward()
+    for b, (n_b, o_b, r_b, a_b) in enumerate(raw):
+        leaf = _leaf(n_b)
+        want, want_stats = grpo_sample_loss(leaf, o_b, r_b, a_b, eps, beta, eps_high)
+        want.backward()
+        assert math.isclose(float(rows[b]), float(want), rel_tol=1e-5, abs_tol=1e-6)
+        for key in ("ratio", "kl", "clip_frac"):
+            assert math.isclose(float(stats[key][b]), want_stats[key], rel_tol=1e-5, abs_tol=1e-6), key
+        assert torch.allclose(new.grad[b, : len(n_b)], leaf.grad, rtol=1e-5, atol=1e-7)
+        assert not bool(new.grad[b, len(n_b) :].any()), "a padded position received gradient"
+    loss, mean_stats = grpo_masked_loss(
+        new.detach(), old, ref, adv, mask, clip_eps=eps, kl_beta=beta, clip_eps_high=eps_high
+    )
+    assert math.isclose(float(loss), float(rows.mean()), rel_tol=1e-6, abs_tol=1e-7)
+    assert math.isclose(mean_stats["kl"], float(stats["kl"].mean()), rel_tol=1e-6, abs_tol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"mask": torch.zeros(2, 3, dtype=torch.bool)}, r"rows \[0, 1\] of the mask have no tokens"),
+        ({"advantages": torch.tensor([1.0, math.nan])}, "advantages must be finite"),
+        ({"advantages": torch.tensor([1.0])}, r"advantages must have shape \[B\] = \[2\]"),
+        ({"old_logp": torch.zeros(2, 4)}, "must share one"),
+        ({"new_logp": torch.zeros(3)}, r"new_logp must be a 2-D floating-point tensor"),
+    ],
+)
+def test_masked_loss_refuses_malformed_batches(change, message):
+    """A padded batch whose shapes disagree, an empty row or a NaN advantage raise ValueError saying which."""
+    from rl.loss import grpo_masked_loss
+
+    args = {
+        "new_logp": torch.zeros(2, 3),
+        "old_logp": torch.zeros(2, 3),
+        "ref_logp": torch.zeros(2, 3),
+        "advantages": torch.tensor([1.0, -1.0]),
+        "mask": torch.ones(2, 3, dtype=torch.bool),
+    }
+    args.update(change)
+    with pytest.raises(ValueError, match=message):
+        grpo_masked_loss(**args)

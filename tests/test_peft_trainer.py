@@ -227,3 +227,88 @@ def test_the_adapter_config_is_written_canonically(trainer: PeftTrainer) -> None
     assert len(targets) in (7, 14) and {t.rsplit(".", 1)[-1] for t in targets} == set(LINEAR_PROJECTIONS)
     assert config["base_model_name_or_path"] is None
     assert str(trainer.base_dir) not in files["adapter_config.json"].decode()
+
+
+def test_a_warm_trainer_writes_the_bytes_a_cold_one_writes(
+    tiny_model_dir: Path, rollouts: list, tmp_path: Path
+) -> None:
+    """A trainer continuing from the model and optimizer it kept in memory writes, step after step, exactly the bytes a
+    fresh trainer writes from the artifacts alone (the warm path is a cache, not another computation)."""
+    config = dataclasses.replace(CONFIG, max_staleness=3)  # the fixed rollouts come from version 0
+    trainer = PeftTrainer(tiny_model_dir, LocalArtifacts(tmp_path / "artifacts"), config)
+    init = run(trainer.init_adapter(seed=5))
+    results = [init]
+    for version in (1, 2, 3):
+        rewards = varied_rewards(rollouts, silent_groups=[version % 3])
+        batch = make_batch(rollouts, rewards, results[-1].adapter, results[-1].optimizer_state, new_version=version)
+        results.append(run(trainer.train_step(batch)))
+    assert trainer.cold_loads == 1, "steps 2 and 3 named the artifacts step 1 and 2 wrote: they must run warm"
+    for version in (1, 2, 3):
+        cold = PeftTrainer(trainer.base_dir, trainer.artifacts, config)
+        rewards = varied_rewards(rollouts, silent_groups=[version % 3])
+        prev = results[version - 1]
+        replayed = run(
+            cold.train_step(make_batch(rollouts, rewards, prev.adapter, prev.optimizer_state, new_version=version))
+        )
+        assert cold.cold_loads == 1
+        assert replayed.adapter.digest == results[version].adapter.digest, version
+        assert replayed.optimizer_state.digest == results[version].optimizer_state.digest, version
+        assert replayed.metrics == results[version].metrics
+
+
+def test_a_batch_naming_other_artifacts_or_following_a_failure_loads_cold(trainer: PeftTrainer, rollouts: list) -> None:
+    """Only a batch naming exactly the adapter and optimizer state the last step wrote runs warm: an older adapter, and
+    any step after one that raised, load from the artifacts."""
+    init = run(trainer.init_adapter(seed=5))
+    first = run(trainer.train_step(make_batch(rollouts, varied_rewards(rollouts), init.adapter, init.optimizer_state)))
+    again = run(trainer.train_step(make_batch(rollouts, varied_rewards(rollouts), init.adapter, init.optimizer_state)))
+    assert trainer.cold_loads == 2 and again.adapter.digest == first.adapter.digest
+    stale = make_batch(rollouts, varied_rewards(rollouts), first.adapter, first.optimizer_state, new_version=5)
+    with pytest.raises(StaleRolloutError):
+        run(trainer.train_step(stale))
+    run(
+        trainer.train_step(
+            make_batch(rollouts, varied_rewards(rollouts), first.adapter, first.optimizer_state, new_version=2)
+        )
+    )
+    assert trainer.cold_loads == 3
+
+
+@pytest.mark.parametrize("micro_batch_size", [1, 5])
+def test_batched_and_per_sample_losses_agree(
+    tiny_model_dir: Path, rollouts: list, tmp_path: Path, micro_batch_size: int
+) -> None:
+    """The batched loss (any micro-batch size) and the per-sample reference take the same step up to float rounding:
+    the same metrics and adapter weights within 1e-5; each path replays bitwise on its own (the replay test)."""
+    from safetensors.torch import load as load_safetensors
+
+    adapters, metrics = [], []
+    for config in (
+        dataclasses.replace(CONFIG, loss_path="per_sample"),
+        dataclasses.replace(CONFIG, micro_batch_size=micro_batch_size),
+    ):
+        t = PeftTrainer(tiny_model_dir, LocalArtifacts(tmp_path / config.loss_path / "a"), config)
+        init = run(t.init_adapter(seed=5))
+        result = run(t.train_step(make_batch(rollouts, varied_rewards(rollouts), init.adapter, init.optimizer_state)))
+        adapters.append(load_safetensors(run(t.artifacts.get(result.adapter))["adapter_model.safetensors"]))
+        metrics.append(result.metrics)
+    per_sample, batched = adapters
+    assert per_sample.keys() == batched.keys()
+    for name in per_sample:
+        assert torch.allclose(per_sample[name], batched[name], atol=1e-5, rtol=1e-4), name
+    assert metrics[0].contributing == metrics[1].contributing == 12
+    assert metrics[1].grad_norm == pytest.approx(metrics[0].grad_norm, rel=1e-4)
+    assert metrics[1].kl == pytest.approx(metrics[0].kl, abs=1e-7)
+
+
+def test_adapter_weights_are_the_bytes_peft_save_pretrained_writes(trainer: PeftTrainer, rollouts: list) -> None:
+    """The in-memory serialisation writes exactly what PEFT's `save_pretrained` writes, so vLLM and PEFT load it."""
+    import tempfile
+
+    init = run(trainer.init_adapter(seed=5))
+    result = run(trainer.train_step(make_batch(rollouts, varied_rewards(rollouts), init.adapter, None)))
+    files = run(trainer.artifacts.get(result.adapter))
+    model = load_policy(trainer.base_dir, files, trainable=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        assert (Path(tmp) / "adapter_model.safetensors").read_bytes() == files["adapter_model.safetensors"]

@@ -36,6 +36,8 @@ def test_defaults_are_valid_and_match_the_seed_loss_constants() -> None:
         ("max_staleness", -1),
         ("seed", -1),
         ("threads", 0),
+        ("loss_path", "per_token"),
+        ("micro_batch_size", 0),
     ],
 )
 def test_each_invalid_setting_raises_a_value_error_naming_the_field(field: str, value: object) -> None:

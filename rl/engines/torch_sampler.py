@@ -173,22 +173,21 @@ def batched_teacher_forced_logprobs(
     t_max = max((len(c) for c in completion_ids), default=0)
     if batch == 0 or t_max == 0:
         return torch.zeros(batch, t_max), torch.zeros(batch, t_max, dtype=torch.bool)
-    rows = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
+    rows = [_as_ids(p) + _as_ids(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
     width = max(len(r) for r in rows)
-    ids = torch.full((batch, width), pad_token_id, dtype=torch.long)  # [B, L]
-    for b, r in enumerate(rows):
-        ids[b, : len(r)] = torch.tensor(r)
-    logp_all = torch.log_softmax(model(input_ids=ids).logits.float(), dim=-1)  # [B, L, V]
+    ids = torch.tensor([r + [pad_token_id] * (width - len(r)) for r in rows], dtype=torch.long)  # [B, L]
+    targets = torch.tensor([_as_ids(c) + [0] * (t_max - len(c)) for c in completion_ids], dtype=torch.long)  # [B, T]
+    mask = torch.tensor([[t < len(c) for t in range(t_max)] for c in completion_ids], dtype=torch.bool)  # [B, T]
     # Completion token t of row b sits at position P_b + t and is predicted from position P_b + t - 1.
     starts = torch.tensor([len(p) - 1 for p in prompt_ids])  # [B]
     positions = (starts.unsqueeze(1) + torch.arange(t_max)).clamp(max=width - 2)  # [B, T_max]
-    targets = torch.zeros(batch, t_max, dtype=torch.long)  # [B, T_max]
-    mask = torch.zeros(batch, t_max, dtype=torch.bool)  # [B, T_max]
-    for b, c in enumerate(completion_ids):
-        targets[b, : len(c)] = torch.tensor(list(c), dtype=torch.long)
-        mask[b, : len(c)] = True
-    picked = logp_all.gather(1, positions.unsqueeze(-1).expand(-1, -1, logp_all.shape[-1]))  # [B, T_max, V]
-    logprobs = picked.gather(2, targets.unsqueeze(-1)).squeeze(-1)  # [B, T_max]
+    device = next(model.parameters()).device  # the model's (CPU, or CUDA for the GPU trainer); the result lives there
+    ids, targets, mask, positions = (t.to(device) for t in (ids, targets, mask, positions))
+    logits = model(input_ids=ids).logits  # [B, L, V]
+    # Only the predicting positions go through log_softmax: the prompt's other positions are never read.
+    picked = logits.gather(1, positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))  # [B, T_max, V]
+    logp = torch.log_softmax(picked.float(), dim=-1)  # [B, T_max, V]
+    logprobs = logp.gather(2, targets.unsqueeze(-1)).squeeze(-1)  # [B, T_max]
     return logprobs.masked_fill(~mask, 0.0), mask
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, get_args
+from typing import ClassVar, Literal, get_args
 
 from rl.advantages import Scale
 from rl.errors import InputError
 
 ADVANTAGE_SCALES: tuple[str, ...] = get_args(Scale)
+LossPath = Literal["batched", "per_sample"]
+LOSS_PATHS: tuple[str, ...] = get_args(LossPath)
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,11 @@ class TrainerConfig:
     max_staleness: int = 1
     seed: int = 0
     threads: int = 1
+    # "batched": one padded forward per micro-batch of `micro_batch_size` samples (fast); "per_sample": one forward per
+    # sample, each sample's numbers independent of its neighbours (the reference the batched path is checked against,
+    # and what a DDP rank runs). The two agree up to float rounding; each is bitwise reproducible on its own.
+    loss_path: LossPath = "batched"
+    micro_batch_size: int = 64
 
     def __post_init__(self) -> None:
         if not isinstance(self.lora_rank, int) or self.lora_rank < 1:
@@ -82,5 +89,11 @@ class TrainerConfig:
             raise InputError(f"max_staleness must be an int >= 0 (0: strictly on-policy), got {self.max_staleness!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise InputError(f"seed must be an int >= 0, got {self.seed!r}")
+        if self.loss_path not in LOSS_PATHS:
+            raise InputError(f"loss_path must be one of {LOSS_PATHS}, got {self.loss_path!r}")
+        if not isinstance(self.micro_batch_size, int) or self.micro_batch_size < 1:
+            raise InputError(
+                f"micro_batch_size must be an int >= 1 (samples per batched forward), got {self.micro_batch_size!r}"
+            )
         if not isinstance(self.threads, int) or self.threads < 1:
             raise InputError(f"threads must be an int >= 1, got {self.threads!r}")

@@ -27,13 +27,15 @@ import json
 import math
 import tempfile
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
+from safetensors.torch import save as save_safetensors
 
 from rl.advantages import group_normalized_advantages
 from rl.engines.torch_sampler import teacher_forced_logprobs
@@ -41,6 +43,7 @@ from rl.errors import TrainerError
 from rl.loss import grpo_sample_loss
 from rl.models import load_base_model
 from rl.protocols import Artifacts
+from rl.trainer.batched_loss import batched_backward
 from rl.trainer.config import TrainerConfig
 from rl.types import StepMetrics, TrainBatch, TrainResult
 
@@ -63,6 +66,8 @@ __all__ = [
     "optimizer_files",
     "pinned_threads",
     "prepare_step",
+    "prepare_warm_step",
+    "run_step",
     "sample_loss_fns",
     "stat_sums",
     "step_metrics",
@@ -180,18 +185,28 @@ def adapter_files(model: PeftModel) -> dict[str, bytes]:
     """The adapter's weights and config as artifact files, byte-identical for equal weights and equal LoRA config.
 
     The config is rewritten canonically: `target_modules` sorted (PEFT writes it in set order), keys sorted, and
-    `base_model_name_or_path` cleared so the bytes do not depend on where the base model lives on this machine.
+    `base_model_name_or_path` cleared so the bytes do not depend on where the base model lives on this machine. The
+    weights are the bytes `save_pretrained` writes (`tests/test_peft_trainer.py` checks it), serialised in memory: a
+    step's adapter would otherwise pay for a temporary directory and a generated model card every time.
     """
-    with tempfile.TemporaryDirectory(prefix="adapter-") as tmp:
-        model.save_pretrained(tmp)
-        config = json.loads((Path(tmp) / "adapter_config.json").read_text())
-        if isinstance(config.get("target_modules"), list):
-            config["target_modules"] = sorted(config["target_modules"])
-        config["base_model_name_or_path"] = None
-        return {
-            "adapter_config.json": (json.dumps(config, indent=2, sort_keys=True, allow_nan=False) + "\n").encode(),
-            "adapter_model.safetensors": (Path(tmp) / "adapter_model.safetensors").read_bytes(),
-        }
+    config = _CANONICAL_CONFIG.get(model)
+    if config is None:
+        with tempfile.TemporaryDirectory(prefix="adapter-") as tmp:
+            model.save_pretrained(tmp)
+            written = json.loads((Path(tmp) / "adapter_config.json").read_text())
+        if isinstance(written.get("target_modules"), list):
+            written["target_modules"] = sorted(written["target_modules"])
+        written["base_model_name_or_path"] = None
+        config = (json.dumps(written, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
+        _CANONICAL_CONFIG[model] = config  # a model's LoRA config never changes; its weights do
+    weights = {name: t.detach().contiguous().cpu() for name, t in get_peft_model_state_dict(model).items()}
+    return {
+        "adapter_config.json": config,
+        "adapter_model.safetensors": save_safetensors(weights, metadata={"format": "pt"}),
+    }
+
+
+_CANONICAL_CONFIG: weakref.WeakKeyDictionary[PeftModel, bytes] = weakref.WeakKeyDictionary()
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
@@ -434,6 +449,15 @@ def stat_sums(stats: Sequence[Mapping[str, float]]) -> list[float]:
     return [math.fsum(s[key] for s in stats) for key in ("loss", "kl", "clip_frac")]
 
 
+@dataclass
+class _Warm:
+    """The model and optimizer a step left in memory, and the digests of the artifacts it wrote from them."""
+
+    adapter_digest: str
+    optimizer_digest: str
+    prepared: PreparedStep
+
+
 class PeftTrainer:
     """The Trainer protocol on torch + PEFT, one process: LoRA adapters and AdamW state live in `artifacts`.
 
@@ -442,6 +466,12 @@ class PeftTrainer:
 
     `device` is where a step's forward and backward run ("cpu", or "cuda"/"cuda:N" on a GPU). Version 0 is always
     initialised on the CPU, so its bytes are the same on every machine; artifacts never name a device.
+
+    Warm: after a step the trainer keeps its model and optimizer in memory beside the digests of the adapter and
+    optimizer artifacts it wrote. A batch naming exactly those digests continues from memory instead of loading the
+    base model, the adapter and the optimizer from the artifacts; anything else (another adapter, a restarted process,
+    a step that raised) loads them as before. The in-memory state is what those bytes decode to, so both paths give
+    the same bytes (`tests/test_peft_trainer.py` checks it); `cold_loads` counts the loads.
     """
 
     def __init__(
@@ -456,6 +486,8 @@ class PeftTrainer:
         self.artifacts = artifacts
         self.config = config if config is not None else TrainerConfig()
         self.device = torch.device(device)
+        self._warm: _Warm | None = None
+        self.cold_loads = 0
 
     async def init_adapter(self, seed: int) -> TrainResult:
         """Version 0: a fresh LoRA adapter (a function of `seed`) and the optimizer state of a fresh AdamW."""
@@ -472,38 +504,86 @@ class PeftTrainer:
 
     async def train_step(self, batch: TrainBatch) -> TrainResult:
         """One GRPO step on `batch`: returns adapter version `batch.new_version`, its optimizer state and metrics."""
-        adapter = await self.artifacts.get(batch.adapter)
-        opt_state = await self.artifacts.get(batch.optimizer_state) if batch.optimizer_state is not None else None
-        new_adapter_files, new_opt_files, metrics = self.compute_step(batch, adapter, opt_state)
+        warm, self._warm = self._warm, None  # a step that raises must not leave a half-updated model behind
+        opt_digest = batch.optimizer_state.digest if batch.optimizer_state is not None else None
+        if warm is not None and (warm.adapter_digest, warm.optimizer_digest) == (batch.adapter.digest, opt_digest):
+            with pinned_threads(self.config.threads), torch.random.fork_rng(devices=[]):
+                prepared = prepare_warm_step(batch, self.config, warm.prepared)
+                new_adapter_files, new_opt_files, metrics = run_step(batch, prepared, self.config)
+        else:
+            adapter = await self.artifacts.get(batch.adapter)
+            opt_state = await self.artifacts.get(batch.optimizer_state) if batch.optimizer_state is not None else None
+            prepared, (new_adapter_files, new_opt_files, metrics) = self._cold_step(batch, adapter, opt_state)
         adapter_ref = await self.artifacts.put(new_adapter_files, name=f"adapter-v{batch.new_version}")
         opt_ref = await self.artifacts.put(new_opt_files, name=f"optimizer-v{batch.new_version}")
+        self._warm = _Warm(adapter_ref.digest, opt_ref.digest, prepared)
         return TrainResult(adapter=adapter_ref, optimizer_state=opt_ref, version=batch.new_version, metrics=metrics)
 
     def compute_step(
         self, batch: TrainBatch, adapter: Mapping[str, bytes], optimizer_state: Mapping[str, bytes] | None
     ) -> tuple[dict[str, bytes], dict[str, bytes], StepMetrics]:
         """The step on in-memory artifact files: (adapter files, optimizer files, metrics). Pure in its inputs."""
-        config = self.config
-        with pinned_threads(config.threads), torch.random.fork_rng(devices=[]):
-            prepared = prepare_step(self.base_dir, batch, config, adapter, optimizer_state, device=self.device)
-            stats: list[dict[str, float]] = []
-            grad_norm = 0.0
-            if prepared.contributing:
-                fns = sample_loss_fns(
-                    prepared.model,
-                    batch,
-                    prepared.advantages,
-                    config,
-                    indices=prepared.contributing,
-                    loss_scale=1.0 / len(prepared.contributing),
-                    stats_out=stats,
-                )
-                for fn in fns:
-                    fn().backward()  # accumulate; each sample's graph is freed here
-                grad_norm = clip_and_step(prepared, config)
-            metrics = step_metrics(stat_sums(stats), prepared, grad_norm)
-            return (
-                adapter_files(prepared.model),
-                optimizer_files(prepared.optimizer, [name for name, _ in prepared.params]),
-                metrics,
+        return self._cold_step(batch, adapter, optimizer_state)[1]
+
+    def _cold_step(
+        self, batch: TrainBatch, adapter: Mapping[str, bytes], optimizer_state: Mapping[str, bytes] | None
+    ) -> tuple[PreparedStep, tuple[dict[str, bytes], dict[str, bytes], StepMetrics]]:
+        self.cold_loads += 1
+        with pinned_threads(self.config.threads), torch.random.fork_rng(devices=[]):
+            prepared = prepare_step(self.base_dir, batch, self.config, adapter, optimizer_state, device=self.device)
+            return prepared, run_step(batch, prepared, self.config)
+
+
+def prepare_warm_step(batch: TrainBatch, config: TrainerConfig, warm: PreparedStep) -> PreparedStep:
+    """`prepare_step` for `batch` on a model and optimizer already holding its adapter and optimizer state."""
+    worst = check_batch(batch, config)
+    advantages = group_normalized_advantages(
+        [r.group_id for r in batch.rollouts], batch.rewards, scale=config.advantage_scale, eps=config.advantage_eps
+    )
+    contributing = [i for i, a in enumerate(advantages) if a != 0.0]
+    return PreparedStep(
+        model=warm.model,
+        params=warm.params,
+        optimizer=warm.optimizer,
+        advantages=advantages,
+        contributing=contributing,
+        skipped=len(advantages) - len(contributing),
+        max_staleness=worst,
+    )
+
+
+def run_step(
+    batch: TrainBatch, prepared: PreparedStep, config: TrainerConfig
+) -> tuple[dict[str, bytes], dict[str, bytes], StepMetrics]:
+    """Back-propagate the contributing samples' loss, step AdamW, and serialise the result; the model's gradients are
+    cleared afterwards, so the model and optimizer are left exactly as the returned files describe them."""
+    sums = [0.0, 0.0, 0.0]
+    grad_norm = 0.0
+    if prepared.contributing:
+        scale = 1.0 / len(prepared.contributing)
+        if config.loss_path == "batched":
+            sums = batched_backward(
+                prepared.model, batch, prepared.advantages, config, indices=prepared.contributing, loss_scale=scale
             )
+        else:
+            stats: list[dict[str, float]] = []
+            fns = sample_loss_fns(
+                prepared.model,
+                batch,
+                prepared.advantages,
+                config,
+                indices=prepared.contributing,
+                loss_scale=scale,
+                stats_out=stats,
+            )
+            for fn in fns:
+                fn().backward()  # accumulate; each sample's graph is freed here
+            sums = stat_sums(stats)
+        grad_norm = clip_and_step(prepared, config)
+        prepared.optimizer.zero_grad(set_to_none=True)
+    metrics = step_metrics(sums, prepared, grad_norm)
+    return (
+        adapter_files(prepared.model),
+        optimizer_files(prepared.optimizer, [name for name, _ in prepared.params]),
+        metrics,
+    )

@@ -1,0 +1,74 @@
+"""The train step's loss in padded micro-batches: one reference and one policy forward per micro-batch.
+
+The per-sample path (`rl.trainer.peft_trainer.sample_loss_fns`) runs two forwards per sample; on the tiny CPU model
+a forward costs about the same whatever the batch, so batching is most of the train step's speed. The objective is the
+same (each sample's token-mean loss, mean over samples, `rl.loss.grpo_masked_row_losses`), and the numbers agree with
+the per-sample path up to float rounding: a batch's matmuls add in another order than one row's. Each path is bitwise
+reproducible on its own, which is what resume and replay need; `TrainerConfig.loss_path` chooses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from peft import PeftModel
+
+from rl.engines.torch_sampler import batched_teacher_forced_logprobs
+from rl.loss import grpo_masked_row_losses
+from rl.seeding import derive_seed
+from rl.trainer.config import TrainerConfig
+from rl.types import TrainBatch
+
+# Right padding is never attended to by a real token (causal attention) and never read (masked), so any id works.
+_PAD_ID = 0
+
+
+def batched_backward(
+    model: PeftModel,
+    batch: TrainBatch,
+    advantages: Sequence[float],
+    config: TrainerConfig,
+    *,
+    indices: Sequence[int],
+    loss_scale: float,
+) -> list[float]:
+    """Accumulate `loss_scale * sum_i loss_i` over `indices` into the adapter's gradients, `config.micro_batch_size`
+    samples per forward; return the unscaled (loss, kl, clip_frac) sums, in `stat_sums`' order.
+
+    Dropout masks (if `lora_dropout > 0`) are seeded per micro-batch from (config seed, step, its first sample).
+
+    Shape: per micro-batch of B samples, new/old/ref log-probs and the mask are `[B, T_max]`, advantages `[B]`.
+    """
+    sums: dict[str, list[float]] = {"loss": [], "kl": [], "clip_frac": []}
+    size = config.micro_batch_size
+    for start in range(0, len(indices), size):
+        chunk = list(indices[start : start + size])
+        prompts = [batch.rollouts[i].prompt_token_ids for i in chunk]
+        completions = [batch.rollouts[i].token_ids for i in chunk]
+        with torch.no_grad(), model.disable_adapter():
+            ref_logp, mask = batched_teacher_forced_logprobs(model, prompts, completions, _PAD_ID)  # [B, T]
+        torch.manual_seed(derive_seed("dropout", config.seed, batch.step, chunk[0]))
+        new_logp, _ = batched_teacher_forced_logprobs(model, prompts, completions, _PAD_ID)  # [B, T]
+        width = new_logp.shape[1]
+        old_logp = torch.tensor(
+            [list(batch.rollouts[i].logprobs) + [0.0] * (width - len(batch.rollouts[i].logprobs)) for i in chunk],
+            dtype=torch.float32,
+            device=new_logp.device,
+        )  # [B, T]
+        adv = torch.tensor([advantages[i] for i in chunk], dtype=torch.float32, device=new_logp.device)  # [B]
+        rows, stats = grpo_masked_row_losses(
+            new_logp.float(),
+            old_logp,
+            ref_logp.float(),
+            adv,
+            mask,
+            clip_eps=config.clip_eps,
+            kl_beta=config.kl_beta,
+            clip_eps_high=config.clip_eps_high,
+        )
+        (rows.sum() * loss_scale).backward()
+        for key, values in sums.items():
+            values.extend(stats[key].tolist())
+    return [math.fsum(sums[key]) for key in ("loss", "kl", "clip_frac")]
