@@ -179,11 +179,11 @@ def test_adapters_are_cached_by_digest_and_evicted_least_recently_used(
     engine = TorchSampler(tiny_model_dir, store, adapter_cache_size=1)
     run(engine.generate(request(refs["v0"])))
     run(engine.generate(request(refs["v0"], seed=99)))
-    assert engine.adapters.loads == 1
+    assert engine.loads == 1
     other = run(engine.generate(request(refs["trained"])))
-    assert engine.adapters.loads == 2
+    assert engine.loads == 2
     again = run(engine.generate(request(refs["v0"])))
-    assert engine.adapters.loads == 3
+    assert engine.loads == 3
     assert [r.logprobs for r in again] != [r.logprobs for r in other]
 
 

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from rl.artifacts import materialize
+from rl.engines.lora_merge import LoraWeights, MergedBase, UnsupportedLora, parse_lora
 from rl.models import load_base_model, load_tokenizer
 from rl.protocols import Artifacts
 from rl.types import ArtifactRef, Rollout, RolloutRequest
@@ -256,8 +257,12 @@ class TorchSampler:
 
     The adapter is fetched from `artifacts` by its digest and cached by digest, so a new policy version costs one load
     and retries of the same version cost none. An adapter is always required: the policy is base + LoRA, and version 0
-    is the trainer's `init_adapter` output (LoRA B = 0, so it samples exactly like the base model). Adapters are merged
-    into their base copy by default for speed (`merge_adapters`; see `AdapterCache`).
+    is the trainer's `init_adapter` output (LoRA B = 0, so it samples exactly like the base model).
+
+    Adapters are merged for speed by default (`merge_adapters`; see `AdapterCache`): a plain LoRA adapter is merged into
+    one shared working copy of the base (`rl.engines.lora_merge.MergedBase`: the same bits as PEFT's merge, without
+    copying the base per adapter); any other adapter goes through PEFT. `generate_groups` samples several requests in
+    one batch.
     """
 
     def __init__(
@@ -277,20 +282,57 @@ class TorchSampler:
         self.artifacts = artifacts
         self.tokenizer = load_tokenizer(base_model_dir)
         self.adapters = AdapterCache(base_model_dir, capacity=adapter_cache_size, dtype=dtype, merge=merge_adapters)
+        self.merged = MergedBase(self.adapters.base) if merge_adapters else None
+        self._loras: OrderedDict[str, LoraWeights] = OrderedDict()
+        self.lora_loads = 0  # plain LoRA adapters read from the store, for tests and the benchmark
         self.max_position = int(self.adapters.base.config.max_position_embeddings)
         eos = self.tokenizer.eos_token_id
         if eos is None:
             raise ValueError(f"the tokenizer in {base_model_dir} has no eos token; rebuild it with build_tiny_model")
         self.eos_token_id = int(eos)
 
+    @property
+    def loads(self) -> int:
+        """Adapters loaded from the store so far, either way."""
+        return self.lora_loads + self.adapters.loads
+
     async def policy(self, adapter: ArtifactRef) -> nn.Module:
-        """The base model with `adapter` applied (loaded on first use, then cached by digest; merged if configured)."""
+        """The base model with `adapter` applied (loaded on first use, then cached by digest; merged if configured).
+
+        With merging on, the model returned is shared and holds `adapter` until the next call: use it before awaiting.
+        """
+        if self.merged is not None and self.adapters.get(adapter.digest) is None:
+            lora = self._loras.get(adapter.digest)
+            if lora is None:
+                lora = self._parse(adapter.digest, await self.artifacts.get(adapter))
+            if lora is not None:
+                self._loras.move_to_end(adapter.digest)
+                try:
+                    return self.merged.activate(adapter.digest, lora)
+                except UnsupportedLora:
+                    self._loras.pop(adapter.digest)
         model = self.adapters.get(adapter.digest)
         if model is None:
             with tempfile.TemporaryDirectory(prefix="rl-adapter-") as tmp:
                 await materialize(self.artifacts, adapter, Path(tmp))
                 model = self.adapters.load_dir(adapter.digest, Path(tmp))
         return model
+
+    def _parse(self, key: str, files: dict[str, bytes]) -> LoraWeights | None:
+        """The plain LoRA adapter in `files`, cached; None when PEFT must load it (not plain LoRA, or not an adapter:
+        PEFT's path then says what is missing)."""
+        weights = next((files[name] for name in ADAPTER_WEIGHTS[:1] if name in files), None)
+        if ADAPTER_CONFIG not in files or weights is None:
+            return None
+        try:
+            lora = parse_lora(files[ADAPTER_CONFIG], weights)
+        except Exception:  # not plain LoRA, or unreadable: PEFT's loader handles it or says what is wrong
+            return None
+        self.lora_loads += 1
+        self._loras[key] = lora
+        while len(self._loras) > self.adapters.capacity:
+            self._loras.popitem(last=False)
+        return lora
 
     def encode_prompt(self, question: str) -> list[int]:
         """Token ids of a prompt as the policy sees it (`<bos>` first)."""
