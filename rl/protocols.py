@@ -24,6 +24,18 @@ class RolloutEngine(Protocol):
 
 
 @runtime_checkable
+class BatchedRolloutEngine(RolloutEngine, Protocol):
+    """A `RolloutEngine` that can also sample several groups in one call, which the driver and evaluator then use.
+
+    Contract: result `i` is what `generate(requests[i])` returns (log-probs up to the float rounding of a larger
+    batch), and the same list of requests gives the same rollouts: the driver always passes one iteration's groups in
+    group-id order, so a resumed iteration repeats the call exactly.
+    """
+
+    async def generate_groups(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]: ...
+
+
+@runtime_checkable
 class Scorer(Protocol):
     """Scores one group of rollouts; returns one finite reward per rollout, in the same order."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rl.metrics import avg_at_k, pass_at_k
-from rl.protocols import RolloutEngine
+from rl.protocols import BatchedRolloutEngine, RolloutEngine
 from rl.rewards import get_reward, is_correct
 from rl.seeding import derive_seed
 from rl.types import ArtifactRef, EvalResult, Prompt, Rollout, RolloutRequest
@@ -35,9 +35,8 @@ class SamplingEvaluator:
         self.engine, self.prompts, self.max_tokens = engine, list(prompts), max_tokens
 
     async def evaluate(self, adapter: ArtifactRef, policy_version: int, k: int, seed: int) -> EvalResult:
-        correct: list[int] = []
-        for i, prompt in enumerate(self.prompts):
-            request = RolloutRequest(
+        requests = [
+            RolloutRequest(
                 group_id=i,
                 prompt=prompt,
                 n=k,
@@ -46,8 +45,16 @@ class SamplingEvaluator:
                 seed=derive_seed(seed, "eval", i),
                 max_tokens=self.max_tokens,
             )
-            group = await self.engine.generate(request)
-            correct.append(sum(is_correct(r.completion, prompt.answer) for r in group))
+            for i, prompt in enumerate(self.prompts)
+        ]
+        if isinstance(self.engine, BatchedRolloutEngine):
+            groups = await self.engine.generate_groups(requests)  # one batch for every held-out problem
+        else:
+            groups = [await self.engine.generate(request) for request in requests]
+        correct = [
+            sum(is_correct(r.completion, prompt.answer) for r in group)
+            for prompt, group in zip(self.prompts, groups, strict=True)
+        ]
         return EvalResult(
             policy_version=policy_version,
             k=k,

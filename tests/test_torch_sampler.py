@@ -223,3 +223,24 @@ def test_teacher_forced_logprobs_are_differentiable(
     logp.sum().backward()
     grads = [p.grad for n, p in model.named_parameters() if "lora_" in n]
     assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+def test_groups_sampled_together_equal_groups_sampled_one_at_a_time(
+    sampler: TorchSampler, refs: dict[str, ArtifactRef]
+) -> None:
+    """`generate_groups` gives each request what `generate` gives it alone: the same tokens, log-probs equal up to the
+    larger batch's float rounding, whatever else shares the batch; requests with
+    another adapter, prompt length or max_tokens land in their own batch."""
+    requests = [
+        request(refs["trained"], group_id=g, prompt=Prompt(q, "?"), seed=40 + g, n=3 + g % 2, max_tokens=m)
+        for g, (q, m) in enumerate([("1=", 6), ("2=", 6), ("12=", 6), ("3=", 4), ("4=", 6)])
+    ] + [request(refs["v0"], group_id=5, prompt=Prompt("5=", "?"), seed=45)]
+    together = run(sampler.generate_groups(requests))
+    for req, got in zip(requests, together, strict=True):
+        alone = run(sampler.generate(req))
+        assert [r.token_ids for r in got] == [r.token_ids for r in alone], req.group_id
+        for g, a in zip(got, alone, strict=True):
+            assert g.logprobs == pytest.approx(a.logprobs, rel=1e-5, abs=1e-6), req.group_id
+            assert dataclasses.replace(g, logprobs=a.logprobs) == a
+    reordered = run(sampler.generate_groups(requests[::-1]))[::-1]
+    assert [[r.token_ids for r in g] for g in reordered] == [[r.token_ids for r in g] for g in together]

@@ -23,6 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import copy
 import inspect
+import itertools
 import tempfile
 import warnings
 from collections import OrderedDict
@@ -93,25 +94,63 @@ def sample_group(
 
     Shape: prompt_ids [P] -> n sequences of length T_i <= max_tokens, each with T_i log-probs.
     """
-    if n < 1:
-        raise InvalidRolloutRequest(f"n must be >= 1 (the group size), got {n}")
+    return sample_groups(model, [prompt_ids], ns=[n], max_tokens=max_tokens, seeds=[seed], eos_token_id=eos_token_id)[0]
+
+
+@torch.inference_mode()
+def sample_groups(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    ns: Sequence[int],
+    max_tokens: int,
+    seeds: Sequence[int],
+    eos_token_id: int,
+) -> list[list[SampledSequence]]:
+    """`sample_group` for several prompts of one token length, decoded together as one batch of `sum(ns)` rows.
+
+    Each group draws from its own generator seeded with its seed, so its tokens are what `sample_group` draws from the
+    same log-probs; the log-probs themselves come from a larger batch, whose matmuls may round differently in the last
+    bit (measured: bit for bit equal on the demo's model and shapes, up to 1.4e-6 on an adapter with large random
+    weights; `tests/test_torch_sampler.py` bounds it), so a token drawn right at a boundary of the cumulative
+    distribution could differ from the one-group call. The same arguments give the same bits, which is what resume and
+    replay need.
+
+    Shape: G prompts [P] (one P) -> G lists of n_g sequences of length T_i <= max_tokens.
+    """
+    if len(prompts) != len(ns) or len(prompts) != len(seeds):
+        raise InvalidRolloutRequest(f"got {len(prompts)} prompts, {len(ns)} group sizes and {len(seeds)} seeds")
+    if any(n < 1 for n in ns):
+        raise InvalidRolloutRequest(f"n must be >= 1 (the group size), got {list(ns)}")
     if max_tokens < 1:
         raise InvalidRolloutRequest(f"max_tokens must be >= 1, got {max_tokens}")
-    if not prompt_ids:
+    if any(not p for p in prompts):
         raise InvalidRolloutRequest("the prompt encodes to no tokens; the tokenizer should at least prepend <bos>")
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long).repeat(n, 1)  # [n, P]
+    if len({len(p) for p in prompts}) != 1:
+        raise InvalidRolloutRequest(
+            f"sample_groups takes prompts of one length, got {sorted({len(p) for p in prompts})}"
+        )
+    generators = [torch.Generator(device="cpu").manual_seed(seed) for seed in seeds]
+    bounds = [0, *itertools.accumulate(ns)]
+    rows = bounds[-1]
+    input_ids = torch.tensor([list(p) for p, n in zip(prompts, ns, strict=True) for _ in range(n)], dtype=torch.long)
     cache_kw = _cache_kwarg(model)
-    out = model(input_ids=input_ids, use_cache=True)
-    logits, past = out.logits[:, -1, :], _cache_of(out)  # [n, V]
-    tokens = torch.empty((n, 0), dtype=torch.long)  # [n, t]
-    logps = torch.empty((n, 0), dtype=torch.float32)  # [n, t]
-    finished = torch.zeros(n, dtype=torch.bool)  # [n]
-    lengths = torch.full((n,), max_tokens, dtype=torch.long)  # [n]
+    out = model(input_ids=input_ids, use_cache=True)  # [rows, P]
+    logits, past = out.logits[:, -1, :], _cache_of(out)  # [rows, V]
+    tokens = torch.empty((rows, 0), dtype=torch.long)  # [rows, t]
+    logps = torch.empty((rows, 0), dtype=torch.float32)  # [rows, t]
+    finished = torch.zeros(rows, dtype=torch.bool)  # [rows]
+    lengths = torch.full((rows,), max_tokens, dtype=torch.long)  # [rows]
     for t in range(max_tokens):
-        logp = torch.log_softmax(logits.float(), dim=-1)  # [n, V]
+        logp = torch.log_softmax(logits.float(), dim=-1)  # [rows, V]
+        probs = logp.exp()
         # Sample from exp(logp), not softmax(logits): the recorded log-prob is then exactly the distribution sampled.
-        nxt = torch.multinomial(logp.exp(), num_samples=1, generator=generator)  # [n, 1]
+        nxt = torch.cat(
+            [
+                torch.multinomial(probs[lo:hi], num_samples=1, generator=g)
+                for g, lo, hi in zip(generators, bounds, bounds[1:], strict=False)
+            ]
+        )  # [rows, 1]
         tokens = torch.cat([tokens, nxt], dim=1)
         logps = torch.cat([logps, logp.gather(1, nxt)], dim=1)
         newly = (nxt.squeeze(1) == eos_token_id) & ~finished
@@ -122,14 +161,16 @@ def sample_group(
         # Finished rows keep decoding (their tokens are discarded): one fixed-shape batch keeps the cache simple.
         out = model(input_ids=nxt, use_cache=True, **{cache_kw: past})
         logits, past = out.logits[:, -1, :], _cache_of(out)
-    return [
+    token_lists, logp_lists = tokens.tolist(), logps.tolist()
+    seqs = [
         SampledSequence(
-            token_ids=tokens[i, : lengths[i]].tolist(),
-            logprobs=logps[i, : lengths[i]].tolist(),
+            token_ids=token_lists[i][: int(lengths[i])],
+            logprobs=logp_lists[i][: int(lengths[i])],
             stopped_at_eos=bool(finished[i]),
         )
-        for i in range(n)
+        for i in range(rows)
     ]
+    return [seqs[lo:hi] for lo, hi in itertools.pairwise(bounds)]
 
 
 def teacher_forced_logprobs(
@@ -345,33 +386,52 @@ class TorchSampler:
         return text
 
     async def generate(self, request: RolloutRequest) -> list[Rollout]:
-        prompt_ids = self.encode_prompt(request.prompt.question)
-        if len(prompt_ids) + request.max_tokens > self.max_position:
-            raise InvalidRolloutRequest(
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({request.max_tokens}) exceeds the model's "
-                f"{self.max_position} positions; shorten the prompt, lower max_tokens, or build a model with a larger "
-                "max_position"
+        return (await self.generate_groups([request]))[0]
+
+    async def generate_groups(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
+        """`generate` of each request, the requests sharing an adapter, prompt length and `max_tokens` sampled as one
+        batch (`sample_groups`): one forward per decoding step for an iteration's groups instead of one per group.
+
+        Each group's tokens come from its own seeded stream, so result `i` is what `generate(requests[i])` returns (the
+        log-probs up to float rounding of the larger batch; see `sample_groups`); the same list gives the same bits.
+        """
+        encoded = [self.encode_prompt(r.prompt.question) for r in requests]
+        for request, prompt_ids in zip(requests, encoded, strict=True):
+            if len(prompt_ids) + request.max_tokens > self.max_position:
+                raise InvalidRolloutRequest(
+                    f"prompt ({len(prompt_ids)} tokens) + max_tokens ({request.max_tokens}) exceeds the model's "
+                    f"{self.max_position} positions; shorten the prompt, lower max_tokens, or build a model with a "
+                    "larger max_position"
+                )
+        buckets: dict[tuple[str, int, int], list[int]] = {}
+        for i, (request, prompt_ids) in enumerate(zip(requests, encoded, strict=True)):
+            buckets.setdefault((request.adapter.digest, len(prompt_ids), request.max_tokens), []).append(i)
+        results: list[list[Rollout]] = [[] for _ in requests]
+        for members in buckets.values():
+            first = requests[members[0]]
+            model = await self.policy(first.adapter)  # sampled before the next await: a shared model stays put
+            groups = sample_groups(
+                model,
+                [encoded[i] for i in members],
+                ns=[requests[i].n for i in members],
+                max_tokens=first.max_tokens,
+                seeds=[requests[i].seed for i in members],
+                eos_token_id=self.eos_token_id,
             )
-        model = await self.policy(request.adapter)
-        seqs = sample_group(
-            model,
-            prompt_ids,
-            n=request.n,
-            max_tokens=request.max_tokens,
-            seed=request.seed,
-            eos_token_id=self.eos_token_id,
-        )
-        return [
-            Rollout(
-                group_id=request.group_id,
-                question=request.prompt.question,
-                answer=request.prompt.answer,
-                completion=self.decode(s.token_ids),
-                prompt_token_ids=list(prompt_ids),
-                token_ids=s.token_ids,
-                logprobs=s.logprobs,
-                policy_version=request.policy_version,
-                seed=request.seed,
-            )
-            for s in seqs
-        ]
+            for i, seqs in zip(members, groups, strict=True):
+                request = requests[i]
+                results[i] = [
+                    Rollout(
+                        group_id=request.group_id,
+                        question=request.prompt.question,
+                        answer=request.prompt.answer,
+                        completion=self.decode(s.token_ids),
+                        prompt_token_ids=list(encoded[i]),
+                        token_ids=s.token_ids,
+                        logprobs=s.logprobs,
+                        policy_version=request.policy_version,
+                        seed=request.seed,
+                    )
+                    for s in seqs
+                ]
+        return results

@@ -27,6 +27,7 @@ from rl.loop.checkpoint import DriverState, check_recording, load_state, save_st
 from rl.metrics import finite_mean
 from rl.protocols import (
     Artifacts,
+    BatchedRolloutEngine,
     Evaluator,
     PromptSource,
     Reporter,
@@ -157,15 +158,25 @@ async def generate_and_score(
         )
         for gid, p in enumerate(prompts)
     ]
-    generating = [asyncio.ensure_future(tiers.engine.generate(r)) for r in requests]
     groups: dict[int, list[Rollout]] = {}
     scoring: dict[int, asyncio.Future[list[float]]] = {}
+    generating: list[asyncio.Future[list[Rollout]]] = []
     try:
-        for finished in asyncio.as_completed(generating):
-            group = await finished
-            gid = _check_group(group, requests, version)
-            groups[gid] = group
-            scoring[gid] = asyncio.ensure_future(tiers.scorer.score_group(group))
+        if isinstance(tiers.engine, BatchedRolloutEngine):
+            # One call for every group (one batch on an engine that batches); scoring starts when it returns.
+            for group in await tiers.engine.generate_groups(requests):
+                gid = _check_group(group, requests, version)
+                groups[gid] = group
+                scoring[gid] = asyncio.ensure_future(tiers.scorer.score_group(group))
+        else:
+            generating = [asyncio.ensure_future(tiers.engine.generate(r)) for r in requests]
+            for finished in asyncio.as_completed(generating):
+                group = await finished
+                gid = _check_group(group, requests, version)
+                groups[gid] = group
+                scoring[gid] = asyncio.ensure_future(tiers.scorer.score_group(group))
+        if len(groups) != len(requests):
+            raise EngineContractError(f"the engine returned {len(groups)} distinct groups for {len(requests)} requests")
         await asyncio.gather(*scoring.values())
     finally:
         for fut in generating:
@@ -265,12 +276,25 @@ class _LandingClock:
         return group
 
 
+class _BatchLandingClock(_LandingClock):
+    inner: BatchedRolloutEngine
+
+    async def generate_groups(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
+        groups = await self.inner.generate_groups(requests)
+        self.last_landed = _now()
+        return groups
+
+
 async def _generate_and_score_timed(
     config: GrpoConfig, tiers: GrpoTiers, iteration: int, adapter: ArtifactRef, version: int
 ) -> tuple[list[Rollout], list[float], dict[str, float]]:
     """`generate_and_score` and its phase seconds; timing the engine from outside keeps that function's shape, which
     forks and tests substitute."""
-    engine = _LandingClock(tiers.engine)
+    engine = (
+        _BatchLandingClock(tiers.engine)
+        if isinstance(tiers.engine, BatchedRolloutEngine)
+        else _LandingClock(tiers.engine)
+    )
     start = _now()
     rollouts, rewards = await generate_and_score(config, replace(tiers, engine=engine), iteration, adapter, version)
     end = _now()

@@ -199,7 +199,7 @@ def adapter_files(model: PeftModel) -> dict[str, bytes]:
         written["base_model_name_or_path"] = None
         config = (json.dumps(written, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
         _CANONICAL_CONFIG[model] = config  # a model's LoRA config never changes; its weights do
-    weights = {name: t.detach().contiguous().cpu() for name, t in get_peft_model_state_dict(model).items()}
+    weights = {name: t.detach().contiguous().cpu() for name, t in _adapter_tensors(model)}
     return {
         "adapter_config.json": config,
         "adapter_model.safetensors": save_safetensors(weights, metadata={"format": "pt"}),
@@ -207,6 +207,22 @@ def adapter_files(model: PeftModel) -> dict[str, bytes]:
 
 
 _CANONICAL_CONFIG: weakref.WeakKeyDictionary[PeftModel, bytes] = weakref.WeakKeyDictionary()
+_SAVED_TENSORS: weakref.WeakKeyDictionary[PeftModel, list[tuple[str, torch.Tensor]]] = weakref.WeakKeyDictionary()
+
+
+def _adapter_tensors(model: PeftModel) -> list[tuple[str, torch.Tensor]]:
+    """`get_peft_model_state_dict(model)` as (saved name, live parameter) pairs. PEFT's function walks the whole
+    model's state dict on every call; the parameters it picks are looked up once per model, by storage."""
+    pairs = _SAVED_TENSORS.get(model)
+    if pairs is None:
+        by_ptr = {p.data_ptr(): p for p in model.parameters()}
+        saved = get_peft_model_state_dict(model)
+        found = [(key, by_ptr.get(t.data_ptr())) for key, t in saved.items()]
+        if not all(p is not None for _, p in found):
+            return list(saved.items())  # not all plain parameters (never for LoRA): PEFT's dict every time
+        pairs = [(key, p) for key, p in found if p is not None]
+        _SAVED_TENSORS[model] = pairs
+    return pairs
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
