@@ -307,8 +307,11 @@ def render_report(
 class FileReporter:
     """Reporter writing `metrics.jsonl` (one IterationMetrics per line) and `report.html` into a directory.
 
-    The HTML is re-rendered at most every `min_interval_s` seconds while running (its ten charts cost ~0.7 s) and always
-    on completion; the JSONL is rewritten on every publication, so it is never behind.
+    The JSONL is rewritten on every publication, so it is never behind. The HTML (ten charts, ~0.3-0.7 s of matplotlib)
+    is always rendered on completion; while running, at most every `min_interval_s` seconds and never more often than
+    keeps rendering under `max_render_share` of the run's time (the next render waits `seconds / share` after one that
+    took `seconds`), so a fast loop does not spend its time drawing charts. Tests pass `max_render_share=1.0` to render
+    whenever the interval allows.
     """
 
     def __init__(
@@ -316,13 +319,18 @@ class FileReporter:
         out_dir: Path,
         *,
         min_interval_s: float = 2.0,
+        max_render_share: float = 0.05,
         baseline_accuracy: float | None = None,
         title: str = "GRPO run",
     ) -> None:
+        if not 0.0 < max_render_share <= 1.0:
+            raise ValueError(f"max_render_share must be in (0, 1], got {max_render_share!r}")
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.min_interval_s, self.baseline_accuracy, self.title = min_interval_s, baseline_accuracy, title
-        self._rendered_at = float("-inf")
+        self.max_render_share = max_render_share
+        self._next_render_at = float("-inf")
+        self.renders = 0
 
     @property
     def metrics_path(self) -> Path:
@@ -340,10 +348,12 @@ class FileReporter:
         self.metrics_path.write_text(
             "".join(json.dumps(flag_non_finite(row.to_dict()), allow_nan=False) + "\n" for row in history)
         )
-        now = time.monotonic()
-        if status != "running" or now - self._rendered_at >= self.min_interval_s:
+        started = time.monotonic()
+        if status != "running" or started >= self._next_render_at:
             page = render_report(
                 history, status=status, evals=evals, baseline_accuracy=self.baseline_accuracy, title=self.title
             )
             self.report_path.write_text(page)
-            self._rendered_at = now
+            self.renders += 1
+            now = time.monotonic()
+            self._next_render_at = now + max(self.min_interval_s, (now - started) / self.max_render_share)

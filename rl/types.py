@@ -56,7 +56,18 @@ class Rollout:
     seed: int
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Spelled out: `asdict` deep-copies every list element, and the buffer converts every rollout it stores.
+        return {
+            "group_id": self.group_id,
+            "question": self.question,
+            "answer": self.answer,
+            "completion": self.completion,
+            "prompt_token_ids": list(self.prompt_token_ids),
+            "token_ids": list(self.token_ids),
+            "logprobs": list(self.logprobs),
+            "policy_version": self.policy_version,
+            "seed": self.seed,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Rollout:

@@ -209,3 +209,14 @@ def test_rows_outside_the_schema_are_refused(buffer, change, message):
     with pytest.raises(RowSchemaError, match=message):
         buffer.append(1, [change(rows[0]), *rows[1:]])
     assert buffer.versions() == []
+
+
+def test_a_rollouts_dict_has_every_field_as_asdict_gives_it() -> None:
+    """`Rollout.to_dict` is spelled out for speed; a field added to `Rollout` must not go missing from buffer rows."""
+    import dataclasses
+
+    from rl.types import Rollout
+
+    rollout = Rollout(1, "3=", "4", "4", [1, 2], [3, 4], [-0.5, -0.25], 2, 7)
+    assert rollout.to_dict() == dataclasses.asdict(rollout)
+    assert Rollout.from_dict(rollout.to_dict()) == rollout

@@ -148,3 +148,29 @@ def test_trainer_charts_are_drawn_empty_before_the_first_step():
     assert keys == ["reward", "task:accuracy", *TRAINER_PANELS, "phase_s"]
     page = render_report(history, status="running")
     assert page.count("<svg") == len(keys)
+
+
+def test_rendering_while_running_stays_under_its_share_of_the_run_and_completion_always_renders(tmp_path, monkeypatch):
+    """A render that took 1 s (on a fake clock) holds the next one back 1 / max_render_share = 20 s, whatever the
+    interval; completion renders at once. The JSONL is written on every publication regardless."""
+    import rl.report as report
+
+    clock = [0.0]
+    real_render = report.render_report
+
+    def slow_render(*args, **kwargs):  # type: ignore[no-untyped-def]
+        clock[0] += 1.0
+        return real_render(*args, **kwargs)
+
+    monkeypatch.setattr(report.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(report, "render_report", slow_render)
+    reporter = FileReporter(tmp_path, min_interval_s=2.0, max_render_share=0.05)
+    renders = []
+    for t, status in [(0.0, "running"), (5.0, "running"), (20.5, "running"), (21.5, "running"), (22.0, "complete")]:
+        clock[0] = max(clock[0], t)
+        asyncio.run(reporter.publish(rows(2), status=status))
+        renders.append(reporter.renders)
+    assert renders == [1, 1, 1, 2, 3]
+    assert len(reporter.metrics_path.read_text().splitlines()) == 2
+    with pytest.raises(ValueError, match="max_render_share"):
+        FileReporter(tmp_path, max_render_share=0.0)
