@@ -30,6 +30,7 @@ from rl.trainer.peft_trainer import (
     build_optimizer,
     load_policy,
     optimizer_files,
+    read_optimizer_state,
     trainable_parameters,
 )
 from rl.types import TrainResult
@@ -74,7 +75,7 @@ def test_init_optimizer_state_is_empty(trainer: PeftTrainer) -> None:
     """Version 0's optimizer state has no moments yet: the first step starts AdamW from scratch."""
     init = run(trainer.init_adapter(seed=5))
     _, opt = _files(trainer, init)
-    saved = torch.load(io.BytesIO(opt[OPTIMIZER_FILE]), weights_only=True)
+    saved = read_optimizer_state(opt)
     assert saved["state_dict"]["state"] == {}
     assert len(saved["param_names"]) > 0
 
@@ -312,3 +313,22 @@ def test_adapter_weights_are_the_bytes_peft_save_pretrained_writes(trainer: Peft
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
         assert (Path(tmp) / "adapter_model.safetensors").read_bytes() == files["adapter_model.safetensors"]
+
+
+def test_an_optimizer_state_in_the_older_torch_save_format_still_resumes(trainer: PeftTrainer, rollouts: list) -> None:
+    """Format 1 (`optimizer.pt`, torch.save) artifacts from earlier runs load to the same moments, and the next save
+    writes format 2 with equal bytes to a format-2 round trip."""
+    init = run(trainer.init_adapter(seed=5))
+    result = run(trainer.train_step(make_batch(rollouts, varied_rewards(rollouts), init.adapter, init.optimizer_state)))
+    adapter, opt = _files(trainer, result)
+    saved = read_optimizer_state(opt)
+    legacy = io.BytesIO()
+    torch.save({"format": 1, "param_names": saved["param_names"], "state_dict": saved["state_dict"]}, legacy)
+    model = load_policy(trainer.base_dir, adapter, trainable=True)
+    params = trainable_parameters(model)
+    from_legacy = build_optimizer(params, CONFIG, {"optimizer.pt": legacy.getvalue()})
+    assert optimizer_files(from_legacy, [n for n, _ in params]) == opt
+    with pytest.raises(OptimizerStateError, match="unreadable"):
+        build_optimizer(params, CONFIG, {OPTIMIZER_FILE: b"not safetensors"})
+    with pytest.raises(OptimizerStateError, match=r"lacks optimizer\.safetensors"):
+        build_optimizer(params, CONFIG, {"other.bin": b""})

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
+from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from rl.advantages import group_normalized_advantages
@@ -49,6 +50,7 @@ from rl.types import StepMetrics, TrainBatch, TrainResult
 
 __all__ = [
     "ADAPTER_FILES",
+    "LEGACY_OPTIMIZER_FILE",
     "OPTIMIZER_FILE",
     "AdapterArtifactError",
     "BatchError",
@@ -67,6 +69,7 @@ __all__ = [
     "pinned_threads",
     "prepare_step",
     "prepare_warm_step",
+    "read_optimizer_state",
     "run_step",
     "sample_loss_fns",
     "stat_sums",
@@ -75,8 +78,9 @@ __all__ = [
 ]
 
 ADAPTER_FILES: tuple[str, ...] = ("adapter_config.json", "adapter_model.safetensors")
-OPTIMIZER_FILE = "optimizer.pt"
-_OPTIMIZER_FORMAT = 1
+OPTIMIZER_FILE = "optimizer.safetensors"
+LEGACY_OPTIMIZER_FILE = "optimizer.pt"  # format 1 (torch.save), written before format 2; still read
+_OPTIMIZER_FORMAT = 2
 
 
 class BatchError(TrainerError):
@@ -244,20 +248,7 @@ def build_optimizer(
     )
     if state is None:
         return optimizer
-    if OPTIMIZER_FILE not in state:
-        raise OptimizerStateError(
-            f"optimizer-state artifact lacks {OPTIMIZER_FILE} (has {sorted(state)}); pass the optimizer_state of the "
-            "TrainResult that produced this batch's adapter"
-        )
-    try:
-        # Read onto the CPU; `load_state_dict` moves the moments to each parameter's device (CPU or CUDA).
-        saved = torch.load(io.BytesIO(state[OPTIMIZER_FILE]), weights_only=True, map_location="cpu")
-    except Exception as exc:
-        raise OptimizerStateError(f"optimizer-state artifact's {OPTIMIZER_FILE} is unreadable: {exc}") from exc
-    if saved.get("format") != _OPTIMIZER_FORMAT:
-        raise OptimizerStateError(
-            f"optimizer state has format {saved.get('format')!r}, this trainer reads format {_OPTIMIZER_FORMAT}"
-        )
+    saved = read_optimizer_state(state)
     names = [name for name, _ in params]
     if saved["param_names"] != names:
         raise OptimizerStateError(
@@ -268,28 +259,72 @@ def build_optimizer(
     return optimizer
 
 
-def _on_cpu(obj: Any) -> Any:
-    """`obj` with every tensor in its dicts, lists and tuples moved to the CPU (CPU tensors come back as they are)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.cpu()
-    if isinstance(obj, dict):
-        return {k: _on_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(_on_cpu(v) for v in obj)
-    return obj
-
-
 def optimizer_files(optimizer: torch.optim.Optimizer, param_names: Sequence[str]) -> dict[str, bytes]:
-    """The optimizer's state as artifact files; `torch.save` of equal state gives equal bytes.
+    """The optimizer's state as artifact files: equal state gives equal bytes.
 
-    Tensors are saved from the CPU (a no-op for a CPU trainer), so the bytes do not name a CUDA device and the state
-    loads on any machine.
+    Format 2 is one safetensors file (`state.<i>.<key>` tensors, the parameter names and param groups as JSON in its
+    metadata): no pickle to load, and a tenth of `torch.save`'s time for the tiny adapter's state. Tensors are saved
+    from the CPU, so the bytes name no device and load on any machine.
     """
-    buffer = io.BytesIO()
-    state_dict = _on_cpu(optimizer.state_dict())
-    payload = {"format": _OPTIMIZER_FORMAT, "param_names": list(param_names), "state_dict": state_dict}
-    torch.save(payload, buffer)
-    return {OPTIMIZER_FILE: buffer.getvalue()}
+    state_dict = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    for index, entry in state_dict["state"].items():
+        for key, value in entry.items():
+            if not isinstance(value, torch.Tensor):
+                raise OptimizerStateError(f"optimizer state {index}.{key} is a {type(value).__name__}, not a tensor")
+            tensors[f"state.{index}.{key}"] = value.detach().contiguous().cpu()
+    # One metadata key: safetensors writes a metadata map's keys in no fixed order, and these bytes are a digest.
+    about = {"format": _OPTIMIZER_FORMAT, "param_names": list(param_names), "param_groups": state_dict["param_groups"]}
+    metadata = {"optimizer": json.dumps(about, sort_keys=True, allow_nan=False)}
+    return {OPTIMIZER_FILE: save_safetensors(tensors, metadata=metadata)}
+
+
+def read_optimizer_state(files: Mapping[str, bytes]) -> dict[str, Any]:
+    """`{"format", "param_names", "state_dict"}` from an optimizer-state artifact of format 2 or the older format 1.
+
+    Raises:
+        OptimizerStateError: no optimizer file, or one that is unreadable or of an unknown format.
+    """
+    if OPTIMIZER_FILE in files:
+        try:
+            tensors = load_safetensors(files[OPTIMIZER_FILE])
+            about = json.loads(safe_open_metadata(files[OPTIMIZER_FILE])["optimizer"])
+            fmt, param_names, groups = about["format"], about["param_names"], about["param_groups"]
+        except Exception as exc:
+            raise OptimizerStateError(f"optimizer-state artifact's {OPTIMIZER_FILE} is unreadable: {exc}") from exc
+        if fmt != _OPTIMIZER_FORMAT:
+            raise OptimizerStateError(f"optimizer state has format {fmt}, this trainer reads formats 1 and 2")
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for name, tensor in tensors.items():
+            _, index, key = name.split(".", 2)
+            state.setdefault(int(index), {})[key] = tensor
+        return {"format": fmt, "param_names": param_names, "state_dict": {"state": state, "param_groups": groups}}
+    if LEGACY_OPTIMIZER_FILE in files:
+        try:
+            # Read onto the CPU; `load_state_dict` moves the moments to each parameter's device (CPU or CUDA).
+            saved = torch.load(io.BytesIO(files[LEGACY_OPTIMIZER_FILE]), weights_only=True, map_location="cpu")
+        except Exception as exc:
+            raise OptimizerStateError(
+                f"optimizer-state artifact's {LEGACY_OPTIMIZER_FILE} is unreadable: {exc}"
+            ) from exc
+        if not isinstance(saved, dict) or saved.get("format") != 1:
+            fmt = saved.get("format") if isinstance(saved, dict) else None
+            raise OptimizerStateError(f"optimizer state has format {fmt!r}, this trainer reads formats 1 and 2")
+        return saved
+    raise OptimizerStateError(
+        f"optimizer-state artifact lacks {OPTIMIZER_FILE} (has {sorted(files)}); pass the optimizer_state of the "
+        "TrainResult that produced this batch's adapter"
+    )
+
+
+def safe_open_metadata(blob: bytes) -> dict[str, str]:
+    """The `__metadata__` of a safetensors blob (safetensors' Python API reads metadata only from files)."""
+    header_len = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8 : 8 + header_len])
+    metadata = header.get("__metadata__") or {}
+    if not isinstance(metadata, dict):
+        raise ValueError("the safetensors header's __metadata__ is not an object")
+    return {str(k): str(v) for k, v in metadata.items()}
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -168,8 +168,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         "engine-seed-not-passed",
         "engine",
         "rl/engines/torch_sampler.py",
-        "            seed=request.seed,\n            eos_token_id=self.eos_token_id,",
-        "            seed=0,\n            eos_token_id=self.eos_token_id,",
+        "                seeds=[requests[i].seed for i in members],\n",
+        "                seeds=[0 for i in members],\n",
         "the request's seed never reaches the sampler: every group and iteration samples the same stream",
         ("tests/test_torch_sampler.py",),
     ),
@@ -177,12 +177,12 @@ CATALOGUE: tuple[Mutant, ...] = (
         "engine-cache-by-version",
         "engine",
         "rl/engines/torch_sampler.py",
-        "        model = await self.policy(request.adapter)\n",
-        '        model = self.adapters.get(f"v{request.policy_version}")\n'
-        "        if model is None:\n"
-        '            with tempfile.TemporaryDirectory(prefix="rl-adapter-") as tmp:\n'
-        "                await materialize(self.artifacts, request.adapter, Path(tmp))\n"
-        '                model = self.adapters.load_dir(f"v{request.policy_version}", Path(tmp))\n',
+        "            model = await self.policy(first.adapter)  # sampled before the next await: a shared model stays put\n",
+        '            model = self.adapters.get(f"v{first.policy_version}")\n'
+        "            if model is None:\n"
+        '                with tempfile.TemporaryDirectory(prefix="rl-adapter-") as tmp:\n'
+        "                    await materialize(self.artifacts, first.adapter, Path(tmp))\n"
+        '                    model = self.adapters.load_dir(f"v{first.policy_version}", Path(tmp))\n',
         "adapter cached by its version label, not its digest: a new adapter under a known version serves the stale one",
         ("tests/test_torch_sampler.py",),
     ),
