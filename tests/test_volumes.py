@@ -449,3 +449,31 @@ def test_bench_fork_measures_a_fork_against_a_full_copy(tmp_path):
         assert result["fork_bytes_written"] < 4096
     assert "fork vs copy" in format_bench(result)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(probe_share_mode(tempfile.gettempdir()) != "hardlink", reason="only hard links share an inode")
+def test_a_fork_of_a_fresh_version_fsyncs_only_the_files_it_wrote(tmp_path, monkeypatch):
+    """A version published a moment ago is inside the racy window, so its files are rehashed at the fork's finalize;
+    they were made durable when it was published, so only the file the fork wrote is fsynced again (a fast loop's
+    buffer once fsynced its last two seconds of iterations on every append)."""
+    import rl.volumes.local as local
+
+    store = LocalVolumeStore(tmp_path / "store", share="hardlink", durable=True)
+    first = store.new("buf")
+    for i in range(3):
+        first.write_bytes(f"iter-{i}.jsonl", b"row\n" * (i + 1))
+    parent = first.finalize("v1")
+    synced: list[str] = []
+    real = local._hash_file
+
+    def spy(path: Path, *, fsync: bool) -> str:
+        if fsync:
+            synced.append(Path(path).name)
+        return real(path, fsync=fsync)
+
+    monkeypatch.setattr(local, "_hash_file", spy)
+    child = parent.fork("buf")
+    child.write_bytes("iter-3.jsonl", b"new\n")
+    version = child.finalize("v2")
+    assert synced == ["iter-3.jsonl"]
+    assert version.read_bytes("iter-0.jsonl") == b"row\n"
