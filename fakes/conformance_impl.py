@@ -3,11 +3,11 @@
 - `FAKES`: the deterministic fakes of every tier, our drivers (GRPO and agentic), our advantages and loss, and our
   local volumes and rollout buffer (fast; what `tests/test_conformance.py` checks).
 - `REAL_CPU`: the real CPU stack on a tiny model built into a temporary directory on first use: `LocalArtifacts`,
-  `FileStateStore`, the torch sampler, the PEFT trainer, `RewardScorer`, our advantages, the batch form of our loss
-  (`grpo_batch_loss`), the DDP shard step (two spawned gloo ranks), and our local volumes and rollout buffer. torch is
-  imported only when one of its factories runs. It binds no driver: the driver laws run a driver on the fakes, and
-  ours is checked under FAKES. Its algorithm is what the PEFT trainer runs with its default `TrainerConfig`
-  (`trainer_algorithm`): the loss in float32.
+  `FileStateStore`, the torch sampler, the PEFT trainer, `RewardScorer`, our advantages, the padded batch form of our
+  loss (`grpo_masked_loss`, what the trainer runs), the DDP shard step (two spawned gloo ranks), and our local volumes
+  and rollout buffer. torch is imported only when one of its factories runs. It binds no driver: the driver laws run
+  a driver on the fakes, and ours is checked under FAKES. Its algorithm is what the PEFT trainer runs with its default
+  `TrainerConfig` (`trainer_algorithm`): the loss in float32.
 
     pytest --pyargs rl.conformance.test_suite --rl-impl fakes.conformance_impl:FAKES
     pytest --pyargs rl.conformance.test_suite --rl-impl fakes.conformance_impl:REAL_CPU
@@ -65,16 +65,11 @@ def sample_loss(*args: Any, **kwargs: Any) -> Any:
 def batch_loss(
     new_logp: Any, old_logp: Any, ref_logp: Any, advantages: Any, mask: Any, *, clip_eps: float, kl_beta: float
 ) -> Any:
-    """`rl.loss.grpo_batch_loss` in the padded form a TRL-style trainer calls: each row's unmasked tokens become one
-    `LossSample`. Shape: `[B, T]` log-probs and mask, `[B]` advantages -> loss `[]`."""
-    from rl.loss import LossSample, grpo_batch_loss
+    """`rl.loss.grpo_masked_loss`, the padded `[B, T]` form the PEFT trainer back-propagates (its rows), imported on
+    first call. Shape: `[B, T]` log-probs and mask, `[B]` advantages -> loss `[]`."""
+    from rl.loss import grpo_masked_loss
 
-    keep = mask > 0  # [B, T]
-    samples = [
-        LossSample(new_logp[i][keep[i]], old_logp[i][keep[i]], ref_logp[i][keep[i]], float(advantages[i]))
-        for i in range(new_logp.shape[0])
-    ]
-    return grpo_batch_loss(samples, clip_eps=clip_eps, kl_beta=kl_beta)
+    return grpo_masked_loss(new_logp, old_logp, ref_logp, advantages, mask, clip_eps=clip_eps, kl_beta=kl_beta)
 
 
 def ddp_shard_step(ddp_model: Any, sample_loss_fns: Any, sync_forward: Any) -> None:

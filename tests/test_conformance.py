@@ -88,8 +88,8 @@ class TestFakes(LoopContract):
 
 
 class TestOurBatchLoss(LossContract):
-    """`rl.loss.grpo_batch_loss` in the batch form a TRL-style trainer calls (padded `[B, T]` log-probs and a mask):
-    the loss laws under our declaration, through the `batch_loss` fixture."""
+    """`rl.loss.grpo_masked_loss`, the padded `[B, T]` form the trainer runs (as TRL-style trainers do): the loss laws
+    under our declaration, through the `batch_loss` fixture."""
 
     @pytest.fixture
     def batch_loss(self):

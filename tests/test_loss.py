@@ -297,8 +297,9 @@ def _padded(rows, pad_value):
 
 @given(data=st.data())
 def test_masked_batch_loss_equals_the_sample_loss_row_by_row(data):
-    """Law: the padded [B, T] loss the trainer back-propagates from one batched forward gives each row the value, stats
-    and gradient `grpo_sample_loss` gives that row's unpadded tokens, whatever the padding holds (float rounding only)."""
+    """Law: the padded [B, T] loss the trainer back-propagates from one batched forward gives each row the value,
+    stats and gradient `grpo_sample_loss` gives that row's unpadded tokens, whatever the padding holds (float rounding
+    only)."""
     from rl.loss import grpo_masked_loss, grpo_masked_row_losses
 
     n = data.draw(st.integers(min_value=1, max_value=5))

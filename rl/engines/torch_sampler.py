@@ -409,7 +409,8 @@ class TorchSampler:
         results: list[list[Rollout]] = [[] for _ in requests]
         for members in buckets.values():
             first = requests[members[0]]
-            model = await self.policy(first.adapter)  # sampled before the next await: a shared model stays put
+            # Sampled before the next await, so a shared merged model still holds this adapter.
+            model = await self.policy(first.adapter)
             groups = sample_groups(
                 model,
                 [encoded[i] for i in members],

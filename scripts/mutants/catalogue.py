@@ -137,6 +137,15 @@ CATALOGUE: tuple[Mutant, ...] = (
         ("tests/test_loss.py",),
     ),
     Mutant(
+        "loss-masked-token-sum",
+        "loss",
+        "rl/loss.py",
+        "surrogate_mean = (surrogate * weight).sum(dim=1) / tokens  # [B]",
+        "surrogate_mean = (surrogate * weight).sum(dim=1)  # [B]",
+        "the padded loss sums a completion's tokens instead of averaging them: long completions weigh more",
+        ("tests/test_loss.py",),
+    ),
+    Mutant(
         "loss-batch-sum",
         "loss",
         "rl/loss.py",
@@ -177,7 +186,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "engine-cache-by-version",
         "engine",
         "rl/engines/torch_sampler.py",
-        "            model = await self.policy(first.adapter)  # sampled before the next await: a shared model stays put\n",
+        "            model = await self.policy(first.adapter)\n",
         '            model = self.adapters.get(f"v{first.policy_version}")\n'
         "            if model is None:\n"
         '                with tempfile.TemporaryDirectory(prefix="rl-adapter-") as tmp:\n'
