@@ -173,6 +173,11 @@ def chaos(session: nox.Session) -> None:
     session.run("python", "-m", "fakes.process_kills", *kills, env=HYPOTHESIS_ENV)
     # Kills counted from the run directory appearing, so some land in the base model's build (published by rename).
     session.run("python", "-m", "fakes.process_kills", *kills, "--base-build", env=HYPOTHESIS_ENV)
+    # Kills aimed inside single writes (a volume version staged or just published, a checkpoint, an artifact, its name),
+    # which a random delay rarely hits: each at a seeded call of that write.
+    points = "volume-staged,volume-published,checkpoint,artifact-staged,artifact-ref"
+    aimed = ("--iterations", "6", "--kills", "2", "--seed", "0", "--sequential", "--at", points)
+    session.run("python", "-m", "fakes.process_kills", *aimed, env=HYPOTHESIS_ENV)
 
 
 @nox.session

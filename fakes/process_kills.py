@@ -18,6 +18,7 @@ they and the checkpoint's digest over them are dropped before comparing. A comma
 being killed is a failure too (it must heal, or refuse with a message, never crash), reported with its stderr.
 
 `python -m fakes.process_kills --iterations 3 --kills 4 --seed 0 [--pipelined]`; exit 0 when the runs are equal.
+`--at volume-staged,checkpoint,...` kills exactly inside those writes instead (`fakes.kill_points`).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ class KillReport:
     mode: str
     seed: int
     kills: list[float] = field(default_factory=list)
-    """When each process was SIGKILLed, in seconds after its run directory appeared (one that had ended is left out)."""
+    """When each process was SIGKILLed, in seconds after its run directory appeared (one that had ended is left out);
+    at a kill point, the call it was killed at."""
     resumes: int = 0
     violations: list[str] = field(default_factory=list)
 
@@ -149,6 +151,47 @@ def kill_chaos(
     return report
 
 
+def kill_point_chaos(work: Path, point: str, *, iterations: int, kills: int, seed: int, pipelined: bool) -> KillReport:
+    """Like `kill_chaos`, but each kill lands exactly at the Nth call of a kill point (`fakes.kill_points`), N drawn
+    from the seed over the calls an uninterrupted run makes; a resumed run that finishes before its Nth call is left
+    to finish."""
+    from fakes.kill_points import POINTS
+
+    report = KillReport(f"{'pipelined' if pipelined else 'sequential'} at {point}", seed)
+    run_dir, reference, count_file = work / "run", work / "reference", work / "calls"
+    demo = demo_command(run_dir, iterations, pipelined)[3:]  # the rl arguments
+
+    def command(nth: int) -> list[str]:
+        bootstrap = "from fakes.kill_points import arm_and_run; arm_and_run()"
+        return [sys.executable, "-c", bootstrap, point, str(nth), str(count_file), *demo]
+
+    code, _, err = _run(command(0), run_dir, None)
+    if code != 0:
+        report.violations.append(f"the uninterrupted run failed (exit {code}): {err[-2000:]}")
+        return report
+    calls = int(count_file.read_text())
+    if calls == 0:
+        report.violations.append(f"an uninterrupted run never reached {point} ({POINTS[point].what})")
+        return report
+    run_dir.rename(reference)
+    rng = random.Random(seed)
+    for _ in range(kills):
+        nth = rng.randint(1, calls)
+        code, _, err = _run(command(nth), run_dir, None)
+        if code == -signal.SIGKILL:
+            report.kills.append(nth)
+        elif code != 0:
+            report.violations.append(f"a run armed at call {nth} exited {code} without being killed: {err[-2000:]}")
+            return report
+    report.resumes += 1
+    code, _, err = _run(demo_command(run_dir, iterations, pipelined), run_dir, None)
+    if code != 0:
+        report.violations.append(f"the resume after the kills exited {code}: {err[-2000:]}")
+        return report
+    report.violations += final_state_differences(reference, run_dir, iterations)
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fakes.process_kills", description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=3, help="demo iterations (default 3)")
@@ -161,32 +204,55 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="let kills land in the base-model build too (needs the atomic base-model build; fails before it)",
     )
+    parser.add_argument(
+        "--at",
+        default="",
+        help="comma-separated kill points (fakes.kill_points.POINTS: volume-staged, volume-published, checkpoint, "
+        "artifact-staged, artifact-ref): kill exactly at a seeded call of each instead of after a random delay",
+    )
     args = parser.parse_args(argv)
     modes = [m for m, on in ((False, args.sequential), (True, args.pipelined)) if on] or [False, True]
+    points = [p for p in args.at.split(",") if p]
+    from fakes.kill_points import POINTS
+
+    unknown = [p for p in points if p not in POINTS]
+    if unknown:
+        parser.error(f"unknown kill point(s) {unknown}; choose from {', '.join(POINTS)}")
     failed = False
     for pipelined in modes:
-        work = Path(tempfile.mkdtemp(prefix="rl-kill-chaos-"))
-        try:
-            report = kill_chaos(
-                work,
-                iterations=args.iterations,
-                kills=args.kills,
-                seed=args.seed,
-                pipelined=pipelined,
-                base_build=args.base_build,
-            )
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        verdict = "ok" if not report.violations else "FAILED"
-        print(
-            f"process kills {report.mode}: {verdict}: {len(report.kills)} SIGKILLs at {report.kills} s, "
-            f"{report.resumes} final resume(s), final state "
-            + ("equal to the uninterrupted run's" if not report.violations else "checked")
-        )
-        for violation in report.violations:
-            print(f"FAIL {report.mode} seed={args.seed}: {violation}")
-        failed |= bool(report.violations)
+        for point in points or [None]:
+            work = Path(tempfile.mkdtemp(prefix="rl-kill-chaos-"))
+            try:
+                if point is None:
+                    report = kill_chaos(
+                        work,
+                        iterations=args.iterations,
+                        kills=args.kills,
+                        seed=args.seed,
+                        pipelined=pipelined,
+                        base_build=args.base_build,
+                    )
+                else:
+                    report = kill_point_chaos(
+                        work, point, iterations=args.iterations, kills=args.kills, seed=args.seed, pipelined=pipelined
+                    )
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+            failed |= _print_report(report, args.seed, unit="call" if point else "s")
     return 1 if failed else 0
+
+
+def _print_report(report: KillReport, seed: int, unit: str) -> bool:
+    """Print a mode's verdict and violations; True when it failed."""
+    verdict = "ok" if not report.violations else "FAILED"
+    print(
+        f"process kills {report.mode}: {verdict}: {len(report.kills)} SIGKILLs at {report.kills} {unit}, "
+        f"{report.resumes} final resume(s), final state "
+        + ("equal to the uninterrupted run's" if not report.violations else "checked")
+    )
+    for violation in report.violations:
+        print(f"FAIL {report.mode} seed={seed}: {violation}")
+    return bool(report.violations)
 
 
 if __name__ == "__main__":
