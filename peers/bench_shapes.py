@@ -40,8 +40,8 @@ class Shape:
 
 
 SHAPES: dict[str, Shape] = {
-    "demo": Shape(prompts=8, samples=8, max_tokens=3, default_iterations=40),
-    "large": Shape(prompts=32, samples=8, max_tokens=16, default_iterations=12),
+    "demo": Shape(prompts=8, samples=8, max_tokens=3, default_iterations=120),
+    "large": Shape(prompts=32, samples=8, max_tokens=16, default_iterations=20),
 }
 """`demo` is `rl demo grpo`'s shape; `large` shows how each side scales with batch and length. The default iteration
 counts keep a 3-seed `nox -s bench-peers` near 10 minutes on a 2-core machine."""
