@@ -6,8 +6,8 @@ re-rendered every 15 s as the demo does) in a temporary directory, runs `rl.loop
 and prints one `RunRecord` JSON line.
 
 Timing sits outside the loop, so it measures whatever the loop does today: the driver publishes the report once per
-trained iteration, and a Reporter wrapper marks the clocks there; an engine wrapper marks when generation starts and
-ends (any `generate*` coroutine, so a batched generate call is timed too).
+trained iteration, and a Reporter wrapper marks the clocks there; the engine's `generate*` coroutines mark when
+generation starts and ends (any of them, so a batched generate call is timed too).
 """
 
 from __future__ import annotations
@@ -34,26 +34,25 @@ DEMO_REPORT_INTERVAL_S = 15.0
 """What `rl demo grpo` passes to `local_grpo` (rl/demo.py): the report is rendered at most this often."""
 
 
-class TimedEngine:
-    """The rollout engine, noting on `clock` when each `generate*` call starts and ends; the rest passes through."""
+def time_generation(engine: Any, clock: IterationClock) -> None:
+    """Note on `clock` when each of `engine`'s `generate*` coroutines starts and ends. Patched on the instance, not
+    wrapped in a proxy, so the engine keeps its type for any driver that asks what it is."""
+    for name in dir(engine):
+        method = getattr(engine, name, None)
+        if name.startswith("generate") and asyncio.iscoroutinefunction(method):
+            setattr(engine, name, _timed(method, clock))
 
-    def __init__(self, inner: Any, clock: IterationClock) -> None:
-        self._inner, self._clock = inner, clock
 
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._inner, name)
-        if not (name.startswith("generate") and asyncio.iscoroutinefunction(attr)):
-            return attr
+def _timed(method: Any, clock: IterationClock) -> Any:
+    @functools.wraps(method)
+    async def timed(*args: Any, **kwargs: Any) -> Any:
+        clock.generation_started()
+        try:
+            return await method(*args, **kwargs)
+        finally:
+            clock.generation_ended()
 
-        @functools.wraps(attr)
-        async def timed(*args: Any, **kwargs: Any) -> Any:
-            self._clock.generation_started()
-            try:
-                return await attr(*args, **kwargs)
-            finally:
-                self._clock.generation_ended()
-
-        return timed
+    return timed
 
 
 class TimedReporter:
@@ -100,12 +99,8 @@ async def run(out_dir: Path, shape_name: str, iterations: int, seed: int) -> Run
     dep = local_grpo(out_dir, buildable, trainer=DEMO_TRAINER, report_interval_s=DEMO_REPORT_INTERVAL_S)
     clock = IterationClock()
     record = RunRecord(impl="ours", shape=shape_name, seed=seed, version="rl")
-    tiers = replace(
-        dep.tiers,
-        prompts=prompts,
-        engine=TimedEngine(dep.tiers.engine, clock),
-        reporter=TimedReporter(dep.reporter, clock, record),
-    )
+    time_generation(dep.tiers.engine, clock)
+    tiers = replace(dep.tiers, prompts=prompts, reporter=TimedReporter(dep.reporter, clock, record))
     await run_grpo(config, tiers, dep.store)
     record.peak_rss_mib = peak_rss_mib()
     return record

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 # peers/ is not installed (it is not in the wheel): import it from the checkout. These modules import no peer library.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from peers import bench_trl  # noqa: E402
-from peers.bench_shapes import BenchInputError, IterationClock, RunRecord, bench_prompts  # noqa: E402
-from peers.bench_summary import check_records, format_table, summarise  # noqa: E402
+from peers import bench_trl
+from peers.bench_shapes import BenchInputError, IterationClock, RunRecord, bench_prompts
+from peers.bench_summary import check_records, format_table, summarise
 
 
 def _record(impl: str, seed: int, wall: list[float], shape: str = "demo", **kw: object) -> RunRecord:
@@ -157,3 +157,26 @@ def test_our_runner_closes_one_iteration_per_new_trained_row():
     assert len(record.wall_s) == len(record.cpu_s) == 2
     assert record.gen_tokens == [round(r.mean_completion_tokens * r.num_rollouts) for r in history]
     assert record.accuracy == [r.task_metrics["accuracy"] for r in history]
+
+
+def test_our_runner_times_generation_on_the_engine_itself():
+    """Every `generate*` coroutine opens and closes the generation window; the engine keeps its type and results."""
+    from peers.bench_ours import time_generation
+
+    class Engine:
+        async def generate(self, x: int) -> int:
+            return x + 1
+
+        async def generate_batch(self, xs: list[int]) -> list[int]:
+            return [x + 1 for x in xs]
+
+        def tokenizer(self) -> str:
+            return "not timed"
+
+    engine, clock = Engine(), IterationClock()
+    time_generation(engine, clock)
+    assert type(engine) is Engine and engine.tokenizer() == "not timed"
+    assert clock._gen_start is None
+    assert asyncio.run(engine.generate(1)) == 2 and clock._gen_start is not None and clock._gen_end is not None
+    clock.mark()
+    assert asyncio.run(engine.generate_batch([1, 2])) == [2, 3] and clock._gen_start is not None
