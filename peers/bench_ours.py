@@ -24,6 +24,7 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import rl
 from peers.bench_shapes import SHAPES, IterationClock, RepeatedDigits, RunRecord, peak_rss_mib, runner_args
 from rl.local import DEMO_TRAINER, local_grpo
 from rl.loop.grpo import GrpoConfig, run_grpo
@@ -98,7 +99,7 @@ async def run(out_dir: Path, shape_name: str, iterations: int, seed: int) -> Run
     buildable = replace(config, prompts_per_iteration=min(shape.prompts, len(prompts.eval_prompts())))
     dep = local_grpo(out_dir, buildable, trainer=DEMO_TRAINER, report_interval_s=DEMO_REPORT_INTERVAL_S)
     clock = IterationClock()
-    record = RunRecord(impl="ours", shape=shape_name, seed=seed, version="rl")
+    record = RunRecord(impl="ours", shape=shape_name, seed=seed, version=f"rl-{rl.__version__}")
     time_generation(dep.tiers.engine, clock)
     tiers = replace(dep.tiers, prompts=prompts, reporter=TimedReporter(dep.reporter, clock, record))
     await run_grpo(config, tiers, dep.store)
