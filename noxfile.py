@@ -348,6 +348,17 @@ def peers(session: nox.Session, peer: str) -> None:
         )
 
 
+@nox.session(name="bench-peers")
+def bench_peers(session: nox.Session) -> None:
+    """Our CPU GRPO loop (`rl demo grpo`'s, durability included) and TRL's `GRPOTrainer` at the `peers` session's pin,
+    on the same tiny model, prompts, reward and shape, interleaved seed by seed, one torch thread each
+    (`python -m peers.bench_trl`; `-- --seeds 1 --iterations 10 --shapes demo` for a quick look). Prints a table per
+    shape (demo 8x8 3 tokens, large 32x8 16 tokens): steady-state s/iter, CPU s/iter, tokens per CPU-s, peak RSS,
+    accuracy, each ours/TRL. ~5 min on 2 cores with the defaults, plus the install."""
+    _install_cpu(session, with_=(str(PEERS["trl"]["pin"]),))
+    session.run("python", "-m", "peers.bench_trl", *session.posargs, env=HYPOTHESIS_ENV)
+
+
 def _junit_outcomes(report: str) -> dict[str, str]:
     """`{Class::law: "passed" | "failed" | "skipped"}` from a pytest junit XML report."""
     import xml.etree.ElementTree as ET

@@ -6,6 +6,11 @@ thin adapters that only change shapes and arguments (no formula is copied):
 - `peers.trl_grpo`: TRL's `GRPOTrainer` (advantages and loss), `nox -s "peers(peer='trl')"`.
 - `peers.verl_grpo`: verl's `compute_grpo_outcome_advantage` and actor `ppo_loss`, `nox -s "peers(peer='verl')"`.
 
+`nox -s bench-peers` times TRL's whole GRPO loop against ours on the same model, prompts, reward and shape:
+`peers.bench_trl` (the orchestrator) runs `peers.bench_ours` and `peers.trl_loop` (the runners) in fresh processes
+and tabulates their records (`peers.bench_shapes`, `peers.bench_summary`: pure Python, unit-tested in
+tests/test_bench_peers.py).
+
 A module imports its library at import time, so it only imports in the environment `nox -s peers` builds for it. The
 package is not part of the wheel: `nox -s peers` copies it to a temporary directory on PYTHONPATH. What each peer
 passes, which laws it fails and why (a declared choice or a real bug) is in docs/conformance.md, "Proven on real

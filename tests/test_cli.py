@@ -3,6 +3,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from rl.cli import main
 
 
@@ -104,13 +106,42 @@ def test_cpu_bench_measures_sampler_ceiling_and_train_step():
     """The CPU section reports the sampler's tokens/s against its teacher-forced ceiling and a full train step."""
     from rl.bench_cpu import cpu_stack_bench
 
-    figures = cpu_stack_bench(groups=2, group_size=2, max_tokens=3, steps=1)
+    figures = cpu_stack_bench(groups=2, group_size=2, max_tokens=3, repeats=1)
     assert figures["sampler_tokens_per_s"] > 0 and figures["teacher_forced_tokens_per_s"] > 0
     assert (
         figures["sampler_over_teacher_forced"]
         == figures["sampler_tokens_per_s"] / figures["teacher_forced_tokens_per_s"]
     )
     assert figures["train_step_s"] > 0 and figures["train_step_samples"] == 4
+
+
+def test_cpu_bench_repeats_each_figure_and_reports_its_median_and_spread():
+    """Every timed figure is measured `repeats` times: the median under its name, the min-max beside it; the sampler's
+    tokens per CPU-second is reported beside its wall rate."""
+    from rl.bench_cpu import cpu_stack_bench
+
+    figures = cpu_stack_bench(groups=2, group_size=2, max_tokens=3, repeats=3)
+    assert figures["cpu_repeats"] == 3
+    for name in ("sampler_tokens_per_s", "sampler_tokens_per_cpu_s", "teacher_forced_tokens_per_s", "train_step_s"):
+        assert 0 < figures[f"{name}_min"] <= figures[name] <= figures[f"{name}_max"], name
+
+
+def test_cpu_bench_refuses_zero_repeats(capsys):
+    from rl.bench_cpu import cpu_stack_bench
+    from rl.errors import InputError
+
+    with pytest.raises(InputError, match="repeats must be >= 1"):
+        cpu_stack_bench(repeats=0)
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--sections", "cpu", "--repeats", "0"])
+    assert exit_.value.code == 2 and "--repeats" in capsys.readouterr().err
+
+
+def test_rl_bench_prints_a_repeated_figure_as_median_and_min_max():
+    from rl.commands.bench import figure_lines
+
+    figures = {"train_step_s": 0.5, "train_step_s_min": 0.25, "train_step_s_max": 2.0, "cpu_repeats": 5, "x_min": 1.0}
+    assert figure_lines(figures) == ["train_step_s  0.5 (0.25-2)", "cpu_repeats   5", "x_min         1"]
 
 
 def test_rl_bench_volumes_section_compares_a_fork_with_a_full_copy(capsys, monkeypatch):

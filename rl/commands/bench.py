@@ -7,7 +7,7 @@ import json
 import math
 from typing import Any
 
-from rl.commands import positive_float
+from rl.commands import positive_float, positive_int
 from rl.strict_json import flag_non_finite
 
 SECTIONS = ("sim", "cpu", "volumes")
@@ -24,6 +24,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--world-gib", type=positive_float, default=1.0, help="world size for the volumes section (default 1 GiB)"
+    )
+    p.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=5,
+        help="times each cpu figure is measured; it prints the median and the min-max (default 5)",
     )
     p.add_argument(
         "--gpu",
@@ -54,16 +60,35 @@ def run(args: argparse.Namespace) -> int:
     if "cpu" in sections:
         from rl.bench_cpu import cpu_stack_bench
 
-        figures.update(cpu_stack_bench())
+        figures.update(cpu_stack_bench(repeats=args.repeats))
     if "volumes" in sections:
         from rl.volumes.bench import bench_fork
 
         fork = bench_fork(int(args.world_gib * (1 << 30)))
         figures.update({f"volume_{k}": v for k, v in fork.items()})
-    width = max(len(k) for k in figures)
-    for key, value in figures.items():
-        print(f"{key:<{width}}  {value:.4g}" if isinstance(value, float) else f"{key:<{width}}  {value}")
+    for line in figure_lines(figures):
+        print(line)
     if args.json:
         rounded = {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in figures.items()}
         print(json.dumps(flag_non_finite(rounded), allow_nan=False))
     return 0
+
+
+def figure_lines(figures: dict[str, Any]) -> list[str]:
+    """One aligned `name  value` line per figure; a figure with `name_min` and `name_max` beside it (repeated
+    measurements: the median under its name) prints as `name  median (min-max)`."""
+    spreads = {k for k in figures if f"{k}_min" in figures and f"{k}_max" in figures}
+    folded = {f"{k}_{end}" for k in spreads for end in ("min", "max")}
+    shown = [k for k in figures if k not in folded]
+    width = max(len(k) for k in shown)
+
+    def show(value: Any) -> str:
+        return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+    lines = []
+    for key in shown:
+        value = show(figures[key])
+        if key in spreads:
+            value += f" ({show(figures[f'{key}_min'])}-{show(figures[f'{key}_max'])})"
+        lines.append(f"{key:<{width}}  {value}")
+    return lines
