@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,5 +23,10 @@ class VolumeRolloutSink:
     async def append(
         self, iteration: int, rollouts: Sequence[Rollout], rewards: Sequence[float], parent: str | None
     ) -> str:
+        rows = rollout_rows(iteration, rollouts, rewards)
+        # In a worker thread: a version is mostly fsyncs, and the driver trains meanwhile (one append at a time).
+        return await asyncio.to_thread(self._append, iteration, rows, parent)
+
+    def _append(self, iteration: int, rows: list[dict[str, object]], parent: str | None) -> str:
         base = self.store.open(parent) if parent is not None else None
-        return self.buffer.append(iteration, rollout_rows(iteration, rollouts, rewards), parent=base).version
+        return self.buffer.append(iteration, rows, parent=base).version
