@@ -91,7 +91,11 @@ class Reporter(Protocol):
 
 @runtime_checkable
 class RolloutSink(Protocol):
-    """The rollout buffer of seed 000: each trained iteration's rollouts and rewards, as a chain of volume versions."""
+    """The rollout buffer of seed 000: each iteration's rollouts and rewards, as a chain of volume versions.
+
+    The GRPO driver appends an iteration while its train step runs (a step that then fails leaves the append behind, and
+    the resume appends it again); the checkpoint names the version only after both succeeded.
+    """
 
     async def append(
         self, iteration: int, rollouts: Sequence[Rollout], rewards: Sequence[float], parent: str | None
