@@ -92,7 +92,7 @@ def test_the_checkpoint_bytes_are_the_formulas_and_decode_back(data):
 
 @given(st.data())
 def test_values_of_other_types_take_the_general_path_to_the_same_bytes(data):
-    """A float subclass, an int key, a tuple in a dict: what the one-pass encoder does not claim, asdict still writes."""
+    """A float subclass, an int key, a tuple in a dict: what the one-pass encoder leaves alone, asdict still writes."""
     state = data.draw(_states())
     odd = data.draw(
         st.sampled_from(
