@@ -212,6 +212,13 @@ class _Unpicklable:
         self.value = copy.deepcopy(value)
 
 
+def _loop_tasks() -> list[asyncio.Task[Any]]:
+    """The running loop's unfinished tasks, in creation order on the virtual loop (so a kill's cancellations, and the
+    event log after it, are the same on every run of a seed)."""
+    loop = asyncio.get_running_loop()
+    return loop.tasks_in_creation_order() if isinstance(loop, VirtualTimeLoop) else list(asyncio.all_tasks(loop))
+
+
 def _retrieve(execution: asyncio.Future[Any]) -> None:
     """Mark an action's failure as seen: an orphaned action may fail with nobody left awaiting it."""
     if not execution.cancelled():
@@ -661,7 +668,7 @@ class DurableSimulator:
 
         Actions in `spare` keep running: remotely they are their own executions, which a driver's death doesn't stop.
         """
-        leftovers = [t for t in asyncio.all_tasks() if t is not supervisor and t not in spare and not t.done()]
+        leftovers = [t for t in _loop_tasks() if t is not supervisor and t not in spare and not t.done()]
         for t in leftovers:
             t.cancel()
         if leftovers:
@@ -700,7 +707,7 @@ class DurableSimulator:
         driver.crashed = True
         current = driver.killer = asyncio.current_task()
         actions = set(driver.run.inflight.values()) if not isinstance(exc, ReplayDivergence) else set()
-        for t in asyncio.all_tasks():
+        for t in _loop_tasks():
             if t is not driver.supervisor and t is not current and t not in actions:
                 t.cancel()
         raise exc

@@ -110,6 +110,25 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             self._ready = _ShuffledReady(tie_break_seed)
         # Timers due within this much of "now" fire together; coarser than float noise from repeated additions.
         self._clock_resolution = 1e-6
+        self._created: dict[asyncio.Future[Any], int] = {}
+
+    def create_task(self, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:  # type: ignore[override]
+        task = super().create_task(coro, **kwargs)
+        self._created[task] = len(self._created)
+        return task
+
+    def tasks_in_creation_order(self) -> list[asyncio.Task[Any]]:
+        """This loop's unfinished tasks in the order they were created.
+
+        `asyncio.all_tasks` iterates a WeakSet, whose order follows memory addresses: cancelling in that order made
+        the wake-ups after a driver's death, and so the event log, differ between processes for the same seed.
+        """
+        unknown = len(self._created)  # a Task built directly, not through create_task: after the others
+        return sorted(asyncio.all_tasks(self), key=lambda t: self._created.get(t, unknown))
+
+    def close(self) -> None:
+        self._created.clear()
+        super().close()
 
     def time(self) -> float:
         return self._virtual_now
