@@ -142,7 +142,8 @@ def _resolved(coro: Coroutine[Any, Any, T]) -> T:
         return done.value
     coro.close()
     raise RuntimeError(
-        "the artifact store's get suspended: lineage_violations reads a GrpoSim's in-memory store; build the setup with grpo_sim()"
+        "the artifact store's get suspended: lineage_violations reads a GrpoSim's in-memory store; "
+        "build the setup with grpo_sim()"
     )
 
 

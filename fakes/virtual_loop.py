@@ -110,11 +110,13 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             self._ready = _ShuffledReady(tie_break_seed)
         # Timers due within this much of "now" fire together; coarser than float noise from repeated additions.
         self._clock_resolution = 1e-6
-        self._created: dict[asyncio.Future[Any], int] = {}
+        self._created: dict[asyncio.Task[Any], int] = {}
+        self._tasks_made = 0
 
     def create_task(self, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:  # type: ignore[override]
         task = super().create_task(coro, **kwargs)
-        self._created[task] = len(self._created)
+        self._created[task] = self._tasks_made
+        self._tasks_made += 1
         return task
 
     def tasks_in_creation_order(self) -> list[asyncio.Task[Any]]:
@@ -123,7 +125,9 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         `asyncio.all_tasks` iterates a WeakSet, whose order follows memory addresses: cancelling in that order made
         the wake-ups after a driver's death, and so the event log, differ between processes for the same seed.
         """
-        unknown = len(self._created)  # a Task built directly, not through create_task: after the others
+        # Forget finished tasks here, so the index keeps no dead task alive (nor asyncio's WeakSet of tasks long).
+        self._created = {t: n for t, n in self._created.items() if not t.done()}
+        unknown = self._tasks_made  # a Task built directly, not through create_task: after the others
         return sorted(asyncio.all_tasks(self), key=lambda t: self._created.get(t, unknown))
 
     def close(self) -> None:
