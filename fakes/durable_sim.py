@@ -525,7 +525,7 @@ class DurableSimulator:
 
         def wrap(f: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
             trace_name = name or f.__qualname__
-            signature = inspect.signature(f)
+            signature = _signature(f)[0]
 
             @functools.wraps(f)
             async def traced(*args: Any, **kwargs: Any) -> T:
@@ -533,7 +533,7 @@ class DurableSimulator:
                 task = _TASK.get()
                 bound = signature.bind(*args, **kwargs)
                 bound.apply_defaults()
-                digest = content_digest(trace_name, dict(bound.arguments))
+                digest = _inputs_digest(trace_name, dict(bound.arguments))[0]  # content_digest, memoised
                 counter = task.trace_occurrences if task is not None else driver.occurrences
                 occurrence = counter[(trace_name, digest)]
                 counter[(trace_name, digest)] += 1
