@@ -44,7 +44,7 @@ def canonical(value: Any) -> Any:
         return value if kind is list else list(value)
     if kind is dict and all(type(k) is str for k in value):
         # The common mapping (str keys) in key order, scalars taken as they are: this was most of a digest's time.
-        out = {}
+        out: dict[str, Any] = {}
         for k in sorted(value):
             v = value[k]
             out[k] = v if type(v) in _SCALARS else canonical(v)
