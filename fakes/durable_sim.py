@@ -212,6 +212,13 @@ class _Unpicklable:
         self.value = copy.deepcopy(value)
 
 
+def _loop_tasks() -> list[asyncio.Task[Any]]:
+    """The running loop's unfinished tasks, in creation order on the virtual loop (so a kill's cancellations, and the
+    event log after it, are the same on every run of a seed)."""
+    loop = asyncio.get_running_loop()
+    return loop.tasks_in_creation_order() if isinstance(loop, VirtualTimeLoop) else list(asyncio.all_tasks(loop))
+
+
 def _retrieve(execution: asyncio.Future[Any]) -> None:
     """Mark an action's failure as seen: an orphaned action may fail with nobody left awaiting it."""
     if not execution.cancelled():
@@ -263,6 +270,27 @@ def _action_id(scope: str, task: str, digest: str, occurrence: int) -> str:
     return content_digest(scope, task, digest, occurrence)[:16]
 
 
+_SIGNATURES: dict[tuple[Callable[..., Any], bool], tuple[inspect.Signature, tuple[str, ...] | None]] = {}
+
+
+def _signature(fn: Callable[..., Any]) -> tuple[inspect.Signature, tuple[str, ...] | None]:
+    """`fn`'s signature, and its parameter names when all may be passed positionally (such calls skip `bind`).
+
+    Every scenario wraps fresh tier objects, so the same few methods' signatures were computed again per scenario:
+    they are kept by function, bound or not (a bound method's signature lacks its first parameter).
+    """
+    func = getattr(fn, "__func__", fn)
+    key = (func, func is not fn)
+    found = _SIGNATURES.get(key)
+    if found is None:
+        if len(_SIGNATURES) >= 1024:
+            _SIGNATURES.clear()
+        signature = inspect.signature(fn)
+        plain = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in signature.parameters.values())
+        found = _SIGNATURES[key] = (signature, tuple(signature.parameters) if plain else None)
+    return found
+
+
 class SimTask:
     """A task of the simulator: `await task(*args)` inside a simulated run issues one durable action."""
 
@@ -282,10 +310,8 @@ class SimTask:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self.sim, self.fn, self.name = sim, fn, name
         self.retries, self.cache, self.timeout_s = retries, cache, timeout_s
-        self._signature = inspect.signature(fn)
-        plain = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in self._signature.parameters.values())
-        self._positional = tuple(self._signature.parameters) if plain else None
-        """Parameter names, when every parameter may be passed positionally: such calls skip `bind` (~5% of a run)."""
+        self._signature, self._positional = _signature(fn)
+        """`_positional`: parameter names, when every parameter may be passed positionally: such calls skip `bind`."""
         functools.update_wrapper(self, fn)
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -331,7 +357,7 @@ class SimTask:
                 # Remotely the retried driver re-submits the same action name, finds it running, and monitors it.
                 sim._log(driver, "action.attached", self.name, action_id)
             else:
-                execution = asyncio.ensure_future(self._run_action(driver, action_id, digest, frozen_inputs))
+                execution = run.loop.create_task(self._run_action(driver, action_id, digest, frozen_inputs))
                 execution.add_done_callback(_retrieve)
                 run.inflight[action_id] = execution
             # The action outlives a dead driver: cancelling this caller must not cancel the action.
@@ -370,6 +396,8 @@ class SimTask:
                 sim._log(driver, "fault.task", self.name, action_id, f"attempt={attempt} {fault}")
             token = _TASK.set(_TaskAttempt(action_id, attempt))
             try:
+                if self.timeout_s is None:  # no deadline to arm: skip the context manager (~3% of a scenario)
+                    return await self._body(inputs, fault)
                 # asyncio.timeout, unlike wait_for, runs the body in this task: one task fewer per action.
                 async with asyncio.timeout(self.timeout_s):
                     return await self._body(inputs, fault)
@@ -497,7 +525,7 @@ class DurableSimulator:
 
         def wrap(f: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
             trace_name = name or f.__qualname__
-            signature = inspect.signature(f)
+            signature = _signature(f)[0]
 
             @functools.wraps(f)
             async def traced(*args: Any, **kwargs: Any) -> T:
@@ -505,7 +533,7 @@ class DurableSimulator:
                 task = _TASK.get()
                 bound = signature.bind(*args, **kwargs)
                 bound.apply_defaults()
-                digest = content_digest(trace_name, dict(bound.arguments))
+                digest = _inputs_digest(trace_name, dict(bound.arguments))[0]  # content_digest, memoised
                 counter = task.trace_occurrences if task is not None else driver.occurrences
                 occurrence = counter[(trace_name, digest)]
                 counter[(trace_name, digest)] += 1
@@ -661,7 +689,7 @@ class DurableSimulator:
 
         Actions in `spare` keep running: remotely they are their own executions, which a driver's death doesn't stop.
         """
-        leftovers = [t for t in asyncio.all_tasks() if t is not supervisor and t not in spare and not t.done()]
+        leftovers = [t for t in _loop_tasks() if t is not supervisor and t not in spare and not t.done()]
         for t in leftovers:
             t.cancel()
         if leftovers:
@@ -700,7 +728,7 @@ class DurableSimulator:
         driver.crashed = True
         current = driver.killer = asyncio.current_task()
         actions = set(driver.run.inflight.values()) if not isinstance(exc, ReplayDivergence) else set()
-        for t in asyncio.all_tasks():
+        for t in _loop_tasks():
             if t is not driver.supervisor and t is not current and t not in actions:
                 t.cancel()
         raise exc

@@ -59,9 +59,10 @@ class FaultPlan:
             return None
         if attempt == 0 and task in self.fail_after_body:
             return "after"
-        if _coin(self.seed, "fail", action_id, attempt) < self.task_failure_p:
+        # A zero rate skips its draw (a coin is never below 0): most swarm plans turn most kinds off.
+        if self.task_failure_p and _coin(self.seed, "fail", action_id, attempt) < self.task_failure_p:
             return "before" if _coin(self.seed, "when", action_id, attempt) < 0.5 else "after"
-        if _coin(self.seed, "hang", action_id, attempt) < self.task_hang_p:
+        if self.task_hang_p and _coin(self.seed, "hang", action_id, attempt) < self.task_hang_p:
             return "hang"
         return None
 
@@ -70,10 +71,10 @@ class FaultPlan:
         return replace(self, exhaust_p=0.0)
 
     def crash_driver(self, driver_attempt: int, point: int) -> bool:
-        return _coin(self.seed, "crash", driver_attempt, point) < self.driver_crash_p
+        return bool(self.driver_crash_p) and _coin(self.seed, "crash", driver_attempt, point) < self.driver_crash_p
 
     def tear_checkpoint(self, driver_attempt: int, point: int) -> bool:
-        return _coin(self.seed, "tear", driver_attempt, point) < self.torn_checkpoint_p
+        return bool(self.torn_checkpoint_p) and _coin(self.seed, "tear", driver_attempt, point) < self.torn_checkpoint_p
 
 
 class InjectedTaskFailure(RuntimeError):

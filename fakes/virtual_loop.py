@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import heapq
 import random
 import selectors
+from asyncio import base_events
 from typing import Any
 
 
@@ -110,9 +112,99 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             self._ready = _ShuffledReady(tie_break_seed)
         # Timers due within this much of "now" fire together; coarser than float noise from repeated additions.
         self._clock_resolution = 1e-6
+        self._created: dict[asyncio.Task[Any], int] = {}
+        self._tasks_made = 0
+
+    def create_task(self, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:  # type: ignore[override]
+        task = super().create_task(coro, **kwargs)
+        self._created[task] = self._tasks_made
+        self._tasks_made += 1
+        return task
+
+    def tasks_in_creation_order(self) -> list[asyncio.Task[Any]]:
+        """This loop's unfinished tasks in the order they were created.
+
+        `asyncio.all_tasks` iterates a WeakSet, whose order follows memory addresses: cancelling in that order made
+        the wake-ups after a driver's death, and so the event log, differ between processes for the same seed.
+        """
+        # Forget finished tasks here, so the index keeps no dead task alive (nor asyncio's WeakSet of tasks long).
+        self._created = {t: n for t, n in self._created.items() if not t.done()}
+        unknown = self._tasks_made  # a Task built directly, not through create_task: after the others
+        return sorted(asyncio.all_tasks(self), key=lambda t: self._created.get(t, unknown))
+
+    def close(self) -> None:
+        self._created.clear()
+        super().close()
 
     def time(self) -> float:
         return self._virtual_now
 
     def advance(self, seconds: float) -> None:
         self._virtual_now += seconds
+
+    def _run_once(self) -> None:
+        """asyncio's loop iteration (`BaseEventLoop._run_once`, Python 3.11), step for step on the virtual clock.
+
+        The same steps in the same order, so the same callbacks run at the same virtual instants; what it saves is
+        the work a simulated loop doesn't need: a selector call and an event list per iteration, a Python-level pop
+        per callback (the seeded shuffle is drawn here, one `randrange` per pick exactly as `_ShuffledReady` draws
+        it). Asyncio's per-iteration bookkeeping was a sixth of a simulated scenario. Debug mode takes asyncio's own.
+        """
+        if self._debug:
+            super()._run_once()  # type: ignore[misc]
+            return
+        scheduled: list[Any] = self._scheduled  # type: ignore[attr-defined]
+        count = len(scheduled)
+        if (
+            count > base_events._MIN_SCHEDULED_TIMER_HANDLES  # type: ignore[attr-defined]
+            and self._timer_cancelled_count / count  # type: ignore[attr-defined]
+            > base_events._MIN_CANCELLED_TIMER_HANDLES_FRACTION  # type: ignore[attr-defined]
+        ):
+            kept = []
+            for handle in scheduled:
+                if handle._cancelled:
+                    handle._scheduled = False
+                else:
+                    kept.append(handle)
+            heapq.heapify(kept)
+            self._scheduled = scheduled = kept  # type: ignore[attr-defined]
+            self._timer_cancelled_count = 0  # type: ignore[attr-defined]
+        else:
+            while scheduled and scheduled[0]._cancelled:
+                self._timer_cancelled_count -= 1  # type: ignore[attr-defined]
+                heapq.heappop(scheduled)._scheduled = False
+        ready: collections.deque[Any] = self._ready  # type: ignore[attr-defined]
+        if not ready and not self._stopping:  # type: ignore[attr-defined]
+            if not scheduled:
+                self._selector.select(None)  # type: ignore[attr-defined]  # raises SimulationDeadlock
+            timeout = min(max(0, scheduled[0]._when - self._virtual_now), base_events.MAXIMUM_SELECT_TIMEOUT)
+            if timeout > 0:
+                self._virtual_now += timeout
+        end_time = self._virtual_now + self._clock_resolution
+        while scheduled:
+            if scheduled[0]._when >= end_time:
+                break
+            handle = heapq.heappop(scheduled)
+            handle._scheduled = False
+            ready.append(handle)
+        todo = len(ready)
+        if isinstance(ready, _ShuffledReady):
+            ready.new_batch()
+            pick = ready._rng.randrange
+            pop = collections.deque.popleft
+            for left in range(todo, 0, -1):
+                index = pick(left) if left > 1 else 0
+                if index == 0:
+                    handle = pop(ready)
+                else:
+                    handle = ready[index]
+                    del ready[index]
+                if not handle._cancelled:
+                    handle._run()
+        else:
+            pop = ready.popleft
+            for _ in range(todo):
+                handle = pop()
+                if not handle._cancelled:
+                    handle._run()
+        handle = None  # breaks a cycle through the frame when a callback raised

@@ -32,24 +32,38 @@ def canonical(value: Any) -> Any:
     kind = type(value)
     if kind in _SCALARS:
         return value
+    if kind is float:
+        # repr round-trips exactly; NaN and infinities would otherwise break JSON and equality.
+        return value if math.isfinite(value) else {"__float__": repr(value)}
     if kind is list or kind is tuple:
         # Token ids, log-probs and rewards are long flat lists of scalars: pass them through when nothing needs work.
-        if all(type(v) in _SCALARS or (type(v) is float and math.isfinite(v)) for v in value):
-            return value if kind is list else list(value)
-        return [canonical(v) for v in value]
+        for v in value:
+            t = type(v)
+            if t not in _SCALARS and not (t is float and math.isfinite(v)):
+                return [canonical(v) for v in value]
+        return value if kind is list else list(value)
+    if kind is dict and all(type(k) is str for k in value):
+        # The common mapping (str keys) in key order, scalars taken as they are: this was most of a digest's time.
+        out: dict[str, Any] = {}
+        for k in sorted(value):
+            v = value[k]
+            out[k] = v if type(v) in _SCALARS else canonical(v)
+        return out
     if value is None or isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
-        # repr round-trips exactly; NaN and infinities would otherwise break JSON and equality.
         return {"__float__": repr(value)} if not math.isfinite(value) else value
     if isinstance(value, bytes | bytearray | memoryview):
         return {"__bytes__": hashlib.blake2b(bytes(value), digest_size=16).hexdigest()}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {name: canonical(getattr(value, name)) for name in _field_names(type(value))}
-        return {"__type__": type(value).__qualname__, **fields}
+        fields: dict[str, Any] = {"__type__": kind.__qualname__}
+        for name in _field_names(kind):
+            v = getattr(value, name)
+            fields[name] = v if type(v) in _SCALARS else canonical(v)
+        return fields
     model_dump = getattr(value, "model_dump", None)
     if callable(model_dump):  # pydantic models, without importing pydantic here
-        return {"__type__": type(value).__qualname__, **canonical(model_dump())}
+        return {"__type__": kind.__qualname__, **canonical(model_dump())}
     if isinstance(value, dict):
         return {str(k): canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
     if isinstance(value, list | tuple):

@@ -90,6 +90,17 @@ def test_same_seed_same_interleaving_byte_identical_log_another_seed_another_ord
     assert _log(11) != _log(12)
 
 
+def test_a_killed_drivers_log_does_not_depend_on_where_its_tasks_live_in_memory(monkeypatch):
+    """A kill cancels the attempt's tasks; `asyncio.all_tasks` lists them in memory-address order, which differs
+    from process to process. Listed backwards, the same seed must still give the same log (seed 52 of pipelined GRPO
+    tears a checkpoint while several groups are in flight: its log differed between processes)."""
+    scenario = grpo_random(pipelined=True, trace=True)
+    forwards = scenario(52).trace
+    listed = asyncio.all_tasks
+    monkeypatch.setattr(asyncio, "all_tasks", lambda loop=None: list(listed(loop))[::-1])
+    assert scenario(52).trace == forwards
+
+
 def test_a_shuffled_interleaving_still_reaches_the_fifo_result():
     fifo = grpo_sim(SMALL, seed=0).run().output
     for seed in range(4):

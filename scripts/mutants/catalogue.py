@@ -406,7 +406,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "ckpt-digest-unchecked",
         "checkpoint",
         "rl/loop/checkpoint.py",
-        '    if content_digest(doc["state"]) != doc["digest"]:\n',
+        '    if _plain_digest(doc["state"]) != doc["digest"]:\n',
         "    if False:\n",
         "checkpoint digest not verified: a partial or altered (but parseable) checkpoint is resumed",
         ("tests/test_grpo_driver.py",),
