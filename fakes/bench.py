@@ -65,6 +65,29 @@ def scenario_speed(scenarios: int = 100) -> dict[str, float]:
     }
 
 
+def parallel_scenario_speed(scenarios: int = 400, jobs: int | None = None) -> dict[str, float]:
+    """`rl chaos --jobs N`'s rate: the same swarm scenarios, every invariant checked, on `jobs` processes (default:
+    every core). Each process warms its own references on a first pass of `scenarios` seeds; the second pass is timed.
+    """
+    import functools
+    import multiprocessing
+    import os
+
+    from rl.commands.chaos import _in_worker
+
+    jobs = jobs or os.cpu_count() or 1
+    rates: dict[str, float] = {}
+    failures = 0
+    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+        for loop, key in (("grpo", "scenarios_per_s"), ("agentic", "agentic_scenarios_per_s")):
+            run = functools.partial(_in_worker, loop)
+            pool.map(run, range(scenarios), chunksize=8)
+            start = time.perf_counter()
+            failures += sum(not r.ok for r in pool.map(run, range(scenarios, 2 * scenarios), chunksize=8))
+            rates[f"{key}_{jobs}_jobs"] = scenarios / (time.perf_counter() - start)
+    return {**rates, "parallel_scenario_failures": failures}
+
+
 def _steady_iteration_s(pipelined: bool, iterations: int = 8) -> float:
     latencies = Latencies(
         generate=LatencyModel(base_s=SEED_GENERATE_S),
@@ -94,4 +117,4 @@ def pipeline_overlap() -> dict[str, float]:
 
 
 def simulator_bench() -> dict[str, Any]:
-    return {**replay_speed(), **scenario_speed(), **pipeline_overlap()}
+    return {**replay_speed(), **scenario_speed(), **parallel_scenario_speed(), **pipeline_overlap()}

@@ -84,6 +84,7 @@ def test_rl_bench_json_has_the_public_figures(capsys, monkeypatch):
     import fakes.bench as bench
 
     monkeypatch.setattr(bench, "scenario_speed", lambda: {"scenarios_per_s": 1.0})
+    monkeypatch.setattr(bench, "parallel_scenario_speed", lambda: {"scenarios_per_s_2_jobs": 2.0})
     assert main(["bench", "--sections", "sim", "--json"]) == 0
     figures = _json_tail(capsys.readouterr().out)
     for key in (
@@ -155,3 +156,13 @@ def test_rl_bench_volumes_section_compares_a_fork_with_a_full_copy(capsys, monke
     figures = _json_tail(capsys.readouterr().out)
     assert figures["volume_copy_bytes_written"] >= figures["volume_size_bytes"]
     assert figures["volume_fork_bytes_written"] < figures["volume_size_bytes"] / 100
+
+
+@pytest.mark.slow
+def test_the_parallel_scenario_rate_runs_every_invariant_on_each_process():
+    """`rl bench`'s multi-process chaos rate: real scenarios on spawned processes, none failing."""
+    from fakes.bench import parallel_scenario_speed
+
+    figures = parallel_scenario_speed(scenarios=3, jobs=2)
+    assert figures["parallel_scenario_failures"] == 0
+    assert figures["scenarios_per_s_2_jobs"] > 0 and figures["agentic_scenarios_per_s_2_jobs"] > 0
