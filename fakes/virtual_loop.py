@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import random
 import selectors
+import weakref
+from collections.abc import Coroutine
 from typing import Any
 
 
@@ -110,6 +113,21 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             self._ready = _ShuffledReady(tie_break_seed)
         # Timers due within this much of "now" fire together; coarser than float noise from repeated additions.
         self._clock_resolution = 1e-6
+        self._births = itertools.count()
+        self._born: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = weakref.WeakKeyDictionary()
+
+    def create_task(self, coro: Coroutine[Any, Any, Any], **kwargs: Any) -> asyncio.Task[Any]:
+        task = super().create_task(coro, **kwargs)
+        self._born[task] = next(self._births)
+        return task
+
+    def live_tasks(self) -> list[asyncio.Task[Any]]:
+        """The loop's unfinished tasks, oldest first.
+
+        `asyncio.all_tasks()` is a set, iterated in an order that follows memory addresses: cancelling tasks in that
+        order made which exception each one ended with differ from process to process. (A task made with
+        `asyncio.Task(...)` directly, not through the loop, sorts first.)"""
+        return sorted((t for t in asyncio.all_tasks(self) if not t.done()), key=lambda t: self._born.get(t, -1))
 
     def time(self) -> float:
         return self._virtual_now
