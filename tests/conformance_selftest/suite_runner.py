@@ -36,6 +36,21 @@ without, measured on 2 cores). Which laws fail does not depend on shrinking, the
 whatever example failed, and `derandomize=True` makes that example the same on every run."""
 
 
+class SuiteRunBroke(AssertionError):
+    """The in-process suite run ended before reporting its laws (an INTERNALERROR, a collection error, a usage
+    error): its outcome lists say nothing about the laws, so no case may be judged from them."""
+
+
+class _SessionProblems:
+    """A plugin for the in-process run: keeps the text of an INTERNALERROR, which no test report carries."""
+
+    def __init__(self) -> None:
+        self.internal: list[str] = []
+
+    def pytest_internalerror(self, excrepr: object) -> None:
+        self.internal.append(str(excrepr))
+
+
 class _NoShrinking:
     """A plugin for the in-process run: while it runs, each collected hypothesis law skips shrinking; afterwards every
     law has its own settings back (the contract modules may stay imported in this process and serve other tests).
@@ -66,14 +81,23 @@ def run_suite(pytester: pytest.Pytester, impl: str, marker: str, *extra: str) ->
     shrinking (see `NO_SHRINK`)."""
     pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
     pytester.syspathinsert(HERE)
-    no_shrinking = _NoShrinking()
+    no_shrinking, problems = _NoShrinking(), _SessionProblems()
     try:
         recorder = pytester.inline_run(
             "--pyargs", "rl.conformance.test_suite", "--rl-impl", impl, "-m", marker, "-p", "no:cacheprovider", *extra,
-            plugins=[no_shrinking],
+            plugins=[no_shrinking, problems],
         )  # fmt: skip
     finally:
         no_shrinking.restore()
+    if recorder.ret not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        # A usage error returns a stand-in recorder with `ret` only.
+        collected = recorder.getreports("pytest_collectreport") if hasattr(recorder, "getreports") else []
+        broken = [str(r.longrepr) for r in collected if r.failed]
+        raise SuiteRunBroke(
+            f"the suite run for {impl} (-m {marker!r}) ended with exit code {recorder.ret!r} before reporting its "
+            "laws, so which laws fail is unknown; its output above has the details. "
+            + "\n".join([*problems.internal, *broken])[-3000:]
+        )
     passed, skipped, failed = recorder.listoutcomes()
     errors = [r for r in recorder.getreports("pytest_runtest_logreport") if r.failed and r.when != "call"]
 
