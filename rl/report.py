@@ -331,10 +331,27 @@ class FileReporter:
         self.max_render_share = max_render_share
         self._next_render_at = float("-inf")
         self.renders = 0
+        self._written: list[IterationMetrics] = []
 
     @property
     def metrics_path(self) -> Path:
         return self.out_dir / "metrics.jsonl"
+
+    def _write_metrics(self, history: Sequence[IterationMetrics]) -> None:
+        """Rewrite `metrics.jsonl`, or append only the new rows when the rows written last are still the history's
+        first rows (the same objects: a row the driver changed afterwards, an evaluation's time added, is a new
+        object, and the file is rewritten). Rewriting every row each iteration was a run's only quadratic cost."""
+        written = self._written
+        if written and len(history) >= len(written) and all(a is b for a, b in zip(written, history, strict=False)):
+            new_rows, mode = history[len(written) :], "a"
+        else:
+            new_rows, mode = history, "w"
+        # A diverged run's NaN loss is written as null and named in the row's `non_finite` (strict JSON readers
+        # reject `NaN`); IterationMetrics.from_dict puts it back.
+        text = "".join(json.dumps(flag_non_finite(row.to_dict()), allow_nan=False) + "\n" for row in new_rows)
+        with open(self.metrics_path, mode, encoding="utf-8") as f:
+            f.write(text)
+        self._written = list(history)
 
     @property
     def report_path(self) -> Path:
@@ -343,11 +360,7 @@ class FileReporter:
     async def publish(
         self, history: Sequence[IterationMetrics], *, status: str, evals: Sequence[EvalResult] = ()
     ) -> None:
-        # A diverged run's NaN loss is written as null and named in the row's `non_finite` (strict JSON readers
-        # reject `NaN`); IterationMetrics.from_dict puts it back.
-        self.metrics_path.write_text(
-            "".join(json.dumps(flag_non_finite(row.to_dict()), allow_nan=False) + "\n" for row in history)
-        )
+        self._write_metrics(history)
         started = time.monotonic()
         if status != "running" or started >= self._next_render_at:
             page = render_report(

@@ -332,3 +332,24 @@ def test_an_optimizer_state_in_the_older_torch_save_format_still_resumes(trainer
         build_optimizer(params, CONFIG, {OPTIMIZER_FILE: b"not safetensors"})
     with pytest.raises(OptimizerStateError, match=r"lacks optimizer\.safetensors"):
         build_optimizer(params, CONFIG, {"other.bin": b""})
+
+
+def test_adapters_off_is_peft_disable_adapter_bit_for_bit(trainer: PeftTrainer, rollouts: list) -> None:
+    """The trainer's reference forward (`adapters_off`) computes what PEFT's `disable_adapter()` computes, and leaves
+    the adapter on and trainable afterwards."""
+    from rl.trainer.batched_loss import adapters_off
+
+    init = run(trainer.init_adapter(seed=5))
+    moved = run(trainer.train_step(make_batch(rollouts, varied_rewards(rollouts), init.adapter, None)))
+    model = load_policy(trainer.base_dir, run(trainer.artifacts.get(moved.adapter)), trainable=True)
+    ids = torch.tensor([rollouts[0].prompt_token_ids + rollouts[0].token_ids])
+    with torch.no_grad():
+        adapted = model(input_ids=ids).logits
+        with model.disable_adapter():
+            want = model(input_ids=ids).logits
+        with adapters_off(model):
+            got = model(input_ids=ids).logits
+        after = model(input_ids=ids).logits
+    assert torch.equal(got, want) and not torch.equal(got, adapted)
+    assert torch.equal(after, adapted)
+    assert all(p.requires_grad for _, p in trainable_parameters(model)) and trainable_parameters(model)

@@ -174,3 +174,23 @@ def test_rendering_while_running_stays_under_its_share_of_the_run_and_completion
     assert len(reporter.metrics_path.read_text().splitlines()) == 2
     with pytest.raises(ValueError, match="max_render_share"):
         FileReporter(tmp_path, max_render_share=0.0)
+
+
+def test_metrics_file_appends_new_rows_and_rewrites_when_an_earlier_row_changed(tmp_path):
+    """Appending keeps the file equal to a full rewrite: after new rows, and after the driver replaced an earlier row
+    (an evaluation's seconds added to it), which forces a rewrite."""
+    reporter = FileReporter(tmp_path, min_interval_s=3600.0)
+    history = rows(5, task=MARKED_TASK)
+
+    def expected(h):  # type: ignore[no-untyped-def]
+        return "".join(json.dumps(r.to_dict(), allow_nan=False) + "\n" for r in h)
+
+    asyncio.run(reporter.publish(history[:2], status="running"))
+    asyncio.run(reporter.publish(history[:4], status="running"))
+    assert reporter.metrics_path.read_text() == expected(history[:4])
+    changed = [*history[:1], replace(history[1], phase_s={**history[1].phase_s, "evaluate": 9.5}), *history[2:]]
+    asyncio.run(reporter.publish(changed, status="running"))
+    assert reporter.metrics_path.read_text() == expected(changed)
+    assert json.loads(reporter.metrics_path.read_text().splitlines()[1])["phase_s"]["evaluate"] == 9.5
+    asyncio.run(reporter.publish(changed[:3], status="running"))  # a shorter history (a new reporter's view) rewrites
+    assert reporter.metrics_path.read_text() == expected(changed[:3])

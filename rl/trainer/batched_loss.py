@@ -9,11 +9,14 @@ reproducible on its own, which is what resume and replay need; `TrainerConfig.lo
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterator, Sequence
 
 import torch
 from peft import PeftModel
+from peft.tuners.tuners_utils import BaseTunerLayer
 
 from rl.engines.torch_sampler import batched_teacher_forced_logprobs
 from rl.loss import grpo_masked_row_losses
@@ -47,7 +50,7 @@ def batched_backward(
         chunk = list(indices[start : start + size])
         prompts = [batch.rollouts[i].prompt_token_ids for i in chunk]
         completions = [batch.rollouts[i].token_ids for i in chunk]
-        with torch.no_grad(), model.disable_adapter():
+        with torch.no_grad(), adapters_off(model):
             ref_logp, mask = batched_teacher_forced_logprobs(model, prompts, completions, _PAD_ID)  # [B, T]
         torch.manual_seed(derive_seed("dropout", config.seed, batch.step, chunk[0]))
         new_logp, _ = batched_teacher_forced_logprobs(model, prompts, completions, _PAD_ID)  # [B, T]
@@ -72,3 +75,23 @@ def batched_backward(
         for key, values in sums.items():
             values.extend(stats[key].tolist())
     return [math.fsum(sums[key]) for key in ("loss", "kl", "clip_frac")]
+
+
+_TUNER_LAYERS: weakref.WeakKeyDictionary[PeftModel, list[BaseTunerLayer]] = weakref.WeakKeyDictionary()
+
+
+@contextlib.contextmanager
+def adapters_off(model: PeftModel) -> Iterator[None]:
+    """The base model's forward, as `model.disable_adapter()` gives it (each LoRA layer runs its base layer only), and
+    the adapters back on afterwards. PEFT's context re-derives the model's adapter status by walking every module on
+    each entry, a few milliseconds per micro-batch on the tiny model; the layers are found once per model here."""
+    layers = _TUNER_LAYERS.get(model)
+    if layers is None:
+        layers = _TUNER_LAYERS[model] = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
