@@ -189,7 +189,7 @@ def teacher_forced_logprobs(
         return torch.empty(0, dtype=torch.float32)
     device = next(model.parameters()).device  # the model's (CPU, or CUDA for the GPU trainer); the result lives there
     ids = torch.tensor([prompt + completion], dtype=torch.long, device=device)  # [1, P+T]
-    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1, :]  # [T, V]
+    logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 : -1, :]  # [T, V]
     logp = torch.log_softmax(logits.float(), dim=-1)  # [T, V]
     return logp.gather(1, torch.tensor(completion, device=device).unsqueeze(1)).squeeze(1)  # [T]
 
@@ -225,7 +225,7 @@ def batched_teacher_forced_logprobs(
     positions = (starts.unsqueeze(1) + torch.arange(t_max)).clamp(max=width - 2)  # [B, T_max]
     device = next(model.parameters()).device  # the model's (CPU, or CUDA for the GPU trainer); the result lives there
     ids, targets, mask, positions = (t.to(device) for t in (ids, targets, mask, positions))
-    logits = model(input_ids=ids).logits  # [B, L, V]
+    logits = model(input_ids=ids, use_cache=False).logits  # [B, L, V]; no KV cache to build: nothing decodes after
     # Only the predicting positions go through log_softmax: the prompt's other positions are never read.
     picked = logits.gather(1, positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))  # [B, T_max, V]
     logp = torch.log_softmax(picked.float(), dim=-1)  # [B, T_max, V]
