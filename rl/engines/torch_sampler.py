@@ -22,6 +22,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import copy
+import functools
 import inspect
 import itertools
 import tempfile
@@ -326,6 +327,11 @@ class TorchSampler:
         self.merged = MergedBase(self.adapters.base) if merge_adapters else None
         self._loras: OrderedDict[str, LoraWeights] = OrderedDict()
         self.lora_loads = 0  # plain LoRA adapters read from the store, for tests and the benchmark
+        # Pure in their argument: a group repeats its prompt, short completions repeat across samples, and the
+        # tokenizer's Python wrapper costs more per call than the tiny model's sampling step. Per instance, so a cache
+        # keeps no sampler alive.
+        self._encode = functools.lru_cache(maxsize=4096)(self._encode_uncached)
+        self._decode = functools.lru_cache(maxsize=65536)(self._decode_uncached)
         self.max_position = int(self.adapters.base.config.max_position_embeddings)
         eos = self.tokenizer.eos_token_id
         if eos is None:
@@ -377,10 +383,16 @@ class TorchSampler:
 
     def encode_prompt(self, question: str) -> list[int]:
         """Token ids of a prompt as the policy sees it (`<bos>` first)."""
-        return [int(t) for t in self.tokenizer(question)["input_ids"]]
+        return list(self._encode(question))
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """A completion's text: special tokens (`<eos>`) skipped, characters joined as sampled."""
+        return self._decode(tuple(token_ids))
+
+    def _encode_uncached(self, question: str) -> tuple[int, ...]:
+        return tuple(int(t) for t in self.tokenizer(question)["input_ids"])
+
+    def _decode_uncached(self, token_ids: tuple[int, ...]) -> str:
         text = self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
         assert isinstance(text, str)  # decode of one sequence; the union type covers batch decoding
         return text

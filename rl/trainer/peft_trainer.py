@@ -262,19 +262,29 @@ def build_optimizer(
 def optimizer_files(optimizer: torch.optim.Optimizer, param_names: Sequence[str]) -> dict[str, bytes]:
     """The optimizer's state as artifact files: equal state gives equal bytes.
 
-    Format 2 is one safetensors file (`state.<i>.<key>` tensors, the parameter names and param groups as JSON in its
-    metadata): no pickle to load, and a tenth of `torch.save`'s time for the tiny adapter's state. Tensors are saved
-    from the CPU, so the bytes name no device and load on any machine.
+    Format 2 is one safetensors file: each state key's tensors (AdamW's `exp_avg`, `exp_avg_sq`, `step`) flattened and
+    concatenated in parameter order into one tensor per key and dtype, with the layout, the parameter names and the
+    param groups as JSON in its metadata. No pickle to load; a few tensors instead of three per parameter keeps the
+    save well under a millisecond. Tensors are saved from the CPU, so the bytes name no device.
     """
     state_dict = optimizer.state_dict()
-    tensors: dict[str, torch.Tensor] = {}
-    for index, entry in state_dict["state"].items():
-        for key, value in entry.items():
+    parts: dict[str, list[torch.Tensor]] = {}
+    layout: list[list[Any]] = []  # [param index, state key, tensor name, shape] in concatenation order
+    for index, entry in sorted(state_dict["state"].items()):
+        for key, value in sorted(entry.items()):
             if not isinstance(value, torch.Tensor):
                 raise OptimizerStateError(f"optimizer state {index}.{key} is a {type(value).__name__}, not a tensor")
-            tensors[f"state.{index}.{key}"] = value.detach().contiguous().cpu()
+            name = f"{key}.{str(value.dtype).removeprefix('torch.')}"
+            parts.setdefault(name, []).append(value.detach().reshape(-1).cpu())
+            layout.append([index, key, name, list(value.shape)])
+    tensors = {name: torch.cat(chunks) for name, chunks in parts.items()}
     # One metadata key: safetensors writes a metadata map's keys in no fixed order, and these bytes are a digest.
-    about = {"format": _OPTIMIZER_FORMAT, "param_names": list(param_names), "param_groups": state_dict["param_groups"]}
+    about = {
+        "format": _OPTIMIZER_FORMAT,
+        "param_names": list(param_names),
+        "param_groups": state_dict["param_groups"],
+        "layout": layout,
+    }
     metadata = {"optimizer": json.dumps(about, sort_keys=True, allow_nan=False)}
     return {OPTIMIZER_FILE: save_safetensors(tensors, metadata=metadata)}
 
@@ -290,14 +300,19 @@ def read_optimizer_state(files: Mapping[str, bytes]) -> dict[str, Any]:
             tensors = load_safetensors(files[OPTIMIZER_FILE])
             about = json.loads(safe_open_metadata(files[OPTIMIZER_FILE])["optimizer"])
             fmt, param_names, groups = about["format"], about["param_names"], about["param_groups"]
+            state: dict[int, dict[str, torch.Tensor]] = {}
+            offsets = dict.fromkeys(tensors, 0)
+            for index, key, name, shape in about["layout"]:
+                size = math.prod(shape)
+                flat = tensors[name][offsets[name] : offsets[name] + size]
+                offsets[name] += size
+                state.setdefault(int(index), {})[key] = flat.reshape(shape).clone()
+            if any(offsets[name] != tensors[name].numel() for name in tensors):
+                raise ValueError("the layout does not cover its tensors exactly")
         except Exception as exc:
             raise OptimizerStateError(f"optimizer-state artifact's {OPTIMIZER_FILE} is unreadable: {exc}") from exc
         if fmt != _OPTIMIZER_FORMAT:
             raise OptimizerStateError(f"optimizer state has format {fmt}, this trainer reads formats 1 and 2")
-        state: dict[int, dict[str, torch.Tensor]] = {}
-        for name, tensor in tensors.items():
-            _, index, key = name.split(".", 2)
-            state.setdefault(int(index), {})[key] = tensor
         return {"format": fmt, "param_names": param_names, "state_dict": {"state": state, "param_groups": groups}}
     if LEGACY_OPTIMIZER_FILE in files:
         try:
