@@ -115,7 +115,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._created: dict[asyncio.Task[Any], int] = {}
         self._tasks_made = 0
 
-    def create_task(self, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:  # type: ignore[override]
+    def create_task(self, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
         task = super().create_task(coro, **kwargs)
         self._created[task] = self._tasks_made
         self._tasks_made += 1
@@ -152,15 +152,16 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         per callback (the seeded shuffle is drawn here, one `randrange` per pick exactly as `_ShuffledReady` draws
         it). Asyncio's per-iteration bookkeeping was a sixth of a simulated scenario. Debug mode takes asyncio's own.
         """
-        if self._debug:
-            super()._run_once()  # type: ignore[misc]
+        this: Any = self  # asyncio's private loop state, typed in no stub
+        events: Any = base_events
+        if this._debug:
+            super()._run_once()  # type: ignore[misc]  # asyncio's own, private in the stubs
             return
-        scheduled: list[Any] = self._scheduled  # type: ignore[attr-defined]
+        scheduled: list[Any] = this._scheduled
         count = len(scheduled)
         if (
-            count > base_events._MIN_SCHEDULED_TIMER_HANDLES  # type: ignore[attr-defined]
-            and self._timer_cancelled_count / count  # type: ignore[attr-defined]
-            > base_events._MIN_CANCELLED_TIMER_HANDLES_FRACTION  # type: ignore[attr-defined]
+            count > events._MIN_SCHEDULED_TIMER_HANDLES
+            and this._timer_cancelled_count / count > events._MIN_CANCELLED_TIMER_HANDLES_FRACTION
         ):
             kept = []
             for handle in scheduled:
@@ -169,17 +170,17 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
                 else:
                     kept.append(handle)
             heapq.heapify(kept)
-            self._scheduled = scheduled = kept  # type: ignore[attr-defined]
-            self._timer_cancelled_count = 0  # type: ignore[attr-defined]
+            this._scheduled = scheduled = kept
+            this._timer_cancelled_count = 0
         else:
             while scheduled and scheduled[0]._cancelled:
-                self._timer_cancelled_count -= 1  # type: ignore[attr-defined]
+                this._timer_cancelled_count -= 1
                 heapq.heappop(scheduled)._scheduled = False
-        ready: collections.deque[Any] = self._ready  # type: ignore[attr-defined]
-        if not ready and not self._stopping:  # type: ignore[attr-defined]
+        ready: Any = this._ready
+        if not ready and not this._stopping:
             if not scheduled:
-                self._selector.select(None)  # type: ignore[attr-defined]  # raises SimulationDeadlock
-            timeout = min(max(0, scheduled[0]._when - self._virtual_now), base_events.MAXIMUM_SELECT_TIMEOUT)
+                this._selector.select(None)  # raises SimulationDeadlock
+            timeout = min(max(0, scheduled[0]._when - self._virtual_now), events.MAXIMUM_SELECT_TIMEOUT)
             if timeout > 0:
                 self._virtual_now += timeout
         end_time = self._virtual_now + self._clock_resolution
@@ -193,11 +194,11 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         if isinstance(ready, _ShuffledReady):
             ready.new_batch()
             pick = ready._rng.randrange
-            pop = collections.deque.popleft
+            popleft = collections.deque.popleft
             for left in range(todo, 0, -1):
                 index = pick(left) if left > 1 else 0
                 if index == 0:
-                    handle = pop(ready)
+                    handle = popleft(ready)
                 else:
                     handle = ready[index]
                     del ready[index]

@@ -29,7 +29,7 @@ _SCALARS = frozenset({type(None), bool, int, str})
 
 def canonical(value: Any) -> Any:
     """A JSON-ready form of `value` that two equal values share, whatever their container order for mappings."""
-    kind = type(value)
+    kind: type = type(value)
     if kind in _SCALARS:
         return value
     if kind is float:

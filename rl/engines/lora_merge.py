@@ -17,6 +17,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from safetensors.torch import load as load_safetensors
@@ -95,7 +96,8 @@ class MergedBase:
         self.active = None  # a failure below must not leave a half-merged model named as some adapter
         for path, original in self._original.items():
             if path not in layers:
-                self.model.get_submodule(path).weight.copy_(original)
+                restored: Any = self.model.get_submodule(path)
+                restored.weight.copy_(original)
         for path, layer in layers.items():
             a, b = lora.modules[path]
             original = self._original.setdefault(path, layer.weight.detach().clone())

@@ -104,7 +104,7 @@ def _plain_body(value: Any) -> Any:
     `asdict` deep-copies every leaf and was a third of a simulated GRPO scenario's checkpoint writes; what this
     returns is JSON whose canonical form is itself, so its digest needs no `canonical` pass either (`_plain_digest`).
     """
-    kind = type(value)
+    kind: type = type(value)
     if kind is str or kind is int or kind is bool or value is None:
         return value
     if kind is float:
