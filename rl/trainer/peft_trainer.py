@@ -29,7 +29,7 @@ import tempfile
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -298,7 +298,7 @@ def read_optimizer_state(files: Mapping[str, bytes]) -> dict[str, Any]:
     if OPTIMIZER_FILE in files:
         try:
             tensors = load_safetensors(files[OPTIMIZER_FILE])
-            about = json.loads(safe_open_metadata(files[OPTIMIZER_FILE])["optimizer"])
+            about = json.loads(_safetensors_metadata(files[OPTIMIZER_FILE])["optimizer"])
             fmt, param_names, groups = about["format"], about["param_names"], about["param_groups"]
             state: dict[int, dict[str, torch.Tensor]] = {}
             offsets = dict.fromkeys(tensors, 0)
@@ -332,7 +332,7 @@ def read_optimizer_state(files: Mapping[str, bytes]) -> dict[str, Any]:
     )
 
 
-def safe_open_metadata(blob: bytes) -> dict[str, str]:
+def _safetensors_metadata(blob: bytes) -> dict[str, str]:
     """The `__metadata__` of a safetensors blob (safetensors' Python API reads metadata only from files)."""
     header_len = int.from_bytes(blob[:8], "little")
     header = json.loads(blob[8 : 8 + header_len])
@@ -467,11 +467,7 @@ def prepare_step(
     device: str | torch.device = "cpu",
 ) -> PreparedStep:
     """Check the batch, compute advantages, and load the adapter (trainable, on `device`) and its optimizer state."""
-    worst = check_batch(batch, config)
-    advantages = group_normalized_advantages(
-        [r.group_id for r in batch.rollouts], batch.rewards, scale=config.advantage_scale, eps=config.advantage_eps
-    )
-    contributing = [i for i, a in enumerate(advantages) if a != 0.0]
+    worst, advantages, contributing = _batch_signal(batch, config)
     model = load_policy(base_dir, adapter, trainable=True, device=device)
     model.train()
     params = trainable_parameters(model)
@@ -485,6 +481,15 @@ def prepare_step(
         skipped=len(advantages) - len(contributing),
         max_staleness=worst,
     )
+
+
+def _batch_signal(batch: TrainBatch, config: TrainerConfig) -> tuple[int, list[float], list[int]]:
+    """The batch checked: its largest staleness, its advantages and the samples that carry signal."""
+    worst = check_batch(batch, config)
+    advantages = group_normalized_advantages(
+        [r.group_id for r in batch.rollouts], batch.rewards, scale=config.advantage_scale, eps=config.advantage_eps
+    )
+    return worst, advantages, [i for i, a in enumerate(advantages) if a != 0.0]
 
 
 def clip_and_step(prepared: PreparedStep, config: TrainerConfig) -> float:
@@ -602,15 +607,9 @@ class PeftTrainer:
 
 def prepare_warm_step(batch: TrainBatch, config: TrainerConfig, warm: PreparedStep) -> PreparedStep:
     """`prepare_step` for `batch` on a model and optimizer already holding its adapter and optimizer state."""
-    worst = check_batch(batch, config)
-    advantages = group_normalized_advantages(
-        [r.group_id for r in batch.rollouts], batch.rewards, scale=config.advantage_scale, eps=config.advantage_eps
-    )
-    contributing = [i for i, a in enumerate(advantages) if a != 0.0]
-    return PreparedStep(
-        model=warm.model,
-        params=warm.params,
-        optimizer=warm.optimizer,
+    worst, advantages, contributing = _batch_signal(batch, config)
+    return replace(
+        warm,
         advantages=advantages,
         contributing=contributing,
         skipped=len(advantages) - len(contributing),
