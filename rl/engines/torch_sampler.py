@@ -149,7 +149,7 @@ def sample_groups(
         nxt = torch.cat(
             [
                 torch.multinomial(probs[lo:hi], num_samples=1, generator=g)
-                for g, lo, hi in zip(generators, bounds, bounds[1:], strict=False)
+                for g, (lo, hi) in zip(generators, itertools.pairwise(bounds), strict=True)
             ]
         )  # [rows, 1]
         tokens = torch.cat([tokens, nxt], dim=1)
@@ -368,7 +368,7 @@ class TorchSampler:
     def _parse(self, key: str, files: dict[str, bytes]) -> LoraWeights | None:
         """The plain LoRA adapter in `files`, cached; None when PEFT must load it (not plain LoRA, or not an adapter:
         PEFT's path then says what is missing)."""
-        weights = next((files[name] for name in ADAPTER_WEIGHTS[:1] if name in files), None)
+        weights = files.get(ADAPTER_WEIGHTS[0])  # safetensors; a .bin adapter goes through PEFT
         if ADAPTER_CONFIG not in files or weights is None:
             return None
         try:

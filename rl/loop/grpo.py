@@ -161,20 +161,21 @@ async def generate_and_score(
     groups: dict[int, list[Rollout]] = {}
     scoring: dict[int, asyncio.Future[list[float]]] = {}
     generating: list[asyncio.Future[list[Rollout]]] = []
+
+    def landed(group: list[Rollout]) -> None:
+        gid = _check_group(group, requests, version)
+        groups[gid] = group
+        scoring[gid] = asyncio.ensure_future(tiers.scorer.score_group(group))
+
     try:
         if isinstance(tiers.engine, BatchedRolloutEngine):
             # One call for every group (one batch on an engine that batches); scoring starts when it returns.
             for group in await tiers.engine.generate_groups(requests):
-                gid = _check_group(group, requests, version)
-                groups[gid] = group
-                scoring[gid] = asyncio.ensure_future(tiers.scorer.score_group(group))
+                landed(group)
         else:
             generating = [asyncio.ensure_future(tiers.engine.generate(r)) for r in requests]
             for finished in asyncio.as_completed(generating):
-                group = await finished
-                gid = _check_group(group, requests, version)
-                groups[gid] = group
-                scoring[gid] = asyncio.ensure_future(tiers.scorer.score_group(group))
+                landed(await finished)
         if len(groups) != len(requests):
             raise EngineContractError(f"the engine returned {len(groups)} distinct groups for {len(requests)} requests")
         await asyncio.gather(*scoring.values())
