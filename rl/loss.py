@@ -46,7 +46,7 @@ def importance_ratio(new_logp: Tensor, old_logp: Tensor) -> Tensor:
     return torch.exp(new_logp - old_logp.detach())
 
 
-def clipped_surrogate(ratio: Tensor, advantage: float, clip_eps_low: float, clip_eps_high: float) -> Tensor:
+def clipped_surrogate(ratio: Tensor, advantage: float | Tensor, clip_eps_low: float, clip_eps_high: float) -> Tensor:
     """Per-token pessimistic surrogate `min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A)`.
 
     PPO's clipped objective as GRPO uses it (DeepSeekMath, eq. 3); separate low and high bounds are DAPO's "clip-higher"
@@ -55,7 +55,7 @@ def clipped_surrogate(ratio: Tensor, advantage: float, clip_eps_low: float, clip
     policy further than the trust region. On the other side the unclipped term is kept, so a move that lowers the
     objective is always corrected.
 
-    Shape: `ratio`: `[T]` -> `[T]`.
+    Shape: `ratio`: `[T]` -> `[T]` (or `[B, T]` with advantages `[B, 1]`, the padded batch form).
     """
     clipped = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
     return torch.minimum(ratio * advantage, clipped * advantage)
@@ -220,10 +220,9 @@ def grpo_masked_row_losses(
     new = new_logp.masked_fill(~keep, 0.0)
     old = old_logp.detach().masked_fill(~keep, 0.0)
     ref = ref_logp.detach().masked_fill(~keep, 0.0)
-    ratio = torch.exp(new - old)  # [B, T]
-    surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv)  # [B, T]
-    delta = ref - new
-    kl = torch.expm1(delta) - delta  # [B, T]
+    ratio = importance_ratio(new, old)  # [B, T]
+    surrogate = clipped_surrogate(ratio, adv, eps_low, eps_high)  # [B, T]
+    kl = k3_kl(ref, new)  # [B, T]
     surrogate_mean = (surrogate * weight).sum(dim=1) / tokens  # [B]
     kl_mean = (kl * weight).sum(dim=1) / tokens  # [B]
     rows = -(surrogate_mean - beta * kl_mean)  # [B]
