@@ -132,8 +132,6 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         unknown = self._tasks_made  # a Task built directly, not through create_task: after the others
         return sorted(asyncio.all_tasks(self), key=lambda t: self._created.get(t, unknown))
 
-    live_tasks = tasks_in_creation_order
-
     def close(self) -> None:
         self._created.clear()
         super().close()
