@@ -142,8 +142,15 @@ def kill_chaos(
         elif code != 0:
             report.violations.append(f"a resumed run exited {code} without being killed: {err[-2000:]}")
             return report
+    return _finish_and_compare(report, command, anchor, reference, run_dir, iterations)
+
+
+def _finish_and_compare(
+    report: KillReport, command: list[str], anchor: Path, reference: Path, run_dir: Path, iterations: int
+) -> KillReport:
+    """Run the plain demo `command` once more, to its end, and add what differs from the uninterrupted run."""
     report.resumes += 1
-    code, _, err = _run(command, anchor, None)  # the same command, left to finish
+    code, _, err = _run(command, anchor, None)
     if code != 0:
         report.violations.append(f"the resume after the kills exited {code}: {err[-2000:]}")
         return report
@@ -183,13 +190,9 @@ def kill_point_chaos(work: Path, point: str, *, iterations: int, kills: int, see
         elif code != 0:
             report.violations.append(f"a run armed at call {nth} exited {code} without being killed: {err[-2000:]}")
             return report
-    report.resumes += 1
-    code, _, err = _run(demo_command(run_dir, iterations, pipelined), run_dir, None)
-    if code != 0:
-        report.violations.append(f"the resume after the kills exited {code}: {err[-2000:]}")
-        return report
-    report.violations += final_state_differences(reference, run_dir, iterations)
-    return report
+    return _finish_and_compare(
+        report, demo_command(run_dir, iterations, pipelined), run_dir, reference, run_dir, iterations
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
