@@ -44,7 +44,7 @@ SHAPES: dict[str, Shape] = {
     "large": Shape(prompts=32, samples=8, max_tokens=16, default_iterations=20),
 }
 """`demo` is `rl demo grpo`'s shape; `large` shows how each side scales with batch and length. The default iteration
-counts keep a 3-seed `nox -s bench-peers` near 10 minutes on a 2-core machine."""
+counts keep a 3-seed `nox -s bench-peers` to about 2 minutes of runs on a quiet 2-core machine (93 s measured)."""
 
 
 def bench_prompts(prompts_per_iteration: int) -> list[Prompt]:
