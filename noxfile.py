@@ -186,7 +186,7 @@ def conformance(session: nox.Session) -> None:
     neither our conftest.py nor our pytest settings leak in), against our fakes and the real CPU stack."""
     _install_cpu(session, editable=False)
     with _outside_repo(session, "rl-conformance-"):
-        for impl in ("fakes.conformance_impl:FAKES", "fakes.conformance_impl:REAL_CPU"):
+        for impl in ("rl.conformance.ours:FAKES", "rl.conformance.ours:REAL_CPU"):
             suite = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", impl, "-p", "no:cacheprovider")
             session.run("pytest", *suite, *session.posargs, env=HYPOTHESIS_ENV)
 

@@ -1,1 +1,2 @@
-"""Deterministic fakes of every tier and a simulator of Flyte's durable execution, for hermetic tests on a CPU."""
+"""Test doubles that live beside the tests and are not shipped in the wheel: a stand-in for vLLM's public API and the
+process-kill chaos harness. What the product needs at run time (the simulator, in-memory backends) is under `rl`."""

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from peers.bench_shapes import SHAPES, RunRecord
 from peers.bench_summary import format_table, summarise
+from rl.argtypes import non_negative_int, positive_int
 from rl.errors import RlError
 
 RUNNERS = {"ours": "peers.bench_ours", "trl": "peers.trl_loop"}
@@ -39,26 +40,6 @@ CHILD_ENV = {
 
 class BenchRunError(RlError):
     """A runner process failed or printed no record; the message holds its stderr's end and the command to rerun."""
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
 
 
 def _shapes(text: str) -> list[str]:
@@ -82,10 +63,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m peers.bench_trl",
         description="our CPU GRPO loop and TRL's GRPOTrainer, same model, prompts, reward and shape, side by side",
     )
-    p.add_argument("--seeds", type=_positive_int, default=3, help="seeds per shape, 0..N-1 (default 3)")
+    p.add_argument("--seeds", type=positive_int, default=3, help="seeds per shape, 0..N-1 (default 3)")
     p.add_argument(
         "--iterations",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="iterations per run, every shape (default: "
         + ", ".join(f"{k} {v.default_iterations}" for k, v in SHAPES.items())
@@ -96,7 +77,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--warmup",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=None,
         help="start-up iterations excluded from the steady-state figures (default: a fifth, 1 to 5)",
     )

@@ -14,13 +14,13 @@ from typing import Any, TypeVar
 import pytest
 from pydantic import ValidationError
 
-from fakes.memory_worlds import MemoryWorlds
-from fakes.virtual_loop import VirtualTimeLoop
 from rl.agentic.agent import SandboxFailure, doc_order, run_trial
 from rl.agentic.bandit import bandit_update, initial_weights
 from rl.agentic.judge import judge_flakes, judge_score, make_reward, verify
 from rl.agentic.types import Reward, Rubric, Trajectory, TrialSpec, Turn, Weights
 from rl.agentic.world import N_DOCS, SECRET_MARKER, doc_path, secret_digest, world_files, world_secret
+from rl.memory.worlds import MemoryWorlds
+from rl.sim.virtual_loop import VirtualTimeLoop
 
 T = TypeVar("T")
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from fakes.agentic_sim import BUILD_WORLD, GENERATE, JUDGE, JUDGE_CALL, SETUP, TRAIN_STEP, AgenticSim
-from fakes.durable_sim import TaskFailed
-from fakes.faults import FaultPlan
 from rl.agentic.bandit import StepPayloadConflictError
 from rl.agentic.types import Rubric
 from rl.loop.agentic import AgenticInputError, InjectedDriverCrash
+from rl.sim.agentic_sim import BUILD_WORLD, GENERATE, JUDGE, JUDGE_CALL, SETUP, TRAIN_STEP, AgenticSim
+from rl.sim.durable_sim import TaskFailed
+from rl.sim.faults import FaultPlan
 
 SEED_FAILURES = {"crash_driver_at_step": 1, "flaky_trial_rate": 0.25, "judge_flake_rate": 0.3}
 NEW_RUBRIC = Rubric(correctness_weight=1.0, efficiency_weight=1.0, tidiness_weight=0.5, name="v2-efficiency")

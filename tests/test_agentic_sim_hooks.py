@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fakes.durable_sim import DurableSimulator, attempt_number, run_name
+from rl.sim.durable_sim import DurableSimulator, attempt_number, run_name
 
 
 def test_attempt_number_called_from_driver_code_is_the_driver_attempt():

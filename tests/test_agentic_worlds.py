@@ -6,8 +6,6 @@ import asyncio
 
 import pytest
 
-from fakes.agentic_sim import AgenticSim
-from fakes.memory_worlds import MemoryWorlds, RetiredWorkspaceError, UnknownVersionError
 from rl.agentic.bandit import BanditTrainer
 from rl.agentic.judge import judge_score
 from rl.agentic.tiers import JudgeTier, LocalAgenticTiers, SandboxTier, TrainerTier
@@ -15,6 +13,8 @@ from rl.agentic.types import Rubric, Trajectory
 from rl.agentic.world import world_files
 from rl.agentic.worlds import VolumeWorlds, Workspace, WorldStore
 from rl.loop.agentic import train
+from rl.memory.worlds import MemoryWorlds, RetiredWorkspaceError, UnknownVersionError
+from rl.sim.agentic_sim import AgenticSim
 from rl.volumes import LocalVolumeStore
 
 SMALL = {"n_steps": 2, "n_worlds": 2, "prompts_per_step": 2, "n_samples": 2}

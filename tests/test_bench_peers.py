@@ -90,7 +90,7 @@ def test_a_record_with_lists_of_unequal_lengths_is_refused():
     ("argv", "says"),
     [
         (["--seeds", "0"], "--seeds: must be >= 1"),
-        (["--iterations", "many"], "'many' is not an integer"),
+        (["--iterations", "many"], "expected a whole number, got 'many'"),
         (["--shapes", "demo,huge"], "unknown or no shape(s) ['huge']"),
         (["--shapes", ","], "unknown or no shape(s)"),
         (["--iterations", "4", "--warmup", "4"], "--warmup 4 leaves no steady-state iteration"),

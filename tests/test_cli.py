@@ -68,7 +68,7 @@ def test_rl_chaos_in_two_processes_reports_what_one_process_does(capsys):
 
 
 def test_rl_chaos_failure_prints_the_seed_and_the_reproducing_command(capsys, monkeypatch):
-    import fakes.chaos as chaos
+    import rl.sim.chaos as chaos
 
     def broken(pipelined, trace=False):
         return lambda seed: chaos.ScenarioReport("grpo", seed, ["iteration 2 was trained 2 times"], 1, 2)
@@ -81,7 +81,7 @@ def test_rl_chaos_failure_prints_the_seed_and_the_reproducing_command(capsys, mo
 
 
 def test_rl_bench_json_has_the_public_figures(capsys, monkeypatch):
-    import fakes.bench as bench
+    import rl.sim.bench as bench
 
     monkeypatch.setattr(bench, "scenario_speed", lambda: {"scenarios_per_s": 1.0})
     monkeypatch.setattr(bench, "parallel_scenario_speed", lambda: {"scenarios_per_s_2_jobs": 2.0})
@@ -161,7 +161,7 @@ def test_rl_bench_volumes_section_compares_a_fork_with_a_full_copy(capsys, monke
 @pytest.mark.slow
 def test_the_parallel_scenario_rate_runs_every_invariant_on_each_process():
     """`rl bench`'s multi-process chaos rate: real scenarios on spawned processes, none failing."""
-    from fakes.bench import parallel_scenario_speed
+    from rl.sim.bench import parallel_scenario_speed
 
     figures = parallel_scenario_speed(scenarios=3, jobs=2)
     assert figures["parallel_scenario_failures"] == 0

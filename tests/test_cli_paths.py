@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from rl.argtypes import user_path
 from rl.cli import build_parser, main
-from rl.commands import user_path
 
 TINY = ["--iterations", "1", "--prompts", "2", "--samples", "2", "--json"]
 

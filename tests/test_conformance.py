@@ -21,12 +21,6 @@ from typing import Any
 import pytest
 
 import rl.loop.grpo as grpo
-from fakes.artifacts import MemoryArtifacts
-from fakes.chaos import grpo_random
-from fakes.conformance_impl import FAKES, fake_version0_adapter, trainer_algorithm
-from fakes.conformance_impl import batch_loss as our_batch_loss
-from fakes.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
-from fakes.state_store import MemoryStateStore
 from rl.advantages import group_normalized_advantages
 from rl.artifacts import LocalArtifacts
 from rl.conformance import (
@@ -45,8 +39,14 @@ from rl.conformance import (
 )
 from rl.conformance.contracts import default_scorer_group
 from rl.conformance.implementation import ImplementationError
+from rl.conformance.ours import FAKES, fake_version0_adapter, trainer_algorithm
+from rl.conformance.ours import batch_loss as our_batch_loss
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.loss import grpo_sample_loss
+from rl.memory.artifacts import MemoryArtifacts
+from rl.memory.state_store import MemoryStateStore
+from rl.sim.chaos import grpo_random
+from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
 from rl.trainer.config import TrainerConfig
 from rl.types import ArtifactRef, Prompt, Rollout, RolloutRequest, TrainBatch, TrainResult
 
@@ -307,7 +307,7 @@ def test_a_missing_capability_skips_its_law_naming_the_flag():
 
 
 def test_load_implementation_accepts_an_implementation_or_any_object_with_factories(monkeypatch):
-    assert load_implementation("fakes.conformance_impl:FAKES") is FAKES
+    assert load_implementation("rl.conformance.ours:FAKES") is FAKES
     module = ModuleType("duck_impl")
     module.IMPLS = SimpleNamespace(duck=SimpleNamespace(scorer=FakeScorer))  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "duck_impl", module)
@@ -318,10 +318,10 @@ def test_load_implementation_accepts_an_implementation_or_any_object_with_factor
 @pytest.mark.parametrize(
     ("spec", "match"),
     [
-        ("fakes.conformance_impl", "must look like"),
+        ("rl.conformance.ours", "must look like"),
         ("no_such_module_here:X", "cannot import"),
-        ("fakes.conformance_impl:NOPE", "has no attribute"),
-        ("fakes.conformance_impl:__all__", "none of the factories"),
+        ("rl.conformance.ours:NOPE", "has no attribute"),
+        ("rl.conformance.ours:__all__", "none of the factories"),
     ],
 )
 def test_load_implementation_explains_a_bad_spec(spec, match):
@@ -340,7 +340,7 @@ def test_the_plugin_and_the_package_import_without_torch_flyte_or_vllm():
         "import sys, rl.conformance.plugin; "
         "heavy = [m for m in ('torch', 'flyte', 'vllm', 'hypothesis', 'fakes', 'rl.conformance.contracts') "
         "if m in sys.modules]; "
-        "import rl.conformance.test_suite, fakes.conformance_impl; "
+        "import rl.conformance.test_suite, rl.conformance.ours; "
         "heavy += [m for m in ('torch', 'flyte', 'vllm') if m in sys.modules]; "
         "print(heavy)"
     )
@@ -361,7 +361,7 @@ def pytester(pytester):
 BROKEN_IMPL = """
 from dataclasses import replace
 
-from fakes.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
+from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
 from rl.conformance import Capabilities, Implementation
 
 

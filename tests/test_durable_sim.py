@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from fakes.artifacts import MemoryArtifacts
-from fakes.durable_sim import (
+from rl.memory.artifacts import MemoryArtifacts
+from rl.sim.durable_sim import (
     DriverAttemptsExhausted,
     DriverCrash,
     DurableSimulator,
@@ -17,7 +17,7 @@ from fakes.durable_sim import (
     TaskFailed,
     attempt_number,
 )
-from fakes.faults import FaultPlan
+from rl.sim.faults import FaultPlan
 
 
 def _counter_tasks(sim: DurableSimulator):

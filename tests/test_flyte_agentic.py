@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from flyte_support import LocalFlyte, isolated_flyte
 
-from fakes.agentic_sim import AgenticSim
 from rl.agentic.types import Rubric
 from rl.flyte import agentic
 from rl.flyte.agentic import SMOKE, AgenticRunResult, RemoteOnlyError, fork, train
+from rl.sim.agentic_sim import AgenticSim
 
 pytestmark = pytest.mark.flyte
 

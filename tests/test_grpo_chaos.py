@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fakes.chaos import grpo_random, grpo_swarm, grpo_sweep
+from rl.sim.chaos import grpo_random, grpo_swarm, grpo_sweep
 
 
 @pytest.mark.parametrize("pipelined", [False, True])

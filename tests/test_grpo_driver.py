@@ -8,10 +8,6 @@ from dataclasses import replace
 
 import pytest
 
-from fakes.artifacts import MemoryArtifacts
-from fakes.grpo_sim import Latencies, grpo_sim, lineage_violations
-from fakes.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, LatencyModel
-from fakes.state_store import MemoryStateStore
 from rl.errors import (
     CheckpointConfigMismatchError,
     CheckpointCorruptError,
@@ -21,8 +17,12 @@ from rl.errors import (
     NonFiniteRewardError,
 )
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
+from rl.memory.artifacts import MemoryArtifacts
+from rl.memory.state_store import MemoryStateStore
 from rl.problems import DigitSuccessor
 from rl.seeding import rollout_seed
+from rl.sim.grpo_sim import Latencies, grpo_sim, lineage_violations
+from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, LatencyModel
 from rl.types import Rollout, RolloutRequest
 
 CONFIG = GrpoConfig(iterations=4, prompts_per_iteration=4, group_size=4, seed=3)

@@ -8,13 +8,13 @@ from dataclasses import replace
 
 import pytest
 
-from fakes.artifacts import MemoryArtifacts
-from fakes.grpo_sim import Latencies, grpo_sim
-from fakes.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, LatencyModel
-from fakes.state_store import MemoryStateStore
 from rl.advantages import no_signal_groups
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
+from rl.memory.artifacts import MemoryArtifacts
+from rl.memory.state_store import MemoryStateStore
 from rl.problems import DigitSuccessor, accuracy
+from rl.sim.grpo_sim import Latencies, grpo_sim
+from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, LatencyModel
 from rl.types import IterationMetrics, TrainBatch, TrainResult
 
 CONFIG = GrpoConfig(iterations=3, prompts_per_iteration=4, group_size=4, seed=5)

@@ -13,14 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fakes.artifacts import MemoryArtifacts
-from fakes.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
-from fakes.state_store import MemoryStateStore
 from rl.cli import main
 from rl.errors import CheckpointConfigMismatchError
 from rl.loop.checkpoint import DriverState, encode_state
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
+from rl.memory.artifacts import MemoryArtifacts
+from rl.memory.state_store import MemoryStateStore
 from rl.problems import DigitSuccessor
+from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
 from rl.types import ArtifactRef, Rollout
 from rl.volumes.buffer import RolloutBuffer, rollout_rows
 from rl.volumes.local import LocalVolumeStore

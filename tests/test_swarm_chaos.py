@@ -7,16 +7,16 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fakes.agentic_sim import AgenticSim, default_inputs
-from fakes.chaos import CHAOS_GRPO, _grpo_reference, grpo_random, grpo_swarm, resume_violations
-from fakes.chaos_agentic import _reference, agentic_report, check_agentic_run
-from fakes.durable_sim import DriverAttemptsExhausted, DurableSimulator, TaskFailed
-from fakes.faults import FaultPlan
-from fakes.grpo_sim import TRAIN, grpo_sim, lineage_violations, outcome_violations
-from fakes.swarm import FAULT_KINDS, coverage
-from fakes.virtual_loop import VirtualTimeLoop
 from rl.errors import RetriesExhaustedError
 from rl.loop.grpo import GrpoConfig
+from rl.sim.agentic_sim import AgenticSim, default_inputs
+from rl.sim.chaos import CHAOS_GRPO, _grpo_reference, grpo_random, grpo_swarm, resume_violations
+from rl.sim.chaos_agentic import _reference, agentic_report, check_agentic_run
+from rl.sim.durable_sim import DriverAttemptsExhausted, DurableSimulator, TaskFailed
+from rl.sim.faults import FaultPlan
+from rl.sim.grpo_sim import TRAIN, grpo_sim, lineage_violations, outcome_violations
+from rl.sim.swarm import FAULT_KINDS, coverage
+from rl.sim.virtual_loop import VirtualTimeLoop
 
 SMALL = GrpoConfig(iterations=2, prompts_per_iteration=2, group_size=2, seed=0)
 

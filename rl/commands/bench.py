@@ -7,7 +7,7 @@ import json
 import math
 from typing import Any
 
-from rl.commands import positive_float, positive_int
+from rl.argtypes import positive_float, positive_int
 from rl.strict_json import flag_non_finite
 
 SECTIONS = ("sim", "cpu", "volumes")
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--sections {args.sections!r} names no section; choose from {', '.join(SECTIONS)}")
     figures: dict[str, Any] = {}
     if "sim" in sections:
-        from fakes.bench import simulator_bench
+        from rl.sim.bench import simulator_bench
 
         figures.update(simulator_bench())
     if "cpu" in sections:

@@ -15,16 +15,15 @@ import multiprocessing
 import multiprocessing.pool
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fakes.chaos import ScenarioReport
+    from rl.sim.chaos import ScenarioReport
 
-from rl.commands import non_negative_int, positive_int
+from rl.argtypes import non_negative_int, positive_int
+from rl.sim.scenarios import LOOPS, scenario_and_sweep, scenario_in_worker
 from rl.strict_json import flag_non_finite
-
-LOOPS = ("grpo", "grpo-pipelined", "agentic")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-sweep", action="store_true", help="skip the kill-at-every-await-point sweep")
     p.add_argument(
         "--jobs",
-        type=_positive,
+        type=positive_int,
         default=1,
         help="run the random scenarios in N processes (default 1); results and output do not depend on N",
     )
@@ -47,41 +46,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="end with one JSON object of the results")
     p.set_defaults(func=run)
-
-
-def _scenario_and_sweep(
-    loop: str, trace: bool
-) -> tuple[Callable[[int], ScenarioReport], Callable[[], tuple[int, list[str]]]]:
-    if loop == "agentic":
-        from fakes.chaos_agentic import agentic_report, agentic_sweep
-
-        return (lambda seed: agentic_report(seed, trace=trace)), agentic_sweep
-    from fakes.chaos import grpo_random, grpo_sweep
-
-    pipelined = loop == "grpo-pipelined"
-
-    def sweep() -> tuple[int, list[str]]:
-        reports = grpo_sweep(pipelined)
-        return len(reports), [f"kill at await point {r.seed}: {v}" for r in reports for v in r.violations]
-
-    return grpo_random(pipelined, trace=trace), sweep
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-@functools.cache
-def _worker_scenario(loop: str) -> Callable[[int], ScenarioReport]:
-    return _scenario_and_sweep(loop, False)[0]
-
-
-def _in_worker(loop: str, seed: int) -> ScenarioReport:
-    """One scenario in a pool process: each process caches its own uninterrupted references."""
-    return _worker_scenario(loop)(seed)
 
 
 @contextlib.contextmanager
@@ -99,20 +63,22 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import track
 
-    from fakes.swarm import coverage
+    from rl.sim.swarm import coverage
 
     console = Console(stderr=True)
     if args.trace and args.seed is None:
         print("rl chaos: --trace explains one scenario: give it with --seed S", file=sys.stderr)
         return 2
-    scenario, sweep = _scenario_and_sweep(args.loop, args.trace)
+    scenario, sweep = scenario_and_sweep(args.loop, args.trace)
     seeds = [args.seed] if args.seed is not None else list(range(args.seeds))
     failures: list[tuple[int, list[str]]] = []
     reports: list[ScenarioReport] = []
     start = time.perf_counter()
     with _pool(args.jobs if len(seeds) > 1 else 1) as pool:
         results = (
-            pool.imap(functools.partial(_in_worker, args.loop), seeds, chunksize=8) if pool else map(scenario, seeds)
+            pool.imap(functools.partial(scenario_in_worker, args.loop), seeds, chunksize=8)
+            if pool
+            else map(scenario, seeds)
         )
         for report in track(
             results, total=len(seeds), description=f"chaos {args.loop}", console=console, disable=len(seeds) < 2
@@ -157,10 +123,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _kinds(loop: str) -> tuple[str, ...]:
-    from fakes.swarm import FAULT_KINDS
+    from rl.sim.swarm import FAULT_KINDS
 
     if loop == "agentic":
-        from fakes.chaos_agentic import AGENTIC_KINDS, SIM_KINDS
+        from rl.sim.chaos_agentic import AGENTIC_KINDS, SIM_KINDS
 
         return SIM_KINDS + AGENTIC_KINDS
     return FAULT_KINDS

@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from rl.commands import int_at_least, positive_int, user_path
+from rl.argtypes import int_at_least, positive_int, user_path
 from rl.strict_json import flag_non_finite
 
 

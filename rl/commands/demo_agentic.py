@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from rl.commands import int_at_least, positive_int
+from rl.argtypes import int_at_least, positive_int
 from rl.strict_json import flag_non_finite
 
 
@@ -74,7 +74,7 @@ def run_agentic_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from fakes.agentic_sim import AgenticSim
+    from rl.sim.agentic_sim import AgenticSim
 
     check_agentic_args(args)
     console = Console(highlight=False)

@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from rl.commands import user_path
+from rl.argtypes import user_path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

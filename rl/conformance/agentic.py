@@ -19,7 +19,10 @@ from typing import Any
 
 import pytest
 
-from fakes.agentic_sim import (
+from rl.agentic.types import Reward, Rubric, TrainerInfo, Weights
+from rl.conformance._base import ContractBase, tier
+from rl.loop.agentic import AgenticOutcome, train
+from rl.sim.agentic_sim import (
     AgenticDriver,
     AgenticSim,
     JudgeTierFactory,
@@ -28,11 +31,8 @@ from fakes.agentic_sim import (
     default_inputs,
     traced_judge_tier,
 )
-from fakes.chaos_agentic import SEED_FAILURES, agentic_sweep, all_trial_ids
-from fakes.faults import FaultPlan
-from rl.agentic.types import Reward, Rubric, TrainerInfo, Weights
-from rl.conformance._base import ContractBase, tier
-from rl.loop.agentic import AgenticOutcome, train
+from rl.sim.chaos_agentic import SEED_FAILURES, agentic_sweep, all_trial_ids
+from rl.sim.faults import FaultPlan
 
 __all__ = ["AgenticContract"]
 

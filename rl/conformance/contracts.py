@@ -28,9 +28,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fakes.artifacts import MemoryArtifacts
 from rl.conformance._base import ContractBase, Run, law_settings, tier
 from rl.conformance.capabilities import Capabilities, require
+from rl.memory.artifacts import MemoryArtifacts
 from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer
 from rl.seeding import derive_seed
 from rl.types import ArtifactRef, Prompt, Rollout, RolloutRequest, TrainBatch, TrainResult

@@ -60,7 +60,7 @@ class DdpShardStepContract(ContractBase):
 
         An override must load with `rl.models.load_base_model`, accept PEFT's "all-linear" LoRA and have token ids 2-39.
         """
-        from fakes.conformance_impl import tiny_base_model
+        from rl.conformance.ours import tiny_base_model
 
         return tiny_base_model()
 

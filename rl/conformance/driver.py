@@ -14,17 +14,17 @@ from typing import Any
 
 import pytest
 
-from fakes.artifacts import MemoryArtifacts
-from fakes.chaos import grpo_random, grpo_sweep
-from fakes.grpo_sim import GrpoDriver, Latencies, grpo_sim
-from fakes.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, LatencyModel
-from fakes.state_store import MemoryStateStore
 from rl.conformance._base import ContractBase, Run, tier
 from rl.conformance.capabilities import Capabilities, require
 from rl.conformance.driver_checkpoint import DriverCheckpointLaws
 from rl.errors import NonFiniteRewardError
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
+from rl.memory.artifacts import MemoryArtifacts
+from rl.memory.state_store import MemoryStateStore
 from rl.problems import DigitSuccessor
+from rl.sim.chaos import grpo_random, grpo_sweep
+from rl.sim.grpo_sim import GrpoDriver, Latencies, grpo_sim
+from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, LatencyModel
 from rl.types import Rollout, RolloutRequest, TrainBatch, TrainResult
 
 __all__ = ["LAW_RUN_SHAPE", "MODES", "RANDOM_SCENARIOS", "GrpoDriver", "GrpoDriverContract", "pipelined_mode"]

@@ -17,9 +17,6 @@ from typing import Any
 
 import pytest
 
-from fakes.artifacts import MemoryArtifacts
-from fakes.grpo_sim import GrpoDriver
-from fakes.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
 from rl.conformance._base import Run, tier
 from rl.errors import (
     CheckpointConfigMismatchError,
@@ -30,7 +27,10 @@ from rl.errors import (
 )
 from rl.loop.checkpoint import as_altered, as_another_schema_version
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
+from rl.memory.artifacts import MemoryArtifacts
 from rl.problems import DigitSuccessor
+from rl.sim.grpo_sim import GrpoDriver
+from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
 from rl.types import ArtifactRef, TrainBatch, TrainResult
 
 __all__ = ["FOREIGN_BLOB", "DriverCheckpointLaws"]

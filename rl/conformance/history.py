@@ -32,7 +32,7 @@ from rl.conformance.capabilities import Capabilities
 from rl.conformance.driver import LAW_RUN_SHAPE, MODES, pipelined_mode
 
 if TYPE_CHECKING:
-    from fakes.grpo_sim import GrpoDriver
+    from rl.sim.grpo_sim import GrpoDriver
 
 __all__ = [
     "HISTORY_SCHEMA",
@@ -87,7 +87,7 @@ def _config(base: dict[str, Any], mode: str) -> Any:
 
 def issued_actions(driver: GrpoDriver, config_dict: dict[str, Any], mode: str) -> list[tuple[str, str]]:
     """The `(task, action_id)` of every action `driver` issues in one uninterrupted simulated run of `config_dict`."""
-    from fakes.grpo_sim import grpo_sim
+    from rl.sim.grpo_sim import grpo_sim
 
     config = _config(config_dict, mode)
     result = grpo_sim(config, seed=config.seed, driver=driver).run()
@@ -204,7 +204,7 @@ class DriverReplayContract(ContractBase):
 
 
 def _main(argv: list[str] | None = None) -> None:
-    from rl.commands import user_path
+    from rl.argtypes import user_path
 
     parser = argparse.ArgumentParser(
         prog="python -m rl.conformance.history",

@@ -11,8 +11,8 @@ from rl.conformance.capabilities import Capabilities
 from rl.conformance.spec import AlgorithmSpec
 
 if TYPE_CHECKING:
-    from fakes.grpo_sim import GrpoDriver
     from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer, VolumeStore
+    from rl.sim.grpo_sim import GrpoDriver
     from rl.types import ArtifactRef
 
 __all__ = ["TIERS", "Implementation", "ImplementationError", "load_implementation"]

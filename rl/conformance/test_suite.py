@@ -13,9 +13,6 @@ from typing import Any
 
 import pytest
 
-from fakes.agentic_sim import bandit_trainer, traced_judge_tier
-from fakes.artifacts import MemoryArtifacts
-from fakes.grpo_sim import GrpoDriver
 from rl.conformance._base import Run
 from rl.conformance._bound_algorithm import TestAdvantages, TestLoss  # noqa: F401
 from rl.conformance._bound_ddp import TestDdpShardStep  # noqa: F401  (bound here so --pyargs collects it)
@@ -37,7 +34,10 @@ from rl.conformance.volumes import StoreFactory, VolumeStoreContract
 from rl.loop.agentic import train
 from rl.loop.checkpoint import as_altered, as_another_schema_version
 from rl.loop.grpo import run_grpo
+from rl.memory.artifacts import MemoryArtifacts
 from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer
+from rl.sim.agentic_sim import bandit_trainer, traced_judge_tier
+from rl.sim.grpo_sim import GrpoDriver
 from rl.types import ArtifactRef
 
 

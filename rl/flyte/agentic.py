@@ -18,7 +18,7 @@ reusable cluster (`rl.agentic.ray_trainer` is that actor, for a Union deployment
 
 What Flyte's local mode cannot show — driver replay after a crash, the trace memo across retries, `flyte.rerun`,
 enforced timeouts, attempt-0-only fault injection — is listed in every result's `remote_only` and in the report; the
-simulator (`fakes.agentic_sim`, `rl demo agentic`) proves those behaviours instead.
+simulator (`rl.sim.agentic_sim`, `rl demo agentic`) proves those behaviours instead.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The durable agentic driver of seed 002, as plain async code over its tiers (no flyte import).
 
-In production each tier method awaits a Flyte task; on the simulator it is a task of `fakes.durable_sim`. The driver
+In production each tier method awaits a Flyte task; on the simulator it is a task of `rl.sim.durable_sim`. The driver
 has no checkpoint, state file or resume flag: a retried driver replays its completed actions and resumes at the first
 incomplete one, which works only because every action's inputs are the same on every attempt.
 

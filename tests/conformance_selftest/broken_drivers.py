@@ -14,8 +14,8 @@ from unittest import mock
 
 import rl.loop.checkpoint as checkpoint
 import rl.loop.grpo as grpo
-from fakes.conformance_impl import FAKES
 from rl.conformance import Implementation
+from rl.conformance.ours import FAKES
 from rl.errors import CheckpointCorruptError
 from rl.identity import content_digest
 from rl.loop.checkpoint import DriverState, decode_state, encode_state

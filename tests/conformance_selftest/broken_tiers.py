@@ -6,11 +6,11 @@ import asyncio
 import itertools
 from dataclasses import replace
 
-from fakes.artifacts import MemoryArtifacts
-from fakes.conformance_impl import fake_version0_adapter
-from fakes.grpo_tiers import FakeEngine, FakeTrainer
-from fakes.state_store import MemoryStateStore
 from rl.conformance import Implementation
+from rl.conformance.ours import fake_version0_adapter
+from rl.memory.artifacts import MemoryArtifacts
+from rl.memory.state_store import MemoryStateStore
+from rl.sim.grpo_tiers import FakeEngine, FakeTrainer
 from rl.types import ArtifactRef, Rollout, RolloutRequest, TrainBatch, TrainResult
 
 

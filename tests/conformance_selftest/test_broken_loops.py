@@ -253,7 +253,7 @@ def test_the_suite_fails_a_broken_implementation_on_the_law_it_breaks(pytester, 
 def test_the_reference_passes_every_law_these_cases_run(pytester):
     run = run_suite(
         pytester,
-        "fakes.conformance_impl:FAKES",
+        "rl.conformance.ours:FAKES",
         "rl_engine or rl_trainer or rl_state_store or rl_agentic or " + DRIVER_TIERS,
     )
     assert not run.failed, run.reports

@@ -104,7 +104,7 @@ def test_the_storage_laws_fail_a_broken_implementation_on_the_law_it_breaks(
 
 @pytest.mark.parametrize(
     "impl",
-    ["fakes.conformance_impl:FAKES", "broken_volumes:DIR_STORE", "broken_buffers:MEMORY_BUFFER"],
+    ["rl.conformance.ours:FAKES", "broken_volumes:DIR_STORE", "broken_buffers:MEMORY_BUFFER"],
     ids=["ours (FAKES)", "a copying directory store", "an in-memory buffer"],
 )
 def test_correct_stores_and_buffers_pass_every_storage_law(pytester, impl):

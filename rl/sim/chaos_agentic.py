@@ -1,6 +1,6 @@
 """Chaos for the agentic loop: seeded fault scenarios and a kill-at-every-await-point sweep, checked against invariants.
 
-`agentic_scenario(seed)` draws one swarm scenario from `seed` (`fakes.swarm`): the run's shape, which fault kinds are
+`agentic_scenario(seed)` draws one swarm scenario from `seed` (`rl.sim.swarm`): the run's shape, which fault kinds are
 on and their rates — the simulator's (task failures before or after the body, hung sandboxes, driver crashes, outages
 that exhaust a task's retries, a driver short of attempts) and the loop's own (dead trials, flaky sandboxes, judge
 flakes, a scripted `crash_driver_at_step`) — the retry budgets, the latencies and the tie-breaking of simultaneous
@@ -26,13 +26,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from fakes.agentic_sim import BUILD_WORLD, GENERATE, JUDGE, SETUP, TRAIN_STEP, AgenticSim, default_inputs
-from fakes.chaos import ScenarioReport, exhaustion_violations
-from fakes.durable_sim import RunResult
-from fakes.memory_worlds import MemoryWorlds
-from fakes.swarm import FAULT_KINDS, Swarm, draw_swarm, swarm_rng, trace_summary
 from rl.agentic.world import ANSWER_FILE, SCRATCH_FILE, world_files
 from rl.loop.agentic import AgenticOutcome, trial_specs, world_ids_for
+from rl.memory.worlds import MemoryWorlds
+from rl.sim.agentic_sim import BUILD_WORLD, GENERATE, JUDGE, SETUP, TRAIN_STEP, AgenticSim, default_inputs
+from rl.sim.chaos import ScenarioReport, exhaustion_violations
+from rl.sim.durable_sim import RunResult
+from rl.sim.swarm import FAULT_KINDS, Swarm, draw_swarm, swarm_rng, trace_summary
 
 SEED_FAILURES: dict[str, Any] = {"flaky_trial_rate": 0.25, "judge_flake_rate": 0.3}
 """The seed's failure-injected run (without its driver crash, which the sweep supplies at every point instead)."""

@@ -1,4 +1,4 @@
-"""Our own implementations, bound for the conformance suite (`--rl-impl fakes.conformance_impl:FAKES`).
+"""Our own implementations, bound for the conformance suite (`--rl-impl rl.conformance.ours:FAKES`).
 
 - `FAKES`: the deterministic fakes of every tier, our drivers (GRPO and agentic), our advantages and loss, and our
   local volumes and rollout buffer (fast; what `tests/test_conformance.py` checks).
@@ -9,8 +9,8 @@
   a driver on the fakes, and ours is checked under FAKES. Its algorithm is what the PEFT trainer runs with its default
   `TrainerConfig` (`trainer_algorithm`): the loss in float32.
 
-    pytest --pyargs rl.conformance.test_suite --rl-impl fakes.conformance_impl:FAKES
-    pytest --pyargs rl.conformance.test_suite --rl-impl fakes.conformance_impl:REAL_CPU
+    pytest --pyargs rl.conformance.test_suite --rl-impl rl.conformance.ours:FAKES
+    pytest --pyargs rl.conformance.test_suite --rl-impl rl.conformance.ours:REAL_CPU
 """
 
 from __future__ import annotations
@@ -24,10 +24,6 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fakes.agentic_sim import bandit_trainer, traced_judge_tier
-from fakes.artifacts import MemoryArtifacts
-from fakes.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
-from fakes.state_store import MemoryStateStore
 from rl.advantages import group_normalized_advantages
 from rl.artifacts import LocalArtifacts
 from rl.conformance.capabilities import Capabilities
@@ -36,8 +32,12 @@ from rl.conformance.spec import AlgorithmSpec
 from rl.loop.agentic import train
 from rl.loop.checkpoint import as_altered, as_another_schema_version
 from rl.loop.grpo import run_grpo
+from rl.memory.artifacts import MemoryArtifacts
+from rl.memory.state_store import MemoryStateStore
 from rl.protocols import Artifacts
 from rl.scoring import RewardScorer
+from rl.sim.agentic_sim import bandit_trainer, traced_judge_tier
+from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
 from rl.state import FileStateStore
 from rl.trainer.config import TrainerConfig
 from rl.types import ArtifactRef

@@ -27,9 +27,6 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fakes.durable_sim import DurableSimulator, RunResult, attempt_number, run_name
-from fakes.faults import FaultPlan
-from fakes.memory_worlds import MemoryWorlds
 from rl.agentic.agent import SandboxFailure
 from rl.agentic.bandit import BanditTrainer, PolicyTrainer
 from rl.agentic.judge import judge_score
@@ -37,6 +34,9 @@ from rl.agentic.tiers import JudgeTier, SandboxTier, TrainerTier
 from rl.agentic.types import Rubric, Trajectory, TrialSpec, Weights, WorldRef
 from rl.agentic.worlds import WorldStore
 from rl.loop.agentic import AgenticOutcome, train
+from rl.memory.worlds import MemoryWorlds
+from rl.sim.durable_sim import DurableSimulator, RunResult, attempt_number, run_name
+from rl.sim.faults import FaultPlan
 
 GENERATE = "sandbox.generate"
 BUILD_WORLD = "sandbox.build_world"

@@ -2,7 +2,7 @@
 
 Two kinds of scenario per loop:
 - a *sweep* kills the driver at each await point of an uninterrupted run in turn, then lets it resume;
-- a *random* scenario is a swarm draw (`fakes.swarm`): its seed picks the run seed, which fault kinds are on and at
+- a *random* scenario is a swarm draw (`rl.sim.swarm`): its seed picks the run seed, which fault kinds are on and at
   what rates, the retry budgets, the latency model and the tie-breaking of simultaneous tasks.
   `rl chaos --loop L --seed S [--trace]` reruns (and explains) exactly one.
 
@@ -19,9 +19,10 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from fakes.durable_sim import DriverAttemptsExhausted, RunResult, TaskFailed
-from fakes.faults import FaultPlan, InjectedTaskFailure
-from fakes.grpo_sim import (
+from rl.loop.grpo import GrpoConfig, GrpoOutcome, run_grpo
+from rl.sim.durable_sim import DriverAttemptsExhausted, RunResult, TaskFailed
+from rl.sim.faults import FaultPlan, InjectedTaskFailure
+from rl.sim.grpo_sim import (
     EVALUATE,
     GENERATE,
     INIT,
@@ -34,9 +35,8 @@ from fakes.grpo_sim import (
     lineage_violations,
     outcome_violations,
 )
-from fakes.grpo_tiers import LatencyModel
-from fakes.swarm import Swarm, draw_swarm, swarm_rng, trace_summary
-from rl.loop.grpo import GrpoConfig, GrpoOutcome, run_grpo
+from rl.sim.grpo_tiers import LatencyModel
+from rl.sim.swarm import Swarm, draw_swarm, swarm_rng, trace_summary
 
 # The floor: >= 4 iterations of >= 4 groups x 4 samples.
 CHAOS_GRPO = GrpoConfig(iterations=4, prompts_per_iteration=4, group_size=4, seed=0)

@@ -7,12 +7,12 @@ import statistics
 import time
 from typing import Any
 
-from fakes.chaos import grpo_random
-from fakes.chaos_agentic import agentic_report
-from fakes.durable_sim import DurableSimulator
-from fakes.grpo_sim import Latencies, grpo_sim
-from fakes.grpo_tiers import LatencyModel
 from rl.loop.grpo import GrpoConfig
+from rl.sim.chaos import grpo_random
+from rl.sim.chaos_agentic import agentic_report
+from rl.sim.durable_sim import DurableSimulator
+from rl.sim.grpo_sim import Latencies, grpo_sim
+from rl.sim.grpo_tiers import LatencyModel
 
 # Seed 000's measured loop: 434 s per iteration sequential, 298 s pipelined (Qwen3-8B, two nodes of four GPUs).
 # Pipelining hides the trainer, so generation is ~298 s and the train step (cold start included) ~434 - 298 s.
@@ -73,14 +73,14 @@ def parallel_scenario_speed(scenarios: int = 400, jobs: int | None = None) -> di
     import multiprocessing
     import os
 
-    from rl.commands.chaos import _in_worker
+    from rl.sim.scenarios import scenario_in_worker
 
     jobs = jobs or os.cpu_count() or 1
     rates: dict[str, float] = {}
     failures = 0
     with multiprocessing.get_context("spawn").Pool(jobs) as pool:
         for loop, key in (("grpo", "scenarios_per_s"), ("agentic", "agentic_scenarios_per_s")):
-            run = functools.partial(_in_worker, loop)
+            run = functools.partial(scenario_in_worker, loop)
             pool.map(run, range(scenarios), chunksize=8)
             start = time.perf_counter()
             failures += sum(not r.ok for r in pool.map(run, range(scenarios, 2 * scenarios), chunksize=8))

@@ -10,13 +10,13 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from fakes.artifacts import MemoryArtifacts
-from fakes.durable_sim import DurableSimulator, RunResult
-from fakes.faults import FaultPlan
-from fakes.grpo_tiers import FakeEngine, FakeEvaluator, FakeScorer, FakeTrainer, LatencyModel, RecordingReporter
 from rl.loop.grpo import GrpoConfig, GrpoOutcome, GrpoTiers, run_grpo, sample_prompts
+from rl.memory.artifacts import MemoryArtifacts
 from rl.problems import DigitSuccessor, marked_answer_metrics
 from rl.protocols import StateStore
+from rl.sim.durable_sim import DurableSimulator, RunResult
+from rl.sim.faults import FaultPlan
+from rl.sim.grpo_tiers import FakeEngine, FakeEvaluator, FakeScorer, FakeTrainer, LatencyModel, RecordingReporter
 
 T = TypeVar("T")
 
@@ -111,7 +111,7 @@ def grpo_sim(
 
 def lineage_violations(config: GrpoConfig, setup: GrpoSim, outcome: GrpoOutcome) -> list[str]:
     """Read the final adapter's lineage: versions 1..N once each, and every iteration's prompts trained exactly once."""
-    from fakes.grpo_tiers import decode_table
+    from rl.sim.grpo_tiers import decode_table
 
     files = _resolved(setup.artifacts.get(outcome.adapter))
     lineage: list[dict[str, Any]] = decode_table(files)["lineage"]

@@ -37,11 +37,11 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from fakes.faults import FaultPlan, InjectedTaskFailure
-from fakes.virtual_loop import VirtualTimeLoop
 from rl.errors import RetriesExhaustedError
 from rl.identity import content_digest
 from rl.seeding import derive_seed
+from rl.sim.faults import FaultPlan, InjectedTaskFailure
+from rl.sim.virtual_loop import VirtualTimeLoop
 
 T = TypeVar("T")
 

@@ -26,8 +26,8 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from fakes.faults import FaultPlan
 from rl.seeding import derive_seed
+from rl.sim.faults import FaultPlan
 
 FAULT_KINDS = ("task_failure", "task_hang", "driver_crash", "torn_checkpoint", "exhausted_task", "exhausted_driver")
 

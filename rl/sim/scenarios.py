@@ -1,0 +1,45 @@
+"""The chaos scenario and kill sweep of each loop by name (`rl chaos --loop`, `rl bench`), and the function a worker
+process runs for one scenario."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rl.sim.chaos import ScenarioReport
+
+LOOPS = ("grpo", "grpo-pipelined", "agentic")
+
+Sweep = Callable[[], tuple[int, list[str]]]
+"""A kill-at-every-await-point sweep: how many points it killed at, and each violation found."""
+
+
+def scenario_and_sweep(loop: str, trace: bool) -> tuple[Callable[[int], ScenarioReport], Sweep]:
+    """The seeded random scenario and the sweep of `loop`, one of `LOOPS`."""
+    if loop not in LOOPS:
+        raise ValueError(f"unknown loop {loop!r}: expected one of {', '.join(LOOPS)}")
+    if loop == "agentic":
+        from rl.sim.chaos_agentic import agentic_report, agentic_sweep
+
+        return (lambda seed: agentic_report(seed, trace=trace)), agentic_sweep
+    from rl.sim.chaos import grpo_random, grpo_sweep
+
+    pipelined = loop == "grpo-pipelined"
+
+    def sweep() -> tuple[int, list[str]]:
+        reports = grpo_sweep(pipelined)
+        return len(reports), [f"kill at await point {r.seed}: {v}" for r in reports for v in r.violations]
+
+    return grpo_random(pipelined, trace=trace), sweep
+
+
+@functools.cache
+def _cached_scenario(loop: str) -> Callable[[int], ScenarioReport]:
+    return scenario_and_sweep(loop, False)[0]
+
+
+def scenario_in_worker(loop: str, seed: int) -> ScenarioReport:
+    """One scenario in a pool process: each process caches its own uninterrupted references."""
+    return _cached_scenario(loop)(seed)
