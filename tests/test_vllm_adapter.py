@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib.util
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -77,6 +79,24 @@ def test_without_vllm_installed_the_engine_says_what_to_do(tiny_model_dir: Path,
         pytest.skip("vllm is installed here")
     with pytest.raises(VLLMUnavailable, match="TorchSampler"):
         _ = VLLMEngine(tiny_model_dir, store).llm
+
+
+def test_an_engine_removes_the_adapter_directory_it_made_and_a_refused_one_makes_none(
+    tiny_model_dir: Path, store: LocalArtifacts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Adapters copied for vLLM live as long as their engine; a given `adapter_root` is the caller's and stays."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(ValueError, match="llm_kwargs may not set"):
+        VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, llm_kwargs={"enable_lora": False})
+    assert list(tmp_path.glob("rl-vllm-*")) == []
+    engine = VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub)
+    made = engine.adapter_root
+    assert made.parent == tmp_path and made.is_dir()
+    given = VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, adapter_root=tmp_path / "mine")
+    del engine, given
+    gc.collect()
+    assert not made.exists()
+    assert (tmp_path / "mine").is_dir()
 
 
 def test_sampling_params_and_lora_request_are_passed_as_the_seed_specifies(

@@ -214,16 +214,17 @@ class VLLMEngine:
         self.artifacts = artifacts
         self._vllm = vllm_module
         self._lora_request_cls: Any = None
-        if adapter_root is None:
-            adapter_root = Path(tempfile.mkdtemp(prefix="rl-vllm-"))
-        self.adapter_root = Path(adapter_root)
-        self.adapter_root.mkdir(parents=True, exist_ok=True)
         self.llm_kwargs = dict(llm_kwargs or {})
         for reserved in ENGINE_FIXED_ARGS:
             if reserved in self.llm_kwargs:
                 raise ValueError(
                     f"llm_kwargs may not set {reserved!r}; the engine passes it itself (the loss needs it as it is)"
                 )
+        # A directory the engine made itself goes when the engine does (garbage collected or at exit): a warm
+        # replica serves many runs, and each engine's adapter copies would otherwise pile up in /tmp.
+        self._own_root = None if adapter_root else tempfile.TemporaryDirectory(prefix="rl-vllm-")
+        self.adapter_root = Path(adapter_root or self._own_root.name)  # type: ignore[union-attr]
+        self.adapter_root.mkdir(parents=True, exist_ok=True)
         self._llm: Any = None
         self._lora_by_digest: dict[str, tuple[str, int]] = {}  # digest -> (lora_name, lora_int_id), never reassigned
         self._adapter_dirs: dict[str, Path] = {}
