@@ -14,8 +14,9 @@ SMALL = {"n_steps": 2, "n_worlds": 2, "prompts_per_step": 2, "n_samples": 2}
 
 
 def test_killing_the_driver_at_every_await_point_keeps_every_invariant():
-    """DESIGN: "killing the driver at any await point and resuming gives the uninterrupted run's ... history"; every
-    trial judged or skipped, the judge billed once per (trial, rubric), each step applied exactly once."""
+    """docs/guarantees.md: "Killing the driver at any await point and resuming gives the uninterrupted run's adapter,
+    optimizer state and history"; "the judge is billed once per (trial, rubric); each training step is applied exactly
+    once"; every trial judged or skipped."""
     points, violations = agentic_sweep(seed=0, **SMALL)
     # 2 worlds x 2 points + setup 2 + 2 steps x (4 generates x 2 + 4 judges x 2 + train 2)
     assert points == 4 + 2 + 2 * (8 + 8 + 2)

@@ -154,14 +154,15 @@ def test_bandit_update_moves_the_prior_toward_rewarded_finds_only():
 
 
 def test_domain_models_are_frozen():
-    """DESIGN: data crossing tier boundaries is immutable: a tier cannot rebind a field of a value it received."""
+    """docs/guarantees.md: "Data crossing tier boundaries is immutable": a tier cannot rebind a field of a value it
+    received."""
     weights = Weights()
     with pytest.raises(ValidationError):
         weights.version = 3  # type: ignore[misc]
 
 
 def test_the_agentic_domain_and_driver_import_no_flyte_torch_or_ray():
-    """DESIGN: "rl/loop/... driver logic: plain async functions over protocols, no flyte import"."""
+    """docs/guarantees.md: "Driver logic is plain async functions over protocols, with no flyte import"."""
     modules = [f"rl.agentic.{m}" for m in ("types", "world", "worlds", "agent", "judge", "bandit", "tiers")]
     modules += ["rl.agentic.ray_trainer", "rl.loop.agentic"]
     code = (

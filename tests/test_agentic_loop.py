@@ -94,7 +94,7 @@ def test_rerun_with_a_new_rubric_recovers_step_zero_trials_and_re_runs_judging_a
 
 
 def test_the_same_seed_twice_gives_an_identical_event_log():
-    """STYLE: "a same-seed-twice test proves determinism"."""
+    """docs/guarantees.md: "A same-seed-twice test proves determinism"."""
 
     def log(seed: int) -> list[str]:
         harness = AgenticSim(seed, FaultPlan(seed=seed, task_failure_p=0.2, task_hang_p=0.1, driver_crash_p=0.03))

@@ -95,7 +95,8 @@ async def _judge(traj: Trajectory, rubric: Rubric) -> float:
 
 
 def test_the_loop_runs_outside_the_simulator_on_real_forks(tmp_path):
-    """DESIGN: "The driver never knows whether a call is a Flyte task, a fake on the simulator, or a plain function"."""
+    """docs/guarantees.md: "The driver never knows whether a call is a Flyte task, a fake on the simulator, or a plain
+    function"."""
     worlds = VolumeWorlds(_local_volumes(tmp_path))
     trainers: dict[str, BanditTrainer] = {}
 

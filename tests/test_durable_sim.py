@@ -187,7 +187,8 @@ def test_checkpoint_belongs_to_one_runs_attempts_and_a_new_run_starts_fresh():
 
 
 def test_non_atomic_torn_checkpoint_leaves_half_the_bytes_and_atomic_keeps_the_old_one():
-    """DESIGN: "checkpoints are written atomically"; a non-atomic store is modelled too, to test detection."""
+    """docs/guarantees.md: "Checkpoints are written atomically"; a non-atomic store is modelled too, to test
+    detection."""
     for atomic, expected in ((True, b"old"), (False, b"new-chec")):
         assert _torn_write_leaves(atomic) == expected
 
@@ -269,7 +270,7 @@ async def _memory_artifacts_copy() -> tuple[bytes, bytes]:
 
 
 def test_memory_artifacts_get_returns_a_private_copy_with_a_content_digest():
-    """DESIGN: "`flyte.io.Dir` is a copy: a consumer cannot mutate the producer's artifact"."""
+    """docs/guarantees.md: "`flyte.io.Dir` is a copy: a consumer cannot mutate the producer's artifact"."""
     data, digest = asyncio.run(_memory_artifacts_copy())
     assert data == b"xyz" and len(digest) == 32
 
@@ -293,7 +294,8 @@ def test_timeout_stops_a_hung_task_and_the_retry_succeeds():
 
 
 def test_virtual_clock_runs_a_five_minute_cold_start_in_no_wall_time_and_overlaps_concurrent_work():
-    """DESIGN: "a 5-minute trainer cold start costs no wall time"; concurrent actions overlap on the virtual clock."""
+    """docs/guarantees.md: "a 5-minute trainer cold start costs no wall time"; concurrent actions overlap on the virtual
+    clock."""
     sim = DurableSimulator(seed=12)
 
     @sim.task
@@ -310,7 +312,8 @@ def test_virtual_clock_runs_a_five_minute_cold_start_in_no_wall_time_and_overlap
 
 
 def test_crash_at_every_await_point_resumes_to_the_same_output():
-    """DESIGN: "killing the driver at any await point and resuming gives the uninterrupted run's ... history"."""
+    """docs/guarantees.md: "Killing the driver at any await point and resuming gives the uninterrupted run's adapter,
+    optimizer state and history"."""
 
     def make():
         sim = DurableSimulator(seed=13)
@@ -373,7 +376,7 @@ def _log_of(seed: int) -> list[str]:
 
 
 def test_event_log_is_identical_byte_for_byte_for_the_same_seed():
-    """STYLE: "a same-seed-twice test proves determinism"."""
+    """docs/guarantees.md: "A same-seed-twice test proves determinism"."""
     assert _log_of(31) == _log_of(31)
     assert _log_of(31) != _log_of(32)
 

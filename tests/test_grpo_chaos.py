@@ -9,8 +9,9 @@ from rl.sim.chaos import grpo_random, grpo_swarm, grpo_sweep
 
 @pytest.mark.parametrize("pipelined", [False, True])
 def test_killing_the_driver_at_every_await_point_resumes_to_the_uninterrupted_result(pipelined):
-    """DESIGN: "killing the driver at any await point and resuming gives the uninterrupted run's adapter, optimizer
-    state and history, bitwise; no prompt is trained twice or skipped; no adapter version is missing or repeated"."""
+    """docs/guarantees.md: "Killing the driver at any await point and resuming gives the uninterrupted run's adapter,
+    optimizer state and history, bitwise; no prompt is trained twice or skipped; no adapter version is missing or
+    repeated"."""
     reports = grpo_sweep(pipelined)
     assert len(reports) > 60  # 4 iterations x 4 groups: every call, return and checkpoint is a point
     assert all(r.crashes == 1 and r.attempts == 2 for r in reports)
@@ -27,7 +28,7 @@ def test_seeded_random_fault_scenarios_keep_every_invariant(pipelined):
 
 
 def test_a_scenario_is_reproducible_from_its_seed():
-    """STYLE: "every crash point and fault schedule is reproducible from one integer seed"."""
+    """docs/guarantees.md: "Every crash point and fault schedule is reproducible from one integer seed"."""
     check = grpo_random(pipelined=True)
     assert check(5) == check(5)
     assert grpo_swarm(5) == grpo_swarm(5) != grpo_swarm(6)
