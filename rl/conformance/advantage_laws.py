@@ -33,8 +33,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rl.conformance._base import ContractBase, explicit_examples, law_settings, tier
-from rl.conformance.contracts import must_provide
+from rl.conformance._base import ContractBase, explicit_examples, law_settings, must_provide, tier
 from rl.conformance.reference import (
     TOLERANCE_FACTOR,
     advantage_denominator,
