@@ -18,7 +18,8 @@ import torch
 
 from rl.artifacts import LocalArtifacts
 from rl.bench.figures import spread
-from rl.engines.torch_sampler import TorchSampler, batched_teacher_forced_logprobs
+from rl.engines.decoding import batched_teacher_forced_logprobs
+from rl.engines.torch_sampler import TorchSampler
 from rl.errors import InputError
 from rl.local import DEMO_MODEL, DEMO_TRAINER, base_model
 from rl.loop.grpo import GrpoConfig, GrpoTiers, generate_and_score

@@ -66,7 +66,7 @@ def gpu_bench(config: GpuBenchConfig = GpuBenchConfig(), *, with_vllm: bool = Tr
     import torch
 
     from rl.artifacts import LocalArtifacts
-    from rl.engines.torch_sampler import teacher_forced_logprobs
+    from rl.engines.decoding import teacher_forced_logprobs
     from rl.models import build_tiny_model, load_tokenizer
     from rl.trainer.config import TrainerConfig
     from rl.trainer.peft_trainer import PeftTrainer, load_policy
