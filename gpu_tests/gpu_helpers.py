@@ -2,7 +2,7 @@
 random adapters, and the log-prob comparison between vLLM and the trainer.
 
 Everything that decides a test's inputs runs on the CPU from seeds (the batches are sampled from the float32 base model
-with `rl.engines.torch_sampler.sample_group`), so a test's inputs are the same on every machine and only the code under
+with `rl.engines.decoding.sample_group`), so a test's inputs are the same on every machine and only the code under
 test runs on the GPU.
 """
 
@@ -87,7 +87,7 @@ def base_rollouts(
     The base model is what a version-0 adapter samples (PEFT initialises LoRA's B to zero), so these are exactly the
     rollouts, token ids and sampling log-probs a sampler of version 0 records: the first step's ratios are 1.
     """
-    from rl.engines.torch_sampler import sample_group
+    from rl.engines.decoding import sample_group
     from rl.models import load_base_model, load_tokenizer
 
     tokenizer = load_tokenizer(base_dir)
@@ -163,7 +163,7 @@ def logprob_gaps(rollouts: Sequence[Rollout], policy: Any) -> list[float]:
     """|sampling log-prob - teacher-forced log-prob under `policy`| for every completion token of `rollouts`."""
     import torch
 
-    from rl.engines.torch_sampler import teacher_forced_logprobs
+    from rl.engines.decoding import teacher_forced_logprobs
 
     gaps: list[float] = []
     with torch.no_grad():

@@ -81,7 +81,7 @@ def test_rl_chaos_failure_prints_the_seed_and_the_reproducing_command(capsys, mo
 
 
 def test_rl_bench_json_has_the_public_figures(capsys, monkeypatch):
-    import rl.sim.bench as bench
+    import rl.bench.sim as bench
 
     monkeypatch.setattr(bench, "scenario_speed", lambda: {"scenarios_per_s": 1.0})
     monkeypatch.setattr(bench, "parallel_scenario_speed", lambda: {"scenarios_per_s_2_jobs": 2.0})
@@ -105,7 +105,7 @@ def test_rl_bench_refuses_an_unknown_section(capsys):
 
 def test_cpu_bench_measures_sampler_ceiling_and_train_step():
     """The CPU section reports the sampler's tokens/s against its teacher-forced ceiling and a full train step."""
-    from rl.bench_cpu import cpu_stack_bench
+    from rl.bench.cpu import cpu_stack_bench
 
     figures = cpu_stack_bench(groups=2, group_size=2, max_tokens=3, repeats=1)
     assert figures["sampler_tokens_per_s"] > 0 and figures["teacher_forced_tokens_per_s"] > 0
@@ -119,7 +119,7 @@ def test_cpu_bench_measures_sampler_ceiling_and_train_step():
 def test_cpu_bench_repeats_each_figure_and_reports_its_median_and_spread():
     """Every timed figure is measured `repeats` times: the median under its name, the min-max beside it; the sampler's
     tokens per CPU-second is reported beside its wall rate."""
-    from rl.bench_cpu import cpu_stack_bench
+    from rl.bench.cpu import cpu_stack_bench
 
     figures = cpu_stack_bench(groups=2, group_size=2, max_tokens=3, repeats=3)
     assert figures["cpu_repeats"] == 3
@@ -128,7 +128,7 @@ def test_cpu_bench_repeats_each_figure_and_reports_its_median_and_spread():
 
 
 def test_cpu_bench_refuses_zero_repeats(capsys):
-    from rl.bench_cpu import cpu_stack_bench
+    from rl.bench.cpu import cpu_stack_bench
     from rl.errors import InputError
 
     with pytest.raises(InputError, match="repeats must be >= 1"):
@@ -139,7 +139,7 @@ def test_cpu_bench_refuses_zero_repeats(capsys):
 
 
 def test_rl_bench_prints_a_repeated_figure_as_median_and_min_max():
-    from rl.commands.bench import figure_lines
+    from rl.bench.figures import figure_lines
 
     figures = {"train_step_s": 0.5, "train_step_s_min": 0.25, "train_step_s_max": 2.0, "cpu_repeats": 5, "x_min": 1.0}
     assert figure_lines(figures) == ["train_step_s  0.5 (0.25-2)", "cpu_repeats   5", "x_min         1"]
@@ -147,7 +147,7 @@ def test_rl_bench_prints_a_repeated_figure_as_median_and_min_max():
 
 def test_rl_bench_volumes_section_compares_a_fork_with_a_full_copy(capsys, monkeypatch):
     """The fork of a world writes (almost) nothing, the full copy writes every byte: both measured in one run."""
-    import rl.volumes.bench as volumes_bench
+    import rl.bench.volumes as volumes_bench
 
     # The bench sleeps out the 2 s racy-mtime window before forking, so that the trial's finalize it times does not
     # re-hash; the bytes counted here are the same without the wait.
@@ -161,7 +161,7 @@ def test_rl_bench_volumes_section_compares_a_fork_with_a_full_copy(capsys, monke
 @pytest.mark.slow
 def test_the_parallel_scenario_rate_runs_every_invariant_on_each_process():
     """`rl bench`'s multi-process chaos rate: real scenarios on spawned processes, none failing."""
-    from rl.sim.bench import parallel_scenario_speed
+    from rl.bench.sim import parallel_scenario_speed
 
     figures = parallel_scenario_speed(scenarios=3, jobs=2)
     assert figures["parallel_scenario_failures"] == 0

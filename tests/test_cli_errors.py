@@ -190,12 +190,12 @@ def test_verbose_or_the_environment_variable_adds_the_traceback(argv, env, capsy
 
 def test_a_bug_prints_its_traceback_and_exits_70(capsys, monkeypatch):
     """An exception outside the hierarchy is not an expected failure: the traceback shows, with a request to report."""
-    import rl.sim.bench
+    import rl.bench.sim
 
     def broken():
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr(rl.sim.bench, "simulator_bench", broken)
+    monkeypatch.setattr(rl.bench.sim, "simulator_bench", broken)
     assert main(["bench", "--sections", "sim"]) == 70
     err = capsys.readouterr().err
     assert "Traceback" in err and "ZeroDivisionError" in err and "please report it" in err

@@ -37,10 +37,10 @@ from rl.conformance import (
     TrainerContract,
     load_implementation,
 )
-from rl.conformance.contracts import default_scorer_group
 from rl.conformance.implementation import ImplementationError
 from rl.conformance.ours import FAKES, fake_version0_adapter, trainer_algorithm
 from rl.conformance.ours import batch_loss as our_batch_loss
+from rl.conformance.scorer import default_scorer_group
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.loss import grpo_sample_loss
 from rl.memory.artifacts import MemoryArtifacts
@@ -338,7 +338,9 @@ def test_the_plugin_and_the_package_import_without_torch_flyte_or_vllm():
     """The plugin loads in every pytest run of an environment: it must stay light and never pull the heavy stacks."""
     code = (
         "import sys, rl.conformance.plugin; "
-        "heavy = [m for m in ('torch', 'flyte', 'vllm', 'hypothesis', 'fakes', 'rl.conformance.contracts') "
+        "heavy = [m for m in ('torch', 'flyte', 'vllm', 'hypothesis', 'fakes', 'rl.conformance.artifacts', "
+        "'rl.conformance.state_store', 'rl.conformance.rollout_engine', 'rl.conformance.scorer', "
+        "'rl.conformance.trainer') "
         "if m in sys.modules]; "
         "import rl.conformance.test_suite, rl.conformance.ours; "
         "heavy += [m for m in ('torch', 'flyte', 'vllm') if m in sys.modules]; "

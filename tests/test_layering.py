@@ -18,12 +18,14 @@ LAYERS: dict[str, int] = {
     "rl.sim": 1,
     "rl.flyte": 1,
     "rl.conformance": 2,
+    "rl.bench": 2,
     "rl.commands": 3,
     "rl.cli": 3,
 }
 """Every other `rl` module is the core (layer 0): the domain code, protocols, drivers, engines and trainers. The
-simulator, the in-memory backends and the Flyte tasks (layer 1) build on the core; the suite (2) on them; the
-command line (3) on everything."""
+simulator, the in-memory backends and the Flyte tasks (layer 1) build on the core; the suite (2) on them, and so do
+the benchmarks (2), since `rl bench` times the simulator's chaos scenarios beside the real stack; the command line (3)
+on everything."""
 
 FORBIDDEN_PAIRS = {("rl.flyte", "rl.sim"), ("rl.flyte", "rl.memory"), ("rl.sim", "rl.flyte"), ("rl.memory", "rl.flyte")}
 """Within layer 1: production Flyte code never runs on the simulator's fakes, and the simulator never needs Flyte."""
@@ -98,3 +100,4 @@ def test_the_layer_check_sees_a_violation() -> None:
     """The check is live: a core module that imported the simulator would be caught."""
     assert _layer("rl.sim.durable_sim") > _layer("rl.loop.grpo")
     assert ("rl.flyte", "rl.sim") in FORBIDDEN_PAIRS and _group("rl.flyte.grpo") == "rl.flyte"
+    assert _layer("rl.bench.sim") > _layer("rl.sim.chaos") and _layer("rl.bench.cpu") > _layer("rl.loop.grpo")

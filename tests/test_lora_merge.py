@@ -10,8 +10,9 @@ import torch
 from fixtures_real import adapter_dirs, make_adapter_dir, one_thread, refs, run, store, tiny_model_dir
 
 from rl.artifacts import LocalArtifacts, read_dir
+from rl.engines.adapter_cache import AdapterCache
 from rl.engines.lora_merge import MergedBase, UnsupportedLora, parse_lora
-from rl.engines.torch_sampler import AdapterCache, TorchSampler
+from rl.engines.torch_sampler import TorchSampler
 from rl.types import ArtifactRef
 
 __all__ = ["adapter_dirs", "one_thread", "refs", "store", "tiny_model_dir"]

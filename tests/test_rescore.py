@@ -35,7 +35,7 @@ def test_the_demo_keeps_one_buffer_version_per_iteration_readable_by_pandas(demo
 
 def test_rescore_writes_a_new_version_and_generates_nothing(demo_run, capsys, monkeypatch):
     """`rl rescore --reward format` re-scores every stored rollout; a sampler that refuses to run proves none ran."""
-    import rl.engines.torch_sampler as sampler
+    import rl.engines.decoding as sampler
 
     def refuse(*args, **kwargs):
         raise AssertionError("rescoring must not generate")

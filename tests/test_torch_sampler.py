@@ -10,14 +10,14 @@ import torch
 from fixtures_real import LORA_TARGETS, adapter_dirs, one_thread, refs, run, store, tiny_model_dir
 
 from rl.artifacts import ArtifactNotFound, LocalArtifacts
-from rl.engines.torch_sampler import (
+from rl.engines.adapter_cache import NotAnAdapter
+from rl.engines.decoding import (
     InvalidRolloutRequest,
-    NotAnAdapter,
-    TorchSampler,
     batched_teacher_forced_logprobs,
     sample_group,
     teacher_forced_logprobs,
 )
+from rl.engines.torch_sampler import TorchSampler
 from rl.models import load_base_model
 from rl.protocols import RolloutEngine
 from rl.types import ArtifactRef, Prompt, RolloutRequest

@@ -21,7 +21,8 @@ import fakes.vllm_stub as vllm_stub
 from fakes.vllm_stub import CompletionOutput, Logprob, RequestOutput, SamplingParams
 from fakes.vllm_stub.lora.request import LoRARequest
 from rl.artifacts import LocalArtifacts, read_dir
-from rl.engines.torch_sampler import TorchSampler, teacher_forced_logprobs
+from rl.engines.decoding import teacher_forced_logprobs
+from rl.engines.torch_sampler import TorchSampler
 from rl.engines.vllm import (
     VLLM_SEED_STRIDE,
     EngineOutputError,

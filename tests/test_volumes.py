@@ -15,6 +15,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
 
+from rl.bench.volumes import bench_fork, format_bench
 from rl.conformance import VolumeStoreContract
 from rl.conformance.volumes import PATHS, VolumeStoreMachine, read_tree
 from rl.volumes import (
@@ -29,7 +30,6 @@ from rl.volumes import (
     WriterConflictError,
     probe_share_mode,
 )
-from rl.volumes.bench import bench_fork, format_bench
 
 NOBODY = 65534
 

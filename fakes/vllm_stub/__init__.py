@@ -190,7 +190,7 @@ class LLM:
     """
 
     def __init__(self, model: str, **kwargs: Any) -> None:
-        from rl.engines.torch_sampler import AdapterCache
+        from rl.engines.adapter_cache import AdapterCache
         from rl.models import load_tokenizer
 
         unknown = sorted(set(kwargs) - set(ENGINE_ARGS))
@@ -276,7 +276,7 @@ class LLM:
         lora_request: LoRARequest | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        from rl.engines.torch_sampler import sample_group
+        from rl.engines.decoding import sample_group
 
         prompt_list = [prompts] if isinstance(prompts, str | dict) else list(prompts)
         if sampling_params is None:

@@ -1,4 +1,4 @@
-"""`rl bench`: side-by-side figures for this machine (simulator, GRPO loop on fakes; more sections as they land)."""
+"""`rl bench`: side-by-side figures for this machine; `rl.bench` measures them, one module per section."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from rl.argtypes import positive_float, positive_int
+from rl.bench.figures import figure_lines
 from rl.strict_json import flag_non_finite
 
 SECTIONS = ("sim", "cpu", "volumes")
@@ -41,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.gpu:
-        from rl.bench_gpu import run_gpu_bench
+        from rl.bench.gpu import run_gpu_bench
 
         return run_gpu_bench(json_out=args.json)
     from rl.errors import InputError
@@ -54,15 +55,15 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--sections {args.sections!r} names no section; choose from {', '.join(SECTIONS)}")
     figures: dict[str, Any] = {}
     if "sim" in sections:
-        from rl.sim.bench import simulator_bench
+        from rl.bench.sim import simulator_bench
 
         figures.update(simulator_bench())
     if "cpu" in sections:
-        from rl.bench_cpu import cpu_stack_bench
+        from rl.bench.cpu import cpu_stack_bench
 
         figures.update(cpu_stack_bench(repeats=args.repeats))
     if "volumes" in sections:
-        from rl.volumes.bench import bench_fork
+        from rl.bench.volumes import bench_fork
 
         fork = bench_fork(int(args.world_gib * (1 << 30)))
         figures.update({f"volume_{k}": v for k, v in fork.items()})
@@ -72,23 +73,3 @@ def run(args: argparse.Namespace) -> int:
         rounded = {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in figures.items()}
         print(json.dumps(flag_non_finite(rounded), allow_nan=False))
     return 0
-
-
-def figure_lines(figures: dict[str, Any]) -> list[str]:
-    """One aligned `name  value` line per figure; a figure with `name_min` and `name_max` beside it (repeated
-    measurements: the median under its name) prints as `name  median (min-max)`."""
-    spreads = {k for k in figures if f"{k}_min" in figures and f"{k}_max" in figures}
-    folded = {f"{k}_{end}" for k in spreads for end in ("min", "max")}
-    shown = [k for k in figures if k not in folded]
-    width = max(len(k) for k in shown)
-
-    def show(value: Any) -> str:
-        return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-    lines = []
-    for key in shown:
-        value = show(figures[key])
-        if key in spreads:
-            value += f" ({show(figures[f'{key}_min'])}-{show(figures[f'{key}_max'])})"
-        lines.append(f"{key:<{width}}  {value}")
-    return lines

@@ -24,15 +24,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rl.conformance.advantage_laws import AdvantageContract
     from rl.conformance.agentic import AgenticContract
+    from rl.conformance.artifacts import ArtifactsContract
     from rl.conformance.capabilities import Capabilities
-    from rl.conformance.contracts import (
-        ArtifactsContract,
-        RolloutEngineContract,
-        ScorerContract,
-        StateStoreContract,
-        TrainerContract,
-        trained_adapter,
-    )
     from rl.conformance.ddp import DdpShardStepContract
     from rl.conformance.driver import GrpoDriverContract
     from rl.conformance.history import DriverReplayContract, RecordedHistory, load_history, record_history
@@ -40,7 +33,11 @@ if TYPE_CHECKING:
     from rl.conformance.loop import LoopContract
     from rl.conformance.loss_laws import LossContract, sample_loss_as_batch_loss
     from rl.conformance.rollout_buffer import RolloutBufferContract
+    from rl.conformance.rollout_engine import RolloutEngineContract
+    from rl.conformance.scorer import ScorerContract
     from rl.conformance.spec import AlgorithmSpec
+    from rl.conformance.state_store import StateStoreContract
+    from rl.conformance.trainer import TrainerContract, trained_adapter
     from rl.conformance.volumes import VolumeStoreContract
 
 _EXPORTS = {
@@ -50,15 +47,15 @@ _EXPORTS = {
     "AlgorithmSpec": "rl.conformance.spec",
     "AgenticContract": "rl.conformance.agentic",
     "DdpShardStepContract": "rl.conformance.ddp",
-    "trained_adapter": "rl.conformance.contracts",
+    "trained_adapter": "rl.conformance.trainer",
     "Capabilities": "rl.conformance.capabilities",
     "Implementation": "rl.conformance.implementation",
     "load_implementation": "rl.conformance.implementation",
-    "ArtifactsContract": "rl.conformance.contracts",
-    "StateStoreContract": "rl.conformance.contracts",
-    "RolloutEngineContract": "rl.conformance.contracts",
-    "ScorerContract": "rl.conformance.contracts",
-    "TrainerContract": "rl.conformance.contracts",
+    "ArtifactsContract": "rl.conformance.artifacts",
+    "StateStoreContract": "rl.conformance.state_store",
+    "RolloutEngineContract": "rl.conformance.rollout_engine",
+    "ScorerContract": "rl.conformance.scorer",
+    "TrainerContract": "rl.conformance.trainer",
     "GrpoDriverContract": "rl.conformance.driver",
     "DriverReplayContract": "rl.conformance.history",
     "RecordedHistory": "rl.conformance.history",

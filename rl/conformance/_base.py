@@ -98,3 +98,10 @@ class ContractBase:
 
 async def _as_coroutine(awaitable: Awaitable[T]) -> T:
     return await awaitable
+
+
+def must_provide(contract: str, fixture: str, what: str) -> NotImplementedError:
+    """The error a required fixture raises until the implementer overrides it."""
+    return NotImplementedError(
+        f"{contract} needs the `{fixture}` fixture: override it in your test class to return {what}"
+    )

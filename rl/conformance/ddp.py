@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 
-from rl.conformance._base import ContractBase, tier
-from rl.conformance.contracts import must_provide
+from rl.conformance._base import ContractBase, must_provide, tier
 
 __all__ = ["DdpShardStepContract"]
 

@@ -9,17 +9,14 @@ import pytest
 from rl.conformance._base import Run
 from rl.conformance.advantage_laws import AdvantageContract
 from rl.conformance.agentic import AgenticContract
-from rl.conformance.contracts import (
-    ArtifactsContract,
-    RolloutEngineContract,
-    ScorerContract,
-    StateStoreContract,
-    TrainerContract,
-    trained_adapter,
-)
+from rl.conformance.artifacts import ArtifactsContract
 from rl.conformance.driver import GrpoDriverContract
 from rl.conformance.history import DriverReplayContract
 from rl.conformance.loss_laws import LossContract
+from rl.conformance.rollout_engine import RolloutEngineContract
+from rl.conformance.scorer import ScorerContract
+from rl.conformance.state_store import StateStoreContract
+from rl.conformance.trainer import TrainerContract, trained_adapter
 from rl.protocols import RolloutEngine, Trainer
 from rl.types import ArtifactRef
 

@@ -38,8 +38,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rl.conformance._base import ContractBase, explicit_examples, law_settings, tier
-from rl.conformance.contracts import must_provide
+from rl.conformance._base import ContractBase, explicit_examples, law_settings, must_provide, tier
+from rl.conformance.loss_cases import (
+    AT_RATIO_ONE,
+    CLIP_CELLS,
+    KL_CELLS,
+    LOG_RATIO,
+    LossBatch,
+    as_on_policy,
+    cell,
+    loss_batches,
+    repadded,
+)
 from rl.conformance.reference import (
     TOLERANCE_FACTOR,
     Precision,
@@ -55,7 +65,7 @@ from rl.conformance.spec import AlgorithmSpec, KlEstimator, LossAggregation, Los
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["BatchLossFn", "LossBatch", "LossContract", "SampleLossFn", "sample_loss_as_batch_loss"]
+__all__ = ["BatchLossFn", "LossContract", "SampleLossFn", "sample_loss_as_batch_loss"]
 
 SampleLossFn = Callable[..., Any]
 """`(new_logp, old_logp, ref_logp, advantage, clip_eps=0.2, kl_beta=0.03) -> (loss, stats)` on 1-D torch tensors of one
@@ -101,132 +111,6 @@ def sample_loss_as_batch_loss(sample_loss: SampleLossFn) -> BatchLossFn:
 
     batch_loss.__qualname__ = f"sample_loss_as_batch_loss({getattr(sample_loss, '__qualname__', sample_loss)!s})"
     return batch_loss
-
-
-# -- cases -------------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LossBatch:
-    """A padded batch of completions: row i's first `lengths[i]` tokens are its completion, the rest padding."""
-
-    new: tuple[tuple[float, ...], ...]
-    old: tuple[tuple[float, ...], ...]
-    ref: tuple[tuple[float, ...], ...]
-    advantages: tuple[float, ...]
-    lengths: tuple[int, ...]
-    clip_eps: float = 0.2
-    kl_beta: float = 0.0
-
-    def __repr__(self) -> str:
-        return f"LossBatch({self})"
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(repr(self))
-
-    @property
-    def width(self) -> int:
-        return len(self.new[0])
-
-    def tokens(self) -> list[tuple[int, int]]:
-        """Every unmasked (row, token) position."""
-        return [(i, t) for i, length in enumerate(self.lengths) for t in range(length)]
-
-    def __str__(self) -> str:
-        return (
-            f"lengths={list(self.lengths)} of width {self.width}, advantages={list(self.advantages)}, "
-            f"clip_eps={self.clip_eps!r}, kl_beta={self.kl_beta!r}, new_logp={_rows(self.new)}, "
-            f"old_logp={_rows(self.old)}, ref_logp={_rows(self.ref)}"
-        )
-
-
-def _rows(rows: Sequence[Sequence[float]]) -> list[list[float]]:
-    return [list(row) for row in rows]
-
-
-def _cell(
-    rows: Sequence[tuple[float, Sequence[tuple[float, float, float]]]],
-    *,
-    clip_eps: float = 0.2,
-    kl_beta: float = 0.0,
-    padding: int = 1,
-) -> LossBatch:
-    """A batch from `(advantage, [(old, log ratio, ref - new), ...])` rows, right-padded to the longest plus
-    `padding` with tokens of their own (new -2.5, old and ref -0.5: a ratio of e^-2 and a 2-nat gap), which no law may
-    see."""
-    width = max(len(tokens) for _, tokens in rows) + padding
-    new, old, ref = [], [], []
-    for _, tokens in rows:
-        pad = width - len(tokens)
-        old.append(tuple([o for o, _, _ in tokens] + [-0.5] * pad))
-        new.append(tuple([o + lr for o, lr, _ in tokens] + [-2.5] * pad))
-        ref.append(tuple([o + lr + gap for o, lr, gap in tokens] + [-0.5] * pad))
-    return LossBatch(
-        tuple(new),
-        tuple(old),
-        tuple(ref),
-        tuple(a for a, _ in rows),
-        tuple(len(tokens) for _, tokens in rows),
-        clip_eps,
-        kl_beta,
-    )
-
-
-def _repadded(rows: Sequence[Sequence[float]], lengths: Sequence[int], value: float) -> tuple[tuple[float, ...], ...]:
-    """`rows` with every padding position (past its row's length) set to `value`."""
-    return tuple(tuple(v if t < n else value for t, v in enumerate(row)) for row, n in zip(rows, lengths, strict=True))
-
-
-def _on_policy(case: LossBatch) -> LossBatch:
-    return replace(case, old=case.new)
-
-
-_ZERO = st.just(0.0)
-_CLIP_EPS = st.just(0.2)
-_ADVANTAGE = st.one_of(st.just(0.0), st.floats(min_value=-10.0, max_value=10.0))
-_GAP = st.floats(min_value=-8.0, max_value=8.0)
-_LOG_RATIO = st.one_of(
-    st.floats(min_value=-8.0, max_value=8.0),  # stale by several nats
-    st.floats(min_value=-0.5, max_value=0.5),  # around the trust region
-)
-
-
-@st.composite
-def _token(draw: st.DrawFn, log_ratio: st.SearchStrategy[float], gap: st.SearchStrategy[float]) -> tuple[float, ...]:
-    """`(new, old, ref)` log-probs in [-30, 0] with `new - old` and `ref - new` drawn from `log_ratio` and `gap`."""
-    lr, g = draw(log_ratio, label="new - old"), draw(gap, label="ref - new")
-    low, high = max(-20.0, lr - 30.0, -30.0 - g), min(-0.01, lr - 0.01, -g - 0.01)
-    new = draw(st.floats(min_value=low, max_value=high), label="new")
-    return new, new - lr, new + g
-
-
-@st.composite
-def _loss_batches(
-    draw: st.DrawFn,
-    *,
-    log_ratio: st.SearchStrategy[float] = _ZERO,
-    gap: st.SearchStrategy[float] = _GAP,
-    advantage: st.SearchStrategy[float] = _ADVANTAGE,
-    kl_beta: st.SearchStrategy[float] = _ZERO,
-    clip_eps: st.SearchStrategy[float] = _CLIP_EPS,
-    max_rows: int = 4,
-    max_length: int = 16,
-) -> LossBatch:
-    """One to `max_rows` completions of 1 to `max_length` tokens, right-padded by up to 2 tokens drawn like the rest
-    (a law that sees them fails), with the log-ratio and reference gap of every token drawn from the strategies."""
-    lengths = draw(st.lists(st.integers(1, max_length), min_size=1, max_size=max_rows), label="lengths")
-    width = max(lengths) + draw(st.integers(0, 2), label="padding")
-    token = _token(log_ratio, gap)
-    rows = [draw(st.lists(token, min_size=width, max_size=width), label=f"row {i}") for i in range(len(lengths))]
-    return LossBatch(
-        new=tuple(tuple(t[0] for t in row) for row in rows),
-        old=tuple(tuple(t[1] for t in row) for row in rows),
-        ref=tuple(tuple(t[2] for t in row) for row in rows),
-        advantages=tuple(draw(advantage, label=f"advantage {i}") for i in range(len(lengths))),
-        lengths=tuple(lengths),
-        clip_eps=draw(clip_eps, label="clip_eps"),
-        kl_beta=draw(kl_beta, label="kl_beta"),
-    )
 
 
 # -- calling the loss --------------------------------------------------------------------------------------------------
@@ -376,7 +260,7 @@ def _kl_beta(spec: AlgorithmSpec, beta: float) -> float:
 def _fresh(spec: AlgorithmSpec, case: LossBatch) -> LossBatch:
     """`case` with old_logp = new_logp when the declared loss is on-policy only, and kl_beta 0 when it has no KL."""
     case = replace(case, kl_beta=_kl_beta(spec, case.kl_beta))
-    return _on_policy(case) if spec.importance_ratio == "on_policy" else case
+    return as_on_policy(case) if spec.importance_ratio == "on_policy" else case
 
 
 def _dual_clip_hint(
@@ -415,38 +299,6 @@ def _dual_clip_hint(
         f" Tokens with A < 0 and a ratio above {c!r} are flat: a dual clip (verl's clip_ratio_c). The loss matches "
         f"{candidate.declared()}: declare it if that is your design."
     )
-
-
-# -- explicit cells ----------------------------------------------------------------------------------------------------
-
-_LN = math.log
-_AT_RATIO_ONE = (
-    _cell([(1.0, [(-1.0, 0.0, 0.0)])]),
-    _cell([(-0.5, [(-0.3, 0.0, 0.7)] * 7)]),
-    _cell([(1.5, [(-1.0, 0.0, 5.0)]), (-2.0, [(-4.0, 0.0, -5.0)] * 7), (0.0, [(-0.2, 0.0, 1.0)] * 64)], padding=3),
-    _cell([(3.0, [(-2.0, 0.0, 8.0)] * 5), (-3.0, [(-9.0, 0.0, -8.0)] * 5)]),
-    _cell([(0.25, [(-12.0, 0.0, 0.05), (-0.01, 0.0, -0.05), (-7.0, 0.0, 2.0)])], padding=0),
-)
-"""Ratio exactly 1: one token; seven; lengths 1, 7 and 64 with three tokens of padding and gaps of 5 nats; +-8 nats."""
-
-
-def _clip_row(advantage: float, old: float, eps: float) -> tuple[float, list[tuple[float, float, float]]]:
-    ratios = [-8.0, -5.0, _LN(0.5), _LN(1 - eps), _LN(0.9), 0.0, _LN(1.1), _LN(1 + eps), _LN(1.5), 5.0, 8.0]
-    return advantage, [(old - max(lr, 0.0), lr, 0.0) for lr in ratios]
-
-
-_CLIP_CELLS = tuple(
-    _cell([_clip_row(a, old, eps), _clip_row(-a * 0.5, old, eps)], clip_eps=eps)
-    for eps, a, old in ((0.2, 1.3, -0.5), (0.1, 3.0, -3.0), (0.28, 0.4, -12.0))
-)
-"""Ratios e^-8, e^-5, 0.5, 1 - eps, 0.9, 1, 1.1, 1 + eps, 1.5, e^5 and e^8 for a positive and a negative advantage,
-at clip_eps 0.2, 0.1 and 0.28 (DAPO's clip-higher bound)."""
-
-_KL_CELLS = (
-    _cell([(0.0, [(-1.0, 0.0, gap) for gap in (0.05, -0.05, 1.0, -1.0, 5.0, -5.0, 8.0, -8.0)])], kl_beta=0.04),
-    _cell([(0.0, [(-3.0, 0.0, 0.5)] * 3), (2.0, [(-0.5, 0.0, -2.0)]), (-1.0, [(-6.0, 0.0, 6.0)] * 9)], kl_beta=0.5),
-)
-"""Reference gaps of +-0.05, 1, 5 and 8 nats; advantages of 0 and not."""
 
 
 @tier("loss")
@@ -517,8 +369,8 @@ class LossContract(ContractBase):
     # -- invariants ----------------------------------------------------------------------------------------------------
 
     @law_settings(max_examples=15)
-    @explicit_examples(*_AT_RATIO_ONE)
-    @given(case=_loss_batches())
+    @explicit_examples(*AT_RATIO_ONE)
+    @given(case=loss_batches())
     def test_loss_at_ratio_one_is_reinforce(
         self, loss_under_test: LossUnderTest, algorithm: AlgorithmSpec, case: LossBatch
     ) -> None:
@@ -527,7 +379,7 @@ class LossContract(ContractBase):
         the aggregation law's business), and a clipped-ratio loss's value is `-sum_i A_i T_i w_i`."""
         law = "REINFORCE at ratio 1"
         spec = check_spec(algorithm)
-        case = replace(_on_policy(case), kl_beta=0.0)
+        case = replace(as_on_policy(case), kl_beta=0.0)
         at = invariant_precision(spec.loss_dtype)
         probe = replace(case, ref=case.new, advantages=(1.0,) * len(case.lengths))
         unit = _call(loss_under_test, spec, probe, law).grad
@@ -552,8 +404,8 @@ class LossContract(ContractBase):
         )
 
     @law_settings(max_examples=15)
-    @explicit_examples(*_KL_CELLS)
-    @given(case=_loss_batches(advantage=st.just(0.0), kl_beta=st.floats(min_value=0.01, max_value=0.5)))
+    @explicit_examples(*KL_CELLS)
+    @given(case=loss_batches(advantage=st.just(0.0), kl_beta=st.floats(min_value=0.01, max_value=0.5)))
     def test_loss_kl_penalty_is_nonnegative_and_pulls_towards_the_reference(
         self, loss_under_test: LossUnderTest, algorithm: AlgorithmSpec, case: LossBatch
     ) -> None:
@@ -563,7 +415,7 @@ class LossContract(ContractBase):
         law = "KL penalty"
         spec = check_spec(algorithm)
         _skip_unless(spec, law)
-        case = replace(_on_policy(case), advantages=(0.0,) * len(case.lengths))
+        case = replace(as_on_policy(case), advantages=(0.0,) * len(case.lengths))
         eps = invariant_precision(spec.loss_dtype).eps
         at_ref = _call(loss_under_test, spec, replace(case, ref=case.new), law)
         assert abs(at_ref.value) <= TOLERANCE_FACTOR * eps * case.kl_beta, (
@@ -591,8 +443,8 @@ class LossContract(ContractBase):
             )
 
     @law_settings(max_examples=15)
-    @explicit_examples(*_CLIP_CELLS)
-    @given(case=_loss_batches(log_ratio=_LOG_RATIO, gap=st.just(0.0), clip_eps=st.floats(0.05, 0.4)))
+    @explicit_examples(*CLIP_CELLS)
+    @given(case=loss_batches(log_ratio=LOG_RATIO, gap=st.just(0.0), clip_eps=st.floats(0.05, 0.4)))
     def test_loss_clip_caps_a_stale_samples_gain_on_both_sides_of_the_trust_region(
         self, loss_under_test: LossUnderTest, algorithm: AlgorithmSpec, case: LossBatch
     ) -> None:
@@ -671,13 +523,13 @@ class LossContract(ContractBase):
 
     @law_settings(max_examples=15)
     @explicit_examples(
-        _cell(
+        cell(
             [(1.0, [(-1.0, 0.3, 2.0)] * 3), (-0.5, [(-2.0, -0.4, -3.0)]), (2.0, [(-0.5, 0.0, 5.0)] * 5)],
             padding=2,
             kl_beta=0.1,
         ),
     )
-    @given(case=_loss_batches(log_ratio=_LOG_RATIO, kl_beta=st.floats(min_value=0.0, max_value=0.5)))
+    @given(case=loss_batches(log_ratio=LOG_RATIO, kl_beta=st.floats(min_value=0.0, max_value=0.5)))
     def test_loss_ignores_padding_tokens(
         self, loss_under_test: LossUnderTest, algorithm: AlgorithmSpec, case: LossBatch
     ) -> None:
@@ -691,12 +543,12 @@ class LossContract(ContractBase):
         # Far from the padding's first values: ratios of e^-25 and gaps of 25 nats where nothing may look.
         padded = replace(
             case,
-            new=_repadded(case.new, case.lengths, -25.0),
-            old=_repadded(case.old, case.lengths, -0.05),
-            ref=_repadded(case.ref, case.lengths, -0.01),
+            new=repadded(case.new, case.lengths, -25.0),
+            old=repadded(case.old, case.lengths, -0.05),
+            ref=repadded(case.ref, case.lengths, -0.01),
         )
         if spec.importance_ratio == "on_policy":
-            padded = _on_policy(padded)
+            padded = as_on_policy(padded)
         first = _call(loss_under_test, spec, case, law)
         second = _call(loss_under_test, spec, padded, law)
         for outcome in (first, second):
@@ -720,12 +572,12 @@ class LossContract(ContractBase):
 
     @law_settings(max_examples=15)
     @explicit_examples(
-        _cell([(10.0, [(-30.0 + 8.0, 8.0, 0.0), (-0.01, -8.0, -8.0), (-20.0, 0.0, 8.0)])], clip_eps=0.4, kl_beta=0.5),
-        _cell([(-10.0, [(-22.0, 8.0, -8.0)] * 64), (0.0, [(-0.01, -5.0, 5.0)])], clip_eps=0.05, kl_beta=0.5),
+        cell([(10.0, [(-30.0 + 8.0, 8.0, 0.0), (-0.01, -8.0, -8.0), (-20.0, 0.0, 8.0)])], clip_eps=0.4, kl_beta=0.5),
+        cell([(-10.0, [(-22.0, 8.0, -8.0)] * 64), (0.0, [(-0.01, -5.0, 5.0)])], clip_eps=0.05, kl_beta=0.5),
     )
     @given(
-        case=_loss_batches(
-            log_ratio=_LOG_RATIO,
+        case=loss_batches(
+            log_ratio=LOG_RATIO,
             kl_beta=st.floats(min_value=0.0, max_value=0.5),
             clip_eps=st.floats(min_value=0.05, max_value=0.4),
             max_length=64,
@@ -789,11 +641,11 @@ class LossContract(ContractBase):
 
     @law_settings(max_examples=15)
     @explicit_examples(
-        _cell([(1.0, [(-1.0, 0.0, 0.0)]), (1.0, [(-2.0, 0.0, 0.0)] * 7)]),
-        _cell([(1.5, [(-1.0, 0.0, 0.0)] * 3), (-0.5, [(-3.0, 0.0, 1.0)] * 5), (2.0, [(-0.1, 0.0, 0.0)] * 64)]),
-        _cell([(-1.0, [(-4.0, 0.0, 0.0)] * 4)], padding=0),
+        cell([(1.0, [(-1.0, 0.0, 0.0)]), (1.0, [(-2.0, 0.0, 0.0)] * 7)]),
+        cell([(1.5, [(-1.0, 0.0, 0.0)] * 3), (-0.5, [(-3.0, 0.0, 1.0)] * 5), (2.0, [(-0.1, 0.0, 0.0)] * 64)]),
+        cell([(-1.0, [(-4.0, 0.0, 0.0)] * 4)], padding=0),
     )
-    @given(case=_loss_batches(max_length=64))
+    @given(case=loss_batches(max_length=64))
     def test_loss_aggregates_tokens_as_declared(
         self, loss_under_test: LossUnderTest, algorithm: AlgorithmSpec, case: LossBatch
     ) -> None:
@@ -802,7 +654,7 @@ class LossContract(ContractBase):
         1/B for "sequence_sum", 1/sum(T) for "token_mean"; a clipped-ratio loss's value is `-sum_i A_i T_i w_i`."""
         law = "declared aggregation"
         spec = check_spec(algorithm)
-        case = replace(_on_policy(case), kl_beta=0.0)
+        case = replace(as_on_policy(case), kl_beta=0.0)
         declared = token_weights(spec, case.lengths)
         got = _call(loss_under_test, spec, case, law)
         wrong = _mismatch(spec, got, declared, precision(spec.loss_dtype))
@@ -821,8 +673,8 @@ class LossContract(ContractBase):
             )
 
     @law_settings(max_examples=15)
-    @explicit_examples(*_KL_CELLS)
-    @given(case=_loss_batches(kl_beta=st.floats(min_value=0.01, max_value=0.5)))
+    @explicit_examples(*KL_CELLS)
+    @given(case=loss_batches(kl_beta=st.floats(min_value=0.01, max_value=0.5)))
     def test_loss_kl_penalty_is_the_declared_estimator(
         self, loss_under_test: LossUnderTest, algorithm: AlgorithmSpec, case: LossBatch
     ) -> None:
@@ -833,7 +685,7 @@ class LossContract(ContractBase):
         law = "declared KL estimator"
         spec = check_spec(algorithm)
         _skip_unless(spec, law)
-        case = _on_policy(case)
+        case = as_on_policy(case)
         weights = _weights(loss_under_test, spec, case, law)
         got = _call(loss_under_test, spec, case, law)
         wrong = _mismatch(spec, got, weights, precision(spec.loss_dtype))

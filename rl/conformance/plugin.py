@@ -41,7 +41,11 @@ _REPRODUCE = pytest.StashKey[list[str]]()
 # Plain `assert`s in the contracts explain themselves when they fail, whether or not the package is installed editable.
 _CONTRACT_MODULES = (
     "rl.conformance._base",
-    "rl.conformance.contracts",
+    "rl.conformance.artifacts",
+    "rl.conformance.state_store",
+    "rl.conformance.rollout_engine",
+    "rl.conformance.scorer",
+    "rl.conformance.trainer",
     "rl.conformance.driver",
     "rl.conformance.history",
     "rl.conformance.algorithm",

@@ -17,19 +17,16 @@ from rl.conformance._base import Run
 from rl.conformance._bound_algorithm import TestAdvantages, TestLoss  # noqa: F401
 from rl.conformance._bound_ddp import TestDdpShardStep  # noqa: F401  (bound here so --pyargs collects it)
 from rl.conformance.agentic import AgenticContract
+from rl.conformance.artifacts import ArtifactsContract
 from rl.conformance.capabilities import Capabilities
-from rl.conformance.contracts import (
-    ArtifactsContract,
-    RolloutEngineContract,
-    ScorerContract,
-    StateStoreContract,
-    TrainerContract,
-    trained_adapter,
-)
 from rl.conformance.driver import GrpoDriverContract
 from rl.conformance.history import DriverReplayContract
 from rl.conformance.implementation import Implementation, ImplementationError, load_implementation
 from rl.conformance.rollout_buffer import BufferFactory, RolloutBufferContract
+from rl.conformance.rollout_engine import RolloutEngineContract
+from rl.conformance.scorer import ScorerContract
+from rl.conformance.state_store import StateStoreContract
+from rl.conformance.trainer import TrainerContract, trained_adapter
 from rl.conformance.volumes import StoreFactory, VolumeStoreContract
 from rl.loop.agentic import train
 from rl.loop.checkpoint import as_altered, as_another_schema_version

@@ -18,7 +18,7 @@ import torch
 from peft import PeftModel
 from peft.tuners.tuners_utils import BaseTunerLayer
 
-from rl.engines.torch_sampler import batched_teacher_forced_logprobs
+from rl.engines.decoding import batched_teacher_forced_logprobs
 from rl.loss import grpo_masked_row_losses
 from rl.seeding import derive_seed
 from rl.trainer.config import TrainerConfig

@@ -39,7 +39,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from rl.advantages import group_normalized_advantages
-from rl.engines.torch_sampler import teacher_forced_logprobs
+from rl.engines.decoding import teacher_forced_logprobs
 from rl.errors import TrainerError
 from rl.loss import grpo_sample_loss
 from rl.models import load_base_model

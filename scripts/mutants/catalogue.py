@@ -163,11 +163,11 @@ CATALOGUE: tuple[Mutant, ...] = (
         "token sum instead of token mean per completion: long completions weigh more (another aggregation)",
         ("tests/test_loss.py",),
     ),
-    # --- engine (rl/engines/torch_sampler.py) ---
+    # --- engine (rl/engines/decoding.py, rl/engines/torch_sampler.py) ---
     Mutant(
         "engine-unseeded",
         "engine",
-        "rl/engines/torch_sampler.py",
+        "rl/engines/decoding.py",
         'generators = [torch.Generator(device="cpu").manual_seed(seed) for seed in seeds]',
         'generators = [torch.Generator(device="cpu") for _ in seeds]\n    for g in generators:\n        g.seed()',
         "sampler's generator seeded from the OS: a retried request samples other tokens",

@@ -10,7 +10,7 @@ Bytes copied are counted two ways: `*_bytes_written` is what this process passed
 to that filesystem meanwhile). A fork's only write is its writer lock's pid (a few bytes). The copy reads a world still
 in the page cache, which is its best case.
 
-Run: `python -m rl.volumes.bench [SIZE_BYTES [DIR]]`.
+Run: `python -m rl.bench.volumes [SIZE_BYTES [DIR]]`.
 """
 
 from __future__ import annotations

@@ -9,17 +9,17 @@ min-max (`_min`, `_max`): a single timed call varied 7x over six runs on a share
 from __future__ import annotations
 
 import asyncio
-import statistics
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from rl.artifacts import LocalArtifacts
-from rl.engines.torch_sampler import TorchSampler, batched_teacher_forced_logprobs
+from rl.bench.figures import spread
+from rl.engines.decoding import batched_teacher_forced_logprobs
+from rl.engines.torch_sampler import TorchSampler
 from rl.errors import InputError
 from rl.local import DEMO_MODEL, DEMO_TRAINER, base_model
 from rl.loop.grpo import GrpoConfig, GrpoTiers, generate_and_score
@@ -27,11 +27,6 @@ from rl.problems import DigitSuccessor
 from rl.scoring import RewardScorer
 from rl.trainer.peft_trainer import PeftTrainer
 from rl.types import TrainBatch
-
-
-def spread(name: str, values: Sequence[float]) -> dict[str, float]:
-    """`{name: median, name_min: ..., name_max: ...}` of one figure's repeats."""
-    return {name: statistics.median(values), f"{name}_min": min(values), f"{name}_max": max(values)}
 
 
 async def _measure(root: Path, groups: int, group_size: int, max_tokens: int, repeats: int) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from rl.bench.figures import figure_lines
 from rl.gpu import VLLM_MODEL, cuda_unavailable_reason, vllm_llm_kwargs, vllm_unavailable_reason
 from rl.strict_json import flag_non_finite
 
@@ -65,7 +66,7 @@ def gpu_bench(config: GpuBenchConfig = GpuBenchConfig(), *, with_vllm: bool = Tr
     import torch
 
     from rl.artifacts import LocalArtifacts
-    from rl.engines.torch_sampler import teacher_forced_logprobs
+    from rl.engines.decoding import teacher_forced_logprobs
     from rl.models import build_tiny_model, load_tokenizer
     from rl.trainer.config import TrainerConfig
     from rl.trainer.peft_trainer import PeftTrainer, load_policy
@@ -202,9 +203,8 @@ def run_gpu_bench(*, json_out: bool = False, config: GpuBenchConfig = GpuBenchCo
         return 2
     vllm_reason = vllm_unavailable_reason()
     figures = gpu_bench(config, with_vllm=vllm_reason is None)
-    width = max(len(k) for k in figures)
-    for key, value in figures.items():
-        print(f"{key:<{width}}  {value:.4g}" if isinstance(value, float) else f"{key:<{width}}  {value}")
+    for line in figure_lines(figures):
+        print(line)
     if json_out:
         print(json.dumps(flag_non_finite(figures), allow_nan=False))
     if vllm_reason is not None:

@@ -1,0 +1,207 @@
+"""Seeded decoding and teacher-forced log-probs on a torch causal LM: the CPU reference for what vLLM does on a GPU.
+
+One call samples one group: the prompt is encoded once, repeated `n` times, and all `n` sequences decode together
+through a KV cache (`cache`, formerly `past_key_values`), at temperature 1.0 and top_p 1.0, so the recorded
+log-probabilities are the policy's own (the same reason the seed samples vLLM at those settings). Randomness comes
+only from a `torch.Generator` seeded with the request's seed: the driver derives that seed per (iteration, group)
+(rl.seeding), so a retried request samples the same tokens, and the `n` rows of a group draw independently from one
+stream, so they differ.
+
+A sequence stops when it samples `<eos>` (which is kept in `token_ids`, with its log-prob: stopping is an action the
+policy gradient must credit) or after `max_tokens` tokens.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class InvalidRolloutRequest(ValueError):
+    """A request the engine cannot serve as asked (bad `n`, `max_tokens`, or a prompt too long for the model)."""
+
+
+@dataclass(frozen=True)
+class SampledSequence:
+    """One sampled continuation: its tokens (ending with eos if it stopped there) and each token's sampling log-prob."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    stopped_at_eos: bool
+
+
+def _as_ids(ids: Sequence[int] | torch.Tensor) -> list[int]:
+    return [int(t) for t in (ids.tolist() if isinstance(ids, torch.Tensor) else ids)]
+
+
+def _cache_kwarg(model: nn.Module) -> str:
+    """The forward kwarg that takes a KV cache: `cache` from transformers 5.2x, `past_key_values` before."""
+    get_base_model = getattr(model, "get_base_model", None)
+    base = get_base_model() if callable(get_base_model) else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def _cache_of(output: Any) -> Any:
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
+
+
+@torch.inference_mode()
+def sample_group(
+    model: nn.Module,
+    prompt_ids: Sequence[int],
+    *,
+    n: int,
+    max_tokens: int,
+    seed: int,
+    eos_token_id: int,
+) -> list[SampledSequence]:
+    """Sample `n` continuations of one prompt in one batch with a KV cache, at temperature 1.0, top_p 1.0.
+
+    The same arguments (and the same torch thread count) give the same tokens and bitwise-identical log-probs.
+
+    Shape: prompt_ids [P] -> n sequences of length T_i <= max_tokens, each with T_i log-probs.
+    """
+    return sample_groups(model, [prompt_ids], ns=[n], max_tokens=max_tokens, seeds=[seed], eos_token_id=eos_token_id)[0]
+
+
+@torch.inference_mode()
+def sample_groups(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    ns: Sequence[int],
+    max_tokens: int,
+    seeds: Sequence[int],
+    eos_token_id: int,
+) -> list[list[SampledSequence]]:
+    """`sample_group` for several prompts of one token length, decoded together as one batch of `sum(ns)` rows.
+
+    Each group draws from its own generator seeded with its seed, so its tokens are what `sample_group` draws from the
+    same log-probs; the log-probs themselves come from a larger batch, whose matmuls may round differently in the last
+    bit (measured: bit for bit equal on the demo's model and shapes, up to 1.4e-6 on an adapter with large random
+    weights; `tests/test_torch_sampler.py` bounds it), so a token drawn right at a boundary of the cumulative
+    distribution could differ from the one-group call. The same arguments give the same bits, which is what resume and
+    replay need.
+
+    Shape: G prompts [P] (one P) -> G lists of n_g sequences of length T_i <= max_tokens.
+    """
+    if len(prompts) != len(ns) or len(prompts) != len(seeds):
+        raise InvalidRolloutRequest(f"got {len(prompts)} prompts, {len(ns)} group sizes and {len(seeds)} seeds")
+    if any(n < 1 for n in ns):
+        raise InvalidRolloutRequest(f"n must be >= 1 (the group size), got {list(ns)}")
+    if max_tokens < 1:
+        raise InvalidRolloutRequest(f"max_tokens must be >= 1, got {max_tokens}")
+    if any(not p for p in prompts):
+        raise InvalidRolloutRequest("the prompt encodes to no tokens; the tokenizer should at least prepend <bos>")
+    if len({len(p) for p in prompts}) != 1:
+        raise InvalidRolloutRequest(
+            f"sample_groups takes prompts of one length, got {sorted({len(p) for p in prompts})}"
+        )
+    generators = [torch.Generator(device="cpu").manual_seed(seed) for seed in seeds]
+    bounds = [0, *itertools.accumulate(ns)]
+    rows = bounds[-1]
+    input_ids = torch.tensor([list(p) for p, n in zip(prompts, ns, strict=True) for _ in range(n)], dtype=torch.long)
+    cache_kw = _cache_kwarg(model)
+    out = model(input_ids=input_ids, use_cache=True)  # [rows, P]
+    logits, past = out.logits[:, -1, :], _cache_of(out)  # [rows, V]
+    tokens = torch.empty((rows, 0), dtype=torch.long)  # [rows, t]
+    logps = torch.empty((rows, 0), dtype=torch.float32)  # [rows, t]
+    finished = torch.zeros(rows, dtype=torch.bool)  # [rows]
+    lengths = torch.full((rows,), max_tokens, dtype=torch.long)  # [rows]
+    for t in range(max_tokens):
+        logp = torch.log_softmax(logits.float(), dim=-1)  # [rows, V]
+        probs = logp.exp()
+        # Sample from exp(logp), not softmax(logits): the recorded log-prob is then exactly the distribution sampled.
+        nxt = torch.cat(
+            [
+                torch.multinomial(probs[lo:hi], num_samples=1, generator=g)
+                for g, (lo, hi) in zip(generators, itertools.pairwise(bounds), strict=True)
+            ]
+        )  # [rows, 1]
+        tokens = torch.cat([tokens, nxt], dim=1)
+        logps = torch.cat([logps, logp.gather(1, nxt)], dim=1)
+        newly = (nxt.squeeze(1) == eos_token_id) & ~finished
+        lengths[newly] = t + 1
+        finished |= newly
+        if bool(finished.all()) or t == max_tokens - 1:
+            break
+        # Finished rows keep decoding (their tokens are discarded): one fixed-shape batch keeps the cache simple.
+        out = model(input_ids=nxt, use_cache=True, **{cache_kw: past})
+        logits, past = out.logits[:, -1, :], _cache_of(out)
+    token_lists, logp_lists = tokens.tolist(), logps.tolist()
+    seqs = [
+        SampledSequence(
+            token_ids=token_lists[i][: int(lengths[i])],
+            logprobs=logp_lists[i][: int(lengths[i])],
+            stopped_at_eos=bool(finished[i]),
+        )
+        for i in range(rows)
+    ]
+    return [seqs[lo:hi] for lo, hi in itertools.pairwise(bounds)]
+
+
+def teacher_forced_logprobs(
+    model: nn.Module, prompt_ids: Sequence[int] | torch.Tensor, completion_ids: Sequence[int] | torch.Tensor
+) -> torch.Tensor:
+    """log π(completion_t | prompt, completion_<t) for each completion token, from one full forward pass.
+
+    Differentiable (no `no_grad` here: the trainer calls it under autograd). Float32 whatever the model's dtype.
+
+    Shape: prompt_ids [P], completion_ids [T] -> [T].
+    """
+    prompt, completion = _as_ids(prompt_ids), _as_ids(completion_ids)
+    if not prompt:
+        raise ValueError("prompt_ids is empty; teacher forcing needs at least one context token (e.g. <bos>)")
+    if not completion:
+        return torch.empty(0, dtype=torch.float32)
+    device = next(model.parameters()).device  # the model's (CPU, or CUDA for the GPU trainer); the result lives there
+    ids = torch.tensor([prompt + completion], dtype=torch.long, device=device)  # [1, P+T]
+    logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 : -1, :]  # [T, V]
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [T, V]
+    return logp.gather(1, torch.tensor(completion, device=device).unsqueeze(1)).squeeze(1)  # [T]
+
+
+def batched_teacher_forced_logprobs(
+    model: nn.Module, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`teacher_forced_logprobs` for a batch of (prompt, completion) pairs of any lengths, in one forward pass.
+
+    Rows are right-padded: under causal attention a real token never attends to a pad after it, and position ids
+    start at 0 in every row, so no attention mask is needed and real positions equal the unbatched result up to float
+    rounding of a different batch shape (not bitwise). Returns (logprobs, mask); padded positions hold 0.
+
+    Shape: B prompts [P_b], B completions [T_b] -> logprobs [B, T_max], mask [B, T_max] (bool).
+    """
+    if len(prompt_ids) != len(completion_ids):
+        raise ValueError(
+            f"got {len(prompt_ids)} prompts but {len(completion_ids)} completions; pass one of each per row"
+        )
+    if any(len(p) == 0 for p in prompt_ids):
+        raise ValueError("a prompt is empty; teacher forcing needs at least one context token (e.g. <bos>)")
+    batch = len(prompt_ids)
+    t_max = max((len(c) for c in completion_ids), default=0)
+    if batch == 0 or t_max == 0:
+        return torch.zeros(batch, t_max), torch.zeros(batch, t_max, dtype=torch.bool)
+    rows = [_as_ids(p) + _as_ids(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([r + [pad_token_id] * (width - len(r)) for r in rows], dtype=torch.long)  # [B, L]
+    targets = torch.tensor([_as_ids(c) + [0] * (t_max - len(c)) for c in completion_ids], dtype=torch.long)  # [B, T]
+    mask = torch.tensor([[t < len(c) for t in range(t_max)] for c in completion_ids], dtype=torch.bool)  # [B, T]
+    # Completion token t of row b sits at position P_b + t and is predicted from position P_b + t - 1.
+    starts = torch.tensor([len(p) - 1 for p in prompt_ids])  # [B]
+    positions = (starts.unsqueeze(1) + torch.arange(t_max)).clamp(max=width - 2)  # [B, T_max]
+    device = next(model.parameters()).device  # the model's (CPU, or CUDA for the GPU trainer); the result lives there
+    ids, targets, mask, positions = (t.to(device) for t in (ids, targets, mask, positions))
+    logits = model(input_ids=ids, use_cache=False).logits  # [B, L, V]; no KV cache to build: nothing decodes after
+    # Only the predicting positions go through log_softmax: the prompt's other positions are never read.
+    picked = logits.gather(1, positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))  # [B, T_max, V]
+    logp = torch.log_softmax(picked.float(), dim=-1)  # [B, T_max, V]
+    logprobs = logp.gather(2, targets.unsqueeze(-1)).squeeze(-1)  # [B, T_max]
+    return logprobs.masked_fill(~mask, 0.0), mask
