@@ -1,10 +1,7 @@
 """A deterministic simulator of Flyte 2's durable execution, on a virtual clock: `DurableSimulator`.
 
-What it models and why (a retried driver replays completed actions, retries, traces, caching, a checkpoint per run,
-rerun with recover, copies at every boundary, timeouts, crash injection, tie-breaking, a byte-identical event log,
-replay checking): README.md, "What the simulator models". The pieces live beside it in `rl.sim`: `execution` (a task
-call as a durable action), `tracing`, `checkpoint_store`, `supervisor` (driver attempts, crashes), `replay`, `attempts`
-(`attempt_number`, `run_name`), `records` (`RunResult`, the event log) and `errors`.
+What it models, and which module of `rl.sim` holds each piece: docs/simulator.md (and README.md, "What the simulator
+models").
 """
 
 from __future__ import annotations
