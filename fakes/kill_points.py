@@ -27,7 +27,7 @@ from typing import Any
 @dataclass(frozen=True)
 class KillPoint:
     module_file: str
-    """The caller's source path ends with this (`rl/volumes/local.py`)."""
+    """The caller's source path ends with this (`rl/volumes/writable.py`)."""
     call: str
     """The `os` function whose calls from that file are counted."""
     after: bool
@@ -36,11 +36,15 @@ class KillPoint:
 
 
 POINTS = {
-    "volume-staged": KillPoint("rl/volumes/local.py", "rename", False, "a volume version written, not yet published"),
-    "volume-published": KillPoint(
-        "rl/volumes/local.py", "rename", True, "a volume version published, its directory not yet fsynced"
+    "volume-staged": KillPoint(
+        "rl/volumes/writable.py", "rename", False, "a volume version written, not yet published"
     ),
-    "checkpoint": KillPoint("rl/state.py", "replace", False, "a checkpoint written and fsynced, not yet in place"),
+    "volume-published": KillPoint(
+        "rl/volumes/writable.py", "rename", True, "a volume version published, its directory not yet fsynced"
+    ),
+    "checkpoint": KillPoint(
+        "rl/checkpoint/file_store.py", "replace", False, "a checkpoint written and fsynced, not yet in place"
+    ),
     "artifact-staged": KillPoint("rl/artifacts.py", "rename", False, "an artifact written, not yet published"),
     "artifact-ref": KillPoint("rl/artifacts.py", "replace", False, "an artifact published, its name not yet updated"),
 }

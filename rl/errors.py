@@ -10,7 +10,7 @@ family's `exit_code` is the `rl` command's exit status when that family ends it 
 | 2 | `InputError` | a flag, config or reward name cannot work (also argparse's usage errors); nothing was started |
 | 3 | `CheckpointError` | the run directory's checkpoint cannot be resumed from |
 | 4 | `ArtifactError` (`rl.artifacts`) | a stored adapter, optimizer state or other artifact is missing or corrupt |
-| 5 | `VolumeError` (`rl.volumes.local`) | the rollout buffer's volumes are damaged, locked or misused |
+| 5 | `VolumeError` (`rl.volumes.errors`) | the rollout buffer's volumes are damaged, locked or misused |
 | 6 | `TrainerError` | a train step was given a malformed batch, adapter or optimizer state |
 | 7 | `TierError` | a rollout engine or scorer returned what the driver refuses (NaN rewards, stale or wrong rollouts) |
 | 8 | `LedgerError` | the agentic trainer refused a step (a second payload for it, out of order, other worlds) |
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:  # the lazy re-exports below, for type checkers and linters
     from rl.artifacts import ArtifactError
-    from rl.volumes.local import VolumeError
+    from rl.volumes.errors import VolumeError
 
 __all__ = [
     "ArtifactError",
@@ -162,7 +162,7 @@ class RetriesExhaustedError(RlError, RuntimeError):
 
 
 # Families defined next to their stores; imported on first use so `import rl.errors` needs only the standard library.
-_LAZY = {"ArtifactError": "rl.artifacts", "VolumeError": "rl.volumes.local"}
+_LAZY = {"ArtifactError": "rl.artifacts", "VolumeError": "rl.volumes.errors"}
 
 
 def __getattr__(name: str) -> Any:

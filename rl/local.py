@@ -16,6 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from transformers.utils import logging as transformers_logging
 
 from rl.artifacts import LocalArtifacts
+from rl.checkpoint.file_store import FileStateStore
 from rl.dead_writers import discard_if_dead, locked_new_dir
 from rl.engines.torch_sampler import TorchSampler
 from rl.identity import content_digest
@@ -27,10 +28,9 @@ from rl.report import FileReporter
 from rl.rewards import get_reward
 from rl.run_layout import claim, require_safe
 from rl.scoring import RewardScorer, SamplingEvaluator
-from rl.state import FileStateStore
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
-from rl.volumes.local import _force_rmtree
+from rl.volumes.filesystem import force_rmtree as _force_rmtree
 from rl.volumes.sink import VolumeRolloutSink
 
 # A per-load "Loading weights" bar from transformers would bury the demo's own progress bar.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rl.errors import FreshRefusedError, UnsafeRunDirError
 from rl.run_lock import LOCK_FILES
-from rl.volumes.local import _force_rmtree
+from rl.volumes.filesystem import force_rmtree
 
 MARKER = ".rl-run"
 MARKER_TEXT = "This directory was created by `rl demo grpo`; `--fresh` deletes only the entries it wrote here.\n"
@@ -88,6 +88,6 @@ def start_fresh(run_dir: Path) -> list[str]:
     deleted = []
     for name in names:
         if written_by_run(name):
-            _force_rmtree(run_dir / name)  # unlinks a symlink rather than following it
+            force_rmtree(run_dir / name)  # unlinks a symlink rather than following it
             deleted.append(name)
     return deleted

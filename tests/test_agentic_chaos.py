@@ -7,8 +7,8 @@ import pytest
 
 from rl.agentic.tiers import JudgeTier
 from rl.sim.agentic_sim import JUDGE, AgenticSim
+from rl.sim.attempts import attempt_number
 from rl.sim.chaos_agentic import agentic_scenario, agentic_sweep, check_agentic_run
-from rl.sim.durable_sim import attempt_number
 
 SMALL = {"n_steps": 2, "n_worlds": 2, "prompts_per_step": 2, "n_samples": 2}
 

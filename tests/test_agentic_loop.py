@@ -9,7 +9,7 @@ from rl.agentic.bandit import StepPayloadConflictError
 from rl.agentic.types import Rubric
 from rl.loop.agentic import AgenticInputError, InjectedDriverCrash
 from rl.sim.agentic_sim import BUILD_WORLD, GENERATE, JUDGE, JUDGE_CALL, SETUP, TRAIN_STEP, AgenticSim
-from rl.sim.durable_sim import TaskFailed
+from rl.sim.errors import TaskFailed
 from rl.sim.faults import FaultPlan
 
 SEED_FAILURES = {"crash_driver_at_step": 1, "flaky_trial_rate": 0.25, "judge_flake_rate": 0.3}

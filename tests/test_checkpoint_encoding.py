@@ -15,8 +15,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rl.checkpoint.format import DriverState, decode_state, encode_state
 from rl.identity import content_digest
-from rl.loop.checkpoint import DriverState, decode_state, encode_state
 from rl.strict_json import tag_non_finite
 from rl.types import ArtifactRef, EvalResult, IterationMetrics
 

@@ -57,9 +57,9 @@ FAMILY_MEMBERS = [
     ("rl.artifacts", "ArtifactNotFound", FileNotFoundError),
     ("rl.artifacts", "ArtifactCorrupt", Exception),
     ("rl.artifacts", "InvalidArtifact", ValueError),
-    ("rl.volumes.local", "InvalidPathError", ValueError),
-    ("rl.volumes.local", "VersionNotFoundError", LookupError),
-    ("rl.volumes.local", "VolumeCorruptedError", Exception),
+    ("rl.volumes.errors", "InvalidPathError", ValueError),
+    ("rl.volumes.errors", "VersionNotFoundError", LookupError),
+    ("rl.volumes.errors", "VolumeCorruptedError", Exception),
     ("rl.volumes.buffer", "RowSchemaError", ValueError),
     ("rl.trainer.peft_trainer", "BatchError", ValueError),
     ("rl.trainer.peft_trainer", "StaleRolloutError", ValueError),
@@ -115,8 +115,8 @@ def test_a_damaged_volume_manifest_ends_in_one_line_and_the_volume_exit_code(tin
 
 def test_a_held_buffer_lock_ends_in_one_line_and_the_volume_exit_code(tiny_run, tmp_path, capsys):
     """A second writer of the run's rollout buffer is refused with a message naming the holder."""
-    from rl.volumes.local import LocalVolumeStore
     from rl.volumes.sink import BUFFER_NAME
+    from rl.volumes.store import LocalVolumeStore
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run)

@@ -23,6 +23,7 @@ import pytest
 import rl.loop.grpo as grpo
 from rl.advantages import group_normalized_advantages
 from rl.artifacts import LocalArtifacts
+from rl.checkpoint.memory_store import MemoryStateStore
 from rl.conformance import (
     AdvantageContract,
     ArtifactsContract,
@@ -44,7 +45,6 @@ from rl.conformance.scorer import default_scorer_group
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.loss import grpo_sample_loss
 from rl.memory.artifacts import MemoryArtifacts
-from rl.memory.state_store import MemoryStateStore
 from rl.sim.chaos import grpo_random
 from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
 from rl.trainer.config import TrainerConfig

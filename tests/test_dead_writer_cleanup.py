@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rl.state import FileStateStore
+from rl.checkpoint.file_store import FileStateStore
 
 
 def _hold(path: Path) -> int:

@@ -17,11 +17,11 @@ import pytest
 from flyte_support import LocalFlyte, isolated_flyte
 
 from rl.artifacts import ArtifactCorrupt, ArtifactNotFound, compute_digest, read_dir
+from rl.checkpoint.format import decode_state
 from rl.flyte.bindings import DirArtifacts, dir_of, ref_of
 from rl.flyte.config import FaultSpec, GrpoRunConfig, smoke
 from rl.flyte.grpo import GrpoRunResult, train_rl
 from rl.local import local_grpo
-from rl.loop.checkpoint import decode_state
 from rl.loop.grpo import GrpoOutcome, run_grpo
 from rl.types import ArtifactRef
 from rl.volumes.buffer import PANDAS_DTYPES

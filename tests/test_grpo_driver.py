@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from rl.checkpoint.memory_store import MemoryStateStore
 from rl.errors import (
     CheckpointConfigMismatchError,
     CheckpointCorruptError,
@@ -18,7 +19,6 @@ from rl.errors import (
 )
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.memory.artifacts import MemoryArtifacts
-from rl.memory.state_store import MemoryStateStore
 from rl.problems import DigitSuccessor
 from rl.seeding import rollout_seed
 from rl.sim.grpo_sim import Latencies, grpo_sim, lineage_violations
@@ -227,11 +227,12 @@ def test_eval_every_evaluates_multiples_and_always_the_last_version(every, versi
 
 def test_the_errors_a_fork_raises_live_in_rl_errors_and_the_driver_modules_raise_those_same_classes():
     """One class per error: `except rl.errors.X` catches what the driver and its checkpoint raise."""
+    import rl.checkpoint.format
+    import rl.checkpoint.resume
     import rl.errors
-    import rl.loop.checkpoint
     import rl.loop.grpo
 
     for name in rl.errors.__all__:
-        for module in (rl.loop.grpo, rl.loop.checkpoint):
+        for module in (rl.loop.grpo, rl.checkpoint.format, rl.checkpoint.resume):
             assert getattr(module, name, getattr(rl.errors, name)) is getattr(rl.errors, name), (name, module)
     assert issubclass(rl.errors.CheckpointConfigMismatchError, rl.errors.CheckpointError)

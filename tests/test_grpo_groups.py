@@ -14,9 +14,9 @@ from dataclasses import replace
 
 import pytest
 
+from rl.checkpoint.memory_store import MemoryStateStore
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.memory.artifacts import MemoryArtifacts
-from rl.memory.state_store import MemoryStateStore
 from rl.problems import DigitSuccessor
 from rl.seeding import rollout_seed
 from rl.sim.grpo_tiers import FakeEngine, FakeEvaluator, FakeScorer, FakeTrainer

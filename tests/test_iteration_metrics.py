@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 
 from rl.advantages import no_signal_groups
+from rl.checkpoint.memory_store import MemoryStateStore
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.memory.artifacts import MemoryArtifacts
-from rl.memory.state_store import MemoryStateStore
 from rl.problems import DigitSuccessor, accuracy
 from rl.sim.grpo_sim import Latencies, grpo_sim
 from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, LatencyModel

@@ -11,8 +11,8 @@ import pytest
 
 from rl.cli import main
 from rl.volumes.buffer import PANDAS_DTYPES, RolloutBuffer
-from rl.volumes.local import LocalVolumeStore
 from rl.volumes.sink import BUFFER_NAME
+from rl.volumes.store import LocalVolumeStore
 
 
 @pytest.fixture(scope="module")

@@ -13,18 +13,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rl.checkpoint.format import DriverState, encode_state
+from rl.checkpoint.memory_store import MemoryStateStore
 from rl.cli import main
 from rl.errors import CheckpointConfigMismatchError
-from rl.loop.checkpoint import DriverState, encode_state
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.memory.artifacts import MemoryArtifacts
-from rl.memory.state_store import MemoryStateStore
 from rl.problems import DigitSuccessor
 from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
 from rl.types import ArtifactRef, Rollout
 from rl.volumes.buffer import RolloutBuffer, rollout_rows
-from rl.volumes.local import LocalVolumeStore
 from rl.volumes.sink import BUFFER_NAME
+from rl.volumes.store import LocalVolumeStore
 
 CONFIG = GrpoConfig(iterations=4, prompts_per_iteration=2, group_size=2, seed=5, evaluate=False)
 

@@ -19,14 +19,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rl.checkpoint.format import DriverState, decode_state, encode_state
 from rl.errors import NonFiniteMetricError
-from rl.loop.checkpoint import DriverState, decode_state, encode_state
 from rl.loop.grpo import iteration_metrics
 from rl.report import FileReporter
 from rl.strict_json import dumps, flag_non_finite, unflag_non_finite
 from rl.types import ArtifactRef, IterationMetrics, Rollout, StepMetrics
 from rl.volumes.buffer import RolloutBuffer, rollout_rows
-from rl.volumes.local import LocalVolumeStore
+from rl.volumes.store import LocalVolumeStore
 
 REPO = Path(__file__).resolve().parents[1]
 

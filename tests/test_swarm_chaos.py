@@ -12,7 +12,8 @@ from rl.loop.grpo import GrpoConfig
 from rl.sim.agentic_sim import AgenticSim, default_inputs
 from rl.sim.chaos import CHAOS_GRPO, _grpo_reference, grpo_random, grpo_swarm, resume_violations
 from rl.sim.chaos_agentic import _reference, agentic_report, check_agentic_run
-from rl.sim.durable_sim import DriverAttemptsExhausted, DurableSimulator, TaskFailed
+from rl.sim.durable_sim import DurableSimulator
+from rl.sim.errors import DriverAttemptsExhausted, TaskFailed
 from rl.sim.faults import FaultPlan
 from rl.sim.grpo_sim import TRAIN, grpo_sim, lineage_violations, outcome_violations
 from rl.sim.swarm import FAULT_KINDS, coverage

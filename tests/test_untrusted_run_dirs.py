@@ -21,15 +21,11 @@ from rl.cli import main
 from rl.errors import UnsafeRunDirError
 from rl.types import ArtifactRef, Rollout
 from rl.volumes.buffer import RolloutBuffer, rollout_rows
-from rl.volumes.local import (
-    InvalidPathError,
-    LocalVolumeStore,
-    VersionNotFoundError,
-    VolumeCorruptedError,
-    _force_rmtree,
-)
+from rl.volumes.errors import InvalidPathError, VersionNotFoundError, VolumeCorruptedError
+from rl.volumes.filesystem import force_rmtree
 from rl.volumes.manifest import digest
 from rl.volumes.sink import BUFFER_NAME
+from rl.volumes.store import LocalVolumeStore
 
 
 def _rollout(group: int) -> Rollout:
@@ -149,7 +145,7 @@ def test_a_version_whose_files_were_swapped_for_a_symlink_is_not_read_through(tm
     head = store.versions()[-1]
     shutil.copytree(head.path(), outside)  # the same bytes, so only the link gives it away
     os.chmod(head.path().parent, 0o755)
-    _force_rmtree(head.path())
+    force_rmtree(head.path())
     os.symlink(outside, head.path())
     buffer = RolloutBuffer(LocalVolumeStore(store.root, durable=False), BUFFER_NAME)
     with pytest.raises(VolumeCorruptedError, match="outside"):

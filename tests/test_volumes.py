@@ -456,7 +456,7 @@ def test_a_fork_of_a_fresh_version_fsyncs_only_the_files_it_wrote(tmp_path, monk
     """A version published a moment ago is inside the racy window, so its files are rehashed at the fork's finalize;
     they were made durable when it was published, so only the file the fork wrote is fsynced again (a fast loop's
     buffer once fsynced its last two seconds of iterations on every append)."""
-    import rl.volumes.local as local
+    import rl.volumes.writable as writable
 
     store = LocalVolumeStore(tmp_path / "store", share="hardlink", durable=True)
     first = store.new("buf")
@@ -464,14 +464,14 @@ def test_a_fork_of_a_fresh_version_fsyncs_only_the_files_it_wrote(tmp_path, monk
         first.write_bytes(f"iter-{i}.jsonl", b"row\n" * (i + 1))
     parent = first.finalize("v1")
     synced: list[str] = []
-    real = local._hash_file
+    real = writable.hash_file
 
     def spy(path: Path, *, fsync: bool) -> str:
         if fsync:
             synced.append(Path(path).name)
         return real(path, fsync=fsync)
 
-    monkeypatch.setattr(local, "_hash_file", spy)
+    monkeypatch.setattr(writable, "hash_file", spy)
     child = parent.fork("buf")
     child.write_bytes("iter-3.jsonl", b"new\n")
     version = child.finalize("v2")

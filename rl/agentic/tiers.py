@@ -5,7 +5,7 @@
 - `TrainerTier.setup_trainer` / `.train_step`: attach the long-lived trainer by name (get-or-create) and update it.
 
 Each tier asks for its task attempt number through an injected callable, so the seed's attempt-0 fault injection works
-the same under Flyte (`FLYTE_ATTEMPT_NUMBER`) and on the simulator (`rl.sim.durable_sim.attempt_number`).
+the same under Flyte (`FLYTE_ATTEMPT_NUMBER`) and on the simulator (`rl.sim.attempts.attempt_number`).
 """
 
 from __future__ import annotations

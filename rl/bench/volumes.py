@@ -23,7 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rl.volumes.local import _RACY_NS, LocalVolumeStore, LocalVolumeVersion, ShareMode, _force_rmtree
+from rl.volumes.filesystem import ShareMode
+from rl.volumes.filesystem import force_rmtree as _force_rmtree
+from rl.volumes.store import LocalVolumeStore
+from rl.volumes.version import LocalVolumeVersion
+from rl.volumes.writable import RACY_NS as _RACY_NS
 
 GIB = 1 << 30
 

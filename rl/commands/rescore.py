@@ -42,8 +42,8 @@ def run(args: argparse.Namespace) -> int:
     from rl.run_lock import run_lock
     from rl.types import Rollout
     from rl.volumes.buffer import RolloutBuffer
-    from rl.volumes.local import LocalVolumeStore
     from rl.volumes.sink import BUFFER_NAME
+    from rl.volumes.store import LocalVolumeStore
 
     reward = get_reward(args.reward)  # an unknown name is refused before anything is read
     require_safe(args.run_dir)  # a run directory someone sent: volumes/ must not lead elsewhere
@@ -94,8 +94,8 @@ def _trained_through(run_dir: Path, held: list[int]) -> tuple[int, str]:
     """The last iteration the run trained, and where that figure comes from (for the message)."""
     import sys
 
+    from rl.checkpoint.format import decode_state
     from rl.errors import CheckpointError
-    from rl.loop.checkpoint import decode_state
 
     path = run_dir / "checkpoint.json"
     if path.is_file():

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
+from rl.checkpoint.memory_store import MemoryStateStore
 from rl.conformance._base import ContractBase, Run, tier
 from rl.conformance.capabilities import Capabilities, require
 from rl.conformance.driver_checkpoint import DriverCheckpointLaws
 from rl.errors import NonFiniteRewardError
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.memory.artifacts import MemoryArtifacts
-from rl.memory.state_store import MemoryStateStore
 from rl.problems import DigitSuccessor
 from rl.sim.chaos import grpo_random, grpo_sweep
 from rl.sim.grpo_sim import GrpoDriver, Latencies, grpo_sim

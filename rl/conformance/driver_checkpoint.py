@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from rl.checkpoint.format import as_altered, as_another_schema_version
 from rl.conformance._base import Run, tier
 from rl.errors import (
     CheckpointConfigMismatchError,
@@ -25,7 +26,6 @@ from rl.errors import (
     CheckpointSchemaError,
     MissingAdapterError,
 )
-from rl.loop.checkpoint import as_altered, as_another_schema_version
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.memory.artifacts import MemoryArtifacts
 from rl.problems import DigitSuccessor
@@ -113,7 +113,7 @@ class DriverCheckpointLaws:
     @pytest.fixture
     def checkpoint_from_another_version(self, driver: GrpoDriver) -> Callable[[bytes], bytes]:
         """Return `(blob) -> bytes`: a checkpoint your driver saved, rewritten as another schema version of your driver
-        would have saved the same state. Default: ours (`rl.loop.checkpoint.as_another_schema_version`) for
+        would have saved the same state. Default: ours (`rl.checkpoint.format.as_another_schema_version`) for
         `run_grpo`; for another driver the schema-version law skips until you override this fixture."""
         if driver is run_grpo:
             return as_another_schema_version
@@ -126,7 +126,7 @@ class DriverCheckpointLaws:
     def checkpoint_altered(self, driver: GrpoDriver) -> Callable[[bytes], bytes]:
         """Return `(blob) -> bytes`: a checkpoint your driver saved with part of its state changed after it was
         written and its integrity check (digest, checksum, signature) left as it was. Default: ours
-        (`rl.loop.checkpoint.as_altered`) for `run_grpo`; for another driver the law skips until you override this
+        (`rl.checkpoint.format.as_altered`) for `run_grpo`; for another driver the law skips until you override this
         fixture (a checkpoint with no integrity check cannot give one)."""
         if driver is run_grpo:
             return as_altered

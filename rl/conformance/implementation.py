@@ -58,10 +58,10 @@ class Implementation:
       `rl.loop.grpo.run_grpo`; its laws run it on the simulator with the fake tiers.
     - `checkpoint_from_another_version`: `(blob) -> bytes`, a checkpoint `driver` saved, rewritten as another schema
       version of it would have saved the same state (what a resume by an older or newer release meets), like
-      `rl.loop.checkpoint.as_another_schema_version`. Optional when `driver` is `run_grpo` (ours is used); without
+      `rl.checkpoint.format.as_another_schema_version`. Optional when `driver` is `run_grpo` (ours is used); without
       it, the law that a driver refuses another schema version's checkpoint skips.
     - `checkpoint_altered`: `(blob) -> bytes`, a checkpoint `driver` saved with part of its state changed afterwards
-      and its integrity check left as it was, like `rl.loop.checkpoint.as_altered`. Optional when `driver` is
+      and its integrity check left as it was, like `rl.checkpoint.format.as_altered`. Optional when `driver` is
       `run_grpo` (ours is used); without it, the law that a driver refuses an altered checkpoint skips.
     - `advantages`: `(group_ids, rewards) -> list[float]`, like `rl.advantages.group_normalized_advantages`.
     - `sample_loss`: `(new_logp, old_logp, ref_logp, advantage, clip_eps, kl_beta) -> (loss, stats)` on 1-D torch

@@ -26,19 +26,19 @@ from typing import TYPE_CHECKING, Any
 
 from rl.advantages import group_normalized_advantages
 from rl.artifacts import LocalArtifacts
+from rl.checkpoint.file_store import FileStateStore
+from rl.checkpoint.format import as_altered, as_another_schema_version
+from rl.checkpoint.memory_store import MemoryStateStore
 from rl.conformance.capabilities import Capabilities
 from rl.conformance.implementation import Implementation
 from rl.conformance.spec import AlgorithmSpec
 from rl.loop.agentic import train
-from rl.loop.checkpoint import as_altered, as_another_schema_version
 from rl.loop.grpo import run_grpo
 from rl.memory.artifacts import MemoryArtifacts
-from rl.memory.state_store import MemoryStateStore
 from rl.protocols import Artifacts
 from rl.scoring import RewardScorer
 from rl.sim.agentic_sim import bandit_trainer, traced_judge_tier
 from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
-from rl.state import FileStateStore
 from rl.trainer.config import TrainerConfig
 from rl.types import ArtifactRef
 from rl.volumes import LocalVolumeStore, RolloutBuffer

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from rl.checkpoint.format import as_altered, as_another_schema_version
 from rl.conformance._base import Run
 from rl.conformance._bound_algorithm import TestAdvantages, TestLoss  # noqa: F401
 from rl.conformance._bound_ddp import TestDdpShardStep  # noqa: F401  (bound here so --pyargs collects it)
@@ -29,7 +30,6 @@ from rl.conformance.state_store import StateStoreContract
 from rl.conformance.trainer import TrainerContract, trained_adapter
 from rl.conformance.volumes import StoreFactory, VolumeStoreContract
 from rl.loop.agentic import train
-from rl.loop.checkpoint import as_altered, as_another_schema_version
 from rl.loop.grpo import run_grpo
 from rl.memory.artifacts import MemoryArtifacts
 from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer

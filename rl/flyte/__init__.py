@@ -4,8 +4,9 @@
   trainer, driver), the image built from this package, per-tier timeouts; sizing chosen at deploy time.
 - `config`: typed task inputs (`GrpoRunConfig`, `EngineSpec`, `ModelSpec`, `FaultSpec`) and the `smoke` / `stress`
   profiles.
-- `bindings`: the protocols on Flyte: `DirArtifacts` (flyte.io.Dir), `CheckpointStore` (flyte.ctx().checkpoint),
-  `FlyteReporter` (flyte.report).
+- `bindings`: the protocols on Flyte: `DirArtifacts` (flyte.io.Dir), `FlyteReporter` (flyte.report).
+- `checkpoint_store`: `FlyteStateStore`, the driver's checkpoint in flyte.ctx().checkpoint (`rl.checkpoint` holds the
+  format and the other stores), and `CrashAfterCheckpoint`, the driver crash a demo plants.
 - `grpo`: `build_base`, `init_adapter`, `generate`, `score_group`, `train_step`, `evaluate` and the driver `train_rl`,
   which runs `rl.loop.grpo.run_grpo` over tiers whose methods await those tasks.
 - `clustered`: `train_step_clustered` (DDP under TorchRun on a ClusteredTaskEnvironment) and the pipelined driver

@@ -3,9 +3,9 @@
 - `DirArtifacts` (`Artifacts`): each artifact is a `flyte.io.Dir` in the run's raw-data store. `ArtifactRef.uri` is the
   Dir's path and `ArtifactRef.digest` its content digest (`rl.artifacts.compute_digest`), which also travels as the
   Dir's `hash` so a cached task's key follows the content. `get` reads a private copy and re-hashes it.
-- `CheckpointStore` (`StateStore`): the driver's checkpoint blob in `flyte.ctx().checkpoint`.
 - `FlyteReporter` (`Reporter`): `rl.report.render_report` published with `flyte.report.replace` after every iteration.
-- `CrashAfterCheckpoint`: a `StateStore` wrapper that kills the driver once after a chosen iteration (`FaultSpec`).
+
+The `StateStore` on Flyte (the driver's checkpoint) is `rl.flyte.checkpoint_store`.
 
 Local mode differs from a cluster in one way that matters here: a local `Dir` is the producer's own path, not a copy.
 `DirArtifacts.put` therefore always copies into a fresh directory under the task's raw-data path, and `get` returns
@@ -27,8 +27,6 @@ from flyte.io import Dir
 from flyte.models import TaskContext
 
 from rl.artifacts import ArtifactCorrupt, ArtifactNotFound, compute_digest, read_dir, validate_files, write_files
-from rl.loop.checkpoint import decode_state
-from rl.protocols import StateStore
 from rl.report import render_report
 from rl.types import ArtifactRef, EvalResult, IterationMetrics
 
@@ -125,60 +123,6 @@ async def local_base(base: Dir) -> Path:
     if cached is None or not cached.is_dir():
         cached = _BASES[key] = Path(await base.download())
     return cached
-
-
-class CheckpointStore:
-    """`StateStore` over `flyte.ctx().checkpoint`: one blob per task, the previous attempt's restored on load.
-
-    On a cluster the checkpoint belongs to the driver task's attempts within one run; a new run starts empty. Outside
-    a checkpointing context (`checkpoint` is None) it keeps the blob in memory, so the run simply cannot resume.
-    """
-
-    def __init__(self, checkpoint: flyte.Checkpoint | None) -> None:
-        self.checkpoint = checkpoint
-        self._memory: bytes | None = None
-
-    async def load(self) -> bytes | None:
-        if self.checkpoint is None:
-            return self._memory
-        restored = await self.checkpoint.load()
-        if restored is None or not Path(restored).is_file():
-            return None
-        return Path(restored).read_bytes()
-
-    async def save(self, data: bytes) -> None:
-        if self.checkpoint is None:
-            self._memory = data
-            return
-        await self.checkpoint.save(data)
-
-
-class InjectedDriverFailure(RuntimeError):
-    """The driver's planned crash (`FaultSpec`): the retried attempt must resume from the checkpoint."""
-
-
-class CrashAfterCheckpoint:
-    """A `StateStore` that raises `InjectedDriverFailure` once, right after the checkpoint of `iteration` is saved."""
-
-    def __init__(self, inner: StateStore, iteration: int, marker: str = "") -> None:
-        self.inner, self.iteration, self.marker = inner, iteration, marker
-
-    async def load(self) -> bytes | None:
-        return await self.inner.load()
-
-    async def save(self, data: bytes) -> None:
-        await self.inner.save(data)
-        if self.iteration < 0 or decode_state(data).iteration != self.iteration or attempt_number() != 0:
-            return
-        if self.marker:
-            marker = Path(self.marker)
-            if marker.exists():
-                return
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.write_text(f"driver crashed after checkpointing iteration {self.iteration}\n")
-        raise InjectedDriverFailure(
-            f"injected driver failure after checkpointing iteration {self.iteration}; the next attempt resumes there"
-        )
 
 
 class FlyteReporter:

@@ -31,8 +31,6 @@ import flyte
 from flyte.io import Dir
 
 from rl.flyte.bindings import (
-    CheckpointStore,
-    CrashAfterCheckpoint,
     DirArtifacts,
     FlyteReporter,
     dir_of,
@@ -41,6 +39,7 @@ from rl.flyte.bindings import (
     ref_of,
     upload_dir,
 )
+from rl.flyte.checkpoint_store import CrashAfterCheckpoint, FlyteStateStore
 from rl.flyte.config import PROFILES, EngineSpec, GrpoRunConfig, problem_set, smoke
 from rl.flyte.envs import (
     BUFFER_TIMEOUT,
@@ -387,7 +386,7 @@ async def run_driver(config: GrpoRunConfig, *, step_task: TrainTask, title: str)
     config.check()  # a config made without validation (`model_construct`) still fails before the first task
     base = Dir.from_existing_remote(config.model.uri) if config.model.uri else await build_base(config.model.tiny)
     ctx = flyte.ctx()
-    store: StateStore = CheckpointStore(ctx.checkpoint if ctx is not None else None)
+    store: StateStore = FlyteStateStore(ctx.checkpoint if ctx is not None else None)
     if config.faults.crash_after_iteration >= 0:
         store = CrashAfterCheckpoint(store, config.faults.crash_after_iteration, config.faults.crash_marker)
     outcome = await run_grpo(config.grpo, grpo_tiers(config, base, step_task=step_task, title=title), store)

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from rl.advantages import no_signal_groups
+from rl.checkpoint.format import DriverState
+from rl.checkpoint.resume import check_recording, load_state, save_state
 from rl.errors import EngineContractError, GrpoInputError, NonFiniteRewardError, StaleBatchError
 from rl.identity import canonical, content_digest
-from rl.loop.checkpoint import DriverState, check_recording, load_state, save_state
 from rl.metrics import finite_mean
 from rl.protocols import (
     Artifacts,

@@ -1,2 +1,2 @@
-"""In-memory backends (artifacts, checkpoint store, worlds) for the simulator and the conformance suite's reference
+"""In-memory backends (artifacts, worlds) for the simulator and the conformance suite's reference
 tiers: no disk, microseconds."""

@@ -35,8 +35,10 @@ from rl.agentic.types import Rubric, Trajectory, TrialSpec, Weights, WorldRef
 from rl.agentic.worlds import WorldStore
 from rl.loop.agentic import AgenticOutcome, train
 from rl.memory.worlds import MemoryWorlds
-from rl.sim.durable_sim import DurableSimulator, RunResult, attempt_number, run_name
+from rl.sim.attempts import attempt_number, run_name
+from rl.sim.durable_sim import DurableSimulator
 from rl.sim.faults import FaultPlan
+from rl.sim.records import RunResult
 
 GENERATE = "sandbox.generate"
 BUILD_WORLD = "sandbox.build_world"

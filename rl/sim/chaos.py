@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from rl.loop.grpo import GrpoConfig, GrpoOutcome, run_grpo
-from rl.sim.durable_sim import DriverAttemptsExhausted, RunResult, TaskFailed
+from rl.sim.errors import DriverAttemptsExhausted, TaskFailed
 from rl.sim.faults import FaultPlan, InjectedTaskFailure
 from rl.sim.grpo_sim import (
     EVALUATE,
@@ -36,6 +36,7 @@ from rl.sim.grpo_sim import (
     outcome_violations,
 )
 from rl.sim.grpo_tiers import LatencyModel
+from rl.sim.records import RunResult
 from rl.sim.swarm import Swarm, draw_swarm, swarm_rng, trace_summary
 
 # The floor: >= 4 iterations of >= 4 groups x 4 samples.

@@ -31,7 +31,7 @@ from rl.loop.agentic import AgenticOutcome, trial_specs, world_ids_for
 from rl.memory.worlds import MemoryWorlds
 from rl.sim.agentic_sim import BUILD_WORLD, GENERATE, JUDGE, SETUP, TRAIN_STEP, AgenticSim, default_inputs
 from rl.sim.chaos import ScenarioReport, exhaustion_violations
-from rl.sim.durable_sim import RunResult
+from rl.sim.records import RunResult
 from rl.sim.swarm import FAULT_KINDS, Swarm, draw_swarm, swarm_rng, trace_summary
 
 SEED_FAILURES: dict[str, Any] = {"flaky_trial_rate": 0.25, "judge_flake_rate": 0.3}

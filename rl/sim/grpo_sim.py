@@ -14,9 +14,10 @@ from rl.loop.grpo import GrpoConfig, GrpoOutcome, GrpoTiers, run_grpo, sample_pr
 from rl.memory.artifacts import MemoryArtifacts
 from rl.problems import DigitSuccessor, marked_answer_metrics
 from rl.protocols import StateStore
-from rl.sim.durable_sim import DurableSimulator, RunResult
+from rl.sim.durable_sim import DurableSimulator
 from rl.sim.faults import FaultPlan
 from rl.sim.grpo_tiers import FakeEngine, FakeEvaluator, FakeScorer, FakeTrainer, LatencyModel, RecordingReporter
+from rl.sim.records import RunResult
 
 T = TypeVar("T")
 

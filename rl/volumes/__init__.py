@@ -2,7 +2,7 @@
 
 `LocalVolumeStore` implements `rl.protocols.VolumeVersion` / `WritableVolume` (the `ROVolume` / `Volume` roles of seeds
 000 and 002) from plain directories; `RolloutBuffer` keeps one `iter-NNNNN.jsonl` per iteration on a chain of its
-versions. See `rl.volumes.local` for which filesystems get true copy-on-write and how it is guaranteed elsewhere.
+versions. docs/volumes.md says which filesystems get true copy-on-write and how it is guaranteed elsewhere.
 """
 
 from __future__ import annotations
@@ -20,23 +20,22 @@ from rl.volumes.buffer import (
     iteration_file,
     rollout_rows,
 )
-from rl.volumes.local import (
-    FileEntry,
+from rl.volumes.errors import (
     InvalidNameError,
     InvalidPathError,
-    LocalVolumeStore,
-    LocalVolumeVersion,
-    LocalWritableVolume,
     SharedFileModifiedError,
-    ShareMode,
     UnsupportedFileError,
     VersionNotFoundError,
     VolumeCorruptedError,
     VolumeError,
     VolumeSealedError,
     WriterConflictError,
-    probe_share_mode,
 )
+from rl.volumes.filesystem import ShareMode, probe_share_mode
+from rl.volumes.manifest import FileEntry
+from rl.volumes.store import LocalVolumeStore
+from rl.volumes.version import LocalVolumeVersion
+from rl.volumes.writable import LocalWritableVolume
 
 __all__ = [
     "PANDAS_DTYPES",

@@ -28,7 +28,9 @@ from typing import Any
 
 from rl.metrics import finite_mean
 from rl.types import Rollout
-from rl.volumes.local import LocalVolumeStore, LocalVolumeVersion, VolumeError, _check_name
+from rl.volumes.errors import VolumeError
+from rl.volumes.store import LocalVolumeStore, check_name
+from rl.volumes.version import LocalVolumeVersion
 
 ROLLOUT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Rollout))
 ROW_FIELDS: tuple[str, ...] = ("iteration", *ROLLOUT_FIELDS, "reward")
@@ -86,7 +88,7 @@ class RolloutBuffer:
     """Rollouts on a chain of versions of the volume `name` in `store`; each version adds one iteration's file."""
 
     def __init__(self, store: LocalVolumeStore, name: str) -> None:
-        _check_name(name)
+        check_name(name)
         self.store = store
         self.name = name
 

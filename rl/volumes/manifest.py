@@ -1,4 +1,5 @@
-"""What a version's manifest may say: the checks a manifest read from disk passes before any of it is used.
+"""What a version's manifest holds (`new_manifest`, `FileEntry`) and may say: the checks a manifest read from disk
+passes before any of it is used.
 
 A run directory can come from someone else (a colleague's tarball, a downloaded artifact), so its manifests are input,
 not trusted state. Forking a version creates every directory and symlink its manifest names and links every file, so an
@@ -17,6 +18,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -28,6 +30,36 @@ VERSION_RE = re.compile(r"[0-9a-f]{64}")
 def digest(obj: Any) -> str:
     """sha256 of canonical JSON: the content digest and the version id are this over their parts."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a finalized version, as its manifest records it."""
+
+    sha256: str
+    size: int
+    executable: bool
+
+
+def new_manifest(
+    name: str,
+    parent: str | None,
+    message: str,
+    tree: dict[str, Any],
+    *,
+    published_at_ns: int,
+    mtimes_ns: Mapping[str, int],
+) -> dict[str, Any]:
+    """The manifest `finalize` writes for a file tree (`files`, `dirs`, `symlinks`): its version id is the digest of
+    (format, name, parent, message, content digest), so finalizing the same content twice gives the same version."""
+    identity = {
+        "format": MANIFEST_FORMAT,
+        "name": name,
+        "parent": parent,
+        "message": message,
+        "content_digest": digest(tree),
+    }
+    return {**identity, "version": digest(identity), **tree, "published_at_ns": published_at_ns, "mtimes_ns": mtimes_ns}
 
 
 def relpath_problem(rel: object) -> str | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rl.types import Rollout
 from rl.volumes.buffer import RolloutBuffer, rollout_rows
-from rl.volumes.local import LocalVolumeStore
+from rl.volumes.store import LocalVolumeStore
 
 BUFFER_NAME = "rollouts"
 

@@ -281,11 +281,11 @@ CATALOGUE: tuple[Mutant, ...] = (
         "a missing ref reads as an empty artifact instead of raising",
         ("tests/test_artifacts.py",),
     ),
-    # --- state store (rl/state.py) ---
+    # --- state store (rl/checkpoint/file_store.py) ---
     Mutant(
         "state-in-place-write",
         "state-store",
-        "rl/state.py",
+        "rl/checkpoint/file_store.py",
         "        while True:\n            fd, tmp = tempfile.mkstemp(prefix=self._temp_prefix, dir=self.path.parent)\n",
         '        with open(self.path, "wb") as f:\n'
         "            f.write(data[: len(data) // 2])\n"
@@ -299,7 +299,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "state-keeps-first-write",
         "state-store",
-        "rl/state.py",
+        "rl/checkpoint/file_store.py",
         "        self.path.parent.mkdir(parents=True, exist_ok=True)\n",
         "        if self.path.exists():\n"
         "            return\n"
@@ -392,11 +392,11 @@ CATALOGUE: tuple[Mutant, ...] = (
         "pipelined resume generates the next batch with the newest adapter, not the one an uninterrupted run used",
         ("tests/test_grpo_driver.py",),
     ),
-    # --- checkpoint (rl/loop/checkpoint.py) ---
+    # --- checkpoint (rl/checkpoint/format.py, rl/checkpoint/resume.py) ---
     Mutant(
         "ckpt-history-dropped",
         "checkpoint",
-        "rl/loop/checkpoint.py",
+        "rl/checkpoint/format.py",
         'history=[IterationMetrics.from_dict(row) for row in d["history"]],',
         "history=[],",
         "history not restored from the checkpoint: a resumed run reports only its own iterations",
@@ -405,7 +405,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "ckpt-digest-unchecked",
         "checkpoint",
-        "rl/loop/checkpoint.py",
+        "rl/checkpoint/format.py",
         '    if _plain_digest(doc["state"]) != doc["digest"]:\n',
         "    if False:\n",
         "checkpoint digest not verified: a partial or altered (but parseable) checkpoint is resumed",
@@ -414,16 +414,19 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "ckpt-corrupt-is-fresh",
         "checkpoint",
-        "rl/loop/checkpoint.py",
+        "rl/checkpoint/resume.py",
         "    state = decode_state(blob)\n",
-        "    try:\n        state = decode_state(blob)\n    except CheckpointCorruptError:\n        return None\n",
+        "    try:\n"
+        "        state = decode_state(blob)\n"
+        '    except __import__("rl.errors").errors.CheckpointCorruptError:\n'
+        "        return None\n",
         "a torn or foreign checkpoint silently treated as no checkpoint: the run restarts from iteration 0",
         ("tests/test_grpo_driver.py",),
     ),
     Mutant(
         "ckpt-other-schema-accepted",
         "checkpoint",
-        "rl/loop/checkpoint.py",
+        "rl/checkpoint/format.py",
         '    if doc["schema"] != SCHEMA_VERSION:\n',
         '    if not isinstance(doc["schema"], int):\n',
         "a checkpoint of another schema version is read as this one",
@@ -432,7 +435,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "ckpt-other-config-accepted",
         "checkpoint",
-        "rl/loop/checkpoint.py",
+        "rl/checkpoint/resume.py",
         "    if state.config_digest != config.digest():\n",
         "    if not state.config_digest:\n",
         "a checkpoint written under another configuration is resumed",
@@ -441,7 +444,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "ckpt-missing-adapter-accepted",
         "checkpoint",
-        "rl/loop/checkpoint.py",
+        "rl/checkpoint/resume.py",
         "        if not await artifacts.exists(ref):\n",
         "        if False:\n",
         "a checkpoint naming an artifact the store no longer has is resumed (fails later, untyped)",
@@ -530,11 +533,11 @@ CATALOGUE: tuple[Mutant, ...] = (
         "every per-sample backward all-reduces: collective counts differ between ranks with unequal shards",
         ("tests/test_ddp.py",),
     ),
-    # --- volumes (rl/volumes/local.py) ---
+    # --- volumes (rl/volumes/writable.py) ---
     Mutant(
         "volume-fork-writes-in-place",
         "volumes",
-        "rl/volumes/local.py",
+        "rl/volumes/writable.py",
         '        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")\n',
         "        if path.exists():\n"
         "            os.chmod(path, mode)\n"
@@ -548,7 +551,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "volume-truncate-shared",
         "volumes",
-        "rl/volumes/local.py",
+        "rl/volumes/writable.py",
         "                os.unlink(path)\n",
         "                os.chmod(path, 0o644)\n",
         "open_for_write('w') truncates the shared inode instead of unlinking it: the parent version changes",
@@ -557,8 +560,8 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "volume-not-sealed",
         "volumes",
-        "rl/volumes/local.py",
-        "        _seal_modes(data, durable=durable)\n",
+        "rl/volumes/writable.py",
+        "        seal_modes(data, durable=durable)\n",
         "",
         "finalize does not seal modes: a published version stays writable and can be mutated",
         ("tests/test_volumes.py",),

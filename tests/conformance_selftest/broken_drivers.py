@@ -12,13 +12,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from unittest import mock
 
-import rl.loop.checkpoint as checkpoint
+import rl.checkpoint.format as checkpoint_format
+import rl.checkpoint.resume as resume
 import rl.loop.grpo as grpo
+from rl.checkpoint.format import DriverState, decode_state, encode_state
 from rl.conformance import Implementation
 from rl.conformance.ours import FAKES
 from rl.errors import CheckpointCorruptError
 from rl.identity import content_digest
-from rl.loop.checkpoint import DriverState, decode_state, encode_state
 from rl.loop.grpo import GrpoConfig, GrpoOutcome, GrpoTiers, run_grpo
 from rl.protocols import StateStore
 from rl.seeding import derive_seed
@@ -96,7 +97,7 @@ def _patched(target: object, name: str, replacement):  # type: ignore[no-untyped
 async def _restart_on_corrupt(store, config, artifacts):  # type: ignore[no-untyped-def]
     """Treats a checkpoint it cannot parse as no checkpoint: a torn write silently restarts the run from scratch."""
     try:
-        return await checkpoint.load_state(store, config, artifacts)
+        return await resume.load_state(store, config, artifacts)
     except CheckpointCorruptError:
         return None
 
@@ -108,7 +109,7 @@ def _any_schema(blob: bytes) -> DriverState:
     except ValueError:
         return decode_state(blob)
     if isinstance(doc, dict) and "schema" in doc:
-        doc["schema"] = checkpoint.SCHEMA_VERSION
+        doc["schema"] = checkpoint_format.SCHEMA_VERSION
     return decode_state(json.dumps(doc).encode())
 
 
@@ -136,7 +137,7 @@ async def _config_unchecked(store, config, artifacts):  # type: ignore[no-untype
     blob = await store.load()
     if blob is None:
         return None
-    return await checkpoint.load_state(store, _TheCheckpointsConfig(decode_state(blob).config_digest), artifacts)
+    return await resume.load_state(store, _TheCheckpointsConfig(decode_state(blob).config_digest), artifacts)
 
 
 class _EverythingExists:
@@ -149,7 +150,7 @@ class _EverythingExists:
 
 async def _artifacts_unchecked(store, config, artifacts):  # type: ignore[no-untyped-def]
     """Resumes without asking the artifact store whether the checkpoint's adapter is still there."""
-    return await checkpoint.load_state(store, config, _EverythingExists(artifacts))
+    return await resume.load_state(store, config, _EverythingExists(artifacts))
 
 
 def _nan_only(iteration, group, rewards):  # type: ignore[no-untyped-def]
@@ -179,8 +180,8 @@ STEP_TWICE = _driver(
 FINISH_ORDER = _driver("rewards-in-finish-order", finish_order_driver)
 RESEEDED = _driver("reseeded-rollouts", reseeding_driver)
 TORN_RESTARTS = _driver("restarts-on-a-torn-checkpoint", _patched(grpo, "load_state", _restart_on_corrupt))
-DIGEST_UNCHECKED = _driver("resumes-an-altered-checkpoint", _patched(checkpoint, "decode_state", _digest_unchecked))
-ANY_SCHEMA = _driver("reads-any-schema-version", _patched(checkpoint, "decode_state", _any_schema))
+DIGEST_UNCHECKED = _driver("resumes-an-altered-checkpoint", _patched(resume, "decode_state", _digest_unchecked))
+ANY_SCHEMA = _driver("reads-any-schema-version", _patched(resume, "decode_state", _any_schema))
 CONFIG_UNCHECKED = _driver("resumes-another-configuration", _patched(grpo, "load_state", _config_unchecked))
 ADAPTER_UNCHECKED = _driver("resumes-a-lost-adapter", _patched(grpo, "load_state", _artifacts_unchecked))
 NAN_ONLY = _driver("infinite-reward-trained", _patched(grpo, "refuse_non_finite", _nan_only))

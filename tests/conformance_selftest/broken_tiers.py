@@ -6,10 +6,10 @@ import asyncio
 import itertools
 from dataclasses import replace
 
+from rl.checkpoint.memory_store import MemoryStateStore
 from rl.conformance import Implementation
 from rl.conformance.ours import fake_version0_adapter
 from rl.memory.artifacts import MemoryArtifacts
-from rl.memory.state_store import MemoryStateStore
 from rl.sim.grpo_tiers import FakeEngine, FakeTrainer
 from rl.types import ArtifactRef, Rollout, RolloutRequest, TrainBatch, TrainResult
 

@@ -1,0 +1,171 @@
+"""Executing a task call on the simulator: each call is a durable action, replayed, recovered, served from the cache,
+attached to while in flight, or run with retries, timeouts and seeded faults (`SimTask`); `Tier` makes a protocol
+object's methods such tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from rl.sim.attempts import CURRENT_DRIVER, CURRENT_TASK, DriverAttempt, TaskAttempt
+from rl.sim.errors import SimUsageError, TaskFailed
+from rl.sim.faults import InjectedTaskFailure
+from rl.sim.frozen import Unpicklable, action_identity, freeze, inputs_digest, signature_of, thaw
+from rl.sim.records import ActionRecord
+from rl.sim.replay import ReplayDivergence
+from rl.sim.supervisor import await_point, diverge, retrieve
+
+if TYPE_CHECKING:
+    from rl.sim.durable_sim import DurableSimulator
+
+FAULT_KIND = {"before": "task_failure", "after": "task_failure", "hang": "task_hang", "exhaust": "exhausted_task"}
+"""A task fault as `DurableSimulator.fired` counts it."""
+
+
+class SimTask:
+    """A task of the simulator: `await task(*args)` inside a simulated run issues one durable action."""
+
+    def __init__(
+        self,
+        sim: DurableSimulator,
+        fn: Callable[..., Awaitable[Any]],
+        *,
+        name: str,
+        retries: int,
+        cache: bool,
+        timeout_s: float | None,
+    ) -> None:
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self.sim, self.fn, self.name = sim, fn, name
+        self.retries, self.cache, self.timeout_s = retries, cache, timeout_s
+        self.signature_of, self._positional = signature_of(fn)
+        """`_positional`: parameter names, when every parameter may be passed positionally: such calls skip `bind`."""
+        functools.update_wrapper(self, fn)
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        driver = CURRENT_DRIVER.get()
+        if driver is None:
+            raise SimUsageError(f"task {self.name} was called outside DurableSimulator.run(); start a run first")
+        sim, run = self.sim, driver.run
+        if not kwargs and self._positional is not None and len(args) == len(self._positional):
+            inputs = dict(zip(self._positional, args, strict=True))
+        else:
+            bound = self.signature_of.bind(*args, **kwargs)
+            bound.apply_defaults()
+            inputs = dict(bound.arguments)
+        digest, frozen_inputs = inputs_digest(self.name, inputs)
+        scope = CURRENT_TASK.get().action_id if CURRENT_TASK.get() is not None else "driver"  # type: ignore[union-attr]
+        occurrence = driver.occurrences[(self.name, digest)]
+        driver.occurrences[(self.name, digest)] += 1
+        action_id = action_identity(scope, self.name, digest, occurrence)
+        issued = ActionRecord(action_id, self.name)
+
+        await_point(sim, driver, f"call {self.name}")
+        if run.strict_history is not None and action_id not in run.journal:
+            index = len(driver.issued)
+            expected = run.strict_history[index] if index < len(run.strict_history) else None
+            diverge(driver, ReplayDivergence(index, self.name, action_id, expected))
+        driver.issued.append(issued)
+
+        if action_id in run.failures:
+            sim._log(driver, "action.replayed", self.name, action_id, "failed")
+            raise run.failures[action_id]
+        if action_id in run.journal:
+            sim._log(driver, "action.replayed", self.name, action_id)
+            record = run.journal[action_id]
+        elif run.recover_from is not None and action_id in run.recover_from:
+            sim._log(driver, "action.recovered", self.name, action_id)
+            record = run.journal[action_id] = run.recover_from[action_id]
+        elif self.cache and (self.name, digest) in sim._cache:
+            sim._log(driver, "action.cached", self.name, action_id)
+            record = run.journal[action_id] = sim._cache[(self.name, digest)]
+        else:
+            execution = run.inflight.get(action_id)
+            if execution is not None:
+                # Remotely the retried driver re-submits the same action name, finds it running, and monitors it.
+                sim._log(driver, "action.attached", self.name, action_id)
+            else:
+                execution = run.loop.create_task(self._run_action(driver, action_id, digest, frozen_inputs))
+                execution.add_done_callback(retrieve)
+                run.inflight[action_id] = execution
+            # The action outlives a dead driver: cancelling this caller must not cancel the action.
+            record = await asyncio.shield(execution)
+        await_point(sim, driver, f"return {self.name}")
+        return thaw(record)
+
+    async def _run_action(self, driver: DriverAttempt, action_id: str, digest: str, inputs: bytes | Unpicklable) -> Any:
+        """One action's execution, independent of the driver attempt that launched it; records its outcome."""
+        sim, run = self.sim, driver.run
+        try:
+            output = await self._execute(driver, action_id, inputs)
+        except TaskFailed as failure:
+            run.failures[action_id] = failure
+            raise
+        finally:
+            run.inflight.pop(action_id, None)
+        record = run.journal[action_id] = freeze(output)
+        if self.cache:
+            sim._cache[(self.name, digest)] = record
+        sim._log(driver, "action.completed", self.name, action_id)
+        return record
+
+    async def _execute(self, driver: DriverAttempt, action_id: str, inputs: bytes | Unpicklable) -> Any:
+        sim = self.sim
+        last: BaseException | None = None
+        for attempt in range(self.retries + 1):
+            sim._log(driver, "action.start", self.name, action_id, f"attempt={attempt}")
+            fault = sim.faults.task_fault(self.name, action_id, attempt, self.retries)
+            if fault == "hang" and self.timeout_s is None:
+                fault = None
+            if fault is not None:
+                sim.fired[FAULT_KIND[fault]] += 1
+                sim._log(driver, "fault.task", self.name, action_id, f"attempt={attempt} {fault}")
+            token = CURRENT_TASK.set(TaskAttempt(action_id, attempt))
+            try:
+                if self.timeout_s is None:  # no deadline to arm: skip the context manager (~3% of a scenario)
+                    return await self._body(inputs, fault)
+                # asyncio.timeout, unlike wait_for, runs the body in this task: one task fewer per action.
+                async with asyncio.timeout(self.timeout_s):
+                    return await self._body(inputs, fault)
+            except TimeoutError as exc:
+                last = exc
+                sim._log(driver, "action.timeout", self.name, action_id, f"attempt={attempt} after={self.timeout_s}s")
+            except Exception as exc:
+                last = exc
+                sim._log(driver, "action.failed", self.name, action_id, f"attempt={attempt} {type(exc).__name__}")
+            finally:
+                CURRENT_TASK.reset(token)
+            if attempt < self.retries:
+                sim._log(driver, "action.retry", self.name, action_id, f"attempt={attempt + 1}")
+        assert last is not None
+        raise TaskFailed(self.name, action_id, self.retries + 1, last) from last
+
+    async def _body(self, inputs: bytes | Unpicklable, fault: str | None) -> Any:
+        if fault == "exhaust":
+            raise InjectedTaskFailure(f"injected outage: {self.name} cannot run on any attempt (exhausts its retries)")
+        if fault == "before":
+            raise InjectedTaskFailure(f"injected failure before {self.name} ran")
+        if fault == "hang":
+            assert self.timeout_s is not None
+            await asyncio.sleep(self.timeout_s * 2)
+        output = await self.fn(**thaw(inputs))  # each attempt gets its own copy of the recorded inputs
+        if fault == "after":
+            raise InjectedTaskFailure(f"injected failure after {self.name} ran, before its result was recorded")
+        return output
+
+
+class Tier:
+    """A protocol object whose chosen methods are tasks named `<tier>.<method>`; other attributes pass through."""
+
+    def __init__(self, sim: DurableSimulator, obj: Any, name: str, methods: dict[str, dict[str, Any]]) -> None:
+        self._obj = obj
+        for method, options in methods.items():
+            setattr(self, method, sim.task(getattr(obj, method), name=f"{name}.{method}", **options))
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self._obj, item)

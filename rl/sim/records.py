@@ -1,0 +1,50 @@
+"""What a simulated run records: its event log lines, the actions its driver issued, and its outcome."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Event:
+    """One line of the event log. `t` is virtual seconds since the run started."""
+
+    t: float
+    run: str
+    attempt: int
+    kind: str
+    task: str = ""
+    action: str = ""
+    detail: str = ""
+
+    def line(self) -> str:
+        text = f"{self.t:014.6f} {self.run} d{self.attempt} {self.kind:<18} {self.task} {self.action} {self.detail}"
+        return text.rstrip()
+
+
+@dataclass(frozen=True)
+class ActionRecord:
+    """An action as issued by the driver: its identity and its task."""
+
+    action_id: str
+    task: str
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The outcome of one simulated run. `error` is the user's code failing; divergence lives in `ReplayReport`."""
+
+    run_id: str
+    inputs: dict[str, Any]
+    output: Any
+    error: BaseException | None
+    attempts: int
+    crashes: int
+    await_points: int
+    history: tuple[ActionRecord, ...]
+    virtual_time_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None

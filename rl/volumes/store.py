@@ -1,0 +1,203 @@
+"""`LocalVolumeStore`: versioned copy-on-write volumes under one directory (layout, sharing and crash safety:
+docs/volumes.md). It opens versions and forks them into writable volumes."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import stat
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from rl.volumes.errors import InvalidNameError, VersionNotFoundError, VolumeCorruptedError, WriterConflictError
+from rl.volumes.filesystem import SHARE_MODES, ShareMode, force_rmtree, probe_share_mode, read_only_mode, try_reflink
+from rl.volumes.manifest import NAME_RE, VERSION_RE, manifest_problem
+from rl.volumes.version import LocalVolumeVersion
+from rl.volumes.writable import Inherited, LocalWritableVolume
+from rl.volumes.writer_lock import acquire_writer, release_writer
+
+MIN_PREFIX = 8
+
+
+class LocalVolumeStore:
+    """Versioned copy-on-write volumes under one directory.
+
+    `share` is "auto" (probe the filesystem) or a `ShareMode` to force one; `durable=False` skips the fsyncs that make a
+    published version survive power loss (for tests and benchmarks that do not need it).
+    """
+
+    def __init__(
+        self, root: str | os.PathLike[str], *, share: ShareMode | Literal["auto"] = "auto", durable: bool = True
+    ) -> None:
+        self.root = Path(root).absolute()
+        self.durable = durable
+        for sub in ("versions", "staging", "locks"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+            if (self.root / sub).is_symlink():
+                # Staging is deleted and versions are written through: a link would carry both outside the store.
+                raise VolumeCorruptedError(
+                    f"{self.root / sub} is a symlink, so the store would write and delete wherever it points; a "
+                    f"store's directories are its own. Remove the link (or open a store you built) and retry"
+                )
+        if share == "auto":
+            self._share_mode: ShareMode = probe_share_mode(self.root / "staging")
+        elif share in SHARE_MODES:
+            self._share_mode = share
+        else:
+            raise ValueError(f"share must be 'auto' or one of {SHARE_MODES}, not {share!r}")
+        self._manifests: dict[str, dict[str, Any]] = {}
+
+    def __repr__(self) -> str:
+        return f"LocalVolumeStore({str(self.root)!r}, share={self._share_mode!r})"
+
+    @property
+    def share_mode(self) -> ShareMode:
+        """How forks share their parent's files on this store's filesystem."""
+        return self._share_mode
+
+    def new(self, name: str) -> LocalWritableVolume:
+        """An empty writable volume named `name` (the first version of a buffer or a world)."""
+        return self._open_writer(name, parent=None)
+
+    def open(self, name_or_version: str) -> LocalVolumeVersion:
+        """A finalized version: by version id, by volume name (its latest version), or by a unique version-id prefix."""
+        key = name_or_version
+        if VERSION_RE.fullmatch(key) and (self.root / "versions" / key / "manifest.json").is_file():
+            return self._version(key)
+        if NAME_RE.fullmatch(key):
+            named = self.versions(key)
+            if named:
+                return named[-1]
+        if len(key) >= MIN_PREFIX and re.fullmatch(r"[0-9a-f]+", key):
+            matches = [v for v in self._version_ids() if v.startswith(key)]
+            if len(matches) == 1:
+                return self._version(matches[0])
+            if len(matches) > 1:
+                raise VersionNotFoundError(
+                    f"version prefix {key!r} is ambiguous in {self.root}: it matches {len(matches)} versions; "
+                    f"give more digits"
+                )
+        names = sorted({v.name for v in self.versions()})
+        raise VersionNotFoundError(
+            f"no version or volume named {key!r} in {self.root}; volume names here: {names or 'none'} "
+            f"(a version is addressed by its 64-hex id or a unique prefix of at least {MIN_PREFIX} digits)"
+        )
+
+    def versions(self, name: str | None = None) -> list[LocalVolumeVersion]:
+        """Every finalized version (of volume `name` if given), oldest first by publication time."""
+        found = [self._version(v) for v in self._version_ids()]
+        if name is not None:
+            found = [v for v in found if v.name == name]
+        return sorted(found, key=lambda v: (v.published_at_ns, v.version))
+
+    def discard_abandoned(self) -> list[str]:
+        """Delete the staging directories of writers that died (no live lock) and return their names; live ones stay."""
+        discarded = []
+        for staging in sorted((self.root / "staging").iterdir()):
+            if not staging.is_dir() or staging.name.startswith(".probe-"):
+                continue
+            try:
+                fd = acquire_writer(self.root, staging.name)
+            except WriterConflictError:
+                continue
+            try:
+                force_rmtree(staging)
+                discarded.append(staging.name)
+            finally:
+                release_writer(str(self.root), staging.name, fd)
+        return discarded
+
+    def _version_ids(self) -> list[str]:
+        return [e.name for e in os.scandir(self.root / "versions") if VERSION_RE.fullmatch(e.name)]
+
+    def _version(self, version: str) -> LocalVolumeVersion:
+        cached = self._manifests.get(version)
+        if cached is not None:
+            return LocalVolumeVersion(self, cached)
+        path = self.root / "versions" / version / "manifest.json"
+        try:
+            manifest: Any = json.loads(path.read_text(encoding="utf-8"))
+            problem = manifest_problem(manifest, version)
+        except FileNotFoundError:
+            raise VersionNotFoundError(f"version {version} is not in {self.root}") from None
+        except ValueError as exc:  # not JSON, or not UTF-8: a damaged or foreign file
+            problem = f"the manifest is not JSON ({exc})"
+        if problem:
+            raise VolumeCorruptedError(
+                f"version {version} in {self.root} is refused: {problem}. Its manifest ({path}) was not written "
+                f"by this store or was changed since, and using it could read or write outside the volume: "
+                f"restore it from its source (or delete {path.parent}) and retry"
+            )
+        self._manifests[version] = manifest
+        return LocalVolumeVersion(self, manifest)
+
+    def _open_writer(self, name: str, parent: LocalVolumeVersion | None) -> LocalWritableVolume:
+        check_name(name)
+        fd = acquire_writer(self.root, name)
+        staging = self.root / "staging" / name
+        try:
+            # Whoever held this name before us died before publishing (we hold its lock): its half-written files go.
+            force_rmtree(staging)
+            (staging / "data").mkdir(parents=True)
+            forked_at_ns = time.time_ns()
+            inherited = self._populate(parent, staging / "data") if parent is not None else {}
+        except BaseException:
+            force_rmtree(staging)
+            release_writer(str(self.root), name, fd)
+            raise
+        return LocalWritableVolume(self, name, parent, staging, fd, inherited, forked_at_ns)
+
+    def _populate(self, parent: LocalVolumeVersion, data: Path) -> dict[str, Inherited]:
+        src_root = parent.path()
+        for d in ("", *parent.dirs):
+            # A directory replaced by a symlink would make the links below read files from wherever it points.
+            if not stat.S_ISDIR(os.lstat(src_root / d).st_mode):
+                raise VolumeCorruptedError(
+                    f"cannot fork version {parent.version} ({parent.name!r}): {src_root / d} is not a directory (a "
+                    f"symlink?), so its files could come from outside the volume; fork an intact version"
+                )
+        for d in parent.dirs:
+            (data / d).mkdir(parents=True, exist_ok=True)
+        for rel, target in parent.symlinks.items():
+            os.symlink(target, data / rel)
+        inherited: dict[str, Inherited] = {}
+        for rel, entry in parent.files.items():
+            src = src_root / rel
+            st = os.lstat(src)
+            problem = parent._stat_problem(rel, st)
+            if problem:
+                raise VolumeCorruptedError(
+                    f"cannot fork version {parent.version} ({parent.name!r}): {problem}; it was modified after it "
+                    f"was finalized (see docs/volumes.md on writers that bypass file modes); fork an intact version"
+                )
+            dst = data / rel
+            shares = False
+            if self._share_mode == "hardlink":
+                try:
+                    os.link(src, dst)
+                    shares = True
+                except OSError as exc:
+                    # The link limit, protected_hardlinks (another user's file) or another mount: copy this one.
+                    if exc.errno not in (errno.EMLINK, errno.EPERM, errno.EXDEV):
+                        raise
+            if not shares:
+                if not (self._share_mode == "reflink" and try_reflink(src, dst)):
+                    shutil.copyfile(src, dst)
+                os.chmod(dst, read_only_mode(entry.executable))
+                # Keeping the parent's mtime keeps the copy out of the racy window, so finalize can trust its stat.
+                os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+            ino = st.st_ino if shares else os.lstat(dst).st_ino
+            inherited[rel] = Inherited(ino, st.st_size, st.st_mtime_ns, entry, shares)
+        return inherited
+
+
+def check_name(name: str) -> None:
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or VERSION_RE.fullmatch(name):
+        raise InvalidNameError(
+            f"volume name {name!r} is invalid: use 1-200 characters from letters, digits, '.', '_' and '-', "
+            f"starting with a letter or digit, and not a 64-hex string (those address versions)"
+        )
