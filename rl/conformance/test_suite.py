@@ -31,7 +31,7 @@ from rl.conformance.history import DriverReplayContract
 from rl.conformance.implementation import Implementation, ImplementationError, load_implementation
 from rl.conformance.rollout_buffer import BufferFactory, RolloutBufferContract
 from rl.conformance.volumes import StoreFactory, VolumeStoreContract
-from rl.loop.agentic import train
+from rl.loop.agentic import run_agentic
 from rl.loop.checkpoint import as_altered, as_another_schema_version
 from rl.loop.grpo import run_grpo
 from rl.memory.artifacts import MemoryArtifacts
@@ -183,7 +183,7 @@ class TestAgentic(_Bound, AgenticContract):
 
     @pytest.fixture
     def agentic_driver(self, implementation: Implementation) -> Any:
-        return implementation.agentic_driver or train
+        return implementation.agentic_driver or run_agentic
 
     @pytest.fixture
     def judge_tier(self, implementation: Implementation) -> Any:
