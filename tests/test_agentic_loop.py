@@ -7,8 +7,8 @@ import pytest
 from conformance_selftest.broken_agentic import landing_order_driver
 
 from rl.agentic.bandit import StepPayloadConflictError
-from rl.agentic.types import Rubric
 from rl.agentic.faults import InjectedDriverCrash
+from rl.agentic.types import Rubric
 from rl.loop.agentic import AgenticInputError
 from rl.sim.agentic_sim import BUILD_WORLD, GENERATE, JUDGE, JUDGE_CALL, SETUP, TRAIN_STEP, AgenticSim
 from rl.sim.durable_sim import TaskFailed

@@ -76,7 +76,7 @@ class AgenticContract(ContractBase):
 
     @pytest.fixture
     def agentic_driver(self) -> AgenticDriver:
-        """Return your driver: `async (config, tiers) -> AgenticOutcome`, like `rl.loop.agentic.run_agentic` (default)."""
+        """Return your driver: `async (config, tiers) -> AgenticOutcome`, like `rl.loop.agentic.run_agentic` (ours)."""
         return run_agentic
 
     @pytest.fixture

@@ -132,10 +132,7 @@ async def run_step(
     rubric: Rubric,
 ) -> tuple[list[Reward], list[SkippedTrial]]:
     """Generate every trial at once and judge each the moment it lands; returns rewards in landing order."""
-    gens = [
-        _launch(sp.trial_id, functools.partial(tiers.generate, sp, weights, worlds[sp.world_id]))
-        for sp in specs
-    ]
+    gens = [_launch(sp.trial_id, functools.partial(tiers.generate, sp, weights, worlds[sp.world_id])) for sp in specs]
     skipped: list[SkippedTrial] = []
     judges: list[asyncio.Future[tuple[str, Reward | Exception]]] = []
     for landed in asyncio.as_completed(gens):
