@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from rl.agentic.agent import sandbox_coin
 from rl.agentic.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
@@ -64,27 +65,43 @@ def judge_flakes(traj: Trajectory, attempt: int, flake_rate: float) -> bool:
     return attempt == 0 and random.Random(derive_seed("flake", traj.seed, traj.trial_id)).random() < flake_rate
 
 
+class Sandbox(Protocol):
+    """A sandbox tier (`rl.agentic.tiers.SandboxTier` or a wrapper of one)."""
+
+    async def build_world(self, world_id: str, seed: int) -> WorldRef: ...
+
+    async def generate(self, spec: TrialSpec, weights: Weights, world: WorldRef) -> Trajectory: ...
+
+
+class Judge(Protocol):
+    """A judge tier (`rl.agentic.tiers.JudgeTier`, or a fork's)."""
+
+    async def verify_and_judge(self, traj: Trajectory, rubric: Rubric) -> Reward: ...
+
+
 class FlakyTrials:
     """A sandbox tier whose trials die on attempt 0 with probability `rate` (seed 002's `flaky_rate`)."""
 
-    def __init__(self, inner: object, rate: float, attempt: Callable[[], int]) -> None:
+    def __init__(self, inner: Sandbox, rate: float, attempt: Callable[[], int]) -> None:
         self.inner, self.rate, self.attempt = inner, rate, attempt
+
+    async def build_world(self, world_id: str, seed: int) -> WorldRef:
+        return await self.inner.build_world(world_id, seed)
 
     async def generate(self, spec: TrialSpec, weights: Weights, world: WorldRef) -> Trajectory:
         if sandbox_coin(spec) < self.rate and self.attempt() == 0:
             raise SandboxFailure(f"simulated sandbox failure for {spec.trial_id} (attempt 0); a retry regenerates it")
-        traj: Trajectory = await self.inner.generate(spec, weights, world)  # type: ignore[attr-defined]
-        return traj
+        return await self.inner.generate(spec, weights, world)
 
 
 class FlakyJudging:
     """A judge tier whose judging fails on attempt 0 after the judge answered, with probability `rate`."""
 
-    def __init__(self, inner: object, rate: float, attempt: Callable[[], int]) -> None:
+    def __init__(self, inner: Judge, rate: float, attempt: Callable[[], int]) -> None:
         self.inner, self.rate, self.attempt = inner, rate, attempt
 
     async def verify_and_judge(self, traj: Trajectory, rubric: Rubric) -> Reward:
-        reward: Reward = await self.inner.verify_and_judge(traj, rubric)  # type: ignore[attr-defined]
+        reward = await self.inner.verify_and_judge(traj, rubric)
         if judge_flakes(traj, self.attempt(), self.rate):
             raise JudgeFlake(
                 f"simulated post-judge failure for {traj.trial_id} (attempt 0); the retry must not re-call the judge"

@@ -27,7 +27,15 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from rl.agentic.bandit import BanditTrainer, PolicyTrainer
-from rl.agentic.faults import AgenticFaults, FlakyJudging, FlakyTrials, SandboxFailure, with_driver_crash
+from rl.agentic.faults import (
+    AgenticFaults,
+    FlakyJudging,
+    FlakyTrials,
+    Judge,
+    Sandbox,
+    SandboxFailure,
+    with_driver_crash,
+)
 from rl.agentic.judge import judge_score
 from rl.agentic.tiers import JudgeTier, SandboxTier, TrainerTier
 from rl.agentic.types import Reward, Rubric, Trajectory, TrialSpec, Weights, WorldRef
@@ -118,18 +126,17 @@ class DeadAndSlowTrials:
 
     def __init__(
         self,
-        inner: Any,
+        inner: Sandbox,
         *,
         dead_trials: frozenset[str] = frozenset(),
         tool_latency_s: float = 0.2,
         trial_delay_s: Callable[[str], float] | None = None,
     ) -> None:
-        self.inner, self.dead_trials, self.tool_latency_s, self.trial_delay_s = (
-            inner,
-            dead_trials,
-            tool_latency_s,
-            trial_delay_s,
-        )
+        self.inner, self.dead_trials = inner, dead_trials
+        self.tool_latency_s, self.trial_delay_s = tool_latency_s, trial_delay_s
+
+    async def build_world(self, world_id: str, seed: int) -> WorldRef:
+        return await self.inner.build_world(world_id, seed)
 
     async def generate(self, spec: TrialSpec, weights: Weights, world: WorldRef) -> Trajectory:
         if self.trial_delay_s is not None:
@@ -137,61 +144,52 @@ class DeadAndSlowTrials:
         if spec.trial_id in self.dead_trials:
             await asyncio.sleep(self.tool_latency_s)
             raise SandboxFailure(f"sandbox for {spec.trial_id} died on attempt {attempt_number()} (a dead trial)")
-        traj: Trajectory = await self.inner.generate(spec, weights, world)
-        return traj
+        return await self.inner.generate(spec, weights, world)
 
 
-def _recording_rate(knob: str, method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """`method` as a task body that also takes the fault rate `knob`, and ignores it (the wrapper inside injects it).
+# The simulated `generate` and `verify_and_judge` actions keep the run's fault rate among their recorded inputs, and
+# their bodies ignore it (the wrappers inside inject the fault). An action's identity is the digest of its inputs, and
+# the rates were task inputs when the simulator's histories, traces and chaos scenarios were recorded (`FaultPlan`
+# coins are keyed by action id): recording them keeps every one of those as it was. Production tasks take no rate.
 
-    An action's identity is the digest of its inputs, and the seed's rates were task inputs when the simulator's
-    histories, chaos scenarios and fault draws (`FaultPlan` coins are keyed by action id) were recorded: keeping the
-    rate among the simulated action's recorded inputs keeps every one of them as it was. Production tasks carry no rate.
-    """
-    if knob == "flaky_rate":
 
-        async def generate(spec: TrialSpec, weights: Weights, world: WorldRef, flaky_rate: float) -> Trajectory:
-            traj: Trajectory = await method(spec, weights, world)
-            return traj
+def _generate_body(sandbox: Sandbox) -> Callable[..., Awaitable[Trajectory]]:
+    async def generate(spec: TrialSpec, weights: Weights, world: WorldRef, flaky_rate: float) -> Trajectory:
+        return await sandbox.generate(spec, weights, world)  # `flaky_rate` is recorded only (see above)
 
-        return generate
+    return generate
 
+
+def _judge_body(judge: Judge) -> Callable[..., Awaitable[Reward]]:
     async def verify_and_judge(traj: Trajectory, rubric: Rubric, judge_flake_rate: float) -> Reward:
-        reward: Reward = await method(traj, rubric)
-        return reward
+        return await judge.verify_and_judge(traj, rubric)  # `judge_flake_rate` is recorded only
 
     return verify_and_judge
 
 
 class SimAgenticTiers:
-    """The `rl.protocols.AgenticTiers` of one simulator run: each method a task with the seed's options."""
+    """The `rl.protocols.AgenticTiers` of one simulator run: each method a task with the seed's options.
+
+    `sandbox` and `judge` are already wrapped in the run's `faults`, whose rates the actions record as inputs.
+    """
 
     def __init__(
         self,
         sim: DurableSimulator,
-        sandbox: SandboxTier,
-        judge: Any,
+        sandbox: Sandbox,
+        judge: Judge,
         trainer: TrainerTier,
         retries: dict[str, int] | None = None,
-        *,
-        trials: Callable[[Any], Any] = lambda sandbox: sandbox,
         faults: AgenticFaults = NO_FAULTS,
     ) -> None:
-        """`trials(generating)` wraps the sandbox's `generate` (dead and slow trials) outside `faults`' flaky trials."""
         budget = {**TASK_RETRIES, **(retries or {})}
         unknown = set(budget) - set(TASK_RETRIES)
         if unknown:
             raise ValueError(f"retries names unknown tasks {sorted(unknown)}; known: {sorted(TASK_RETRIES)}")
-        generating = trials(FlakyTrials(sandbox, faults.flaky_trial_rate, attempt_number))
-        judging = FlakyJudging(judge, faults.judge_flake_rate, attempt_number)
         self.build_world = sim.task(sandbox.build_world, name=BUILD_WORLD, cache=True, retries=budget[BUILD_WORLD])
-        generate = sim.task(
-            _recording_rate("flaky_rate", generating.generate), name=GENERATE, retries=budget[GENERATE], timeout_s=300
-        )
+        generate = sim.task(_generate_body(sandbox), name=GENERATE, retries=budget[GENERATE], timeout_s=300)
         self.generate = functools.partial(generate, flaky_rate=faults.flaky_trial_rate)
-        verify_and_judge = sim.task(
-            _recording_rate("judge_flake_rate", judging.verify_and_judge), name=JUDGE, retries=budget[JUDGE]
-        )
+        verify_and_judge = sim.task(_judge_body(judge), name=JUDGE, retries=budget[JUDGE])
         self.verify_and_judge = functools.partial(verify_and_judge, judge_flake_rate=faults.judge_flake_rate)
         self.setup_trainer = sim.task(trainer.setup_trainer, name=SETUP, retries=budget[SETUP])
         self.train_step = sim.task(trainer.train_step, name=TRAIN_STEP, retries=budget[TRAIN_STEP], timeout_s=600)
@@ -261,22 +259,19 @@ class AgenticSim:
         self.retries = retries
 
     def tiers(self, faults: AgenticFaults = NO_FAULTS) -> AgenticTiers:
-        """The tiers of one run: tasks with the seed's options, wrapped in `faults`."""
-        tiers = SimAgenticTiers(
-            self.sim,
-            self.sandbox,
-            self.judge_tier,
-            self.trainer,
-            self.retries,
-            trials=self._dead_and_slow,
-            faults=faults,
-        )
-        return with_driver_crash(tiers, faults)
+        """The tiers of one run: tasks with the seed's options, their bodies and the tiers wrapped in `faults`.
 
-    def _dead_and_slow(self, sandbox: Any) -> DeadAndSlowTrials:
-        return DeadAndSlowTrials(
-            sandbox, dead_trials=self.dead_trials, tool_latency_s=self.tool_latency_s, trial_delay_s=self.trial_delay_s
+        A trial waits out its delay and its dead-trial check before its flaky coin, as it always has.
+        """
+        sandbox = DeadAndSlowTrials(
+            FlakyTrials(self.sandbox, faults.flaky_trial_rate, attempt_number),
+            dead_trials=self.dead_trials,
+            tool_latency_s=self.tool_latency_s,
+            trial_delay_s=self.trial_delay_s,
         )
+        judge = FlakyJudging(self.judge_tier, faults.judge_flake_rate, attempt_number)
+        tiers = SimAgenticTiers(self.sim, sandbox, judge, self.trainer, self.retries, faults)
+        return with_driver_crash(tiers, faults)
 
     async def driver(self, **inputs: Any) -> AgenticOutcome:
         config, faults = split_inputs(inputs)
