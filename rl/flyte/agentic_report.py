@@ -17,7 +17,7 @@ def render_agentic_report(
     skipped: list[SkippedTrial],
 ) -> str:
     """The driver's report: one row per step, the trials skipped, and what this mode could not show."""
-    trials = config.prompts_per_step * config.n_samples
+    trials = config.trials_per_step
     rows = "".join(
         f"<tr><td>{h.step}</td><td>{h.n_trials}/{trials}</td><td>{h.mean_reward}</td><td>{h.mean_turns}</td>"
         f"<td>v{h.weights.version}</td></tr>"
