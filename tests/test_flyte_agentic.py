@@ -104,3 +104,14 @@ def test_a_new_rubric_locally_reuses_the_worlds_and_the_first_steps_rollouts(fly
     assert sum(agentic.JUDGE_CALLS.values()) == 2 * TRIALS
     assert first.history[0].mean_turns == second.history[0].mean_turns  # identical trajectories, re-scored
     assert first.history[0].mean_reward != second.history[0].mean_reward
+
+
+def test_the_production_tasks_take_no_fault_knob_and_the_failure_injected_run_does():
+    """Issue 20: faults wrap tiers; `generate`, `verify_and_judge` and `train` are what a cluster runs, knob-free."""
+    from dataclasses import fields
+
+    knobs = {f.name for f in fields(AgenticFaults)} | {"flaky_rate", "faults"}
+    for task in (agentic.generate, agentic.verify_and_judge, agentic.train):
+        inputs = set(task.native_interface.inputs)
+        assert not inputs & knobs, f"{task.name} takes fault knobs {sorted(inputs & knobs)}"
+    assert "faults" in train_with_faults.native_interface.inputs
