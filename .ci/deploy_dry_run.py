@@ -15,6 +15,7 @@ import flyte
 
 
 def main(config: str) -> int:
+    import rl.flyte.agentic_faults  # noqa: F401  (its tasks join the agentic environments: serialise them too)
     from rl.flyte.agentic import agentic_driver_env
     from rl.flyte.clustered import grpo_clustered_driver_env
     from rl.flyte.grpo import grpo_driver_env

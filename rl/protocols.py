@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from rl.agentic.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
 from rl.types import ArtifactRef, EvalResult, IterationMetrics, Prompt, Rollout, RolloutRequest, TrainBatch, TrainResult
 
 
@@ -171,3 +172,21 @@ class VolumeStore(Protocol):
     def versions(self, name: str | None = None) -> Sequence[VolumeVersion]:
         """Every finalized version (of volume `name` if given), oldest first."""
         ...
+
+
+class AgenticTiers(Protocol):
+    """What the agentic driver calls (seed 002). Each `async` method is one durable action; `driver_attempt` is
+    FLYTE_ATTEMPT_NUMBER. Faults are injected by wrapping an implementation (`rl.agentic.faults`), never by an argument.
+    """
+
+    def driver_attempt(self) -> int: ...
+
+    async def build_world(self, world_id: str, seed: int) -> WorldRef: ...
+
+    async def setup_trainer(self, world_ids: list[str]) -> Weights: ...
+
+    async def generate(self, spec: TrialSpec, weights: Weights, world: WorldRef) -> Trajectory: ...
+
+    async def verify_and_judge(self, traj: Trajectory, rubric: Rubric) -> Reward: ...
+
+    async def train_step(self, step: int, rewards: list[Reward], world_ids: list[str], lr: float) -> StepResult: ...

@@ -4,10 +4,9 @@ the bugs it exists for."""
 from __future__ import annotations
 
 import pytest
+from conformance_selftest.broken_agentic import landing_order_driver, untraced_judge_tier
 
-from rl.agentic.tiers import JudgeTier
-from rl.sim.agentic_sim import JUDGE, AgenticSim
-from rl.sim.attempts import attempt_number
+from rl.sim.agentic_sim import AgenticSim
 from rl.sim.chaos_agentic import agentic_scenario, agentic_sweep, check_agentic_run
 
 SMALL = {"n_steps": 2, "n_worlds": 2, "prompts_per_step": 2, "n_samples": 2}
@@ -32,10 +31,8 @@ def test_seeded_fault_scenarios_with_failures_hangs_and_driver_crashes_keep_ever
 
 def test_the_checker_names_a_judge_billed_twice_when_the_judge_call_is_not_memoised():
     """002: "A judge retry that re-calls the LLM re-bills you for tokens you already paid for" — and chaos says so."""
-    harness = AgenticSim(seed=0)
+    harness = AgenticSim(seed=0, judge_tier=untraced_judge_tier)  # the bug: no sim.trace around the judge call
     reference = AgenticSim(seed=0).run(**SMALL).output
-    untraced = JudgeTier(harness.judge, attempt=attempt_number)  # the bug: no sim.trace around the judge call
-    harness.tiers.verify_and_judge = harness.sim.task(untraced.verify_and_judge, name=JUDGE, retries=2)
     result = harness.run(judge_flake_rate=1.0, **SMALL)
     violations = check_agentic_run(harness, result, reference)
     assert len(violations) == 8 and all("judge billed 2 times" in v for v in violations)
@@ -43,9 +40,9 @@ def test_the_checker_names_a_judge_billed_twice_when_the_judge_call_is_not_memoi
 
 def test_the_checker_reports_the_seeds_unsorted_rewards_bug_as_a_failed_run():
     """002: "This bug cost a debugging session; the fix is one sorted()"."""
-    harness = AgenticSim(seed=0)
+    harness = AgenticSim(seed=0, driver=landing_order_driver)  # the bug: rewards in landing order
     reference = AgenticSim(seed=0).run(**SMALL).output
-    result = harness.run(crash_driver_at_step=1, sort_rewards=False, **SMALL)
+    result = harness.run(crash_driver_at_step=1, **SMALL)
     (violation,) = check_agentic_run(harness, result, reference)
     assert "did not finish" in violation and "StepPayloadConflictError" in violation
 

@@ -14,10 +14,11 @@ from typing import Any, TypeVar
 import pytest
 from pydantic import ValidationError
 
-from rl.agentic.agent import SandboxFailure, doc_order, run_trial
+from rl.agentic.agent import doc_order, run_trial
 from rl.agentic.bandit import bandit_update, initial_weights
-from rl.agentic.judge import judge_flakes, judge_score, make_reward, verify
-from rl.agentic.types import Reward, Rubric, Trajectory, TrialSpec, Turn, Weights
+from rl.agentic.faults import FlakyTrials, SandboxFailure, judge_flakes
+from rl.agentic.judge import judge_score, make_reward, verify
+from rl.agentic.types import Reward, Rubric, Trajectory, TrialSpec, Turn, Weights, WorldRef
 from rl.agentic.world import N_DOCS, SECRET_MARKER, doc_path, secret_digest, world_files, world_secret
 from rl.memory.worlds import MemoryWorlds
 from rl.sim.virtual_loop import VirtualTimeLoop
@@ -54,7 +55,13 @@ async def _trial(
     spec = TrialSpec(trial_id=trial_id, step=0, world_id="w0", prompt="find the secret", seed=3)
     fork = store.fork(version, f"world-w0-{trial_id}")
     weights = initial_weights(["w0"])
-    traj = await run_trial(spec, weights, fork, attempt=attempt, flaky_rate=flaky_rate, tool_latency_s=latency_s)
+
+    class _ForkedTrial:  # the sandbox tier's `generate`, on this one fork
+        async def generate(self, spec: TrialSpec, weights: Weights, world: WorldRef) -> Trajectory:
+            return await run_trial(spec, weights, fork, tool_latency_s=latency_s)
+
+    flaky = FlakyTrials(_ForkedTrial(), flaky_rate, attempt=lambda: attempt)
+    traj = await flaky.generate(spec, weights, WorldRef(world_id="w0", name="world-w0", version=version))
     return traj, fork.written()
 
 

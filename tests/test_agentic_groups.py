@@ -14,11 +14,11 @@ from rl.agentic.bandit import BanditTrainer
 from rl.agentic.judge import judge_score
 from rl.agentic.tiers import JudgeTier, LocalAgenticTiers, SandboxTier, TrainerTier
 from rl.agentic.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
-from rl.loop.agentic import train
+from rl.loop.agentic import AgenticConfig, run_agentic
 from rl.memory.worlds import MemoryWorlds
 
 _GROUP: contextvars.ContextVar[str | None] = contextvars.ContextVar("group", default=None)
-SMALL = {"n_steps": 2, "n_worlds": 2, "prompts_per_step": 2, "n_samples": 2}
+SMALL = AgenticConfig(n_steps=2, n_worlds=2, prompts_per_step=2, n_samples=2)
 
 
 @contextlib.contextmanager
@@ -48,13 +48,13 @@ class _Recording(LocalAgenticTiers):
         self.seen.append(("build_world", world_id, _GROUP.get()))
         return await super().build_world(world_id, seed)
 
-    async def generate(self, spec: TrialSpec, weights: Weights, world: WorldRef, flaky_rate: float) -> Trajectory:
+    async def generate(self, spec: TrialSpec, weights: Weights, world: WorldRef) -> Trajectory:
         self.seen.append(("generate", spec.trial_id, _GROUP.get()))
-        return await super().generate(spec, weights, world, flaky_rate)
+        return await super().generate(spec, weights, world)
 
-    async def verify_and_judge(self, traj: Trajectory, rubric: Rubric, judge_flake_rate: float) -> Reward:
+    async def verify_and_judge(self, traj: Trajectory, rubric: Rubric) -> Reward:
         self.seen.append(("verify_and_judge", traj.trial_id, _GROUP.get()))
-        return await super().verify_and_judge(traj, rubric, judge_flake_rate)
+        return await super().verify_and_judge(traj, rubric)
 
     async def train_step(self, step: int, rewards: list[Reward], world_ids: list[str], lr: float) -> StepResult:
         self.seen.append(("train_step", f"s{step}", _GROUP.get()))
@@ -64,7 +64,7 @@ class _Recording(LocalAgenticTiers):
 def test_every_trial_judgment_and_train_step_runs_inside_its_steps_group():
     """002: `with flyte.group(f"step-{step}")` holds a step's trials, judgments and train step; worlds are outside."""
     tiers = _Recording()
-    asyncio.run(train(tiers, group=_group, **SMALL))
+    asyncio.run(run_agentic(SMALL, tiers, group=_group))
     for kind, key, group in tiers.seen:
         if kind == "build_world":
             assert group is None
@@ -75,5 +75,5 @@ def test_every_trial_judgment_and_train_step_runs_inside_its_steps_group():
 
 def test_without_a_group_the_agentic_driver_opens_none():
     tiers = _Recording()
-    asyncio.run(train(tiers, **SMALL))
+    asyncio.run(run_agentic(SMALL, tiers))
     assert {group for _, _, group in tiers.seen} == {None}

@@ -4,10 +4,12 @@ re-scoring by forking a run, and determinism. Each test quotes the sentence it m
 from __future__ import annotations
 
 import pytest
+from conformance_selftest.broken_agentic import landing_order_driver
 
 from rl.agentic.bandit import StepPayloadConflictError
+from rl.agentic.faults import InjectedDriverCrash
 from rl.agentic.types import Rubric
-from rl.loop.agentic import AgenticInputError, InjectedDriverCrash
+from rl.loop.agentic import AgenticInputError
 from rl.sim.agentic_sim import BUILD_WORLD, GENERATE, JUDGE, JUDGE_CALL, SETUP, TRAIN_STEP, AgenticSim
 from rl.sim.errors import TaskFailed
 from rl.sim.faults import FaultPlan
@@ -61,8 +63,8 @@ def test_the_judge_is_billed_once_per_trial_and_rubric_however_often_judging_ret
 def test_unsorted_rewards_re_execute_the_step_on_driver_replay_and_sorted_ones_replay(sort_rewards, train_replayed):
     """002: "a driver replay collected the same rewards in a different as_completed order — so the training step's
     inputs hashed differently, the step re-ran instead of replaying"; "the fix is one sorted()"."""
-    harness = AgenticSim(seed=0)
-    result = harness.run(crash_driver_at_step=1, sort_rewards=sort_rewards)
+    harness = AgenticSim(seed=0) if sort_rewards else AgenticSim(seed=0, driver=landing_order_driver)
+    result = harness.run(crash_driver_at_step=1)
     sim, trainer = harness.sim, harness.trainer_of(result)
     assert sim.count("action.replayed", TRAIN_STEP) == train_replayed
     assert trainer is not None and all(n == 1 for n in trainer.applications.values())

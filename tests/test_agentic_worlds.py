@@ -12,7 +12,7 @@ from rl.agentic.tiers import JudgeTier, LocalAgenticTiers, SandboxTier, TrainerT
 from rl.agentic.types import Rubric, Trajectory
 from rl.agentic.world import world_files
 from rl.agentic.worlds import VolumeWorlds, Workspace, WorldStore
-from rl.loop.agentic import train
+from rl.loop.agentic import AgenticConfig, run_agentic
 from rl.memory.worlds import MemoryWorlds, RetiredWorkspaceError, UnknownVersionError
 from rl.sim.agentic_sim import AgenticSim
 from rl.volumes import LocalVolumeStore
@@ -104,7 +104,7 @@ def test_the_loop_runs_outside_the_simulator_on_real_forks(tmp_path):
         return trainers.setdefault("policy", BanditTrainer(world_ids, identity=1))
 
     tiers = LocalAgenticTiers(SandboxTier(worlds, tool_latency_s=0.0), JudgeTier(_judge), TrainerTier(attach))
-    outcome = asyncio.run(train(tiers, **SMALL))
+    outcome = asyncio.run(run_agentic(AgenticConfig(**SMALL), tiers))
     simulated = AgenticSim(seed=0).run(**SMALL).output
     assert [h.weights for h in outcome.history] == [h.weights for h in simulated.history]
     assert [h.mean_turns for h in outcome.history] == [h.mean_turns for h in simulated.history]

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rl.agentic.faults import AgenticFaults
 from rl.flyte.agentic import SMOKE as AGENTIC_SMOKE
 from rl.flyte.agentic import AgenticRunConfig
 from rl.flyte.config import ConfigError, GrpoRunConfig, smoke
@@ -112,12 +113,15 @@ def test_agentic_config_refuses_rates_and_latencies_out_of_range(value, message)
 
 
 def test_agentic_train_inputs_refuse_a_crash_step_beyond_the_run():
-    """`train`'s top-level inputs are checked against the config before the first task."""
+    """`train_with_faults`' faults are checked against the config before the first task."""
     config = AgenticRunConfig(n_steps=3)
-    config.check_inputs(2, 0.25, 0.3)
+    config.check_faults(AgenticFaults(crash_driver_at_step=2, flaky_trial_rate=0.25, judge_flake_rate=0.3))
     for bad, message in [((3, 0.0, 0.0), "beyond the run's 3 steps"), ((0, 1.5, 0.0), "flaky_trial_rate must be")]:
+        crash, flaky, judge = bad
         with pytest.raises(ConfigError, match=message):
-            config.check_inputs(*bad)
+            config.check_faults(
+                AgenticFaults(crash_driver_at_step=crash, flaky_trial_rate=flaky, judge_flake_rate=judge)
+            )
 
 
 def test_configs_replace_revalidates():

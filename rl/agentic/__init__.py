@@ -8,6 +8,7 @@
 - `bandit`: the bandit update and `BanditTrainer`, exactly-once by its applied-steps ledger
 - `ray_trainer`: the trainer as a detached, namespaced Ray actor (extra `ray`, imported lazily)
 - `tiers`: SandboxTier, JudgeTier, TrainerTier (what Flyte or simulator tasks wrap) and LocalAgenticTiers
+- `faults`: the seed's injected faults as tier wrappers (flaky trials, judge flakes, a driver crash after a step)
 
-The driver is `rl.loop.agentic.train`.
+The driver is `rl.loop.agentic.run_agentic`; its tiers protocol `rl.protocols.AgenticTiers`; design in docs/agentic.md.
 """

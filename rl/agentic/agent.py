@@ -1,7 +1,9 @@
 """One trial of seed 002: the policy-driven agent loop against a private copy of a world.
 
-Idempotent by construction: every draw comes from one PRNG seeded by (run seed, trial id), and the sandbox-failure coin
-is drawn first on every attempt, so a retried trial regenerates exactly the trajectory its first attempt would have.
+Idempotent by construction: every draw comes from one PRNG seeded by (run seed, trial id), so a retried trial
+regenerates exactly the trajectory its first attempt would have. The stream's first draw is the seed's sandbox-failure
+coin (`sandbox_coin`, read by `rl.agentic.faults.FlakyTrials`): the trial skips it on every attempt, so every later
+draw is the seed's whether or not a fault is injected.
 The one field read off a clock, `elapsed_s`, uses the running event loop's: on a virtual-time loop (the simulator's) it
 is exactly the tool calls' latency, so it regenerates too; on a real loop it also counts however long the machine took.
 """
@@ -21,13 +23,14 @@ UNTIDY_P = 0.3
 """Probability that an agent leaves `scratch.tmp` behind (the judge's tidiness term cares)."""
 
 
-class SandboxFailure(RuntimeError):
-    """The trial's sandbox died (injected on attempt 0 with probability `flaky_rate`); a retry regenerates the trial."""
-
-
 def trial_rng(spec: TrialSpec) -> random.Random:
     """The trial's one PRNG: the same stream on every attempt, process and machine."""
     return random.Random(derive_seed("trial", spec.seed, spec.trial_id))
+
+
+def sandbox_coin(spec: TrialSpec) -> float:
+    """The trial's sandbox-failure coin, its PRNG's first draw (seed 002 fails attempt 0 when it is under the rate)."""
+    return trial_rng(spec).random()
 
 
 def doc_order(prior: Sequence[float], rng: random.Random) -> list[int]:
@@ -48,20 +51,16 @@ async def run_trial(
     weights: Weights,
     workspace: Workspace,
     *,
-    attempt: int = 0,
-    flaky_rate: float = 0.0,
     tool_latency_s: float = 0.2,
 ) -> Trajectory:
     """Read documents in the policy's order until the secret turns up (at most `spec.max_turns`), write the answer.
 
-    Raises `SandboxFailure` on attempt 0 when the trial's seeded coin falls under `flaky_rate` (seed 002's injection).
     Each turn is one tool call costing `tool_latency_s`; `elapsed_s` is measured on the running loop's clock.
     """
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     rng = trial_rng(spec)
-    if rng.random() < flaky_rate and attempt == 0:
-        raise SandboxFailure(f"simulated sandbox failure for {spec.trial_id} (attempt 0); a retry regenerates it")
+    rng.random()  # the sandbox-failure coin (`sandbox_coin`): skipped, so the draws below are the seed's
 
     prior = weights.doc_prior.get(spec.world_id) or [1.0] * N_DOCS
     turns: list[Turn] = []

@@ -16,10 +16,6 @@ JUDGE_NOISE = 0.05
 """Half-width of the judge's uniform noise: two judges never agree to the third decimal."""
 
 
-class JudgeFlake(RuntimeError):
-    """A post-judge failure (say, the reward's upload) injected on attempt 0; the retry must not re-call the judge."""
-
-
 def verify(traj: Trajectory) -> bool:
     """The deterministic verifier: did the trial answer the digest of its world's secret?"""
     return traj.answer == secret_digest(traj.seed, traj.world_id)
@@ -39,11 +35,6 @@ def judge_score(traj: Trajectory, rubric: Rubric) -> float:
         rubric.correctness_weight * correct + rubric.efficiency_weight * efficiency + rubric.tidiness_weight * tidy
     ) + rng.uniform(-JUDGE_NOISE, JUDGE_NOISE)
     return round(score, 3)
-
-
-def judge_flakes(traj: Trajectory, attempt: int, flake_rate: float) -> bool:
-    """Seed 002's post-judge failure: on attempt 0, with probability `flake_rate`, seeded per trial id."""
-    return attempt == 0 and random.Random(derive_seed("flake", traj.seed, traj.trial_id)).random() < flake_rate
 
 
 def make_reward(traj: Trajectory, verified: bool, score: float) -> Reward:

@@ -4,26 +4,19 @@
 - `JudgeTier.verify_and_judge`: the verifier plus `call_judge`, memoised by the binding (`@flyte.trace`, `sim.trace`).
 - `TrainerTier.setup_trainer` / `.train_step`: attach the long-lived trainer by name (get-or-create) and update it.
 
-Each tier asks for its task attempt number through an injected callable, so the seed's attempt-0 fault injection works
-the same under Flyte (`FLYTE_ATTEMPT_NUMBER`) and on the simulator (`rl.sim.attempts.attempt_number`).
+They carry no fault knob: the seed's injected failures wrap them (`rl.agentic.faults`).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Awaitable, Callable, Sequence
 
 from rl.agentic.agent import run_trial
 from rl.agentic.bandit import PolicyTrainer, step_result
-from rl.agentic.judge import JudgeFlake, judge_flakes, make_reward, verify
+from rl.agentic.judge import make_reward, verify
 from rl.agentic.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
 from rl.agentic.world import world_files
 from rl.agentic.worlds import WorldStore
-
-
-def env_attempt_number() -> int:
-    """The running Flyte task's attempt number (`FLYTE_ATTEMPT_NUMBER`, 0 when unset)."""
-    return int(os.environ.get("FLYTE_ATTEMPT_NUMBER", "0"))
 
 
 def _no_run_name() -> str:
@@ -37,11 +30,10 @@ class SandboxTier:
         self,
         worlds: WorldStore,
         *,
-        attempt: Callable[[], int] = env_attempt_number,
         run_name: Callable[[], str] = _no_run_name,
         tool_latency_s: float = 0.2,
     ) -> None:
-        self.worlds, self.attempt, self.run_name, self.tool_latency_s = worlds, attempt, run_name, tool_latency_s
+        self.worlds, self.run_name, self.tool_latency_s = worlds, run_name, tool_latency_s
 
     async def build_world(self, world_id: str, seed: int) -> WorldRef:
         """Populate the world's files once and seal them read-only; every trial forks this version."""
@@ -49,20 +41,13 @@ class SandboxTier:
         version = self.worlds.seal(name, world_files(seed, world_id), f"world {world_id}")
         return WorldRef(world_id=world_id, name=name, version=version)
 
-    async def generate(self, spec: TrialSpec, weights: Weights, world: WorldRef, flaky_rate: float = 0.0) -> Trajectory:
+    async def generate(self, spec: TrialSpec, weights: Weights, world: WorldRef) -> Trajectory:
         """One trial in a fresh private fork of its world; the parent version never changes."""
         if world.world_id != spec.world_id:
             raise ValueError(f"trial {spec.trial_id} is for world {spec.world_id} but was given world {world.world_id}")
         workspace = self.worlds.fork(world.version, f"{world.name}-{spec.trial_id}")
         try:
-            traj = await run_trial(
-                spec,
-                weights,
-                workspace,
-                attempt=self.attempt(),
-                flaky_rate=flaky_rate,
-                tool_latency_s=self.tool_latency_s,
-            )
+            traj = await run_trial(spec, weights, workspace, tool_latency_s=self.tool_latency_s)
         except BaseException:
             workspace.abandon()
             raise
@@ -73,21 +58,12 @@ class SandboxTier:
 class JudgeTier:
     """Verify and judge one trajectory. `call_judge` must be memoised by the binding, or retries re-bill the judge."""
 
-    def __init__(
-        self,
-        call_judge: Callable[[Trajectory, Rubric], Awaitable[float]],
-        *,
-        attempt: Callable[[], int] = env_attempt_number,
-    ) -> None:
-        self.call_judge, self.attempt = call_judge, attempt
+    def __init__(self, call_judge: Callable[[Trajectory, Rubric], Awaitable[float]]) -> None:
+        self.call_judge = call_judge
 
-    async def verify_and_judge(self, traj: Trajectory, rubric: Rubric, judge_flake_rate: float = 0.0) -> Reward:
+    async def verify_and_judge(self, traj: Trajectory, rubric: Rubric) -> Reward:
         verified = verify(traj)
         score = await self.call_judge(traj, rubric)
-        if judge_flakes(traj, self.attempt(), judge_flake_rate):
-            raise JudgeFlake(
-                f"simulated post-judge failure for {traj.trial_id} (attempt 0); the retry must not re-call the judge"
-            )
         return make_reward(traj, verified, score)
 
 
@@ -126,11 +102,11 @@ class LocalAgenticTiers:
     async def setup_trainer(self, world_ids: list[str]) -> Weights:
         return await self.trainer.setup_trainer(world_ids)
 
-    async def generate(self, spec: TrialSpec, weights: Weights, world: WorldRef, flaky_rate: float) -> Trajectory:
-        return await self.sandbox.generate(spec, weights, world, flaky_rate)
+    async def generate(self, spec: TrialSpec, weights: Weights, world: WorldRef) -> Trajectory:
+        return await self.sandbox.generate(spec, weights, world)
 
-    async def verify_and_judge(self, traj: Trajectory, rubric: Rubric, judge_flake_rate: float) -> Reward:
-        return await self.judge.verify_and_judge(traj, rubric, judge_flake_rate)
+    async def verify_and_judge(self, traj: Trajectory, rubric: Rubric) -> Reward:
+        return await self.judge.verify_and_judge(traj, rubric)
 
     async def train_step(self, step: int, rewards: list[Reward], world_ids: list[str], lr: float) -> StepResult:
         return await self.trainer.train_step(step, rewards, world_ids, lr)

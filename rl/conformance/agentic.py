@@ -2,8 +2,8 @@
 
 Each part is a fixture defaulting to ours, so a fork overrides only what it changed:
 
-- `agentic_driver`: `async (tiers, **inputs) -> AgenticOutcome`, like `rl.loop.agentic.train`;
-- `judge_tier(judge, trace, attempt)`: the judge tier over the vendor `judge`, memoised with the durable `trace`;
+- `agentic_driver`: `async (config, tiers) -> AgenticOutcome`, like `rl.loop.agentic.run_agentic`;
+- `judge_tier(judge, trace)`: the judge tier over the vendor `judge`, memoised with the durable `trace`;
 - `policy_trainer(world_ids, identity)`: the long-lived trainer with exactly-once `update(step, rewards, lr)`.
 
 The simulator bills the judge per answered (trial, rubric), fails and hangs tasks, retries them with the seed's
@@ -21,7 +21,7 @@ import pytest
 
 from rl.agentic.types import Reward, Rubric, TrainerInfo, Weights
 from rl.conformance._base import ContractBase, tier
-from rl.loop.agentic import AgenticOutcome, train
+from rl.loop.agentic import AgenticOutcome, run_agentic
 from rl.sim.agentic_sim import (
     AgenticDriver,
     AgenticSim,
@@ -76,13 +76,13 @@ class AgenticContract(ContractBase):
 
     @pytest.fixture
     def agentic_driver(self) -> AgenticDriver:
-        """Return your driver: `async (tiers, **inputs) -> AgenticOutcome`, like `rl.loop.agentic.train` (default)."""
-        return train
+        """Return your driver: `async (config, tiers) -> AgenticOutcome`, like `rl.loop.agentic.run_agentic` (ours)."""
+        return run_agentic
 
     @pytest.fixture
     def judge_tier(self) -> JudgeTierFactory:
-        """Return `(judge, trace, attempt) -> tier`, the tier having `async verify_and_judge(traj, rubric,
-        judge_flake_rate) -> Reward`; `trace(fn)` is the durable memo (`@flyte.trace`). Default: ours."""
+        """Return `(judge, trace) -> tier`, the tier having `async verify_and_judge(traj, rubric) -> Reward`;
+        `trace(fn)` is the durable memo (`@flyte.trace`). Default: ours."""
         return traced_judge_tier
 
     @pytest.fixture

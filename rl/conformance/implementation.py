@@ -72,10 +72,9 @@ class Implementation:
       padding), as TRL-style trainers compute it. Bind one of `sample_loss` and `batch_loss`.
     - `ddp_shard_step`: `(ddp_model, sample_loss_fns, sync_forward) -> None`, like `rl.trainer.ddp.ddp_shard_step`
       (a module-level function: it is pickled to spawned gloo ranks).
-    - `agentic_driver`: `async (tiers, **inputs) -> AgenticOutcome`, like `rl.loop.agentic.train`.
-    - `judge_tier(judge, trace, attempt)`: an object with `async verify_and_judge(traj, rubric, judge_flake_rate)`,
-      given the vendor `judge`, the durable `trace` decorator to memoise it with, and the task attempt number
-      callable, like `rl.agentic.tiers.JudgeTier(trace(judge), attempt=attempt)`.
+    - `agentic_driver`: `async (config, tiers) -> AgenticOutcome`, like `rl.loop.agentic.run_agentic`.
+    - `judge_tier(judge, trace)`: an object with `async verify_and_judge(traj, rubric)`, given the vendor `judge`
+      and the durable `trace` decorator to memoise it with, like `rl.agentic.tiers.JudgeTier(trace(judge))`.
     - `policy_trainer(world_ids, identity)`: a `rl.agentic.bandit.PolicyTrainer` with exactly-once `update`, like
       `rl.agentic.bandit.BanditTrainer(world_ids, identity=identity)`.
     - `volume_store()`: a fresh, empty `rl.protocols.VolumeStore` (versioned copy-on-write volumes), a new one each

@@ -32,7 +32,7 @@ from rl.checkpoint.memory_store import MemoryStateStore
 from rl.conformance.capabilities import Capabilities
 from rl.conformance.implementation import Implementation
 from rl.conformance.spec import AlgorithmSpec
-from rl.loop.agentic import train
+from rl.loop.agentic import run_agentic
 from rl.loop.grpo import run_grpo
 from rl.memory.artifacts import MemoryArtifacts
 from rl.protocols import Artifacts
@@ -132,7 +132,7 @@ FAKES = Implementation(
     checkpoint_altered=as_altered,
     advantages=group_normalized_advantages,
     sample_loss=sample_loss,
-    agentic_driver=train,
+    agentic_driver=run_agentic,
     judge_tier=traced_judge_tier,
     policy_trainer=bandit_trainer,
     volume_store=local_volume_store,

@@ -29,7 +29,7 @@ from rl.conformance.scorer import ScorerContract
 from rl.conformance.state_store import StateStoreContract
 from rl.conformance.trainer import TrainerContract, trained_adapter
 from rl.conformance.volumes import StoreFactory, VolumeStoreContract
-from rl.loop.agentic import train
+from rl.loop.agentic import run_agentic
 from rl.loop.grpo import run_grpo
 from rl.memory.artifacts import MemoryArtifacts
 from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer
@@ -180,7 +180,7 @@ class TestAgentic(_Bound, AgenticContract):
 
     @pytest.fixture
     def agentic_driver(self, implementation: Implementation) -> Any:
-        return implementation.agentic_driver or train
+        return implementation.agentic_driver or run_agentic
 
     @pytest.fixture
     def judge_tier(self, implementation: Implementation) -> Any:

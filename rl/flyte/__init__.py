@@ -12,7 +12,9 @@
 - `clustered`: `train_step_clustered` (DDP under TorchRun on a ClusteredTaskEnvironment) and the pipelined driver
   `train_rl_clustered`.
 - `agentic`: seed 002's loop — `build_world`, `generate`, `verify_and_judge` (judge under `@flyte.trace`),
-  `setup_trainer`, `train_step`, the driver `train`, and `fork` (`flyte.rerun(..., recover=True, rubric=...)`).
+  `setup_trainer`, `train_step`, the driver `train`, and `fork` (`flyte.rerun(..., recover=True, rubric=...)`);
+  `agentic_faults` its failure-injected run `train_with_faults`, `dir_worlds` its worlds on `flyte.io.Dir`,
+  `agentic_report` its report, `agentic_cli` its command line.
 
 The modules import flyte and torch (the configs are the tiny model's and the trainer's own config types); vLLM is
 imported only inside a rollout task that runs the vLLM engine, so everything here imports on a CPU-only machine.

@@ -6,23 +6,21 @@ incomplete one, which works only because every action's inputs are the same on e
 
 Guarantees (each is a test): trials launch concurrently and are judged as each lands; a trial whose task still fails
 after its retries is skipped and counted, never fatal to the step; the train step's rewards are canonical (sorted by
-trial id) so a replayed step hashes identically — `sort_rewards=False` reproduces the seed's bug; `crash_driver_at_step`
-kills driver attempt 0 right after that step, as the seed's failure-injected run does.
+trial id) so a replayed step hashes identically. Faults are injected by wrapping the tiers (`rl.agentic.faults`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractContextManager
-from typing import Any, Protocol, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict
-
-from rl.agentic.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
+from rl.agentic.types import Reward, Rubric, StepResult, TrialSpec, Weights, WorldRef
 from rl.errors import InputError
+from rl.loop.groups import Group, scope
+from rl.protocols import AgenticTiers
 
 T = TypeVar("T")
 
@@ -33,40 +31,43 @@ class AgenticInputError(InputError):
     """The run's shape cannot work; nothing was started."""
 
 
-class InjectedDriverCrash(RuntimeError):
-    """The seed's `crash_driver_at_step`: driver attempt 0 dies right after that step; the retry must replay it."""
+@dataclass(frozen=True)
+class AgenticConfig:
+    """One run's shape (seed 002's defaults: 3 steps x 3 prompts x 2 samples over 3 worlds), its rubric and seed."""
+
+    n_steps: int = 3
+    n_worlds: int = 3
+    prompts_per_step: int = 3
+    n_samples: int = 2
+    rubric: Rubric = field(default_factory=Rubric)
+    seed: int = 0
+    lr: float = 2.0
+    max_turns: int = 6
+
+    def validate(self) -> None:
+        if self.n_steps < 1 or self.n_worlds < 1 or self.prompts_per_step < 1 or self.n_samples < 1:
+            raise AgenticInputError(
+                f"n_steps, n_worlds, prompts_per_step and n_samples must all be >= 1; got {self.n_steps}, "
+                f"{self.n_worlds}, {self.prompts_per_step}, {self.n_samples}"
+            )
+
+    @property
+    def trials_per_step(self) -> int:
+        return self.prompts_per_step * self.n_samples
 
 
-class AgenticTiers(Protocol):
-    """What the driver calls. Each `async` method is one durable action; `driver_attempt` is FLYTE_ATTEMPT_NUMBER."""
-
-    def driver_attempt(self) -> int: ...
-
-    async def build_world(self, world_id: str, seed: int) -> WorldRef: ...
-
-    async def setup_trainer(self, world_ids: list[str]) -> Weights: ...
-
-    async def generate(self, spec: TrialSpec, weights: Weights, world: WorldRef, flaky_rate: float) -> Trajectory: ...
-
-    async def verify_and_judge(self, traj: Trajectory, rubric: Rubric, judge_flake_rate: float) -> Reward: ...
-
-    async def train_step(self, step: int, rewards: list[Reward], world_ids: list[str], lr: float) -> StepResult: ...
-
-
-class SkippedTrial(BaseModel):
+@dataclass(frozen=True)
+class SkippedTrial:
     """A trial dropped from its step, and why (its generate or its judging failed after every retry)."""
-
-    model_config = ConfigDict(frozen=True)
 
     trial_id: str
     stage: str
     reason: str
 
 
-class AgenticOutcome(BaseModel):
+@dataclass(frozen=True)
+class AgenticOutcome:
     """The driver's result: one `StepResult` per step, the trials it skipped, and the attempt that finished."""
-
-    model_config = ConfigDict(frozen=True)
 
     history: list[StepResult]
     skipped: list[SkippedTrial]
@@ -129,15 +130,9 @@ async def run_step(
     weights: Weights,
     worlds: dict[str, WorldRef],
     rubric: Rubric,
-    *,
-    flaky_trial_rate: float,
-    judge_flake_rate: float,
 ) -> tuple[list[Reward], list[SkippedTrial]]:
     """Generate every trial at once and judge each the moment it lands; returns rewards in landing order."""
-    gens = [
-        _launch(sp.trial_id, functools.partial(tiers.generate, sp, weights, worlds[sp.world_id], flaky_trial_rate))
-        for sp in specs
-    ]
+    gens = [_launch(sp.trial_id, functools.partial(tiers.generate, sp, weights, worlds[sp.world_id])) for sp in specs]
     skipped: list[SkippedTrial] = []
     judges: list[asyncio.Future[tuple[str, Reward | Exception]]] = []
     for landed in asyncio.as_completed(gens):
@@ -145,7 +140,7 @@ async def run_step(
         if isinstance(traj, Exception):
             skipped.append(SkippedTrial(trial_id=trial_id, stage="generate", reason=repr(traj)))
             continue
-        judges.append(_launch(trial_id, functools.partial(tiers.verify_and_judge, traj, rubric, judge_flake_rate)))
+        judges.append(_launch(trial_id, functools.partial(tiers.verify_and_judge, traj, rubric)))
     rewards: list[Reward] = []
     for trial_id, reward in await asyncio.gather(*judges):
         if isinstance(reward, Exception):
@@ -155,59 +150,29 @@ async def run_step(
     return rewards, skipped
 
 
-async def train(
-    tiers: AgenticTiers,
-    *,
-    n_steps: int = 3,
-    n_worlds: int = 3,
-    prompts_per_step: int = 3,
-    n_samples: int = 2,
-    rubric: Rubric | None = None,
-    crash_driver_at_step: int = -1,
-    flaky_trial_rate: float = 0.0,
-    judge_flake_rate: float = 0.0,
-    seed: int = 0,
-    lr: float = 2.0,
-    max_turns: int = 6,
-    sort_rewards: bool = True,
-    group: Callable[[str], AbstractContextManager[object]] | None = None,
-) -> AgenticOutcome:
+async def run_agentic(config: AgenticConfig, tiers: AgenticTiers, group: Group | None = None) -> AgenticOutcome:
     """Seed 002's `train`: build worlds, attach the trainer, then per step generate → judge → one durable train step.
 
     `group(name)`, when given, is entered around each step's actions (`step-<N>`: its trials, judgments and train
     step), the `flyte.group` role.
     """
-    if n_steps < 1 or n_worlds < 1 or prompts_per_step < 1 or n_samples < 1:
-        raise AgenticInputError(
-            f"n_steps, n_worlds, prompts_per_step and n_samples must all be >= 1; got {n_steps}, {n_worlds}, "
-            f"{prompts_per_step}, {n_samples}"
-        )
-    rubric = rubric if rubric is not None else Rubric()
+    config.validate()
     attempt = tiers.driver_attempt()
-    world_ids = world_ids_for(n_worlds)
-    built = await asyncio.gather(*(tiers.build_world(w, seed) for w in world_ids))
+    world_ids = world_ids_for(config.n_worlds)
+    built = await asyncio.gather(*(tiers.build_world(w, config.seed) for w in world_ids))
     worlds = dict(zip(world_ids, built, strict=True))
     weights = await tiers.setup_trainer(world_ids)
 
     history: list[StepResult] = []
     skipped: list[SkippedTrial] = []
-    for step in range(n_steps):
-        specs = trial_specs(step, world_ids, prompts_per_step, n_samples, seed=seed, max_turns=max_turns)
-        with group(f"step-{step}") if group is not None else contextlib.nullcontext():
-            rewards, lost = await run_step(
-                tiers,
-                specs,
-                weights,
-                worlds,
-                rubric,
-                flaky_trial_rate=flaky_trial_rate,
-                judge_flake_rate=judge_flake_rate,
-            )
+    for step in range(config.n_steps):
+        specs = trial_specs(
+            step, world_ids, config.prompts_per_step, config.n_samples, seed=config.seed, max_turns=config.max_turns
+        )
+        with scope(group, f"step-{step}"):
+            rewards, lost = await run_step(tiers, specs, weights, worlds, config.rubric)
             skipped.extend(sorted(lost, key=lambda s: s.trial_id))
-            batch = canonical_rewards(rewards) if sort_rewards else rewards
-            result = await tiers.train_step(step, batch, world_ids, lr)
+            result = await tiers.train_step(step, canonical_rewards(rewards), world_ids, config.lr)
         weights = result.weights
         history.append(result)
-        if attempt == 0 and step == crash_driver_at_step:
-            raise InjectedDriverCrash(f"driver crash after step {step} on attempt 0 (crash_driver_at_step={step})")
     return AgenticOutcome(history=history, skipped=skipped, driver_attempt=attempt)

@@ -12,7 +12,6 @@ a missing adapter is a typed error; a NaN reward names its group and sample and 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -25,6 +24,7 @@ from rl.checkpoint.format import DriverState
 from rl.checkpoint.resume import check_recording, load_state, save_state
 from rl.errors import EngineContractError, GrpoInputError, NonFiniteRewardError, StaleBatchError
 from rl.identity import canonical, content_digest
+from rl.loop.groups import scope
 from rl.metrics import finite_mean
 from rl.protocols import (
     Artifacts,
@@ -122,7 +122,7 @@ class GrpoTiers:
 
     def scope(self, name: str) -> AbstractContextManager[object]:
         """`group(name)`, or a no-op when no grouping is bound."""
-        return self.group(name) if self.group is not None else contextlib.nullcontext()
+        return scope(self.group, name)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Seed 002's agentic loop on the durable simulator: its tiers bound as simulator tasks, with the seed's fault knobs.
+"""Seed 002's agentic loop on the durable simulator: its tiers bound as simulator tasks, with the seed's faults.
 
 Bindings (the seed's task options): `sandbox.build_world` cached; `sandbox.generate` retries=1, timeout 300 s;
 `judge.verify_and_judge` retries=2 with the judge call under `sim.trace` (`judge.call_judge`); `trainer.setup_trainer`;
@@ -6,10 +6,8 @@ Bindings (the seed's task options): `sandbox.build_world` cached; `sandbox.gener
 judge call.
 
 Fault model, each injector seeded and documented:
-- `flaky_trial_rate` (a run input): a trial's sandbox dies on attempt 0 when its seeded coin falls under the rate; the
-  retry regenerates the identical trajectory (seed 002).
-- `judge_flake_rate` (a run input): judging fails on attempt 0 *after* the judge answered; the retry replays the traced
-  answer and bills nothing (seed 002).
+- `flaky_trial_rate`, `judge_flake_rate`, `crash_driver_at_step` (run inputs beside the driver's config): the seed's
+  faults (`rl.agentic.faults.AgenticFaults`), injected by wrapping the tiers of that run.
 - `dead_trials`: these trials' sandboxes die on every attempt, so their generate fails after its retries and the driver
   must skip them.
 - a `FaultPlan`: task failures (before or after the body), hung sandboxes past their timeout, driver crashes.
@@ -22,19 +20,29 @@ The judge (`BilledJudge`) bills a call when its answer arrives; a call cut off b
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from rl.agentic.agent import SandboxFailure
 from rl.agentic.bandit import BanditTrainer, PolicyTrainer
+from rl.agentic.faults import (
+    AgenticFaults,
+    FlakyJudging,
+    FlakyTrials,
+    Judge,
+    Sandbox,
+    SandboxFailure,
+    with_driver_crash,
+)
 from rl.agentic.judge import judge_score
 from rl.agentic.tiers import JudgeTier, SandboxTier, TrainerTier
-from rl.agentic.types import Rubric, Trajectory, TrialSpec, Weights, WorldRef
+from rl.agentic.types import Reward, Rubric, Trajectory, TrialSpec, Weights, WorldRef
 from rl.agentic.worlds import WorldStore
-from rl.loop.agentic import AgenticOutcome, train
+from rl.loop.agentic import AgenticConfig, AgenticOutcome, run_agentic
 from rl.memory.worlds import MemoryWorlds
+from rl.protocols import AgenticTiers
 from rl.sim.attempts import attempt_number, run_name
 from rl.sim.durable_sim import DurableSimulator
 from rl.sim.faults import FaultPlan
@@ -51,9 +59,10 @@ TASK_RETRIES = {BUILD_WORLD: 0, GENERATE: 1, JUDGE: 2, SETUP: 0, TRAIN_STEP: 1}
 """Each task's retry budget: the seed's options."""
 
 FIRST_TRAINER_PID = 4100
+NO_FAULTS = AgenticFaults()
 
-AgenticDriver = Callable[..., Awaitable[AgenticOutcome]]
-"""`async (tiers, **inputs) -> AgenticOutcome`: `rl.loop.agentic.train`, or a fork's driver under conformance."""
+AgenticDriver = Callable[[AgenticConfig, AgenticTiers], Awaitable[AgenticOutcome]]
+"""`async (config, tiers) -> AgenticOutcome`: `rl.loop.agentic.run_agentic`, or a fork's driver under conformance."""
 
 
 class BilledJudge:
@@ -76,7 +85,7 @@ TrainerFactory = Callable[[Sequence[str], int], PolicyTrainer]
 """`(world_ids, identity) -> PolicyTrainer`: how the cluster creates a run's trainer (a fork's, under conformance)."""
 
 JudgeTierFactory = Callable[..., Any]
-"""`(judge, trace, attempt) -> tier with verify_and_judge`: how the judge tier is built over the vendor judge."""
+"""`(judge, trace) -> tier with verify_and_judge(traj, rubric)`: how the judge tier is built over the vendor judge."""
 
 
 def bandit_trainer(world_ids: Sequence[str], identity: int) -> BanditTrainer:
@@ -88,10 +97,9 @@ def traced_judge_tier(
     trace: Callable[
         [Callable[[Trajectory, Rubric], Awaitable[float]]], Callable[[Trajectory, Rubric], Awaitable[float]]
     ],
-    attempt: Callable[[], int],
 ) -> JudgeTier:
     """Seed 002's judge tier: the vendor call under the durable `trace`, so a task retry replays it unbilled."""
-    return JudgeTier(trace(judge), attempt=attempt)
+    return JudgeTier(trace(judge))
 
 
 class RunScopedCluster:
@@ -114,48 +122,77 @@ class RunScopedCluster:
         return trainer
 
 
-class FlakySandboxTier(SandboxTier):
-    """`SandboxTier` whose `dead_trials` fail on every attempt (a poisoned sandbox image, say)."""
+class DeadAndSlowTrials:
+    """A sandbox tier whose `dead_trials` fail on every attempt (a poisoned sandbox image, say) and whose trials land
+    after `trial_delay_s(trial_id)` (a slow sandbox: reorders when trials land); otherwise `inner`'s."""
 
     def __init__(
         self,
-        worlds: WorldStore,
+        inner: Sandbox,
         *,
-        dead_trials: Iterable[str] = (),
+        dead_trials: frozenset[str] = frozenset(),
         tool_latency_s: float = 0.2,
         trial_delay_s: Callable[[str], float] | None = None,
     ) -> None:
-        super().__init__(worlds, attempt=attempt_number, run_name=run_name, tool_latency_s=tool_latency_s)
-        self.dead_trials = frozenset(dead_trials)
-        self.trial_delay_s = trial_delay_s
+        self.inner, self.dead_trials = inner, dead_trials
+        self.tool_latency_s, self.trial_delay_s = tool_latency_s, trial_delay_s
 
-    async def generate(self, spec: TrialSpec, weights: Weights, world: WorldRef, flaky_rate: float = 0.0) -> Trajectory:
+    async def build_world(self, world_id: str, seed: int) -> WorldRef:
+        return await self.inner.build_world(world_id, seed)
+
+    async def generate(self, spec: TrialSpec, weights: Weights, world: WorldRef) -> Trajectory:
         if self.trial_delay_s is not None:
-            await asyncio.sleep(self.trial_delay_s(spec.trial_id))  # a slow sandbox: reorders when trials land
+            await asyncio.sleep(self.trial_delay_s(spec.trial_id))
         if spec.trial_id in self.dead_trials:
             await asyncio.sleep(self.tool_latency_s)
             raise SandboxFailure(f"sandbox for {spec.trial_id} died on attempt {attempt_number()} (a dead trial)")
-        return await super().generate(spec, weights, world, flaky_rate)
+        return await self.inner.generate(spec, weights, world)
+
+
+# The simulated `generate` and `verify_and_judge` actions keep the run's fault rate among their recorded inputs, and
+# their bodies ignore it (the wrappers inside inject the fault). An action's identity is the digest of its inputs, and
+# the rates were task inputs when the simulator's histories, traces and chaos scenarios were recorded (`FaultPlan`
+# coins are keyed by action id): recording them keeps every one of those as it was. Production tasks take no rate.
+
+
+def _generate_body(sandbox: Sandbox) -> Callable[..., Awaitable[Trajectory]]:
+    async def generate(spec: TrialSpec, weights: Weights, world: WorldRef, flaky_rate: float) -> Trajectory:
+        return await sandbox.generate(spec, weights, world)  # `flaky_rate` is recorded only (see above)
+
+    return generate
+
+
+def _judge_body(judge: Judge) -> Callable[..., Awaitable[Reward]]:
+    async def verify_and_judge(traj: Trajectory, rubric: Rubric, judge_flake_rate: float) -> Reward:
+        return await judge.verify_and_judge(traj, rubric)  # `judge_flake_rate` is recorded only
+
+    return verify_and_judge
 
 
 class SimAgenticTiers:
-    """The `rl.loop.agentic.AgenticTiers` of one simulator: each method a task with the seed's options."""
+    """The `rl.protocols.AgenticTiers` of one simulator run: each method a task with the seed's options.
+
+    `sandbox` and `judge` are already wrapped in the run's `faults`, whose rates the actions record as inputs.
+    """
 
     def __init__(
         self,
         sim: DurableSimulator,
-        sandbox: SandboxTier,
-        judge: JudgeTier,
+        sandbox: Sandbox,
+        judge: Judge,
         trainer: TrainerTier,
         retries: dict[str, int] | None = None,
+        faults: AgenticFaults = NO_FAULTS,
     ) -> None:
         budget = {**TASK_RETRIES, **(retries or {})}
         unknown = set(budget) - set(TASK_RETRIES)
         if unknown:
             raise ValueError(f"retries names unknown tasks {sorted(unknown)}; known: {sorted(TASK_RETRIES)}")
         self.build_world = sim.task(sandbox.build_world, name=BUILD_WORLD, cache=True, retries=budget[BUILD_WORLD])
-        self.generate = sim.task(sandbox.generate, name=GENERATE, retries=budget[GENERATE], timeout_s=300)
-        self.verify_and_judge = sim.task(judge.verify_and_judge, name=JUDGE, retries=budget[JUDGE])
+        generate = sim.task(_generate_body(sandbox), name=GENERATE, retries=budget[GENERATE], timeout_s=300)
+        self.generate = functools.partial(generate, flaky_rate=faults.flaky_trial_rate)
+        verify_and_judge = sim.task(_judge_body(judge), name=JUDGE, retries=budget[JUDGE])
+        self.verify_and_judge = functools.partial(verify_and_judge, judge_flake_rate=faults.judge_flake_rate)
         self.setup_trainer = sim.task(trainer.setup_trainer, name=SETUP, retries=budget[SETUP])
         self.train_step = sim.task(trainer.train_step, name=TRAIN_STEP, retries=budget[TRAIN_STEP], timeout_s=600)
 
@@ -178,12 +215,21 @@ def default_inputs(seed: int = 0) -> dict[str, Any]:
         "seed": seed,
         "lr": 2.0,
         "max_turns": 6,
-        "sort_rewards": True,
     }
 
 
+FAULT_INPUTS = frozenset(f.name for f in fields(AgenticFaults))
+"""The run inputs that are the seed's faults (wrapping the run's tiers); the others are the driver's config."""
+
+
+def split_inputs(inputs: dict[str, Any]) -> tuple[AgenticConfig, AgenticFaults]:
+    """A simulated run's inputs as the driver's config and the run's faults."""
+    config = AgenticConfig(**{k: v for k, v in inputs.items() if k not in FAULT_INPUTS})
+    return config, AgenticFaults(**{k: v for k, v in inputs.items() if k in FAULT_INPUTS})
+
+
 class AgenticSim:
-    """One simulator with the agentic tiers bound on it; `run` / `rerun` drive `rl.loop.agentic.train`."""
+    """One simulator with the agentic tiers bound on it; `run` / `rerun` drive `rl.loop.agentic.run_agentic`."""
 
     def __init__(
         self,
@@ -195,7 +241,7 @@ class AgenticSim:
         tool_latency_s: float = 0.2,
         judge_latency_s: float = 0.5,
         trial_delay_s: Callable[[str], float] | None = None,
-        driver: AgenticDriver = train,
+        driver: AgenticDriver = run_agentic,
         judge_tier: JudgeTierFactory = traced_judge_tier,
         policy_trainer: TrainerFactory = bandit_trainer,
         retries: dict[str, int] | None = None,
@@ -207,14 +253,31 @@ class AgenticSim:
         self.judge = BilledJudge(judge_latency_s)
         self.cluster = RunScopedCluster(factory=policy_trainer)
         self.driver_fn = driver
-        sandbox = FlakySandboxTier(
-            self.worlds, dead_trials=dead_trials, tool_latency_s=tool_latency_s, trial_delay_s=trial_delay_s
+        self.sandbox = SandboxTier(self.worlds, run_name=run_name, tool_latency_s=tool_latency_s)
+        self.dead_trials = frozenset(dead_trials)
+        self.tool_latency_s, self.trial_delay_s = tool_latency_s, trial_delay_s
+        self.judge_tier = judge_tier(self.judge, lambda fn: self.sim.trace(fn, name=JUDGE_CALL))
+        self.trainer = TrainerTier(self.cluster.attach)
+        self.retries = retries
+
+    def tiers(self, faults: AgenticFaults = NO_FAULTS) -> AgenticTiers:
+        """The tiers of one run: tasks with the seed's options, their bodies and the tiers wrapped in `faults`.
+
+        A trial waits out its delay and its dead-trial check before its flaky coin, as it always has.
+        """
+        sandbox = DeadAndSlowTrials(
+            FlakyTrials(self.sandbox, faults.flaky_trial_rate, attempt_number),
+            dead_trials=self.dead_trials,
+            tool_latency_s=self.tool_latency_s,
+            trial_delay_s=self.trial_delay_s,
         )
-        judge = judge_tier(self.judge, lambda fn: self.sim.trace(fn, name=JUDGE_CALL), attempt_number)
-        self.tiers = SimAgenticTiers(self.sim, sandbox, judge, TrainerTier(self.cluster.attach), retries)
+        judge = FlakyJudging(self.judge_tier, faults.judge_flake_rate, attempt_number)
+        tiers = SimAgenticTiers(self.sim, sandbox, judge, self.trainer, self.retries, faults)
+        return with_driver_crash(tiers, faults)
 
     async def driver(self, **inputs: Any) -> AgenticOutcome:
-        return await self.driver_fn(self.tiers, **inputs)
+        config, faults = split_inputs(inputs)
+        return await self.driver_fn(config, self.tiers(faults))
 
     def run(self, *, retries: int = 1, crash_at: int | Sequence[int] | None = None, **inputs: Any) -> RunResult:
         """Run the driver on `inputs` over `default_inputs(seed)`, with `retries` driver retries and `crash_at`."""

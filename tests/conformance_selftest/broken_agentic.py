@@ -7,21 +7,22 @@ from typing import Any
 
 from rl.agentic.bandit import BanditTrainer, bandit_update
 from rl.agentic.tiers import JudgeTier
-from rl.agentic.types import Reward, Rubric, Trajectory, Weights
+from rl.agentic.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
 from rl.conformance import Implementation
-from rl.loop.agentic import AgenticOutcome, train
+from rl.loop.agentic import AgenticConfig, AgenticOutcome, run_agentic
+from rl.protocols import AgenticTiers
 
 
-def untraced_judge_tier(judge: Any, trace: Any, attempt: Any) -> JudgeTier:
+def untraced_judge_tier(judge: Any, trace: Any) -> JudgeTier:
     """Calls the vendor judge directly, not under the durable trace: a retried judging task bills again."""
-    return JudgeTier(judge, attempt=attempt)
+    return JudgeTier(judge)
 
 
 class TrialKeyedJudgeTier(JudgeTier):
     """Memoises the judge's score by trial id alone, so a retry never re-bills; but a fork that re-scores the run with
     a new rubric gets the old rubric's scores back, and the judge is never asked."""
 
-    def __init__(self, judge: Any, attempt: Any) -> None:
+    def __init__(self, judge: Any) -> None:
         self.scores: dict[str, float] = {}
 
         async def call_judge(traj: Trajectory, rubric: Rubric) -> float:
@@ -29,11 +30,11 @@ class TrialKeyedJudgeTier(JudgeTier):
                 self.scores[traj.trial_id] = await judge(traj, rubric)
             return self.scores[traj.trial_id]
 
-        super().__init__(call_judge, attempt=attempt)
+        super().__init__(call_judge)
 
 
-def trial_keyed_judge_tier(judge: Any, trace: Any, attempt: Any) -> JudgeTier:
-    return TrialKeyedJudgeTier(judge, attempt)
+def trial_keyed_judge_tier(judge: Any, trace: Any) -> JudgeTier:
+    return TrialKeyedJudgeTier(judge)
 
 
 class NoLedgerTrainer(BanditTrainer):
@@ -62,14 +63,45 @@ def silent_replay_trainer(world_ids: Sequence[str], identity: int) -> SilentRepl
     return SilentReplayTrainer(world_ids, identity=identity)
 
 
-async def landing_order_driver(tiers: Any, **inputs: Any) -> AgenticOutcome:
+class LandingOrderTiers:
+    """The driver's tiers, handing each train step its rewards in the order their trials landed (generate returned)
+    instead of the canonical order the driver sends: the seed's first version, before its one `sorted()`."""
+
+    def __init__(self, inner: AgenticTiers) -> None:
+        self.inner = inner
+        self.landed: list[str] = []
+
+    def driver_attempt(self) -> int:
+        return self.inner.driver_attempt()
+
+    async def build_world(self, world_id: str, seed: int) -> WorldRef:
+        return await self.inner.build_world(world_id, seed)
+
+    async def setup_trainer(self, world_ids: list[str]) -> Weights:
+        return await self.inner.setup_trainer(world_ids)
+
+    async def generate(self, spec: TrialSpec, weights: Weights, world: WorldRef) -> Trajectory:
+        traj = await self.inner.generate(spec, weights, world)
+        self.landed.append(spec.trial_id)
+        return traj
+
+    async def verify_and_judge(self, traj: Trajectory, rubric: Rubric) -> Reward:
+        return await self.inner.verify_and_judge(traj, rubric)
+
+    async def train_step(self, step: int, rewards: list[Reward], world_ids: list[str], lr: float) -> StepResult:
+        order = {trial_id: i for i, trial_id in enumerate(self.landed)}
+        landed = sorted(rewards, key=lambda r: order[r.trial_id])
+        return await self.inner.train_step(step, landed, world_ids, lr)
+
+
+async def landing_order_driver(config: AgenticConfig, tiers: AgenticTiers) -> AgenticOutcome:
     """Seed 002's first version: each step's rewards go to the trainer in the order the trials landed."""
-    return await train(tiers, **{**inputs, "sort_rewards": False})
+    return await run_agentic(config, LandingOrderTiers(tiers))
 
 
-async def fatal_failed_trial_driver(tiers: Any, **inputs: Any) -> AgenticOutcome:
+async def fatal_failed_trial_driver(config: AgenticConfig, tiers: AgenticTiers) -> AgenticOutcome:
     """Treats a trial that failed every retry as fatal to the run instead of skipping it."""
-    outcome = await train(tiers, **inputs)
+    outcome = await run_agentic(config, tiers)
     if outcome.skipped:
         raise RuntimeError(f"trial {outcome.skipped[0].trial_id} failed: {outcome.skipped[0].reason}")
     return outcome
