@@ -20,7 +20,6 @@ The judge (`BilledJudge`) bills a call when its answer arrives; a call cut off b
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
@@ -38,7 +37,7 @@ from rl.agentic.faults import (
 )
 from rl.agentic.judge import judge_score
 from rl.agentic.tiers import JudgeTier, SandboxTier, TrainerTier
-from rl.agentic.types import Reward, Rubric, Trajectory, TrialSpec, Weights, WorldRef
+from rl.agentic.types import Rubric, Trajectory, TrialSpec, Weights, WorldRef
 from rl.agentic.worlds import WorldStore
 from rl.loop.agentic import AgenticConfig, AgenticOutcome, run_agentic
 from rl.memory.worlds import MemoryWorlds
@@ -149,30 +148,10 @@ class DeadAndSlowTrials:
         return await self.inner.generate(spec, weights, world)
 
 
-# The simulated `generate` and `verify_and_judge` actions keep the run's fault rate among their recorded inputs, and
-# their bodies ignore it (the wrappers inside inject the fault). An action's identity is the digest of its inputs, and
-# the rates were task inputs when the simulator's histories, traces and chaos scenarios were recorded (`FaultPlan`
-# coins are keyed by action id): recording them keeps every one of those as it was. Production tasks take no rate.
-
-
-def _generate_body(sandbox: Sandbox) -> Callable[..., Awaitable[Trajectory]]:
-    async def generate(spec: TrialSpec, weights: Weights, world: WorldRef, flaky_rate: float) -> Trajectory:
-        return await sandbox.generate(spec, weights, world)  # `flaky_rate` is recorded only (see above)
-
-    return generate
-
-
-def _judge_body(judge: Judge) -> Callable[..., Awaitable[Reward]]:
-    async def verify_and_judge(traj: Trajectory, rubric: Rubric, judge_flake_rate: float) -> Reward:
-        return await judge.verify_and_judge(traj, rubric)  # `judge_flake_rate` is recorded only
-
-    return verify_and_judge
-
-
 class SimAgenticTiers:
     """The `rl.protocols.AgenticTiers` of one simulator run: each method a task with the seed's options.
 
-    `sandbox` and `judge` are already wrapped in the run's `faults`, whose rates the actions record as inputs.
+    `sandbox` and `judge` come already wrapped in the run's faults: the actions' inputs are the production tasks'.
     """
 
     def __init__(
@@ -182,17 +161,14 @@ class SimAgenticTiers:
         judge: Judge,
         trainer: TrainerTier,
         retries: dict[str, int] | None = None,
-        faults: AgenticFaults = NO_FAULTS,
     ) -> None:
         budget = {**TASK_RETRIES, **(retries or {})}
         unknown = set(budget) - set(TASK_RETRIES)
         if unknown:
             raise ValueError(f"retries names unknown tasks {sorted(unknown)}; known: {sorted(TASK_RETRIES)}")
         self.build_world = sim.task(sandbox.build_world, name=BUILD_WORLD, cache=True, retries=budget[BUILD_WORLD])
-        generate = sim.task(_generate_body(sandbox), name=GENERATE, retries=budget[GENERATE], timeout_s=300)
-        self.generate = functools.partial(generate, flaky_rate=faults.flaky_trial_rate)
-        verify_and_judge = sim.task(_judge_body(judge), name=JUDGE, retries=budget[JUDGE])
-        self.verify_and_judge = functools.partial(verify_and_judge, judge_flake_rate=faults.judge_flake_rate)
+        self.generate = sim.task(sandbox.generate, name=GENERATE, retries=budget[GENERATE], timeout_s=300)
+        self.verify_and_judge = sim.task(judge.verify_and_judge, name=JUDGE, retries=budget[JUDGE])
         self.setup_trainer = sim.task(trainer.setup_trainer, name=SETUP, retries=budget[SETUP])
         self.train_step = sim.task(trainer.train_step, name=TRAIN_STEP, retries=budget[TRAIN_STEP], timeout_s=600)
 
@@ -272,7 +248,7 @@ class AgenticSim:
             trial_delay_s=self.trial_delay_s,
         )
         judge = FlakyJudging(self.judge_tier, faults.judge_flake_rate, attempt_number)
-        tiers = SimAgenticTiers(self.sim, sandbox, judge, self.trainer, self.retries, faults)
+        tiers = SimAgenticTiers(self.sim, sandbox, judge, self.trainer, self.retries)
         return with_driver_crash(tiers, faults)
 
     async def driver(self, **inputs: Any) -> AgenticOutcome:
