@@ -364,7 +364,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         'state.adapter_version, config.max_staleness, f"iteration {iteration}: ")',
         'state.adapter_version, 2**62, f"iteration {iteration}: ")',
         "staleness check off: rollouts older than max_staleness are trained on",
-        ("tests/test_grpo_driver.py",),
+        ("tests/test_grpo_driver.py", "tests/test_checks.py"),
     ),
     Mutant(
         "grpo-seed-ignores-iteration",
