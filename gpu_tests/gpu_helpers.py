@@ -132,8 +132,8 @@ def random_adapter(base_dir: Path, *, seed: int, scale: float = 0.05, lora_rank:
     N(0, scale^2) under `seed`: a stand-in for a trained version whose log-probs differ visibly from any other's."""
     import torch
 
+    from rl.trainer.adapter import adapter_files, new_adapter, trainable_parameters
     from rl.trainer.config import TrainerConfig
-    from rl.trainer.peft_trainer import adapter_files, new_adapter, trainable_parameters
 
     config = TrainerConfig(lora_rank=lora_rank, lora_alpha=2 * lora_rank)
     model = new_adapter(base_dir, config, seed)
@@ -150,7 +150,7 @@ def random_adapter(base_dir: Path, *, seed: int, scale: float = 0.05, lora_rank:
 
 def trainer_policy(base_dir: Path, adapter: dict[str, bytes], device: Any) -> Any:
     """The trainer's view of an adapter: float32 base + LoRA (unmerged PEFT forward), frozen, on `device`."""
-    from rl.trainer.peft_trainer import load_policy
+    from rl.trainer.adapter import load_policy
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=FutureWarning)

@@ -17,19 +17,11 @@ import torch
 from gpu_helpers import base_rollouts, varied_rewards
 
 from rl.artifacts import LocalArtifacts
+from rl.trainer.adapter import adapter_files, load_policy, trainable_parameters
 from rl.trainer.config import TrainerConfig
-from rl.trainer.peft_trainer import (
-    PeftTrainer,
-    adapter_files,
-    build_optimizer,
-    clip_and_step,
-    load_policy,
-    optimizer_files,
-    pinned_threads,
-    prepare_step,
-    sample_loss_fns,
-    trainable_parameters,
-)
+from rl.trainer.optimizer_state import build_optimizer, optimizer_files
+from rl.trainer.peft_trainer import PeftTrainer
+from rl.trainer.step import clip_and_step, pinned_threads, prepare_step, sample_loss_fns
 from rl.types import StepMetrics, TrainBatch
 
 pytestmark = pytest.mark.gpu

@@ -19,6 +19,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Literal
 
+from rl.checks import finite_rewards
+
 __all__ = ["Scale", "group_normalized_advantages", "no_signal_groups"]
 
 Scale = Literal["group", "none"]
@@ -47,8 +49,8 @@ def group_normalized_advantages(
     the group ids (only on which samples share one).
 
     Raises:
-        ValueError: `len(group_ids) != len(rewards)`, a NaN or infinite reward (the message names its index), an unknown
-            `scale`, or a negative or non-finite `eps`.
+        ValueError: `len(group_ids) != len(rewards)`, an unknown `scale`, or a negative or non-finite `eps`.
+        NonFiniteRewardError: a NaN or infinite reward (the message names its index); a `ValueError` too.
     """
     rewards_f = _checked_rewards(group_ids, rewards)
     if scale not in _SCALES:
@@ -120,13 +122,9 @@ def _checked_rewards(group_ids: Sequence[int], rewards: Sequence[float]) -> list
             f"len(group_ids)={len(group_ids)} != len(rewards)={len(rewards)}: "
             f"{longer}[{first_unpaired}] has no partner in the other sequence"
         )
-    out: list[float] = []
-    for i, r in enumerate(rewards):
-        value = float(r)
-        if not math.isfinite(value):
-            raise ValueError(f"rewards[{i}] is {value!r} (group {group_ids[i]!r}); rewards must be finite")
-        out.append(value)
-    return out
+    return finite_rewards(
+        rewards, lambda i, value: f"rewards[{i}] is {value!r} (group {group_ids[i]!r}); rewards must be finite"
+    )
 
 
 def _members_by_group(group_ids: Sequence[int]) -> dict[int, list[int]]:

@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # the lazy re-exports below, for type checkers and linters
 
 __all__ = [
     "ArtifactError",
+    "BatchError",
     "CheckpointConfigMismatchError",
     "CheckpointCorruptError",
     "CheckpointError",
@@ -80,6 +81,10 @@ class TrainerError(RlError, ValueError):
     exit_code = 6
 
 
+class BatchError(TrainerError):
+    """A TrainBatch is malformed (lengths disagree, an empty completion, a version below 1, a stale rollout)."""
+
+
 class TierError(RlError):
     """A tier (rollout engine, scorer) returned something the driver refuses; the iteration was not committed."""
 
@@ -121,11 +126,45 @@ class NonFiniteMetricError(RlError, ValueError):
 
 
 class NonFiniteRewardError(TierError, ValueError):
-    """A scorer returned NaN or an infinity; the iteration was not committed."""
+    """A reward is NaN or an infinity (a scorer returned it); nothing was trained on it or committed.
+
+    The driver raises it for a scorer's reward, `rl.advantages` (hence every trainer) for a reward it is given:
+    one check, `rl.checks.finite_rewards`. A `ValueError`, as an invalid argument of the advantage functions.
+    """
 
 
-class StaleBatchError(TierError, ValueError):
-    """A batch holds rollouts further behind the trained policy than `max_staleness` allows."""
+class StaleBatchError(TierError, BatchError):
+    """A rollout's policy version is newer than the version being trained, or older than `max_staleness` allows.
+
+    One check (`rl.checks.check_staleness`) for the driver and the trainers, so one type: a `TierError` to the
+    driver's callers and a `BatchError` (a `TrainerError`, a `ValueError`) to a trainer's. Its fields name the rollout;
+    it pickles from them, so it crosses process boundaries (DDP ranks, remote tasks) intact.
+    """
+
+    def __init__(
+        self, index: int, rollout_version: int, trained_version: int, max_staleness: int, context: str = ""
+    ) -> None:
+        self.index, self.rollout_version, self.trained_version = index, rollout_version, trained_version
+        self.staleness = trained_version - rollout_version
+        self.max_staleness, self.context = max_staleness, context
+        if self.staleness < 0:
+            message = (
+                f"rollout {index} claims policy version {rollout_version}, newer than the version being trained "
+                f"({trained_version}); the batch's new_version or the rollout's version is wrong"
+            )
+        else:
+            message = (
+                f"rollout {index} was sampled from policy version {rollout_version} but this step trains version "
+                f"{trained_version} (staleness {self.staleness} > max_staleness {max_staleness}); regenerate it from "
+                "a newer adapter or raise max_staleness"
+            )
+        super().__init__(context + message)
+
+    def __reduce__(self) -> tuple[type, tuple[int, int, int, int, str]]:
+        return (
+            type(self),
+            (self.index, self.rollout_version, self.trained_version, self.max_staleness, self.context),
+        )
 
 
 class EngineContractError(TierError, RuntimeError):

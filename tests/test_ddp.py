@@ -194,7 +194,7 @@ def test_the_multi_rank_train_step_equals_the_single_process_step(ddp_run: DdpRu
 
 @pytest.mark.slow
 def test_failures_surface_on_every_rank_instead_of_hanging(ddp_run: DdpRun) -> None:
-    """A stale batch raises StaleRolloutError on every rank; one rank's unreadable input fails that rank with its own
+    """A stale batch raises StaleBatchError on every rank; one rank's unreadable input fails that rank with its own
     error and the other with PeerRankError (a rank that hung in a collective would end with gloo's timeout error)."""
     outcomes = ddp_run.results("failures")
-    assert outcomes == [["StaleRolloutError", "PeerRankError"], ["StaleRolloutError", "ArtifactNotFound"]]
+    assert outcomes == [["StaleBatchError", "PeerRankError"], ["StaleBatchError", "ArtifactNotFound"]]

@@ -1,4 +1,4 @@
-"""The GRPO tasks of `rl.flyte.grpo` in Flyte's real local mode, on the tiny model.
+"""The GRPO tasks (`rl.flyte.grpo_tasks`) and driver (`rl.flyte.grpo`) in Flyte's real local mode, on the tiny model.
 
 The Flyte binding must add orchestration and nothing else: its run trains the same adapter, bit for bit, as the same
 components wired in one process (`rl.local`), and a driver that dies after an iteration resumes from its checkpoint.
@@ -134,18 +134,18 @@ def test_a_driver_that_fails_after_iteration_one_resumes_from_its_checkpoint(fly
 
 def test_the_driver_declares_every_tier_it_calls_and_the_tiers_their_own_failure_handling():
     """000: "depends_on lists every environment the driver calls, so deploying the driver deploys the whole loop"."""
-    from rl.flyte import envs, grpo
+    from rl.flyte import envs, grpo, grpo_tasks
 
     declared = {env.name for env in envs.grpo_driver_env.depends_on}
     assert declared == {envs.rollout_env.name, envs.reward_env.name, envs.train_env.name, envs.buffer_env.name}
     called = [
-        grpo.build_base,
-        grpo.init_adapter,
-        grpo.generate,
-        grpo.score_group,
-        grpo.train_step,
-        grpo.evaluate,
-        grpo.add_rollouts,
+        grpo_tasks.build_base,
+        grpo_tasks.init_adapter,
+        grpo_tasks.generate,
+        grpo_tasks.score_group,
+        grpo_tasks.train_step,
+        grpo_tasks.evaluate,
+        grpo_tasks.add_rollouts,
     ]
     assert {task.parent_env_name for task in called} == declared
     for task in called:

@@ -223,7 +223,7 @@ def test_a_vllm_engine_spec_takes_its_length_from_the_model(tmp_path: Path) -> N
     positions, which vLLM (and the stub) refuse."""
     import fakes.vllm_stub as stub
     from rl.flyte.config import ConfigError, EngineSpec
-    from rl.flyte.grpo import _make_engine
+    from rl.flyte.grpo_tasks import _make_engine
     from rl.models import TinyModelConfig, build_tiny_model
 
     base = build_tiny_model(tmp_path / "model", TinyModelConfig(seed=1, hidden_size=32, intermediate=64))
@@ -276,7 +276,7 @@ def test_a_rank_loads_the_base_straight_onto_its_device(monkeypatch: pytest.Monk
 
     import rl.models.tiny as tiny
     from rl.models import TinyModelConfig, build_tiny_model
-    from rl.trainer.peft_trainer import ADAPTER_FILES, load_policy
+    from rl.trainer.adapter import ADAPTER_FILES, load_policy
 
     base = build_tiny_model(tmp_path / "model", TinyModelConfig(seed=1, hidden_size=32, intermediate=64))
     asked: dict[str, object] = {}

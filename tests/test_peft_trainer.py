@@ -19,20 +19,17 @@ from fixtures_real import tiny_model_dir
 from trainer_batches import make_batch, make_rollouts, varied_rewards
 
 from rl.artifacts import LocalArtifacts
+from rl.errors import BatchError, StaleBatchError
+from rl.trainer.adapter import load_policy, trainable_parameters
 from rl.trainer.config import TrainerConfig
-from rl.trainer.peft_trainer import (
+from rl.trainer.optimizer_state import (
     OPTIMIZER_FILE,
-    BatchError,
     OptimizerStateError,
-    PeftTrainer,
-    RolloutVersionError,
-    StaleRolloutError,
     build_optimizer,
-    load_policy,
     optimizer_files,
     read_optimizer_state,
-    trainable_parameters,
 )
+from rl.trainer.peft_trainer import PeftTrainer
 from rl.types import TrainResult
 
 __all__ = ["tiny_model_dir"]
@@ -173,12 +170,12 @@ def test_stale_rollouts_beyond_the_bound_raise(trainer: PeftTrainer, rollouts: l
         trainer.train_step(make_batch(rollouts, varied_rewards(rollouts), init.adapter, None, new_version=2))
     )
     assert at_bound.metrics.max_staleness == 1
-    with pytest.raises(StaleRolloutError, match="rollout 5 was sampled from policy version -1") as info:
+    with pytest.raises(StaleBatchError, match="rollout 5 was sampled from policy version -1") as info:
         run(trainer.train_step(make_batch(mixed, varied_rewards(mixed), init.adapter, None, new_version=2)))
     assert (info.value.index, info.value.staleness, info.value.max_staleness) == (5, 2, 1)
     assert pickle.loads(pickle.dumps(info.value)).index == 5  # crosses process boundaries intact
     future = [dataclasses.replace(r, policy_version=1) for r in rollouts]
-    with pytest.raises(RolloutVersionError, match="rollout 0 claims policy version 1, newer than the version being"):
+    with pytest.raises(StaleBatchError, match="rollout 0 claims policy version 1, newer than the version being"):
         run(trainer.train_step(make_batch(future, varied_rewards(future), init.adapter, None, new_version=1)))
 
 
@@ -265,7 +262,7 @@ def test_a_batch_naming_other_artifacts_or_following_a_failure_loads_cold(traine
     again = run(trainer.train_step(make_batch(rollouts, varied_rewards(rollouts), init.adapter, init.optimizer_state)))
     assert trainer.cold_loads == 2 and again.adapter.digest == first.adapter.digest
     stale = make_batch(rollouts, varied_rewards(rollouts), first.adapter, first.optimizer_state, new_version=5)
-    with pytest.raises(StaleRolloutError):
+    with pytest.raises(StaleBatchError):
         run(trainer.train_step(stale))
     run(
         trainer.train_step(

@@ -68,8 +68,9 @@ def gpu_bench(config: GpuBenchConfig = GpuBenchConfig(), *, with_vllm: bool = Tr
     from rl.artifacts import LocalArtifacts
     from rl.engines.decoding import teacher_forced_logprobs
     from rl.models import build_tiny_model, load_tokenizer
+    from rl.trainer.adapter import load_policy
     from rl.trainer.config import TrainerConfig
-    from rl.trainer.peft_trainer import PeftTrainer, load_policy
+    from rl.trainer.peft_trainer import PeftTrainer
     from rl.types import Rollout, TrainBatch
 
     device = torch.device("cuda", 0)

@@ -20,10 +20,10 @@ import torch
 
 from rl.models import load_base_model
 from rl.seeding import derive_seed
+from rl.trainer.adapter import adapter_files, new_adapter
 from rl.trainer.config import TrainerConfig
 from rl.trainer.ddp import shard
 from rl.trainer.ddp_check import ShardStep, shard_step_report
-from rl.trainer.peft_trainer import adapter_files, new_adapter
 from rl.types import ArtifactRef, Rollout, TrainBatch
 
 CONFIG = TrainerConfig(lora_rank=4, lora_alpha=8, seed=3, threads=1)

@@ -13,10 +13,10 @@ recorded log-prob is then the policy's own, as the loss assumes. LoRA ids start 
 
 vLLM caches a LoRA by its integer id and never reloads a known id (unless `load_inplace=True`), and it tells requests
 apart by `lora_name`. The seed's `id = version + 1` therefore breaks on an engine that outlives a run (the process
-cache in `rl.flyte.grpo`, a `ReusePolicy` replica): a second run's version 0 is another adapter under run one's id 1,
-and vLLM would sample the stale one. So the engine gives each distinct adapter *digest* its own id (1, 2, ... in the
-order it first sees them, for the engine's life) and puts the digest in the name; the version stays in the name for
-people reading vLLM's logs.
+cache in `rl.flyte.grpo_tasks`, a `ReusePolicy` replica): a second run's version 0 is another adapter under run
+one's id 1, and vLLM would sample the stale one. So the engine gives each distinct adapter *digest* its own id (1, 2,
+... in the order it first sees them, for the engine's life) and puts the digest in the name; the version stays in the
+name for people reading vLLM's logs.
 
 vLLM samples completion i of a request alone, seeded `seed + i` (`vllm/v1/engine/parallel_sampling.py`). Passing the
 group's seed as it is would make groups seeded s and s + 1 (same prompt, same adapter) share n - 1 completions, so the

@@ -27,9 +27,9 @@ from flyte.io import Dir
 from rl.flyte.bindings import DirArtifacts, local_base, quiet_transformers, ref_of, upload_dir
 from rl.flyte.config import GrpoRunConfig
 from rl.flyte.envs import CLUSTER_TIMEOUT, cluster_train_env, grpo_clustered_driver_env
-from rl.flyte.grpo import GrpoRunResult, TrainOutput, run_driver
-from rl.trainer.config import TrainerConfig
-from rl.types import ArtifactRef, Rollout, TrainBatch
+from rl.flyte.grpo import GrpoRunResult, run_driver
+from rl.flyte.grpo_tasks import TrainInput, TrainOutput
+from rl.types import ArtifactRef
 
 __all__ = ["cluster_train_env", "grpo_clustered_driver_env", "train_rl_clustered", "train_step_clustered"]
 
@@ -89,16 +89,7 @@ async def _publish(store_root: Path, ref: ArtifactRef, name: str) -> str:
 
 
 @cluster_train_env.task(retries=1, timeout=CLUSTER_TIMEOUT)
-async def train_step_clustered(
-    base: Dir,
-    adapter: Dir,
-    optimizer_state: Dir,
-    rollouts: list[Rollout],
-    rewards: list[float],
-    step: int,
-    new_version: int,
-    trainer: TrainerConfig,
-) -> TrainOutput:
+async def train_step_clustered(base: Dir, adapter: Dir, optimizer_state: Dir, batch: TrainInput) -> TrainOutput:
     """One GRPO step on every rank (DDP over the LoRA adapter); the result equals the single-process step's."""
     import torch.distributed as dist
 
@@ -111,22 +102,16 @@ async def train_step_clustered(
         base_dir = await local_base(base)
         with tempfile.TemporaryDirectory(prefix=f"rl-rank{rank}-") as tmp:
             root = Path(tmp)
-            batch = TrainBatch(
-                step=step,
-                rollouts=rollouts,
-                rewards=rewards,
-                adapter=await _stage(root, adapter, "adapter-in"),
-                optimizer_state=None
-                if optimizer_state.is_empty
-                else await _stage(root, optimizer_state, "optimizer-in"),
-                new_version=new_version,
+            staged = batch.batch(
+                await _stage(root, adapter, "adapter-in"),
+                None if optimizer_state.is_empty else await _stage(root, optimizer_state, "optimizer-in"),
             )
-            result: TrainResult = ddp_train_step(rank, world_size, base_dir, root, batch, trainer, device=device)
+            result: TrainResult = ddp_train_step(rank, world_size, base_dir, root, staged, batch.trainer, device=device)
             paths: list[object] = [None, None]
             if rank == 0:
                 paths = [
-                    await _publish(root, result.adapter, f"adapter-v{new_version}"),
-                    await _publish(root, result.optimizer_state, f"optimizer-v{new_version}"),
+                    await _publish(root, result.adapter, f"adapter-v{batch.new_version}"),
+                    await _publish(root, result.optimizer_state, f"optimizer-v{batch.new_version}"),
                 ]
             dist.broadcast_object_list(paths, src=0)
     finally:

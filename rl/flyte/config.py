@@ -140,7 +140,8 @@ class GrpoRunConfig(StrictConfig):
     reward: str = "default"
     problems: str = "digits"
     faults: FaultSpec = Field(default_factory=FaultSpec)
-    keep_rollouts: bool = True  # the rollout buffer: one Dir version per iteration (see rl.flyte.grpo.add_rollouts)
+    # The rollout buffer: one Dir version per iteration (see rl.flyte.grpo_tasks.add_rollouts).
+    keep_rollouts: bool = True
 
     @model_validator(mode="after")
     def _check(self) -> GrpoRunConfig:

@@ -12,7 +12,6 @@ a missing adapter is a typed error; a NaN reward names its group and sample and 
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -22,7 +21,8 @@ from typing import ClassVar
 from rl.advantages import no_signal_groups
 from rl.checkpoint.format import DriverState
 from rl.checkpoint.resume import check_recording, load_state, save_state
-from rl.errors import EngineContractError, GrpoInputError, NonFiniteRewardError, StaleBatchError
+from rl.checks import check_staleness, finite_rewards
+from rl.errors import EngineContractError, GrpoInputError
 from rl.identity import canonical, content_digest
 from rl.loop.groups import scope
 from rl.metrics import finite_mean
@@ -201,13 +201,14 @@ async def generate_and_score(
 
 def refuse_non_finite(iteration: int, group: Sequence[Rollout], rewards: Sequence[float]) -> None:
     """Raise `NonFiniteRewardError` naming the group and sample of the first NaN or infinite reward."""
-    for sample, reward in enumerate(rewards):
-        if not math.isfinite(reward):
-            raise NonFiniteRewardError(
-                f"iteration {iteration}: the scorer returned {reward} for group {group[sample].group_id}, sample "
-                f"{sample} (prompt {group[sample].question!r}); iteration {iteration} was not trained or "
-                "checkpointed. Fix the reward function so it always returns a finite float."
-            )
+    finite_rewards(
+        rewards,
+        lambda sample, reward: (
+            f"iteration {iteration}: the scorer returned {reward} for group {group[sample].group_id}, sample "
+            f"{sample} (prompt {group[sample].question!r}); iteration {iteration} was not trained or "
+            "checkpointed. Fix the reward function so it always returns a finite float."
+        ),
+    )
 
 
 def _check_group(group: list[Rollout], requests: list[RolloutRequest], version: int) -> int:
@@ -313,13 +314,10 @@ async def _train(
 ) -> DriverState:
     rollouts, rewards, phase_s = scored
     new_version = state.adapter_version + 1
-    staleness = [state.adapter_version - r.policy_version for r in rollouts]
-    worst = max(staleness)
-    if worst > config.max_staleness or min(staleness) < 0:
-        raise StaleBatchError(
-            f"iteration {iteration}: rollouts from policy versions {sorted({r.policy_version for r in rollouts})} "
-            f"cannot train v{state.adapter_version} with max_staleness={config.max_staleness}"
-        )
+    worst = max(
+        check_staleness(i, r.policy_version, state.adapter_version, config.max_staleness, f"iteration {iteration}: ")
+        for i, r in enumerate(rollouts)
+    )
     batch = TrainBatch(
         step=iteration,
         rollouts=rollouts,

@@ -1,6 +1,6 @@
 """The train step's loss in padded micro-batches: one reference and one policy forward per micro-batch.
 
-The per-sample path (`rl.trainer.peft_trainer.sample_loss_fns`) runs two forwards per sample; on the tiny CPU model
+The per-sample path (`rl.trainer.step.sample_loss_fns`) runs two forwards per sample; on the tiny CPU model
 a forward costs about the same whatever the batch, so batching is most of the train step's speed. The objective is the
 same (each sample's token-mean loss, mean over samples, `rl.loss.grpo_masked_row_losses`), and the numbers agree with
 the per-sample path up to float rounding: a batch's matmuls add in another order than one row's. Each path is bitwise

@@ -36,11 +36,11 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from rl.artifacts import LocalArtifacts
+from rl.trainer.adapter import adapter_files
 from rl.trainer.config import TrainerConfig
-from rl.trainer.peft_trainer import (
-    adapter_files,
+from rl.trainer.optimizer_state import optimizer_files
+from rl.trainer.step import (
     clip_and_step,
-    optimizer_files,
     pinned_threads,
     prepare_step,
     sample_loss_fns,
@@ -141,7 +141,7 @@ def ddp_train_step(
 
     Raises:
         ValueError: no default process group, or `rank`/`world_size` disagree with it.
-        BatchError, StaleRolloutError: as `PeftTrainer.train_step` (raised on every rank alike).
+        BatchError, StaleBatchError: as `PeftTrainer.train_step` (raised on every rank alike).
         PeerRankError: this rank was fine but another failed before the collective step or while saving.
     """
     if not dist.is_available() or not dist.is_initialized():

@@ -17,9 +17,10 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from rl.advantages import group_normalized_advantages
+from rl.trainer.adapter import load_policy, trainable_parameters
 from rl.trainer.config import TrainerConfig
 from rl.trainer.ddp import ddp_shard_step, shard
-from rl.trainer.peft_trainer import load_policy, sample_loss_fns, trainable_parameters
+from rl.trainer.step import sample_loss_fns
 from rl.types import TrainBatch
 
 ShardStep = Callable[[DistributedDataParallel, Sequence[Callable[[], torch.Tensor]], Callable[[], torch.Tensor]], None]

@@ -224,11 +224,11 @@ CATALOGUE: tuple[Mutant, ...] = (
         "an unscorable completion (no number) scored NaN, which passes through the scorer",
         ("tests/test_rewards.py",),
     ),
-    # --- trainer (rl/trainer/peft_trainer.py) ---
+    # --- trainer (rl/trainer/step.py, rl/trainer/adapter.py) ---
     Mutant(
         "trainer-optimizer-dropped",
         "trainer",
-        "rl/trainer/peft_trainer.py",
+        "rl/trainer/step.py",
         "optimizer = build_optimizer(params, config, optimizer_state)",
         "optimizer = build_optimizer(params, config, None)",
         "optimizer state not carried between steps: a fresh AdamW every step",
@@ -237,7 +237,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "trainer-unseeded-init",
         "trainer",
-        "rl/trainer/peft_trainer.py",
+        "rl/trainer/adapter.py",
         "        torch.manual_seed(seed)\n        model = get_peft_model(base, lora)",
         "        torch.seed()\n        model = get_peft_model(base, lora)",
         "LoRA init seeded from the OS, not the init seed: version 0 differs between attempts",
@@ -246,7 +246,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "trainer-step-noop",
         "trainer",
-        "rl/trainer/peft_trainer.py",
+        "rl/trainer/step.py",
         "    prepared.optimizer.step()\n",
         "",
         "gradients computed but the optimizer never steps: the adapter never changes",
@@ -339,9 +339,10 @@ CATALOGUE: tuple[Mutant, ...] = (
         "grpo-nan-swallowed",
         "grpo-driver",
         "rl/loop/grpo.py",
-        "        if not math.isfinite(reward):\n",
-        "        if False:\n",
-        "non-finite rewards pass into the train step instead of raising NonFiniteRewardError",
+        "        refuse_non_finite(iteration, groups[gid], group_rewards)\n",
+        "        pass\n",
+        "the driver's reward check off (`rl.checks.finite_rewards` not called): non-finite rewards pass into the train "
+        "step instead of raising NonFiniteRewardError naming the iteration",
         ("tests/test_grpo_driver.py",),
     ),
     Mutant(
@@ -360,10 +361,10 @@ CATALOGUE: tuple[Mutant, ...] = (
         "grpo-staleness-off",
         "grpo-driver",
         "rl/loop/grpo.py",
-        "    if worst > config.max_staleness or min(staleness) < 0:\n",
-        "    if min(staleness) < 0:\n",
+        'state.adapter_version, config.max_staleness, f"iteration {iteration}: ")',
+        'state.adapter_version, 2**62, f"iteration {iteration}: ")',
         "staleness check off: rollouts older than max_staleness are trained on",
-        ("tests/test_grpo_driver.py",),
+        ("tests/test_grpo_driver.py", "tests/test_checks.py"),
     ),
     Mutant(
         "grpo-seed-ignores-iteration",

@@ -1,0 +1,236 @@
+"""The GRPO loop's Flyte tasks (seeds 000 and 004): thin recipes over the tested components, each one action.
+
+- `build_base` (train tier, cached): the tiny base model, built offline from its config, as a `flyte.io.Dir`.
+- `init_adapter` (train tier): version 0 — a fresh LoRA adapter and AdamW state (`PeftTrainer.init_adapter`).
+- `generate` (rollout tier): one group per call, seeded, with sampling log-probs — vLLM on a GPU or the torch sampler
+  on a CPU, as `EngineSpec.kind` says. The engine is built once per process, so a warm replica keeps it.
+- `score_group` (reward tier): the named verifiable reward over one group (`RewardScorer`).
+- `train_step` (train tier): one GRPO step (`PeftTrainer.train_step`); adapter and optimizer state in and out as Dirs,
+  the rest of the batch as one `TrainInput`.
+- `evaluate` (rollout tier): k samples per held-out problem, avg@k and pass@k (`SamplingEvaluator`).
+- `add_rollouts` (buffer tier): the rollout buffer's next version.
+
+Every pure step is `cache="auto"` and a pure function of its inputs (seeded sampling, pinned torch threads, adapters
+identified by content digest), so a retried task or a rerun of the loop recomputes — or reuses — the same outputs.
+The driver that calls them is `rl.flyte.grpo`.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from flyte.io import Dir
+
+from rl.flyte.bindings import DirArtifacts, dir_of, local_base, quiet_transformers, ref_of, upload_dir
+from rl.flyte.config import EngineSpec, problem_set
+from rl.flyte.envs import (
+    BUFFER_TIMEOUT,
+    REWARD_TIMEOUT,
+    ROLLOUT_TIMEOUT,
+    TRAIN_TIMEOUT,
+    buffer_env,
+    reward_env,
+    rollout_env,
+    train_env,
+)
+from rl.identity import content_digest
+from rl.models.tiny import TinyModelConfig
+from rl.protocols import RolloutEngine
+from rl.trainer.config import TrainerConfig
+from rl.types import ArtifactRef, EvalResult, Rollout, RolloutRequest, StepMetrics, TrainBatch, TrainResult
+
+__all__ = [
+    "TrainInput",
+    "TrainOutput",
+    "add_rollouts",
+    "buffer_ref",
+    "buffer_version",
+    "build_base",
+    "engine_for",
+    "evaluate",
+    "generate",
+    "init_adapter",
+    "score_group",
+    "train_device",
+    "train_step",
+]
+
+
+@dataclass(frozen=True)
+class TrainInput:
+    """A train task's input beside its artifacts: the batch's rollouts, rewards, step and version, and the trainer.
+
+    `train_step` and `rl.flyte.clustered.train_step_clustered` take `(base, adapter, optimizer_state, batch)`: the
+    three artifacts as top-level `Dir`s and this. The Dirs stay outside it because Flyte keys a task's cache on a
+    Dir's hash (its content digest) only for a top-level input; inside a dataclass its upload path enters the key, so
+    the same adapter at a new path (a retried step's upload) would miss the cache.
+    """
+
+    rollouts: list[Rollout]
+    rewards: list[float]
+    step: int
+    new_version: int
+    trainer: TrainerConfig
+
+    @classmethod
+    def of(cls, batch: TrainBatch, trainer: TrainerConfig) -> TrainInput:
+        return cls(list(batch.rollouts), list(batch.rewards), batch.step, batch.new_version, trainer)
+
+    def batch(self, adapter: ArtifactRef, optimizer_state: ArtifactRef | None) -> TrainBatch:
+        """The TrainBatch of these inputs on `adapter` and `optimizer_state` (None: a fresh optimizer)."""
+        return TrainBatch(
+            step=self.step,
+            rollouts=self.rollouts,
+            rewards=self.rewards,
+            adapter=adapter,
+            optimizer_state=optimizer_state,
+            new_version=self.new_version,
+        )
+
+
+@dataclass(frozen=True)
+class TrainOutput:
+    """What a train task returns: the new adapter and optimizer state as Dirs (hash = content digest), and metrics."""
+
+    adapter: Dir
+    optimizer_state: Dir
+    version: int
+    metrics: StepMetrics
+
+    @classmethod
+    def of(cls, result: TrainResult) -> TrainOutput:
+        return cls(dir_of(result.adapter), dir_of(result.optimizer_state), result.version, result.metrics)
+
+    def result(self) -> TrainResult:
+        return TrainResult(ref_of(self.adapter), ref_of(self.optimizer_state), self.version, self.metrics)
+
+
+# ------------------------------------------------------------------------------------------------------- engines
+
+_ENGINES: dict[str, RolloutEngine] = {}
+
+
+def _make_engine(base_dir: Path, spec: EngineSpec) -> RolloutEngine:
+    if spec.kind == "vllm":
+        from rl.engines.vllm import VLLMEngine, model_max_len  # imports vllm itself only when it first samples
+        from rl.models import load_tokenizer
+
+        tokenizer = load_tokenizer(base_dir) if spec.token_ids else None
+        llm_kwargs = spec.vllm_kwargs(model_max_len(base_dir))
+        return VLLMEngine(base_dir, DirArtifacts(), llm_kwargs=llm_kwargs, tokenizer=tokenizer)
+    from rl.engines.torch_sampler import TorchSampler
+
+    return TorchSampler(base_dir, DirArtifacts(), threads=spec.threads, merge_adapters=spec.merge_adapters)
+
+
+async def engine_for(base: Dir, spec: EngineSpec) -> RolloutEngine:
+    """The engine for (base model, spec), built on first use and kept for the process (one at a time)."""
+    key = content_digest(base.path, base.hash or "", spec)
+    engine = _ENGINES.get(key)
+    if engine is None:
+        _ENGINES.clear()  # one resident engine per replica: a GPU holds one base model
+        engine = _ENGINES[key] = _make_engine(await local_base(base), spec)
+    return engine
+
+
+def train_device() -> str:
+    """Where a train task computes: the pod's GPU when it has one, else the CPU (artifacts never name a device)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# --------------------------------------------------------------------------------------------------------- tasks
+
+
+@train_env.task(cache="auto", retries=2, timeout=TRAIN_TIMEOUT)
+async def build_base(model: TinyModelConfig) -> Dir:
+    """The tiny base model for `model`, built offline (byte-identical for one config, hence cached)."""
+    from rl.models.tiny import build_tiny_model
+
+    quiet_transformers()
+    with tempfile.TemporaryDirectory(prefix="rl-base-") as tmp:
+        return await upload_dir(build_tiny_model(Path(tmp) / "base-model", model), "base-model")
+
+
+@train_env.task(cache="auto", retries=2, timeout=TRAIN_TIMEOUT)
+async def init_adapter(base: Dir, seed: int, trainer: TrainerConfig) -> TrainOutput:
+    """Adapter version 0 (a function of `seed`) and a fresh optimizer state."""
+    from rl.trainer.peft_trainer import PeftTrainer
+
+    peft = PeftTrainer(await local_base(base), DirArtifacts(), trainer, device=train_device())
+    return TrainOutput.of(await peft.init_adapter(seed))
+
+
+@rollout_env.task(cache="auto", retries=2, timeout=ROLLOUT_TIMEOUT)
+async def generate(base: Dir, adapter: Dir, request: RolloutRequest, engine: EngineSpec) -> list[Rollout]:
+    """One group: `request.n` seeded completions of one prompt from `adapter`, with their sampling log-probs."""
+    request = replace(request, adapter=ref_of(adapter))
+    return await (await engine_for(base, engine)).generate(request)
+
+
+@reward_env.task(cache="auto", retries=2, timeout=REWARD_TIMEOUT)
+async def score_group(rollouts: list[Rollout], reward: str = "default") -> list[float]:
+    """One reward per rollout of one group, in order (one reward task per group, not per rollout)."""
+    from rl.scoring import RewardScorer
+
+    return await RewardScorer(reward).score_group(rollouts)
+
+
+@train_env.task(cache="auto", retries=2, timeout=TRAIN_TIMEOUT)
+async def train_step(base: Dir, adapter: Dir, optimizer_state: Dir, batch: TrainInput) -> TrainOutput:
+    """One GRPO step: adapter `new_version - 1` and its optimizer state (empty: a fresh one) in, `new_version` out."""
+    from rl.trainer.peft_trainer import PeftTrainer
+
+    peft = PeftTrainer(await local_base(base), DirArtifacts(), batch.trainer, device=train_device())
+    opt_ref = None if optimizer_state.is_empty else ref_of(optimizer_state)
+    return TrainOutput.of(await peft.train_step(batch.batch(ref_of(adapter), opt_ref)))
+
+
+@rollout_env.task(cache="auto", retries=1, timeout=ROLLOUT_TIMEOUT)
+async def evaluate(
+    base: Dir, adapter: Dir, policy_version: int, k: int, seed: int, problems: str, max_tokens: int, engine: EngineSpec
+) -> EvalResult:
+    """Held-out evaluation of one adapter: k samples per problem of the named set."""
+    from rl.scoring import SamplingEvaluator
+
+    evaluator = SamplingEvaluator(
+        await engine_for(base, engine), problem_set(problems).eval_prompts(), max_tokens=max_tokens
+    )
+    return await evaluator.evaluate(ref_of(adapter), policy_version, k, seed)
+
+
+@buffer_env.task(retries=2, timeout=BUFFER_TIMEOUT)
+async def add_rollouts(parent: Dir | None, iteration: int, rollouts: list[Rollout], rewards: list[float]) -> Dir:
+    """Seed 000's rollout buffer on open-source Flyte: a new version = the parent's files + `iter-NNNNN.jsonl`.
+
+    Union's volumes fork copy-on-write; a Dir version is a copy, so each version stores every iteration so far. The
+    rows are `rl.volumes.buffer`'s (they load with `pandas.read_json(lines=True)`), and `rl rescore` reads the same
+    format. Adding an iteration the parent already holds with the same rows (a replayed step) returns the parent.
+    """
+    from rl.volumes.buffer import IterationExistsError, encode_rows, iteration_file, rollout_rows
+
+    store = DirArtifacts()
+    files = await store.get(ref_of(parent)) if parent is not None else {}
+    name, payload = iteration_file(iteration), encode_rows(iteration, rollout_rows(iteration, rollouts, rewards))
+    if name in files:
+        if files[name] == payload:
+            assert parent is not None
+            return parent
+        raise IterationExistsError(
+            f"buffer version {parent.path if parent else ''} already holds iteration {iteration} with other rows; "
+            "a driver must add each iteration once, to the version its checkpoint names"
+        )
+    return dir_of(await store.put({**files, name: payload}, name=f"rollouts-iter-{iteration:05d}"))
+
+
+def buffer_version(ref: ArtifactRef) -> str:
+    """The `RolloutSink` version string of a buffer Dir: `<uri>@<digest>` (the checkpoint stores it)."""
+    return f"{ref.uri}@{ref.digest}"
+
+
+def buffer_ref(version: str) -> ArtifactRef:
+    uri, _, digest = version.rpartition("@")
+    return ArtifactRef(uri=uri, digest=digest)
