@@ -9,9 +9,9 @@ import pickle
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from rl.loop.checkpoint import DriverState
 
 from rl.advantages import group_normalized_advantages, no_signal_groups
+from rl.checkpoint.format import DriverState
 from rl.checks import check_staleness, finite_rewards
 from rl.errors import BatchError, NonFiniteRewardError, StaleBatchError, TierError, TrainerError
 from rl.loop import grpo
