@@ -5,7 +5,7 @@
 Each rank binds `cuda:<LOCAL_RANK>`, joins the NCCL process group, runs every job in JOB.pkl, and pickles what it got
 (or each job's traceback) to OUT_DIR/rank<RANK>.pkl:
 
-- "grads": for each (name, contributing indices) case, the seed's `ddp_shard_step` over this rank's `shard` against
+- "grads": for each (name, contributing indices) case, the tutorial's `ddp_shard_step` over this rank's `shard` against
   the single-process full-batch gradient computed on this same GPU: the relative error, the DDP forward and all-reduce
   counts, and a digest of the parameters after one AdamW step (equal on every rank when the gradients agree). The
   cases include an empty shard (one sample: rank 1 gets none) and an empty batch.

@@ -1,6 +1,6 @@
 """The clustered train step on two GPUs: `rl.trainer.ddp` under `torchrun --nproc_per_node=2` with NCCL.
 
-What the CPU suite proves on gloo (tests/test_ddp.py), proven again on the backend production uses: the seed's
+What the CPU suite proves on gloo (tests/test_ddp.py), proven again on the backend production uses: the tutorial's
 `ddp_shard_step` gives the single-process full-batch gradient for even, uneven, empty-shard and empty cases with one DDP
 forward and the same number of all-reduces on every rank; `ddp_train_step` on two ranks returns the same TrainResult on
 both, equal to the single-GPU `PeftTrainer` step to float32 rounding; a batch without signal changes nothing.

@@ -38,8 +38,9 @@ MEAN_ABS_TOL = 0.03
 
 
 class DigitShareScorer:
-    """The seed's reward plus the share of digits in the completion: dense, so nearly every group has signal and both
-    steps train (the untrained tiny model almost never answers the digit task, which would leave the steps empty)."""
+    """The tutorial's reward plus the share of digits in the completion: dense, so nearly every group has signal and
+    both steps train (the untrained tiny model almost never answers the digit task, which would leave the steps
+    empty)."""
 
     async def score_group(self, rollouts: Sequence[Rollout]) -> list[float]:
         return [

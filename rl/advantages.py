@@ -38,7 +38,7 @@ def group_normalized_advantages(
 ) -> list[float]:
     """Each sample's reward relative to the other samples of its group, in input order.
 
-    `scale="group"` (the default) is the seed's formula exactly: `(r - fmean(group)) / (pstdev(group) + eps)`.
+    `scale="group"` (the default) is the tutorial's formula exactly: `(r - fmean(group)) / (pstdev(group) + eps)`.
     `scale="none"` is Dr. GRPO's `r - fmean(group)`.
 
     A group whose rewards are all equal (a single-sample group included) gives exactly 0.0 for each member under either

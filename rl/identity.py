@@ -1,8 +1,8 @@
 """Content identity: a stable digest of a value, the way Flyte identifies an action by the hash of its inputs.
 
 Pure (no flyte or torch import). Dict keys are sorted (mapping order carries no meaning); list order is kept, because a
-list's order is part of its value — which is exactly why a driver must canonicalise step inputs (seed 002's unsorted
-rewards made the train step's identity change between attempts).
+list's order is part of its value — which is exactly why a driver must canonicalise step inputs (the agentic tutorial's
+unsorted rewards made the train step's identity change between attempts).
 """
 
 from __future__ import annotations

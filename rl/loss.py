@@ -6,7 +6,7 @@ For one completion of T tokens with advantage A (Shao et al., "DeepSeekMath", 20
     L    = -( mean_t min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A)  -  beta mean_t k3_t )
     k3_t = exp(d_t) - d_t - 1,   d_t = ref_t - new_t                   (Schulman, "Approximating KL divergence")
 
-and a batch's loss is the mean over completions of their token-mean losses (the seed's aggregation, GRPO's 1/G sum_i
+and a batch's loss is the mean over completions of their token-mean losses (the tutorial's aggregation, GRPO's 1/G sum_i
 1/|o_i| sum_t). `old` is the log-probability under the policy that sampled the token (one step stale when generation
 overlaps training), `ref` under the frozen base with the adapter off; only `new` carries gradient.
 
@@ -77,8 +77,8 @@ def k3_kl(ref_logp: Tensor, new_logp: Tensor) -> Tensor:
 def clip_fraction(ratio: Tensor, clip_eps_low: float, clip_eps_high: float) -> Tensor:
     """Fraction of tokens whose ratio lies outside `[1 - eps_low, 1 + eps_high]`, whatever the advantage's sign.
 
-    The seed's diagnostic `mean(|r - 1| > eps)` when the bounds are equal: how far the sampling policy has drifted from
-    the one being trained, not how many tokens had their gradient cut (that also depends on the sign of A).
+    The tutorial's diagnostic `mean(|r - 1| > eps)` when the bounds are equal: how far the sampling policy has drifted
+    from the one being trained, not how many tokens had their gradient cut (that also depends on the sign of A).
 
     Shape: `ratio`: `[T]` -> `[]`.
     """
@@ -96,7 +96,7 @@ def grpo_sample_loss(
     kl_beta: float = 0.03,
     clip_eps_high: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Token-level clipped-ratio GRPO loss of ONE completion, with the k3 KL penalty; the seed's formula.
+    """Token-level clipped-ratio GRPO loss of ONE completion, with the k3 KL penalty; the tutorial's formula.
 
         loss = -( mean_t min(r_t A, clip(r_t, 1 - eps, 1 + eps_high) A) - kl_beta * mean_t k3_t )
 
@@ -152,7 +152,7 @@ def grpo_batch_loss(
 ) -> tuple[Tensor, dict[str, float]]:
     """The loss of a batch of completions: each completion's token-mean loss, then the mean over completions.
 
-    Every completion weighs the same whatever its length, as in the seed and GRPO's `1/G sum_i 1/|o_i| sum_t`. A
+    Every completion weighs the same whatever its length, as in the tutorial and GRPO's `1/G sum_i 1/|o_i| sum_t`. A
     trainer that back-propagates `grpo_sample_loss(...)[0] / len(samples)` one sample at a time (to free each graph)
     accumulates the same gradient.
 

@@ -92,7 +92,8 @@ class Reporter(Protocol):
 
 @runtime_checkable
 class RolloutSink(Protocol):
-    """The rollout buffer of seed 000: each iteration's rollouts and rewards, as a chain of volume versions.
+    """The rollout buffer of the training-loop tutorial: each iteration's rollouts and rewards, as a chain of volume
+    versions.
 
     The GRPO driver appends an iteration while its train step runs (a step that then fails leaves the append behind, and
     the resume appends it again); the checkpoint names the version only after both succeeded.
@@ -175,8 +176,9 @@ class VolumeStore(Protocol):
 
 
 class AgenticTiers(Protocol):
-    """What the agentic driver calls (seed 002). Each `async` method is one durable action; `driver_attempt` is
-    FLYTE_ATTEMPT_NUMBER. Faults are injected by wrapping an implementation (`rl.agentic.faults`), never by an argument.
+    """What the agentic driver calls (the agentic tutorial). Each `async` method is one durable action; `driver_attempt`
+    is FLYTE_ATTEMPT_NUMBER. Faults are injected by wrapping an implementation (`rl.agentic.faults`), never by an
+    argument.
     """
 
     def driver_attempt(self) -> int: ...

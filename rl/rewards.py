@@ -1,8 +1,8 @@
 """Verifiable rewards for integer-answer problems (GSM8K style), and a registry of them by name.
 
-The seed's scorer: +0.2 when the completion carries the `####` answer marker, +1.0 when the answer it extracts equals
-the reference. Rewards are looked up by name (`get_reward`) so stored rollouts can be re-scored later under another
-reward without re-generating them.
+The tutorial's scorer: +0.2 when the completion carries the `####` answer marker, +1.0 when the answer it extracts
+equals the reference. Rewards are looked up by name (`get_reward`) so stored rollouts can be re-scored later under
+another reward without re-generating them.
 
 Pure Python: the reward tier runs on a CPU without torch.
 """
@@ -63,7 +63,7 @@ def extract_answer(completion: str) -> str | None:
 
 
 def format_reward(completion: str) -> float:
-    """0.2 when the completion carries the `####` answer marker, else 0.0: the seed's format bonus."""
+    """0.2 when the completion carries the `####` answer marker, else 0.0: the tutorial's format bonus."""
     return FORMAT_BONUS if ANSWER_MARKER in completion else 0.0
 
 
@@ -79,7 +79,7 @@ def is_correct(completion: str, answer: str) -> bool:
 
 
 def score(completion: str, answer: str) -> float:
-    """The seed's reward: `format_reward` + `correctness_reward`, so one of 0.0, 0.2, 1.0, 1.2."""
+    """The tutorial's reward: `format_reward` + `correctness_reward`, so one of 0.0, 0.2, 1.0, 1.2."""
     return format_reward(completion) + correctness_reward(completion, answer)
 
 
@@ -88,7 +88,7 @@ REWARDS: dict[str, RewardFn] = {
     "format": lambda completion, _answer: format_reward(completion),
     "correctness": correctness_reward,
 }
-"""Every reward by name. `"default"` is the seed's `score`; a re-scoring run names one of these."""
+"""Every reward by name. `"default"` is the tutorial's `score`; a re-scoring run names one of these."""
 
 
 class UnknownRewardError(InputError, KeyError):

@@ -17,7 +17,8 @@ REWARD_BOUND = 1e3
 """Rewards stay within +-REWARD_BOUND: real rewards are O(1), and the tests' tolerances scale with the magnitude."""
 
 SEED_REWARDS = (0.0, 0.2, 1.0, 1.2)
-"""Every value the seed's scorer returns (format bonus 0.2, correct answer 1.0): ties and all-equal groups abound."""
+"""Every value the tutorial's scorer returns (format bonus 0.2, correct answer 1.0): ties and all-equal groups
+abound."""
 
 
 def finite_rewards(bound: float = REWARD_BOUND) -> st.SearchStrategy[float]:
@@ -26,7 +27,7 @@ def finite_rewards(bound: float = REWARD_BOUND) -> st.SearchStrategy[float]:
 
 
 def seed_rewards() -> st.SearchStrategy[float]:
-    """One of the seed scorer's four reward values."""
+    """One of the tutorial scorer's four reward values."""
     return st.sampled_from(SEED_REWARDS)
 
 

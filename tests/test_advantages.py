@@ -22,7 +22,7 @@ class TestOurAdvantagesWithoutEps(AdvantageContract):
     """Our advantages with `eps=0.0` under that declaration: exact zeros for all-equal groups even where the std is 0,
     and every other law. The default (`eps=1e-4`, population std) is checked by `TestFakes` and Dr. GRPO's
     `scale="none"` by `TestTrainerConfigAlgorithms` (both in test_conformance.py); the tests below check what the
-    contract does not: the seed's formula bit for bit, affine invariance, the bound, and the errors."""
+    contract does not: the tutorial's formula bit for bit, affine invariance, the bound, and the errors."""
 
     @pytest.fixture
     def advantages(self):
@@ -35,7 +35,7 @@ class TestOurAdvantagesWithoutEps(AdvantageContract):
 
 @given(data=st.data())
 def test_default_scale_is_the_seed_formula_exactly_on_groups_with_signal(data):
-    """By default, every group with unequal rewards gets the seed's `(r - fmean) / (pstdev + 1e-4)` bit for bit."""
+    """By default, every group with unequal rewards gets the tutorial's `(r - fmean) / (pstdev + 1e-4)` bit for bit."""
     g: Groups = data.draw(groups())
     adv = group_normalized_advantages(g.group_ids, g.rewards)
     for members in g.members().values():

@@ -23,14 +23,15 @@ def test_killing_the_driver_at_every_await_point_keeps_every_invariant():
 
 
 def test_seeded_fault_scenarios_with_failures_hangs_and_driver_crashes_keep_every_invariant():
-    """002: "Despite a driver crash, a third of sandboxes flaking, and a third of judge tasks failing, the run completed
-    with zero lost rollouts and zero re-billed judge calls"."""
+    """The agentic tutorial: "Despite a driver crash, a third of sandboxes flaking, and a third of judge tasks failing,
+    the run completed with zero lost rollouts and zero re-billed judge calls"."""
     for seed in range(12):
         assert agentic_scenario(seed) == [], seed
 
 
 def test_the_checker_names_a_judge_billed_twice_when_the_judge_call_is_not_memoised():
-    """002: "A judge retry that re-calls the LLM re-bills you for tokens you already paid for" — and chaos says so."""
+    """The agentic tutorial: "A judge retry that re-calls the LLM re-bills you for tokens you already paid for" — and
+    chaos says so."""
     harness = AgenticSim(seed=0, judge_tier=untraced_judge_tier)  # the bug: no sim.trace around the judge call
     reference = AgenticSim(seed=0).run(**SMALL).output
     result = harness.run(judge_flake_rate=1.0, **SMALL)
@@ -39,7 +40,7 @@ def test_the_checker_names_a_judge_billed_twice_when_the_judge_call_is_not_memoi
 
 
 def test_the_checker_reports_the_seeds_unsorted_rewards_bug_as_a_failed_run():
-    """002: "This bug cost a debugging session; the fix is one sorted()"."""
+    """The agentic tutorial: "This bug cost a debugging session; the fix is one sorted()"."""
     harness = AgenticSim(seed=0, driver=landing_order_driver)  # the bug: rewards in landing order
     reference = AgenticSim(seed=0).run(**SMALL).output
     result = harness.run(crash_driver_at_step=1, **SMALL)
@@ -49,5 +50,5 @@ def test_the_checker_reports_the_seeds_unsorted_rewards_bug_as_a_failed_run():
 
 @pytest.mark.slow
 def test_killing_the_driver_at_every_await_point_of_the_seeds_full_run_keeps_every_invariant():
-    """The seed's shape (3 steps x 3 prompts x 2 samples over 3 worlds): 86 crash points, all invariants."""
+    """The tutorial's shape (3 steps x 3 prompts x 2 samples over 3 worlds): 86 crash points, all invariants."""
     assert agentic_sweep(seed=0) == (86, [])

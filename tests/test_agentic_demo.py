@@ -1,4 +1,4 @@
-"""`rl demo agentic`: the seed's failure table from the command line, and its JSON line."""
+"""`rl demo agentic`: the tutorial's failure table from the command line, and its JSON line."""
 
 from __future__ import annotations
 

@@ -27,7 +27,8 @@ T = TypeVar("T")
 
 
 def test_world_is_deterministic_and_exactly_one_document_holds_the_hashed_secret():
-    """002: "Each world is a small filesystem of documents; one document contains a (hashed) secret"."""
+    """The agentic tutorial: "Each world is a small filesystem of documents; one document contains a (hashed)
+    secret"."""
     files = world_files(7, "w1")
     assert files == world_files(7, "w1") and files != world_files(8, "w1")
     holders = [path for path, text in files.items() if SECRET_MARKER in text]
@@ -37,7 +38,7 @@ def test_world_is_deterministic_and_exactly_one_document_holds_the_hashed_secret
 
 
 def test_doc_order_is_a_permutation_that_follows_a_dominant_prior():
-    """002: "pick documents to read in an order driven by the policy's prior for this world"."""
+    """The agentic tutorial: "pick documents to read in an order driven by the policy's prior for this world"."""
     rng = random.Random(0)
     assert sorted(doc_order([1.0] * N_DOCS, rng)) == list(range(N_DOCS))
     prior = [1.0] * N_DOCS
@@ -76,7 +77,7 @@ def _on_virtual_time(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def test_a_retried_trial_regenerates_exactly_the_trajectory_of_its_first_attempt():
-    """002: "the trajectory is seeded by trial_id, so a retry is a clean regeneration, not a replay".
+    """The agentic tutorial: "the trajectory is seeded by trial_id, so a retry is a clean regeneration, not a replay".
 
     `elapsed_s` is the one field read off a clock, the running loop's: on the virtual clock it is exactly the tool
     calls' latency on both attempts (on a real loop it would also count however long the machine took).
@@ -91,7 +92,8 @@ def test_a_retried_trial_regenerates_exactly_the_trajectory_of_its_first_attempt
 
 
 def test_sandbox_flakes_only_on_attempt_zero():
-    """002: "The flaky_rate parameter injects sandbox failures on attempt 0 so you can watch the retries work"."""
+    """The agentic tutorial: "The flaky_rate parameter injects sandbox failures on attempt 0 so you can watch the
+    retries work"."""
     with pytest.raises(SandboxFailure, match="attempt 0"):
         asyncio.run(_trial(attempt=0, flaky_rate=1.0))
 
@@ -111,14 +113,15 @@ def _traj(turns: int, *, answer: str | None, files: list[str], trial_id: str = "
 
 
 def test_verifier_accepts_only_the_digest_of_the_worlds_secret():
-    """002: "a deterministic verifier checks correctness" (Harbor's test.sh)."""
+    """The agentic tutorial: "a deterministic verifier checks correctness" (Harbor's test.sh)."""
     assert verify(_traj(2, answer=secret_digest(3, "w0"), files=["answer.txt"]))
     assert not verify(_traj(2, answer="0" * 64, files=["answer.txt"]))
     assert not verify(_traj(6, answer=None, files=["answer.txt"]))
 
 
 def test_judge_score_is_the_rubric_formula_plus_bounded_seeded_noise():
-    """002: score = w_c·correct + w_e·efficiency + w_t·tidy + U(-0.05, 0.05), efficiency = 1 - (turns - 1)/N_DOCS."""
+    """The agentic tutorial: score = w_c·correct + w_e·efficiency + w_t·tidy + U(-0.05, 0.05), efficiency = 1 - (turns -
+    1)/N_DOCS."""
     rubric = Rubric()
     tidy = _traj(3, answer=secret_digest(3, "w0"), files=["answer.txt"])
     untidy = _traj(3, answer=secret_digest(3, "w0"), files=["answer.txt", "scratch.tmp"])
@@ -131,7 +134,8 @@ def test_judge_score_is_the_rubric_formula_plus_bounded_seeded_noise():
 
 
 def test_judge_flakes_only_on_attempt_zero_seeded_per_trial():
-    """002: "if attempt == 0 and random.Random(_seed("flake", traj.trial_id)).random() < judge_flake_rate"."""
+    """The agentic tutorial: "if attempt == 0 and random.Random(_seed("flake", traj.trial_id)).random() <
+    judge_flake_rate"."""
     traj = _traj(1, answer=None, files=["answer.txt"])
     assert judge_flakes(traj, 0, 1.0) and not judge_flakes(traj, 1, 1.0) and not judge_flakes(traj, 0, 0.0)
     rate = sum(judge_flakes(_traj(1, answer=None, files=[], trial_id=f"t{i}"), 0, 0.3) for i in range(1000)) / 1000
@@ -151,7 +155,7 @@ def _reward(trial_id: str, world: str, doc: int | None, reward: float) -> Reward
 
 
 def test_bandit_update_moves_the_prior_toward_rewarded_finds_only():
-    """002: "prior[r["found_doc"]] += lr * r["reward"]  # bandit update toward the rewarded doc"."""
+    """The agentic tutorial: "prior[r["found_doc"]] += lr * r["reward"]  # bandit update toward the rewarded doc"."""
     w0 = initial_weights(["w0", "w1"])
     w1 = bandit_update(w0, [_reward("a", "w0", 3, 2.5), _reward("b", "w1", None, 0.4), _reward("c", "w1", 1, 0.0)], 2.0)
     assert w1.version == 1 and w0.version == 0 and w0.doc_prior["w0"][3] == 1.0  # the input is untouched

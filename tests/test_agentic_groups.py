@@ -62,7 +62,8 @@ class _Recording(LocalAgenticTiers):
 
 
 def test_every_trial_judgment_and_train_step_runs_inside_its_steps_group():
-    """002: `with flyte.group(f"step-{step}")` holds a step's trials, judgments and train step; worlds are outside."""
+    """The agentic tutorial: `with flyte.group(f"step-{step}")` holds a step's trials, judgments and train step; worlds
+    are outside."""
     tiers = _Recording()
     asyncio.run(run_agentic(SMALL, tiers, group=_group))
     for kind, key, group in tiers.seen:

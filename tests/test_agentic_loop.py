@@ -1,5 +1,5 @@
-"""Seed 002's durable agentic loop on the simulator: the failure table, skipping, memoised judging, canonical steps,
-re-scoring by forking a run, and determinism. Each test quotes the sentence it models."""
+"""The agentic tutorial's durable loop on the simulator: the failure table, skipping, memoised judging,
+canonical steps, re-scoring by forking a run, and determinism. Each test quotes the sentence it models."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ NEW_RUBRIC = Rubric(correctness_weight=1.0, efficiency_weight=1.0, tidiness_weig
 
 
 def test_the_failure_injected_run_reproduces_the_seeds_table():
-    """002: "all 18 trials completed, the judge was called exactly once per trial, and the bandit still learned"."""
+    """The agentic tutorial: "all 18 trials completed, the judge was called exactly once per trial, and the bandit still
+    learned"."""
     harness = AgenticSim(seed=0)
     result = harness.run(**SEED_FAILURES)
     table = harness.report(result)
@@ -38,7 +39,7 @@ def test_the_failure_injected_run_reproduces_the_seeds_table():
 
 
 def test_a_trial_that_fails_after_its_retries_is_skipped_and_counted_never_fatal():
-    """002: "a trial that fails after retries is skipped, never fatal to the step"."""
+    """The agentic tutorial: "a trial that fails after retries is skipped, never fatal to the step"."""
     harness = AgenticSim(seed=0, dead_trials={"s0-p1-n0", "s2-p0-n1"})
     result = harness.run(flaky_trial_rate=0.25)
     table = harness.report(result)
@@ -50,7 +51,8 @@ def test_a_trial_that_fails_after_its_retries_is_skipped_and_counted_never_fatal
 
 
 def test_the_judge_is_billed_once_per_trial_and_rubric_however_often_judging_retries():
-    """002: "retried judge tasks show JUDGE CALLED exactly once in their attempt-0 logs and zero times on the retry"."""
+    """The agentic tutorial: "retried judge tasks show JUDGE CALLED exactly once in their attempt-0 logs and zero times
+    on the retry"."""
     harness = AgenticSim(4, FaultPlan(seed=4, task_failure_p=0.5))
     result = harness.run(judge_flake_rate=1.0)
     assert result.ok
@@ -61,8 +63,8 @@ def test_the_judge_is_billed_once_per_trial_and_rubric_however_often_judging_ret
 
 @pytest.mark.parametrize(("sort_rewards", "train_replayed"), [(True, 2), (False, 0)])
 def test_unsorted_rewards_re_execute_the_step_on_driver_replay_and_sorted_ones_replay(sort_rewards, train_replayed):
-    """002: "a driver replay collected the same rewards in a different as_completed order — so the training step's
-    inputs hashed differently, the step re-ran instead of replaying"; "the fix is one sorted()"."""
+    """The agentic tutorial: "a driver replay collected the same rewards in a different as_completed order — so the
+    training step's inputs hashed differently, the step re-ran instead of replaying"; "the fix is one sorted()"."""
     harness = AgenticSim(seed=0) if sort_rewards else AgenticSim(seed=0, driver=landing_order_driver)
     result = harness.run(crash_driver_at_step=1)
     sim, trainer = harness.sim, harness.trainer_of(result)
@@ -78,8 +80,9 @@ def test_unsorted_rewards_re_execute_the_step_on_driver_replay_and_sorted_ones_r
 
 
 def test_rerun_with_a_new_rubric_recovers_step_zero_trials_and_re_runs_judging_and_every_later_step():
-    """002: "worlds, trainer setup, and every step-0 generate action are recovered (reused as-is); verify_and_judge
-    re-runs everywhere because its rubric input changed; and — correctly — steps 1 and 2 regenerate too"."""
+    """The agentic tutorial: "worlds, trainer setup, and every step-0 generate action are recovered (reused as-is);
+    verify_and_judge re-runs everywhere because its rubric input changed; and — correctly — steps 1 and 2 regenerate
+    too"."""
     harness = AgenticSim(seed=0)
     first = harness.run()
     forked = harness.rerun(first, rubric=NEW_RUBRIC)
@@ -108,7 +111,7 @@ def test_the_same_seed_twice_gives_an_identical_event_log():
 
 
 def test_a_hung_sandbox_times_out_and_its_retry_regenerates_the_trial():
-    """002: "Each trial is its own task with `retries=1` and a timeout"."""
+    """The agentic tutorial: "Each trial is its own task with `retries=1` and a timeout"."""
     harness = AgenticSim(2, FaultPlan(seed=2, task_hang_p=0.5))
     result = harness.run()
     clean = AgenticSim(seed=2).run()
@@ -117,7 +120,8 @@ def test_a_hung_sandbox_times_out_and_its_retry_regenerates_the_trial():
 
 
 def test_the_driver_crash_injection_fires_on_attempt_zero_only():
-    """002: "if attempt == 0 and step == crash_driver_at_step: raise ... driver crash after step {step}"."""
+    """The agentic tutorial: "if attempt == 0 and step == crash_driver_at_step: raise ... driver crash after step
+    {step}"."""
     harness = AgenticSim(seed=0)
     once = harness.run(retries=0, crash_driver_at_step=0)
     assert isinstance(once.error, InjectedDriverCrash) and "after step 0" in str(once.error)

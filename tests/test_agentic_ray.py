@@ -1,7 +1,7 @@
 """The trainer as a detached, namespaced Ray actor, against a real local Ray (`nox -s ray`).
 
-Seed 002: "all three training steps report the same actor PID even though the driver died between steps 1 and 2".
-Each driver attempt here is its own process that connects to the cluster, as a retried driver task would.
+The agentic tutorial: "all three training steps report the same actor PID even though the driver died between steps 1
+and 2". Each driver attempt here is its own process that connects to the cluster, as a retried driver task would.
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ def _driver_attempt(address: str, name: str, namespace: str, steps: list[int], c
 
 
 def test_the_detached_trainer_survives_a_driver_crash_between_steps_and_keeps_one_identity(ray_cluster):
-    """002: "A detached, namespaced actor does [survive] — across steps, across step retries, and across driver
-    crashes"; "all three training steps report the same actor PID"."""
+    """The agentic tutorial: "A detached, namespaced actor does [survive] — across steps, across step retries, and
+    across driver crashes"; "all three training steps report the same actor PID"."""
     from rl.agentic.ray_trainer import attach_ray_trainer, kill_ray_trainer
 
     name, namespace = "policy", f"test-{uuid.uuid4().hex[:8]}"

@@ -7,7 +7,8 @@ from rl.sim.durable_sim import DurableSimulator
 
 
 def test_attempt_number_called_from_driver_code_is_the_driver_attempt():
-    """002: `attempt = int(os.environ.get("FLYTE_ATTEMPT_NUMBER", "0"))` in the driver: the driver is a task too."""
+    """The agentic tutorial: `attempt = int(os.environ.get("FLYTE_ATTEMPT_NUMBER", "0"))` in the driver: the driver is a
+    task too."""
     sim = DurableSimulator(seed=1)
     seen: list[int] = []
 
@@ -23,7 +24,8 @@ def test_attempt_number_called_from_driver_code_is_the_driver_attempt():
 
 
 def test_run_name_names_the_run_the_code_runs_in_and_is_empty_outside_one():
-    """002: `Volume.new(name=f"world-{world_id}-{flyte.ctx().action.run_name}")` needs the run's name."""
+    """The agentic tutorial: `Volume.new(name=f"world-{world_id}-{flyte.ctx().action.run_name}")` needs the run's
+    name."""
     sim = DurableSimulator(seed=2)
 
     @sim.task

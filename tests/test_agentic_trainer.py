@@ -35,7 +35,8 @@ def _reward(trial_id: str, world: str = "w0", doc: int | None = 2, reward: float
 
 
 def test_re_executing_a_step_returns_the_recorded_weights_without_a_second_update():
-    """002: "A re-executed step task ... gets the recorded result back instead of applying the gradient twice"."""
+    """The agentic tutorial: "A re-executed step task ... gets the recorded result back instead of applying the gradient
+    twice"."""
     trainer = BanditTrainer(WORLDS, identity=7)
     batch = [_reward("a"), _reward("b", "w1", 4)]
     first = trainer.update(0, batch, 2.0)
@@ -56,7 +57,8 @@ def test_the_same_step_id_with_a_different_payload_raises_instead_of_training_tw
 
 
 def test_the_same_rewards_in_another_order_are_another_payload():
-    """002: "a driver replay collected the same rewards in a different as_completed order" — another payload."""
+    """The agentic tutorial: "a driver replay collected the same rewards in a different as_completed order" — another
+    payload."""
     trainer = BanditTrainer(WORLDS)
     trainer.update(0, [_reward("a"), _reward("b", "w1", 1)], 2.0)
     with pytest.raises(StepPayloadConflictError):

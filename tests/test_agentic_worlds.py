@@ -1,4 +1,4 @@
-"""Worlds: sealed once, forked copy-on-write per trial; the parent never changes (seed 002's volumes)."""
+"""Worlds: sealed once, forked copy-on-write per trial; the parent never changes (the agentic tutorial's volumes)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ SMALL = {"n_steps": 2, "n_worlds": 2, "prompts_per_step": 2, "n_samples": 2}
 
 
 def test_a_fork_reads_its_parent_and_its_writes_reach_neither_the_parent_nor_a_sibling():
-    """002: "The trial writes freely into its private copy; reset is free because the parent volume never changes"."""
+    """The agentic tutorial: "The trial writes freely into its private copy; reset is free because the parent volume
+    never changes"."""
     store = MemoryWorlds()
     parent = store.seal("world-w0", {"docs/a.txt": "A"}, "world w0")
     one, two = store.fork(parent, "f1"), store.fork(parent, "f2")
@@ -51,8 +52,8 @@ def test_re_forking_a_name_retires_the_earlier_writer():
 
 
 def test_a_run_leaves_every_parent_world_unchanged_and_each_trial_fork_holds_its_own_answer():
-    """002: "every trial needs its own copy — stale state from a previous attempt is how you get silently corrupted
-    training data"."""
+    """The agentic tutorial: "every trial needs its own copy — stale state from a previous attempt is how you get
+    silently corrupted training data"."""
     harness = AgenticSim(seed=0)
     result = harness.run(flaky_trial_rate=0.25)
     assert result.ok
@@ -70,7 +71,8 @@ def _local_volumes(tmp_path):
 
 
 def test_volume_worlds_on_local_volumes_fork_per_trial_and_never_change_the_parent(tmp_path):
-    """002: "world.fork(...) is a copy-on-write fork of the volume ... the parent volume never changes"."""
+    """The agentic tutorial: "world.fork(...) is a copy-on-write fork of the volume ... the parent volume never
+    changes"."""
     worlds = VolumeWorlds(_local_volumes(tmp_path))
     parent = worlds.seal("world-w0-local", world_files(1, "w0"), "world w0")
     fork = worlds.fork(parent, "world-w0-local-s0-p0-n0")

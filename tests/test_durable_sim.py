@@ -33,7 +33,8 @@ def _counter_tasks(sim: DurableSimulator):
 
 
 def test_completed_actions_replay_when_the_driver_retries():
-    """002: "completed child actions are not re-executed: the retry replays them from the durable record"."""
+    """The agentic tutorial: "completed child actions are not re-executed: the retry replays them from the durable
+    record"."""
     sim = DurableSimulator(seed=1)
     add, _train, calls = _counter_tasks(sim)
 
@@ -53,8 +54,8 @@ def test_completed_actions_replay_when_the_driver_retries():
 
 @pytest.mark.parametrize(("canonical", "train_runs"), [(False, 2), (True, 1)])
 def test_unsorted_step_inputs_re_execute_the_step_and_sorted_ones_replay(canonical, train_runs):
-    """002: "a driver replay collected the same rewards in a different as_completed order — so the training step's
-    inputs hashed differently, the step re-ran instead of replaying"; "the fix is one sorted()"."""
+    """The agentic tutorial: "a driver replay collected the same rewards in a different as_completed order — so the
+    training step's inputs hashed differently, the step re-ran instead of replaying"; "the fix is one sorted()"."""
     sim = DurableSimulator(seed=2)
     order_by_attempt = {0: [0.5, 0.1, 0.9], 1: [0.9, 0.5, 0.1]}  # same rewards, another finish order
     ran: list[list[float]] = []
@@ -80,7 +81,8 @@ def test_unsorted_step_inputs_re_execute_the_step_and_sorted_ones_replay(canonic
 
 
 def test_attempt_number_is_visible_to_the_task_and_retries_recover_attempt_zero_faults():
-    """002: "The flaky_rate parameter injects sandbox failures on attempt 0 so you can watch the retries work"."""
+    """The agentic tutorial: "The flaky_rate parameter injects sandbox failures on attempt 0 so you can watch the
+    retries work"."""
     sim = DurableSimulator(seed=3)
     seen: list[int] = []
 
@@ -100,7 +102,8 @@ def test_attempt_number_is_visible_to_the_task_and_retries_recover_attempt_zero_
 
 
 def test_a_task_that_fails_every_attempt_raises_task_failed_to_the_driver():
-    """002: "a trial that fails after retries is skipped, never fatal" — the driver sees a typed failure to skip."""
+    """The agentic tutorial: "a trial that fails after retries is skipped, never fatal" — the driver sees a typed
+    failure to skip."""
     sim = DurableSimulator(seed=4)
 
     @sim.task(retries=1)
@@ -118,8 +121,8 @@ def test_a_task_that_fails_every_attempt_raises_task_failed_to_the_driver():
 
 
 def test_traced_call_is_replayed_not_recalled_when_its_task_retries():
-    """002: "If the surrounding task then fails ... the retry replays the recorded result instead of calling the judge
-    again"."""
+    """The agentic tutorial: "If the surrounding task then fails ... the retry replays the recorded result instead of
+    calling the judge again"."""
     sim = DurableSimulator(seed=5)
     billed: list[str] = []
 
@@ -146,7 +149,8 @@ def test_traced_call_is_replayed_not_recalled_when_its_task_retries():
 
 
 def test_cached_pure_task_returns_its_earlier_result_in_a_later_run():
-    """000: "Set cache="auto" on steps that are pure, so a rerun of the loop returns finished steps from the cache"."""
+    """The training-loop tutorial: "Set cache="auto" on steps that are pure, so a rerun of the loop returns finished
+    steps from the cache"."""
     sim = DurableSimulator(seed=6)
     built: list[str] = []
 
@@ -165,7 +169,8 @@ def test_cached_pure_task_returns_its_earlier_result_in_a_later_run():
 
 
 def test_checkpoint_belongs_to_one_runs_attempts_and_a_new_run_starts_fresh():
-    """000: "The checkpoint belongs to the task's attempts within one run, so a new run starts from iteration 0"."""
+    """The training-loop tutorial: "The checkpoint belongs to the task's attempts within one run, so a new run starts
+    from iteration 0"."""
     sim = DurableSimulator(seed=7)
     store = sim.checkpoint_store()
     seen: list[bytes | None] = []
@@ -207,8 +212,8 @@ def _torn_write_leaves(atomic: bool) -> bytes | None:
 
 
 def test_rerun_with_recover_reuses_actions_whose_identity_is_unchanged():
-    """002: "Recovery walks the action graph by content-hashed identity: ... every step-0 generate action [is]
-    recovered; verify_and_judge re-runs everywhere because its rubric input changed"."""
+    """The agentic tutorial: "Recovery walks the action graph by content-hashed identity: ... every step-0 generate
+    action [is] recovered; verify_and_judge re-runs everywhere because its rubric input changed"."""
     sim = DurableSimulator(seed=9)
     ran: list[str] = []
 
@@ -236,7 +241,8 @@ def test_rerun_with_recover_reuses_actions_whose_identity_is_unchanged():
 
 
 def test_dir_like_inputs_and_outputs_are_copies():
-    """004: "The weights travel through your object store" — a consumer cannot mutate the producer's artifact."""
+    """The rollouts tutorial: "The weights travel through your object store" — a consumer cannot mutate the producer's
+    artifact."""
     sim = DurableSimulator(seed=10)
 
     @sim.task
@@ -271,7 +277,7 @@ def test_memory_artifacts_get_returns_a_private_copy_with_a_content_digest():
 
 
 def test_timeout_stops_a_hung_task_and_the_retry_succeeds():
-    """002: "Each trial is its own task with `retries=1` and a timeout"."""
+    """The agentic tutorial: "Each trial is its own task with `retries=1` and a timeout"."""
     sim = DurableSimulator(seed=11)
 
     @sim.task(retries=1, timeout_s=300)
@@ -337,7 +343,8 @@ def test_crash_at_every_await_point_resumes_to_the_same_output():
 
 
 def test_seeded_fault_schedule_mixes_failures_hangs_and_crashes_and_still_completes():
-    """002: the failure-injected run: "Despite a driver crash, a third of sandboxes flaking ... the run completed"."""
+    """The agentic tutorial: the failure-injected run: "Despite a driver crash, a third of sandboxes flaking ... the run
+    completed"."""
     plan = FaultPlan(seed=21, task_failure_p=0.3, task_hang_p=0.2, driver_crash_p=0.1)
     sim = DurableSimulator(seed=21, faults=plan)
 
@@ -377,7 +384,8 @@ def test_event_log_is_identical_byte_for_byte_for_the_same_seed():
 
 
 def test_check_replay_reports_the_first_action_whose_identity_diverges():
-    """002 + Temporal's replayer: changed code run against a recorded history names the first divergent action."""
+    """The agentic tutorial + Temporal's replayer: changed code run against a recorded history names the first divergent
+    action."""
     sim = DurableSimulator(seed=40)
 
     @sim.task

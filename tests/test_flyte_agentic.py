@@ -1,4 +1,4 @@
-"""Seed 002's agentic loop as Flyte tasks (`rl.flyte.agentic`) in Flyte's real local mode.
+"""The agentic tutorial's agentic loop as Flyte tasks (`rl.flyte.agentic`) in Flyte's real local mode.
 
 What local mode can show is checked here against the simulator's run of the same seed; what it cannot (driver replay,
 the trace memo across retries, `flyte.rerun`, attempt-0-only faults, enforced timeouts) must be reported as remote-only
@@ -38,7 +38,8 @@ def _trial_worlds(raw_data_path: Path, step: int) -> list[Path]:
 
 
 def test_the_agentic_driver_runs_locally_and_learns_what_the_simulator_learns(flyte_local: LocalFlyte):
-    """002: every trial completes, the judge is called once per trial, and the bandit learns (turns fall)."""
+    """The agentic tutorial: every trial completes, the judge is called once per trial, and the bandit learns (turns
+    fall)."""
     run = flyte_local.run(train, config=CONFIG)
     result: AgenticRunResult = run.output
     simulated = AgenticSim(seed=CONFIG.seed).run(retries=0, n_steps=CONFIG.n_steps).output
@@ -75,7 +76,8 @@ def test_crash_injection_and_fork_refuse_local_mode_with_the_way_to_see_them(fly
 
 
 def test_a_failed_trial_is_skipped_and_the_step_still_trains(flyte_local: LocalFlyte):
-    """002: a trial that fails after its retries is skipped, never fatal to the step (every trial fails here)."""
+    """The agentic tutorial: a trial that fails after its retries is skipped, never fatal to the step (every trial fails
+    here)."""
     faults = AgenticFaults(flaky_trial_rate=1.0)
     result: AgenticRunResult = flyte_local.run(
         train_with_faults, config=CONFIG.replace(n_steps=1), faults=faults
@@ -88,8 +90,8 @@ def test_a_failed_trial_is_skipped_and_the_step_still_trains(flyte_local: LocalF
 
 
 def test_a_new_rubric_locally_reuses_the_worlds_and_the_first_steps_rollouts(flyte_local: LocalFlyte):
-    """002's re-scoring, the open-source way: a second run with a new rubric hits the cache for every action whose
-    inputs did not change (worlds, step-0 trials); judging re-runs everywhere, later steps regenerate."""
+    """The agentic tutorial's re-scoring, the open-source way: a second run with a new rubric hits the cache for every
+    action whose inputs did not change (worlds, step-0 trials); judging re-runs everywhere, later steps regenerate."""
     first = flyte_local.run(train, config=CONFIG).output
     per_step = CONFIG.prompts_per_step * CONFIG.n_samples
     counts = [len(_trial_worlds(flyte_local.raw_data_path, step)) for step in range(CONFIG.n_steps)]

@@ -87,7 +87,8 @@ def _flyte_sources() -> dict[str, str]:
 
 
 def test_no_clustered_task_calls_another_task():
-    """000: a clustered task "has NO controller — it cannot call other tasks, so the loop stays in the driver"."""
+    """The training-loop tutorial: a clustered task "has NO controller — it cannot call other tasks, so the loop stays
+    in the driver"."""
     found, violations = clustered_task_violations(_flyte_sources())
     assert found == ["train_step_clustered"]
     assert violations == []
@@ -107,7 +108,8 @@ def test_the_static_check_catches_a_clustered_task_that_calls_a_task_through_a_h
 
 
 def test_the_clustered_trainer_is_a_torchrun_jobset_restarted_as_a_whole():
-    """000: replicas x nproc_per_node ranks under TorchRun; any pod failing restarts the whole set."""
+    """The training-loop tutorial: replicas x nproc_per_node ranks under TorchRun; any pod failing restarts the whole
+    set."""
     from flyte.clustered import ClusteredTaskTemplate, ClusterFailurePolicy, TorchRun
 
     from rl.flyte import clustered, envs
@@ -140,8 +142,8 @@ def pipelined_reference(tmp_path_factory) -> GrpoOutcome:
 def test_the_pipelined_driver_trains_one_step_stale_batches_on_the_clustered_trainer(
     flyte_local: LocalFlyte, pipelined_reference
 ):
-    """000: batch N+1 comes from the adapter before N's; the DDP step (one rank here) trains it as one process does with
-    the per-sample loss, bit for bit."""
+    """The training-loop tutorial: batch N+1 comes from the adapter before N's; the DDP step (one rank here) trains it
+    as one process does with the per-sample loss, bit for bit."""
     from rl.flyte.clustered import train_rl_clustered
 
     result = flyte_local.run(train_rl_clustered, config=CONFIG).output

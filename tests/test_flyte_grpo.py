@@ -61,7 +61,8 @@ def _adapter_uploads(raw_data_path: Path) -> list[str]:
 
 
 def test_train_rl_runs_three_iterations_and_trains_what_the_in_process_loop_trains(flyte_local: LocalFlyte, reference):
-    """000: the driver task runs every iteration once; the Flyte tiers reproduce the in-process adapter bit for bit."""
+    """The training-loop tutorial: the driver task runs every iteration once; the Flyte tiers reproduce the in-process
+    adapter bit for bit."""
     run = flyte_local.run(train_rl, config=CONFIG)
     result: GrpoRunResult = run.output
 
@@ -79,7 +80,8 @@ def test_train_rl_runs_three_iterations_and_trains_what_the_in_process_loop_trai
 
 
 def _assert_buffer_holds_each_iteration_once(result: GrpoRunResult) -> None:
-    """000: "Store them on a volume that each iteration forks and adds to" — here one Dir version per iteration."""
+    """The training-loop tutorial: "Store them on a volume that each iteration forks and adds to" — here one Dir version
+    per iteration."""
     files = read_dir(Path(result.rollouts_uri))
     assert compute_digest(files) == result.rollouts_digest
     assert sorted(files) == ["iter-00000.jsonl", "iter-00001.jsonl", "iter-00002.jsonl"]
@@ -89,7 +91,8 @@ def _assert_buffer_holds_each_iteration_once(result: GrpoRunResult) -> None:
 
 
 def test_train_rl_publishes_a_report_with_the_metrics_of_every_iteration(flyte_local: LocalFlyte):
-    """000: "report=True and flyte.report.replace.aio publish reward, accuracy, and loss after every iteration"."""
+    """The training-loop tutorial: "report=True and flyte.report.replace.aio publish reward, accuracy, and loss after
+    every iteration"."""
     run = flyte_local.run(train_rl, config=CONFIG)
     page = run.report_html()
     last = run.output.history[-1]
@@ -105,7 +108,8 @@ def test_train_rl_publishes_a_report_with_the_metrics_of_every_iteration(flyte_l
 
 
 def test_a_driver_that_fails_after_iteration_one_resumes_from_its_checkpoint(flyte_local: LocalFlyte, reference):
-    """000: a later attempt "loads that state and continues from the next iteration instead of from the start".
+    """The training-loop tutorial: a later attempt "loads that state and continues from the next iteration instead of
+    from the start".
 
     Local mode never sets FLYTE_ATTEMPT_NUMBER, so the failure is armed by a marker file: attempt 1 writes it and dies
     right after checkpointing iteration 1; attempt 2 finds it and runs on. The run cache is off, so an iteration run
@@ -133,7 +137,8 @@ def test_a_driver_that_fails_after_iteration_one_resumes_from_its_checkpoint(fly
 
 
 def test_the_driver_declares_every_tier_it_calls_and_the_tiers_their_own_failure_handling():
-    """000: "depends_on lists every environment the driver calls, so deploying the driver deploys the whole loop"."""
+    """The training-loop tutorial: "depends_on lists every environment the driver calls, so deploying the driver deploys
+    the whole loop"."""
     from rl.flyte import envs, grpo, grpo_tasks
 
     declared = {env.name for env in envs.grpo_driver_env.depends_on}
@@ -183,6 +188,7 @@ async def _exercise_dir_artifacts() -> list[str]:
 
 
 def test_dir_artifacts_copy_verify_and_address_by_content(flyte_local: LocalFlyte):
-    """004: weights travel as Dirs; a consumer gets a private, verified copy (a local Dir alone is not a copy)."""
+    """The rollouts tutorial: weights travel as Dirs; a consumer gets a private, verified copy (a local Dir alone is not
+    a copy)."""
     seen = flyte_local.run(_exercise_dir_artifacts).output
     assert seen == ["content-addressed", "dir round-trip", "private copy", "missing raises", "corruption detected"]

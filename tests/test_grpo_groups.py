@@ -97,7 +97,8 @@ def _iteration_of(config: GrpoConfig, seed: object) -> int:
 
 @pytest.mark.parametrize("pipelined", [False, True])
 def test_every_rollout_and_train_step_runs_inside_its_iterations_group(pipelined):
-    """000: "flyte.group(f"iter-{it}") collects an iteration's rollout, reward, and train actions"."""
+    """The training-loop tutorial: "flyte.group(f"iter-{it}") collects an iteration's rollout, reward, and train
+    actions"."""
     config = replace(CONFIG, pipelined=pipelined)
     seen = _run(config)
     generates = [(seed, group) for kind, seed, group in seen.calls if kind == "generate"]

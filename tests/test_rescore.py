@@ -1,4 +1,5 @@
-"""Re-scoring a run's stored rollouts (seed 001: "Try a new reward on old rollouts") generates nothing."""
+"""Re-scoring a run's stored rollouts (the RL overview tutorial: "Try a new reward on old rollouts") generates
+nothing."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def demo_run(tmp_path_factory):
 
 
 def test_the_demo_keeps_one_buffer_version_per_iteration_readable_by_pandas(demo_run):
-    """000: "Store them on a volume that each iteration forks and adds to"; every version stays addressable."""
+    """The training-loop tutorial: "Store them on a volume that each iteration forks and adds to"; every version stays
+    addressable."""
     buffer = RolloutBuffer(LocalVolumeStore(demo_run / "volumes"), BUFFER_NAME)
     versions = buffer.versions()
     assert [buffer.iterations(v) for v in versions] == [[0], [0, 1], [0, 1, 2]]

@@ -1,4 +1,4 @@
-"""Answer extraction and the seed's verifiable reward, on realistic completions and under properties."""
+"""Answer extraction and the tutorial's verifiable reward, on realistic completions and under properties."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_last_integer_is_extracted_when_there_is_no_marker(data):
     ],
 )
 def test_score_adds_format_bonus_and_correctness(completion, answer, reward):
-    """`score` is 0.2 for the `####` marker plus 1.0 for a correct answer, as the seed scores."""
+    """`score` is 0.2 for the `####` marker plus 1.0 for a correct answer, as the tutorial scores."""
     assert score(completion, answer) == reward
 
 
@@ -98,7 +98,7 @@ def test_a_correct_marked_answer_scores_the_maximum(n, prefix):
 
 
 def test_registry_names_the_default_and_format_rewards():
-    """`get_reward("default")` is the seed's score and `get_reward("format")` ignores correctness."""
+    """`get_reward("default")` is the tutorial's score and `get_reward("format")` ignores correctness."""
     assert get_reward("default") is score
     assert get_reward("format")("#### 17", "18") == 0.2
     assert get_reward("format")("18", "18") == 0.0

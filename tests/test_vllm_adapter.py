@@ -1,4 +1,5 @@
-"""VLLMEngine against the vLLM stand-in: the seed's sampling and LoRA arguments go in, faithful rollouts come out."""
+"""VLLMEngine against the vLLM stand-in: the tutorial's sampling and LoRA arguments go in, faithful rollouts come
+out."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Seed 002's agentic RL domain: pure code plus the bodies of its tiers, importable without flyte or ray.
+"""The agentic tutorial's RL domain: pure code plus the bodies of its tiers, importable without flyte or ray.
 
 - `types`: Weights, WorldRef, TrialSpec, Turn, Trajectory, Rubric, Reward, StepResult, TrainerInfo (frozen pydantic)
 - `world`: the world of N_DOCS documents, one holding the hashed secret, deterministic from (seed, world id)
@@ -8,7 +8,7 @@
 - `bandit`: the bandit update and `BanditTrainer`, exactly-once by its applied-steps ledger
 - `ray_trainer`: the trainer as a detached, namespaced Ray actor (extra `ray`, imported lazily)
 - `tiers`: SandboxTier, JudgeTier, TrainerTier (what Flyte or simulator tasks wrap) and LocalAgenticTiers
-- `faults`: the seed's injected faults as tier wrappers (flaky trials, judge flakes, a driver crash after a step)
+- `faults`: the tutorial's injected faults as tier wrappers (flaky trials, judge flakes, a driver crash after a step)
 
 The driver is `rl.loop.agentic.run_agentic`; its tiers protocol `rl.protocols.AgenticTiers`; design in docs/agentic.md.
 """

@@ -1,9 +1,9 @@
-"""One trial of seed 002: the policy-driven agent loop against a private copy of a world.
+"""One trial of the agentic tutorial: the policy-driven agent loop against a private copy of a world.
 
 Idempotent by construction: every draw comes from one PRNG seeded by (run seed, trial id), so a retried trial
-regenerates exactly the trajectory its first attempt would have. The stream's first draw is the seed's sandbox-failure
-coin (`sandbox_coin`, read by `rl.agentic.faults.FlakyTrials`): the trial skips it on every attempt, so every later
-draw is the seed's whether or not a fault is injected.
+regenerates exactly the trajectory its first attempt would have. The stream's first draw is the tutorial's
+sandbox-failure coin (`sandbox_coin`, read by `rl.agentic.faults.FlakyTrials`): the trial skips it on every attempt, so
+every later draw is the tutorial's whether or not a fault is injected.
 The one field read off a clock, `elapsed_s`, uses the running event loop's: on a virtual-time loop (the simulator's) it
 is exactly the tool calls' latency, so it regenerates too; on a real loop it also counts however long the machine took.
 """
@@ -29,7 +29,8 @@ def trial_rng(spec: TrialSpec) -> random.Random:
 
 
 def sandbox_coin(spec: TrialSpec) -> float:
-    """The trial's sandbox-failure coin, its PRNG's first draw (seed 002 fails attempt 0 when it is under the rate)."""
+    """The trial's sandbox-failure coin, its PRNG's first draw (the agentic tutorial fails attempt 0 when it is under
+    the rate)."""
     return trial_rng(spec).random()
 
 
@@ -60,7 +61,7 @@ async def run_trial(
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     rng = trial_rng(spec)
-    rng.random()  # the sandbox-failure coin (`sandbox_coin`): skipped, so the draws below are the seed's
+    rng.random()  # the sandbox-failure coin (`sandbox_coin`): skipped, so the draws below are the tutorial's
 
     prior = weights.doc_prior.get(spec.world_id) or [1.0] * N_DOCS
     turns: list[Turn] = []

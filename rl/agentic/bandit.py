@@ -1,4 +1,4 @@
-"""The seed's bandit policy and an exactly-once trainer around it.
+"""The tutorial's bandit policy and an exactly-once trainer around it.
 
 `bandit_update` is the update rule: for every reward with a found document and a positive reward, move that world's
 prior toward the document by `lr · reward`. Floating-point addition is not associative, so the order of `rewards`
@@ -89,7 +89,8 @@ def payload_digest(step: int, rewards: Sequence[Reward], lr: float) -> str:
 
 
 def step_result(step: int, rewards: Sequence[Reward], weights: Weights, identity: int) -> StepResult:
-    """The step's summary as the seed reports it: mean reward (3 dp) and mean turns (2 dp) over the judged trials."""
+    """The step's summary as the tutorial reports it: mean reward (3 dp) and mean turns (2 dp) over the judged
+    trials."""
     n = max(1, len(rewards))
     return StepResult(
         step=step,

@@ -1,4 +1,5 @@
-"""Seed 002's injected faults, each a wrapper of a tier (as `CrashAfterCheckpoint` wraps GRPO's state store).
+"""The agentic tutorial's injected faults, each a wrapper of a tier (as `CrashAfterCheckpoint` wraps GRPO's state
+store).
 
 - `FlakyTrials`: around a sandbox tier's `generate` (a task body): the trial's sandbox dies on attempt 0 when its seeded
   coin falls under the rate; the retry regenerates the identical trajectory.
@@ -6,7 +7,7 @@
   answered, with a seeded probability; the retry must replay the recorded answer, not bill the judge again.
 - `CrashAfterStep`: around the driver's tiers: driver attempt 0 dies right after a chosen step's train step returned.
 
-The coins are the seed's: seeded by (run seed, trial id), so the same trials fail on every run of a seed.
+The coins are the tutorial's: seeded by (run seed, trial id), so the same trials fail on every run of a seed.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class JudgeFlake(RuntimeError):
 
 
 class InjectedDriverCrash(RuntimeError):
-    """The seed's `crash_driver_at_step`: driver attempt 0 dies right after that step; the retry must replay it."""
+    """The tutorial's `crash_driver_at_step`: driver attempt 0 dies right after that step; the retry must replay it."""
 
 
 class FaultInputError(InputError):
@@ -41,7 +42,7 @@ class FaultInputError(InputError):
 
 @dataclass(frozen=True)
 class AgenticFaults:
-    """The seed's failure injection for one run: none by default. `rl demo agentic`'s failure-injected run is
+    """The tutorial's failure injection for one run: none by default. `rl demo agentic`'s failure-injected run is
     `AgenticFaults(flaky_trial_rate=0.25, judge_flake_rate=0.3, crash_driver_at_step=1)`."""
 
     flaky_trial_rate: float = 0.0
@@ -61,7 +62,7 @@ class AgenticFaults:
 
 
 def judge_flakes(traj: Trajectory, attempt: int, flake_rate: float) -> bool:
-    """Seed 002's post-judge failure: on attempt 0, with probability `flake_rate`, seeded per trial id."""
+    """The agentic tutorial's post-judge failure: on attempt 0, with probability `flake_rate`, seeded per trial id."""
     return attempt == 0 and random.Random(derive_seed("flake", traj.seed, traj.trial_id)).random() < flake_rate
 
 
@@ -80,7 +81,7 @@ class Judge(Protocol):
 
 
 class FlakyTrials:
-    """A sandbox tier whose trials die on attempt 0 with probability `rate` (seed 002's `flaky_rate`)."""
+    """A sandbox tier whose trials die on attempt 0 with probability `rate` (the agentic tutorial's `flaky_rate`)."""
 
     def __init__(self, inner: Sandbox, rate: float, attempt: Callable[[], int]) -> None:
         self.inner, self.rate, self.attempt = inner, rate, attempt
@@ -110,8 +111,8 @@ class FlakyJudging:
 
 
 class CrashAfterStep:
-    """The driver's tiers, killing driver attempt 0 right after step `step`'s train step returned (seed 002's
-    `crash_driver_at_step`); the retried driver must replay steps 0..step and run the rest."""
+    """The driver's tiers, killing driver attempt 0 right after step `step`'s train step returned (the agentic
+    tutorial's `crash_driver_at_step`); the retried driver must replay steps 0..step and run the rest."""
 
     def __init__(self, inner: AgenticTiers, step: int) -> None:
         self.inner, self.step = inner, step

@@ -1,4 +1,4 @@
-"""Scoring of seed 002: a deterministic verifier (Harbor's test.sh) plus the LLM judge's rubric formula.
+"""Scoring of the agentic tutorial: a deterministic verifier (Harbor's test.sh) plus the LLM judge's rubric formula.
 
 `judge_score` is the stand-in for the vendor judge's answer, a pure function of (trajectory, rubric): in production
 the call to the vendor is what `@flyte.trace` memoises; here the formula plays the vendor, with seeded noise.
@@ -22,7 +22,7 @@ def verify(traj: Trajectory) -> bool:
 
 
 def judge_score(traj: Trajectory, rubric: Rubric) -> float:
-    """The seed's rubric formula, rounded to 3 decimals.
+    """The tutorial's rubric formula, rounded to 3 decimals.
 
     score = w_c·correct + w_e·efficiency + w_t·tidy + U(-0.05, 0.05), with efficiency = max(0, 1 - (turns - 1)/N_DOCS)
     and tidy = 1 when the trial wrote only `answer.txt`; the noise is seeded by (run seed, trial id, rubric name).

@@ -1,11 +1,12 @@
-"""The exactly-once bandit trainer as a detached, namespaced Ray actor (seed 002's trainer tier; extra `ray`).
+"""The exactly-once bandit trainer as a detached, namespaced Ray actor (the agentic tutorial's trainer tier; extra
+`ray`).
 
 Each training step is a new task, often a new Ray job in a new process, so module globals do not survive between steps;
 a detached actor does — across steps, step retries and driver crashes — for as long as its cluster lives (in production
 a reusable cluster scoped to the run). `attach_ray_trainer` is get-or-create by (namespace, name), and the handle it
 returns implements `rl.agentic.bandit.PolicyTrainer`, so `rl.agentic.tiers.TrainerTier(attach_ray_trainer)` is the
-seed's trainer tier. The actor wraps `BanditTrainer`, ledger included: a re-sent step returns its recorded weights, a
-conflicting one raises `StepPayloadConflictError` here, in the caller.
+the tutorial's trainer tier. The actor wraps `BanditTrainer`, ledger included: a re-sent step returns its recorded
+weights, a conflicting one raises `StepPayloadConflictError` here, in the caller.
 
 `ray` is imported inside the functions, so importing this module needs no Ray.
 """

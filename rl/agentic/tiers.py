@@ -1,10 +1,11 @@
-"""The bodies of seed 002's tasks, over injected stores and services: what a Flyte task or a simulator task wraps.
+"""The bodies of the agentic tutorial's tasks, over injected stores and services: what a Flyte task or a simulator task
+wraps.
 
 - `SandboxTier.build_world` / `.generate`: seal a world once; fork it per trial, run the agent there, seal the fork.
 - `JudgeTier.verify_and_judge`: the verifier plus `call_judge`, memoised by the binding (`@flyte.trace`, `sim.trace`).
 - `TrainerTier.setup_trainer` / `.train_step`: attach the long-lived trainer by name (get-or-create) and update it.
 
-They carry no fault knob: the seed's injected failures wrap them (`rl.agentic.faults`).
+They carry no fault knob: the tutorial's injected failures wrap them (`rl.agentic.faults`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def _no_run_name() -> str:
 
 
 class SandboxTier:
-    """Worlds and trials. `run_name` names world volumes per run, as the seed's `flyte.ctx().action.run_name` does."""
+    """Worlds and trials. `run_name` names world volumes per run, as the tutorial's `flyte.ctx().action.run_name`
+    does."""
 
     def __init__(
         self,

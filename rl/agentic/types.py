@@ -1,13 +1,13 @@
-"""The agentic loop's data (seed 002): what crosses a tier boundary, as frozen pydantic models.
+"""The agentic loop's data (the agentic tutorial): what crosses a tier boundary, as frozen pydantic models.
 
 Every one of these is an action input or output, so its content is part of an action's identity: `Rubric` is an input of
 judging only, which is why changing it re-runs judging and what depends on it, and nothing else. Models are frozen (a
 tier cannot rebind a field of a value it received); list and dict fields are still Python containers, so code that
 derives a new value builds a new model (`bandit_update`) rather than mutating one in place.
 
-Departures from the seed, each deliberate: `TrialSpec`, `Trajectory` carry the run `seed` (the world's secret and every
-seeded draw depend on it, so a task stays a pure function of its inputs); a turn is a `Turn` model, not a dict; worlds
-travel as `WorldRef` (name and version of a sealed volume), the serialisable `ROVolume` role.
+Departures from the tutorial, each deliberate: `TrialSpec`, `Trajectory` carry the run `seed` (the world's secret and
+every seeded draw depend on it, so a task stays a pure function of its inputs); a turn is a `Turn` model, not a dict;
+worlds travel as `WorldRef` (name and version of a sealed volume), the serialisable `ROVolume` role.
 """
 
 from __future__ import annotations

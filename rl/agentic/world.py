@@ -1,4 +1,5 @@
-"""The world of seed 002: `N_DOCS` small documents, one of which carries the sha256 of a secret the agent must find.
+"""The world of the agentic tutorial: `N_DOCS` small documents, one of which carries the sha256 of a secret the agent
+must find.
 
 Deterministic from (run seed, world id): building a world twice gives the same files, so `build_world` is cacheable, and
 the verifier can recompute the expected answer from the ids alone.

@@ -1,4 +1,5 @@
-"""Where worlds live: a sealed version per world, and a private copy-on-write fork per trial (seed 002's volumes).
+"""Where worlds live: a sealed version per world, and a private copy-on-write fork per trial (the agentic tutorial's
+volumes).
 
 The sandbox tier needs three things of a store, so that is the whole `WorldStore` protocol: seal a world's files into an
 immutable version, fork a version into a writable `Workspace` that only its trial writes, and read a version back. The

@@ -14,8 +14,9 @@ from rl.sim.durable_sim import DurableSimulator
 from rl.sim.grpo_sim import Latencies, grpo_sim
 from rl.sim.grpo_tiers import LatencyModel
 
-# Seed 000's measured loop: 434 s per iteration sequential, 298 s pipelined (Qwen3-8B, two nodes of four GPUs).
-# Pipelining hides the trainer, so generation is ~298 s and the train step (cold start included) ~434 - 298 s.
+# The training-loop tutorial's measured loop: 434 s per iteration sequential, 298 s pipelined (Qwen3-8B, two nodes of
+# four GPUs). Pipelining hides the trainer, so generation is ~298 s and the train step (cold start included) ~434 - 298
+# s.
 SEED_GENERATE_S = 298.0
 SEED_TRAIN_S = 434.0 - 298.0
 
@@ -105,7 +106,8 @@ def _steady_iteration_s(pipelined: bool, iterations: int = 8) -> float:
 
 
 def pipeline_overlap() -> dict[str, float]:
-    """Steady-state iteration time on the virtual clock, with seed 000's generation/training proportions."""
+    """Steady-state iteration time on the virtual clock, with the training-loop tutorial's generation/training
+    proportions."""
     sequential, pipelined = _steady_iteration_s(False), _steady_iteration_s(True)
     return {
         "sequential_iteration_s": sequential,

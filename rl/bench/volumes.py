@@ -1,7 +1,7 @@
 """What a fork costs against a full copy, measured in the same run: the figures `rl bench` reports for volumes.
 
-The seed quotes 0.1 s fork + 0.55 s mount against a 6 s download for a 1 GB world on Union's volumes. Here a world of
-`size_bytes` in many files is built once and sealed, then forked (what every trial does) and, for comparison, copied
+The tutorial quotes 0.1 s fork + 0.55 s mount against a 6 s download for a 1 GB world on Union's volumes. Here a world
+of `size_bytes` in many files is built once and sealed, then forked (what every trial does) and, for comparison, copied
 with `shutil.copytree` (what a private copy per trial costs without copy-on-write).
 
 Bytes copied are counted two ways: `*_bytes_written` is what this process passed to write-like syscalls (Linux's

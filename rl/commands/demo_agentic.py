@@ -1,4 +1,5 @@
-"""`rl demo agentic`: seed 002's durable agentic loop on the simulator, printing the seed's failure table.
+"""`rl demo agentic`: the agentic tutorial's durable loop on the simulator, printing the tutorial's failure
+table.
 
 `rl demo` is shared with the GRPO demo, so this module does not register a top-level command: the `demo` command calls
 `add_agentic_demo(demo_subparsers)`. Heavy imports (the simulator, rich) happen inside the handler.
@@ -19,11 +20,12 @@ def add_agentic_demo(demo_subparsers: Any) -> argparse.ArgumentParser:
     """Register `agentic` under `rl demo`; returns its parser."""
     parser: argparse.ArgumentParser = demo_subparsers.add_parser(
         "agentic",
-        help="the durable agentic RL loop (seed 002) on the simulator, with its failure table",
+        help="the durable agentic RL loop (the agentic tutorial) on the simulator, with its failure table",
         description=(
-            "Run seed 002's agentic loop (forked worlds, sandboxed trials, verifier + memoised judge, exactly-once "
-            "bandit trainer) on the deterministic durable-execution simulator and print the seed's failure table. "
-            "The seed's failure-injected run: --crash-driver-at-step 1 --flaky-trial-rate 0.25 --judge-flake-rate 0.3"
+            "Run the agentic tutorial's loop (forked worlds, sandboxed trials, verifier + memoised judge, exactly-once "
+            "bandit trainer) on the deterministic durable-execution simulator and print the tutorial's failure table. "
+            "The tutorial's failure-injected run: "
+            "--crash-driver-at-step 1 --flaky-trial-rate 0.25 --judge-flake-rate 0.3"
         ),
     )
     parser.add_argument("--steps", type=positive_int, default=3, help="training steps (default 3)")

@@ -27,8 +27,8 @@ __all__ = [
 ]
 
 HAZARDOUS_EQUAL_REWARDS = (0.1, 0.2, 1 / 3, 0.7, 1.2, -2.3, 1e6 + 0.1)
-"""Rewards not exact in binary (0.2 and 1.2 are the seed scorer's), one large: an all-equal group of them has a float
-mean that can differ from them (`fmean([0.1] * 3) != 0.1`; in float32 at most group sizes)."""
+"""Rewards not exact in binary (0.2 and 1.2 are the tutorial scorer's), one large: an all-equal group of them has a
+float mean that can differ from them (`fmean([0.1] * 3) != 0.1`; in float32 at most group sizes)."""
 
 GROUP_SIZES = range(2, 65)
 """The group sizes real configurations use (GRPO runs sample 2 to 64 completions per prompt)."""
@@ -91,7 +91,7 @@ _FAMILIES: dict[str, st.SearchStrategy[float]] = {
     "near 1e6": st.integers(min_value=-20, max_value=20).map(lambda k: 1e6 + k / 10),
     "tiny spread": st.integers(min_value=-5, max_value=5).map(lambda k: 0.5 + k * 1e-3),
 }
-"""Reward families a group draws from: binary rewards and exact quarter steps; the seed scorer's values and tenths
+"""Reward families a group draws from: binary rewards and exact quarter steps; the tutorial scorer's values and tenths
 and thirds, which binary floating point cannot represent; rewards near 1e6 (large magnitude, small spread); and
 spreads of 1e-3, where the eps and where it enters decide the scale."""
 
@@ -201,7 +201,7 @@ def all_equal_sweep(value: float) -> RewardBatch:
 SIGNAL_CELLS = (
     RewardBatch((7, 7), (0.0, 1.0)),  # hand-worked in the scale law
     RewardBatch((7, 7), (0.0, 0.01)),  # std 0.005: std + eps and sqrt(var + eps) differ by 2x
-    RewardBatch((7, 7, 7, 7), (0.0, 0.2, 1.0, 1.2)),  # the seed scorer's four values
+    RewardBatch((7, 7, 7, 7), (0.0, 0.2, 1.0, 1.2)),  # the tutorial scorer's four values
     RewardBatch((7,) * 64, (1.0,) + (0.0,) * 63),  # one right answer in 64: A = sqrt(63) with the population std
     RewardBatch((7,) * 16, (0.2,) + (0.1,) * 15),  # one outlier among 15 equal non-binary rewards
     RewardBatch((7, 7, 7), (0.1, 0.2, 0.3)),

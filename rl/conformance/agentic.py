@@ -1,4 +1,5 @@
-"""The agentic loop's contract (seed 002): run on the durable simulator with the fork's driver, judge tier and trainer.
+"""The agentic loop's contract (the agentic tutorial): run on the durable simulator with the fork's driver, judge tier
+and trainer.
 
 Each part is a fixture defaulting to ours, so a fork overrides only what it changed:
 
@@ -6,7 +7,7 @@ Each part is a fixture defaulting to ours, so a fork overrides only what it chan
 - `judge_tier(judge, trace)`: the judge tier over the vendor `judge`, memoised with the durable `trace`;
 - `policy_trainer(world_ids, identity)`: the long-lived trainer with exactly-once `update(step, rewards, lr)`.
 
-The simulator bills the judge per answered (trial, rubric), fails and hangs tasks, retries them with the seed's
+The simulator bills the judge per answered (trial, rubric), fails and hangs tasks, retries them with the tutorial's
 options, and kills the driver at chosen await points; the worlds are in-memory copy-on-write forks.
 """
 
@@ -40,7 +41,7 @@ SWEEP_SHAPE = {"n_steps": 2, "n_worlds": 2, "prompts_per_step": 2, "n_samples": 
 """The kill-at-every-await-point law's run: small enough that every point takes well under a second in all."""
 LAW_SHAPE = {"n_steps": 2, "n_worlds": 2, "prompts_per_step": 2, "n_samples": 2}
 RESCORE_RUBRIC = Rubric(correctness_weight=1.0, efficiency_weight=1.0, tidiness_weight=0.5, name="v2-rescore")
-"""The rubric a fork of a finished run re-scores it with (seed 002's "v2-efficiency" re-weighting)."""
+"""The rubric a fork of a finished run re-scores it with (the agentic tutorial's "v2-efficiency" re-weighting)."""
 
 
 class _RecordingTrainer:
@@ -233,7 +234,7 @@ class AgenticContract(ContractBase):
     def test_agentic_killed_at_every_await_point_resumes_to_the_uninterrupted_result(
         self, agentic_harness: Callable[..., AgenticSim], rl_seed: int
     ) -> None:
-        """Killing the driver at any await point of the seed's failure-injected run (flaky trials, judge flakes) and
+        """Killing the driver at any await point of the tutorial's failure-injected run (flaky trials, judge flakes) and
         retrying it gives the uninterrupted history, every trial judged and billed once, every step applied once on
         one trainer, and untouched parent worlds."""
         points, violations = agentic_sweep(rl_seed, harness=agentic_harness, **SWEEP_SHAPE)

@@ -1,5 +1,6 @@
-"""Laws of the rollout buffer (seed 000's "Keep rollouts on a volume"): a chain of versions, one iteration added per
-version, every version readable later exactly as it was, and re-scoring into a new version that samples nothing.
+"""Laws of the rollout buffer (the training-loop tutorial's "Keep rollouts on a volume"): a chain of versions, one
+iteration added per version, every version readable later exactly as it was, and re-scoring into a new version that
+samples nothing.
 
 There is no tier protocol for reading a buffer (the driver only appends, through `rl.protocols.RolloutSink`), so the
 laws use the surface of `rl.volumes.RolloutBuffer`, which yours must have:

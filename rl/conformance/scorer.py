@@ -20,7 +20,7 @@ _COMPLETIONS = ("####4", "4", "####5", "the answer is 7", "", "#### 4", "45", "#
 
 
 def default_scorer_group() -> list[Rollout]:
-    """Eight completions of the digit task's "3=" (answer "4") that the seed's reward scores differently."""
+    """Eight completions of the digit task's "3=" (answer "4") that the tutorial's reward scores differently."""
     return [
         Rollout(
             group_id=0,

@@ -4,7 +4,8 @@ Correct GRPO implementations differ by design: the population or the sample std 
 and where it enters, what a group of one gets, how a batch's token losses are aggregated, which KL estimator (if any),
 whether the loss ever sees a stale sample, and the floating-point type it computes in. `AlgorithmSpec` declares them
 once; the advantage and loss laws compute their float64 reference from it (`rl.conformance.reference`), with
-tolerances from the declared dtype. The default is our loop's choices (the seed's), so declaring nothing checks that.
+tolerances from the declared dtype. The default is our loop's choices (the tutorial's), so declaring nothing checks
+that.
 
 Pure Python: importing it pulls in neither torch nor hypothesis.
 """

@@ -1,5 +1,6 @@
 """Laws of versioned copy-on-write volumes (`rl.protocols.VolumeStore`, `VolumeVersion`, `WritableVolume`): the
-`Volume` / `ROVolume` of seeds 000 and 002, whose forks each have one writer and whose versions never change.
+`Volume` / `ROVolume` of the training-loop and agentic tutorials, whose forks each have one writer and whose versions
+never change.
 
 Subclass the contract and provide one fixture:
 

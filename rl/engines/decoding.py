@@ -2,7 +2,7 @@
 
 One call samples one group: the prompt is encoded once, repeated `n` times, and all `n` sequences decode together
 through a KV cache (`cache`, formerly `past_key_values`), at temperature 1.0 and top_p 1.0, so the recorded
-log-probabilities are the policy's own (the same reason the seed samples vLLM at those settings). Randomness comes
+log-probabilities are the policy's own (the same reason the tutorial samples vLLM at those settings). Randomness comes
 only from a `torch.Generator` seeded with the request's seed: the driver derives that seed per (iteration, group)
 (rl.seeding), so a retried request samples the same tokens, and the `n` rows of a group draw independently from one
 stream, so they differ.

@@ -1,4 +1,4 @@
-"""The rollout engine on vLLM, exactly as the rollouts page (seed 004) samples: one group per call, LoRA per version.
+"""The rollout engine on vLLM, exactly as the rollouts tutorial samples: one group per call, LoRA per version.
 
     LLM(model=<base dir>, enable_lora=True, logprobs_mode="raw_logprobs")
     LoRARequest(f"policy-v{version}-{digest[:12]}", <one id per adapter digest, from 1>, <adapter dir>)
@@ -12,7 +12,7 @@ recorded log-prob is then the policy's own, as the loss assumes. LoRA ids start 
 "no adapter".
 
 vLLM caches a LoRA by its integer id and never reloads a known id (unless `load_inplace=True`), and it tells requests
-apart by `lora_name`. The seed's `id = version + 1` therefore breaks on an engine that outlives a run (the process
+apart by `lora_name`. The tutorial's `id = version + 1` therefore breaks on an engine that outlives a run (the process
 cache in `rl.flyte.grpo_tasks`, a `ReusePolicy` replica): a second run's version 0 is another adapter under run
 one's id 1, and vLLM would sample the stale one. So the engine gives each distinct adapter *digest* its own id (1, 2,
 ... in the order it first sees them, for the engine's life) and puts the digest in the name; the version stays in the
@@ -24,7 +24,7 @@ engine passes `vllm_seed(seed) = seed * VLLM_SEED_STRIDE`: distinct group seeds 
 seeds (for n <= VLLM_SEED_STRIDE; larger groups are refused). vLLM's seeds are 64-bit (torch generators, int64 seed
 arrays), so the product fits. The rollouts still carry the group's own seed.
 
-Prompts go to vLLM as text, as in the seed, unless the engine is given the model's own `tokenizer`: then they go as
+Prompts go to vLLM as text, as in the tutorial, unless the engine is given the model's own `tokenizer`: then they go as
 token ids (`{"prompt_token_ids": [...]}`) and completions are decoded with it. The tiny character model needs that:
 transformers 5's `AutoTokenizer`, which vLLM loads, builds a `Qwen2Tokenizer` for any model_type qwen2, and that one
 drops spaces and newlines.
@@ -107,7 +107,8 @@ def vllm_seed(seed: int) -> int:
 
 
 def sampling_params_kwargs(request: RolloutRequest) -> dict[str, Any]:
-    """The `SamplingParams` keyword arguments for one group, as the seed writes them (the seed spaced: `vllm_seed`)."""
+    """The `SamplingParams` keyword arguments for one group, as the tutorial writes them, with the group's seed
+    spaced apart (`vllm_seed`)."""
     if request.n > VLLM_SEED_STRIDE:
         raise ValueError(
             f"group {request.group_id} asks for n={request.n} completions; the vLLM engine spaces group seeds "

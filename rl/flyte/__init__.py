@@ -11,7 +11,7 @@
   which runs `rl.loop.grpo.run_grpo` over tiers whose methods await those tasks.
 - `clustered`: `train_step_clustered` (DDP under TorchRun on a ClusteredTaskEnvironment) and the pipelined driver
   `train_rl_clustered`.
-- `agentic`: seed 002's loop — `build_world`, `generate`, `verify_and_judge` (judge under `@flyte.trace`),
+- `agentic`: the agentic tutorial's loop — `build_world`, `generate`, `verify_and_judge` (judge under `@flyte.trace`),
   `setup_trainer`, `train_step`, the driver `train`, and `fork` (`flyte.rerun(..., recover=True, rubric=...)`);
   `agentic_faults` its failure-injected run `train_with_faults`, `dir_worlds` its worlds on `flyte.io.Dir`,
   `agentic_report` its report, `agentic_cli` its command line.

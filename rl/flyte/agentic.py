@@ -1,4 +1,5 @@
-"""Seed 002's durable agentic loop as Flyte tasks: thin recipes over `rl.agentic` and `rl.loop.agentic.run_agentic`.
+"""The agentic tutorial's durable loop as Flyte tasks: thin recipes over `rl.agentic` and
+`rl.loop.agentic.run_agentic`.
 
 Tasks: `build_world` (cached), `generate` (`retries=1`, 300 s timeout), `verify_and_judge` (`retries=2`, the judge call
 `@flyte.trace`d), `setup_trainer` and `train_step` (`retries=1`, 600 s timeout), and the driver `train` (`report=True`,
@@ -72,7 +73,8 @@ MAX_WORLDS = 1024  # each world is a cached task and a sealed Dir; more than thi
 
 
 class AgenticRunConfig(StrictConfig):
-    """The run's shape (seed 002's defaults: 3 steps x 3 prompts x 2 samples over 3 worlds) and its tool latency.
+    """The run's shape (the agentic tutorial's defaults: 3 steps x 3 prompts x 2 samples over 3 worlds) and its tool
+    latency.
 
     Checked when built (from Python or `--config` JSON): unknown keys, counts below 1, more worlds than prompts per
     step (prompt p explores world p mod W, so the rest would never be explored), a learning rate that is not a
@@ -156,7 +158,7 @@ def _run_name() -> str:
 # ----------------------------------------------------------------------------------------------------------- tasks
 
 JUDGE_CALLS: Counter[tuple[str, str]] = Counter()
-"""Judge calls this process made, by (trial, rubric): the seed counts "JUDGE CALLED" log lines the same way."""
+"""Judge calls this process made, by (trial, rubric): the tutorial counts "JUDGE CALLED" log lines the same way."""
 
 
 @flyte.trace
@@ -260,8 +262,8 @@ class FlyteAgenticTiers:
 
 @agentic_driver_env.task(report=True, retries=1)
 async def train(config: AgenticRunConfig = SMOKE, rubric: Rubric = DEFAULT_RUBRIC) -> AgenticRunResult:
-    """Seed 002's driver: build worlds, attach the trainer, then per step fan out trials, judge each as it lands,
-    skip failed trials, and take one train step on canonically ordered rewards."""
+    """The agentic tutorial's driver: build worlds, attach the trainer, then per step fan out trials, judge each as it
+    lands, skip failed trials, and take one train step on canonically ordered rewards."""
     return await drive(FlyteAgenticTiers(config, rubric, remote_only_notes()))
 
 

@@ -15,7 +15,7 @@ from rl.flyte.agentic_faults import train_with_faults
 def main(argv: list[str] | None = None) -> int:
     """`python -m rl.flyte.agentic_cli run [--local] [...]`, or `... fork RUN --rubric-name v2 [...]` on a cluster.
 
-    A fault flag runs `train_with_faults` (the seed's failure-injected run) instead of `train`.
+    A fault flag runs `train_with_faults` (the tutorial's failure-injected run) instead of `train`.
     """
     parser = argparse.ArgumentParser(prog="python -m rl.flyte.agentic_cli", description=main.__doc__)
     commands = parser.add_subparsers(dest="command", required=True)

@@ -1,4 +1,5 @@
-"""Seed 002's failure-injected run on Flyte: `train_with_faults`, the agentic driver with its tiers wrapped in faults.
+"""The agentic tutorial's failure-injected run on Flyte: `train_with_faults`, the agentic driver with its tiers wrapped
+in faults.
 
 The production tasks take no fault knob, and a fault that should be retried must fail a *task*, so the injected ones
 are tasks of their own: `flaky_generate` and `flaky_verify_and_judge` are `generate` and `verify_and_judge` (same
@@ -65,7 +66,8 @@ class FlakyFlyteTiers(FlyteAgenticTiers):
 async def train_with_faults(
     config: AgenticRunConfig = SMOKE, rubric: Rubric = DEFAULT_RUBRIC, faults: AgenticFaults = NO_FAULTS
 ) -> AgenticRunResult:
-    """`train` with seed 002's injected faults: flaky sandboxes, judge flakes, a driver crash after one step."""
+    """`train` with the agentic tutorial's injected faults: flaky sandboxes, judge flakes, a driver crash after one
+    step."""
     config.check_faults(faults)
     if is_local() and faults.crash_driver_at_step >= 0:
         raise RemoteOnlyError(

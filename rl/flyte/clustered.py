@@ -1,9 +1,10 @@
-"""The multi-node GRPO trainer on a `ClusteredTaskEnvironment`, and the pipelined driver that calls it (seed 000).
+"""The multi-node GRPO trainer on a `ClusteredTaskEnvironment`, and the pipelined driver that calls it (the
+training-loop tutorial).
 
 `train_step_clustered` has `train_step`'s call shape, so the driver is the same `run_grpo` with another train task.
 Every rank runs the task body: it joins the process group torchrun set up (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`), copies
 the adapter and optimizer state into a rank-local `LocalArtifacts` store, and calls `rl.trainer.ddp.ddp_train_step`
-(the seed's `ddp_shard_step`: one synchronising backward per rank, empty shards included). Rank 0 saves the new
+(the tutorial's `ddp_shard_step`: one synchronising backward per rank, empty shards included). Rank 0 saves the new
 adapter and optimizer state; here it also uploads them as Dirs and broadcasts the paths, so every rank returns the
 same outputs (rank 0's return value is the task's output; the others are discarded but must match in type).
 

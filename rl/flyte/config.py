@@ -220,7 +220,7 @@ PROFILES: dict[str, Callable[..., GrpoRunConfig]] = {"smoke": smoke, "gpu-smoke"
 class ArithmeticProblems:
     """Seeded two-operand arithmetic for a real language model: `count` training and `held_out` evaluation problems.
 
-    The prompt asks for the answer after `####`, the marker the seed's reward gives its format bonus for.
+    The prompt asks for the answer after `####`, the marker the tutorial's reward gives its format bonus for.
     """
 
     count: int = 256

@@ -1,14 +1,15 @@
 """One `flyte.TaskEnvironment` per tier, each its own failure domain: resources, retries and timeouts are its own.
 
-GRPO (seed 000/004): `rollout` (an L4 per replica; vLLM), `reward` (CPU), `train` (an L4; PEFT), `train-cluster`
-(a `ClusteredTaskEnvironment`: `replicas` pods x `nproc_per_node` ranks under `TorchRun`, the whole set restarted
-together by `ClusterFailurePolicy`), and two small CPU drivers whose `depends_on` names every tier they call, so
-deploying a driver deploys its loop. Agentic (seed 002): `sandbox`, `judge`, `trainer` and a driver, all CPU.
+GRPO (the training-loop and rollouts tutorials): `rollout` (an L4 per replica; vLLM), `reward` (CPU), `train` (an L4;
+PEFT), `train-cluster` (a `ClusteredTaskEnvironment`: `replicas` pods x `nproc_per_node` ranks under `TorchRun`, the
+whole set restarted together by `ClusterFailurePolicy`), and two small CPU drivers whose `depends_on` names every tier
+they call, so deploying a driver deploys its loop. Agentic (the agentic tutorial): `sandbox`, `judge`, `trainer` and a
+driver, all CPU.
 
 Sizing is fixed at deploy time, from the client's environment (re-injected into every environment so a task's import
 in its container sees the same values):
 
-- `RL_FLYTE_TIERS`: `gpu` (default: the seeds' sizes, one GPU per rollout replica and trainer, a 2 x 1-GPU clustered
+- `RL_FLYTE_TIERS`: `gpu` (default: the tutorial's sizes, one GPU per rollout replica and trainer, a 2 x 1-GPU clustered
   trainer), `cpu` (no GPU anywhere: the `smoke` profile on any cluster), or `stress` (bigger pods, a 2 x 4-GPU
   clustered trainer; the `stress` profile).
 - `RL_FLYTE_GPU`: the GPU model for the GPU tiers (default `L4`).

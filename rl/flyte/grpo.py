@@ -1,4 +1,5 @@
-"""The GRPO + LoRA loop of seeds 000 and 004 on Flyte: `run_grpo` over tiers whose methods await the tasks.
+"""The GRPO + LoRA loop of the training-loop and rollouts tutorials on Flyte: `run_grpo` over tiers whose methods await
+the tasks.
 
 - `train_rl` (driver, `report=True`): `rl.loop.grpo.run_grpo` over `grpo_tiers(...)`, whose methods await the tasks
   of `rl.flyte.grpo_tasks`; a `flyte.group` per iteration; checkpoint and resume through `flyte.ctx().checkpoint`.

@@ -1,4 +1,5 @@
-"""The GRPO loop's Flyte tasks (seeds 000 and 004): thin recipes over the tested components, each one action.
+"""The GRPO loop's Flyte tasks (the training-loop and rollouts tutorials): thin recipes over the tested components, each
+one action.
 
 - `build_base` (train tier, cached): the tiny base model, built offline from its config, as a `flyte.io.Dir`.
 - `init_adapter` (train tier): version 0 — a fresh LoRA adapter and AdamW state (`PeftTrainer.init_adapter`).
@@ -204,7 +205,8 @@ async def evaluate(
 
 @buffer_env.task(retries=2, timeout=BUFFER_TIMEOUT)
 async def add_rollouts(parent: Dir | None, iteration: int, rollouts: list[Rollout], rewards: list[float]) -> Dir:
-    """Seed 000's rollout buffer on open-source Flyte: a new version = the parent's files + `iter-NNNNN.jsonl`.
+    """The training-loop tutorial's rollout buffer on open-source Flyte: a new version = the parent's files +
+    `iter-NNNNN.jsonl`.
 
     Union's volumes fork copy-on-write; a Dir version is a copy, so each version stores every iteration so far. The
     rows are `rl.volumes.buffer`'s (they load with `pandas.read_json(lines=True)`), and `rl rescore` reads the same

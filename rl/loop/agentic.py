@@ -1,4 +1,4 @@
-"""The durable agentic driver of seed 002, as plain async code over its tiers (no flyte import).
+"""The durable agentic driver of the agentic tutorial, as plain async code over its tiers (no flyte import).
 
 In production each tier method awaits a Flyte task; on the simulator it is a task of `rl.sim.durable_sim`. The driver
 has no checkpoint, state file or resume flag: a retried driver replays its completed actions and resumes at the first
@@ -33,7 +33,8 @@ class AgenticInputError(InputError):
 
 @dataclass(frozen=True)
 class AgenticConfig:
-    """One run's shape (seed 002's defaults: 3 steps x 3 prompts x 2 samples over 3 worlds), its rubric and seed."""
+    """One run's shape (the agentic tutorial's defaults: 3 steps x 3 prompts x 2 samples over 3 worlds), its rubric and
+    seed."""
 
     n_steps: int = 3
     n_worlds: int = 3
@@ -151,7 +152,8 @@ async def run_step(
 
 
 async def run_agentic(config: AgenticConfig, tiers: AgenticTiers, group: Group | None = None) -> AgenticOutcome:
-    """Seed 002's `train`: build worlds, attach the trainer, then per step generate → judge → one durable train step.
+    """The agentic tutorial's `train`: build worlds, attach the trainer, then per step generate → judge → one durable
+    train step.
 
     `group(name)`, when given, is entered around each step's actions (`step-<N>`: its trials, judgments and train
     step), the `flyte.group` role.

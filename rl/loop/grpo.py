@@ -1,4 +1,5 @@
-"""The GRPO driver of seed 000: sequential and pipelined, checkpointed, with evaluation off the critical path.
+"""The GRPO driver of the training-loop tutorial: sequential and pipelined, checkpointed, with evaluation off the
+critical path.
 
 Plain async code over the tier protocols (no flyte import): in production each tier method awaits a Flyte task, in
 tests it is a fake on the durable simulator. The driver owns ordering, identity and resume; the tiers own the work.

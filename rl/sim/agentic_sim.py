@@ -1,19 +1,20 @@
-"""Seed 002's agentic loop on the durable simulator: its tiers bound as simulator tasks, with the seed's faults.
+"""The agentic tutorial's agentic loop on the durable simulator: its tiers bound as simulator tasks, with the tutorial's
+faults.
 
-Bindings (the seed's task options): `sandbox.build_world` cached; `sandbox.generate` retries=1, timeout 300 s;
+Bindings (the tutorial's task options): `sandbox.build_world` cached; `sandbox.generate` retries=1, timeout 300 s;
 `judge.verify_and_judge` retries=2 with the judge call under `sim.trace` (`judge.call_judge`); `trainer.setup_trainer`;
 `trainer.train_step` retries=1, timeout 600 s. Latency runs on the virtual clock: 0.2 s per tool call (turn), 0.5 s per
 judge call.
 
 Fault model, each injector seeded and documented:
-- `flaky_trial_rate`, `judge_flake_rate`, `crash_driver_at_step` (run inputs beside the driver's config): the seed's
+- `flaky_trial_rate`, `judge_flake_rate`, `crash_driver_at_step` (run inputs beside the driver's config): the tutorial's
   faults (`rl.agentic.faults.AgenticFaults`), injected by wrapping the tiers of that run.
 - `dead_trials`: these trials' sandboxes die on every attempt, so their generate fails after its retries and the driver
   must skip them.
 - a `FaultPlan`: task failures (before or after the body), hung sandboxes past their timeout, driver crashes.
 
 The trainer lives on a run-scoped "cluster" (`RunScopedCluster`): created once per run by name, surviving driver
-attempts — the seed's `ReusePolicy(scope="run")` Ray cluster — with a fake process id per trainer.
+attempts — the tutorial's `ReusePolicy(scope="run")` Ray cluster — with a fake process id per trainer.
 The judge (`BilledJudge`) bills a call when its answer arrives; a call cut off by a driver crash was never answered.
 """
 
@@ -55,7 +56,7 @@ SETUP = "trainer.setup_trainer"
 TRAIN_STEP = "trainer.train_step"
 
 TASK_RETRIES = {BUILD_WORLD: 0, GENERATE: 1, JUDGE: 2, SETUP: 0, TRAIN_STEP: 1}
-"""Each task's retry budget: the seed's options."""
+"""Each task's retry budget: the tutorial's options."""
 
 FIRST_TRAINER_PID = 4100
 NO_FAULTS = AgenticFaults()
@@ -97,7 +98,8 @@ def traced_judge_tier(
         [Callable[[Trajectory, Rubric], Awaitable[float]]], Callable[[Trajectory, Rubric], Awaitable[float]]
     ],
 ) -> JudgeTier:
-    """Seed 002's judge tier: the vendor call under the durable `trace`, so a task retry replays it unbilled."""
+    """The agentic tutorial's judge tier: the vendor call under the durable `trace`, so a task retry replays it
+    unbilled."""
     return JudgeTier(trace(judge))
 
 
@@ -149,7 +151,7 @@ class DeadAndSlowTrials:
 
 
 class SimAgenticTiers:
-    """The `rl.protocols.AgenticTiers` of one simulator run: each method a task with the seed's options.
+    """The `rl.protocols.AgenticTiers` of one simulator run: each method a task with the tutorial's options.
 
     `sandbox` and `judge` come already wrapped in the run's faults: the actions' inputs are the production tasks'.
     """
@@ -178,7 +180,7 @@ class SimAgenticTiers:
 
 
 def default_inputs(seed: int = 0) -> dict[str, Any]:
-    """Every input of the driver, with the seed's defaults (3 steps x 3 prompts x 2 samples over 3 worlds)."""
+    """Every input of the driver, with the tutorial's defaults (3 steps x 3 prompts x 2 samples over 3 worlds)."""
     return {
         "n_steps": 3,
         "n_worlds": 3,
@@ -195,7 +197,7 @@ def default_inputs(seed: int = 0) -> dict[str, Any]:
 
 
 FAULT_INPUTS = frozenset(f.name for f in fields(AgenticFaults))
-"""The run inputs that are the seed's faults (wrapping the run's tiers); the others are the driver's config."""
+"""The run inputs that are the tutorial's faults (wrapping the run's tiers); the others are the driver's config."""
 
 
 def split_inputs(inputs: dict[str, Any]) -> tuple[AgenticConfig, AgenticFaults]:
@@ -237,7 +239,7 @@ class AgenticSim:
         self.retries = retries
 
     def tiers(self, faults: AgenticFaults = NO_FAULTS) -> AgenticTiers:
-        """The tiers of one run: tasks with the seed's options, their bodies and the tiers wrapped in `faults`.
+        """The tiers of one run: tasks with the tutorial's options, their bodies and the tiers wrapped in `faults`.
 
         A trial waits out its delay and its dead-trial check before its flaky coin, as it always has.
         """
@@ -277,7 +279,7 @@ class AgenticSim:
 
 @dataclass(frozen=True)
 class AgenticReport:
-    """Seed 002's failure table for one run, counted from the simulator's event log and the outcome."""
+    """The agentic tutorial's failure table for one run, counted from the simulator's event log and the outcome."""
 
     ok: bool
     error: str

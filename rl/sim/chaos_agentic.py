@@ -7,7 +7,7 @@ flakes, a scripted `crash_driver_at_step`) — the retry budgets, the latencies 
 tasks; runs it, and returns the violated invariants. A run that exhausted retries must fail with a
 `RetriesExhaustedError` naming the task; the outage then ends and `rerun(recover=True)` must reach the uninterrupted
 result without executing again any action the failed run committed.
-`agentic_sweep()` kills the driver at every await point of the seed's failure-injected run in turn.
+`agentic_sweep()` kills the driver at every await point of the tutorial's failure-injected run in turn.
 
 The invariants (`check_agentic_run`), each violation a readable sentence:
 - the run finishes; every trial is judged or skipped, and only dead trials are skipped;
@@ -35,7 +35,7 @@ from rl.sim.records import RunResult
 from rl.sim.swarm import FAULT_KINDS, Swarm, draw_swarm, swarm_rng, trace_summary
 
 SEED_FAILURES: dict[str, Any] = {"flaky_trial_rate": 0.25, "judge_flake_rate": 0.3}
-"""The seed's failure-injected run (without its driver crash, which the sweep supplies at every point instead)."""
+"""The tutorial's failure-injected run (without its driver crash, which the sweep supplies at every point instead)."""
 
 
 def all_trial_ids(inputs: dict[str, Any]) -> list[str]:
@@ -165,7 +165,8 @@ AGENTIC_RETRY_BUDGETS = {
     SETUP: (0, 1),
     TRAIN_STEP: (0, 1, 2),
 }
-"""Generate and judge keep >= 1 retry: the seed's flaky sandboxes and judges fail attempt 0, and must be survivable."""
+"""Generate and judge keep >= 1 retry: the tutorial's flaky sandboxes and judges fail attempt 0, and must be
+survivable."""
 EXHAUSTIBLE = frozenset({SETUP, TRAIN_STEP})
 """A generate or judge that exhausts its retries skips its trial by design (a dead trial); these tasks fail the run."""
 
@@ -234,8 +235,8 @@ def agentic_report(seed: int, *, trace: bool = False) -> ScenarioReport:
         assert result.error is not None
         error = f"{type(result.error).__name__}: {result.error}"
         violations = exhaustion_violations(result.error, swarm.enabled)
-        # The documented resume is a fresh run: the trainer is run-scoped (the seed's ReusePolicy(scope="run")), so a
-        # rerun(recover=True) would replay committed train steps onto a new trainer that never applied them (it fails
+        # The documented resume is a fresh run: the trainer is run-scoped (the tutorial's ReusePolicy(scope="run")), so
+        # a rerun(recover=True) would replay committed train steps onto a new trainer that never applied them (it fails
         # with StepOutOfOrderError). A fresh run must still reach the uninterrupted result, billing each trial once.
         sim.faults = swarm.plan.outage_over()
         harness.judge.billed.clear()  # the failed run's bills are its own; the fresh run's are checked
@@ -278,9 +279,9 @@ def agentic_scenario(seed: int) -> list[str]:
 def agentic_sweep(
     seed: int = 0, *, harness: Callable[..., AgenticSim] = AgenticSim, **shape: int
 ) -> tuple[int, list[str]]:
-    """Kill the driver at every await point of the seed's failure-injected run in turn; (points tried, violations).
+    """Kill the driver at every await point of the tutorial's failure-injected run in turn; (points tried, violations).
 
-    `shape` overrides the seed's 3 steps x 3 worlds x 3 prompts x 2 samples (`n_steps=2, ...`) for a quicker sweep;
+    `shape` overrides the tutorial's 3 steps x 3 worlds x 3 prompts x 2 samples (`n_steps=2, ...`) for a quicker sweep;
     `harness(seed)` builds each run's `AgenticSim` (a fork's driver, judge tier or trainer bound in, under conformance).
     """
     unknown = set(shape) - {"n_steps", "n_worlds", "prompts_per_step", "n_samples"}

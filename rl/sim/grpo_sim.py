@@ -1,7 +1,7 @@
 """The GRPO driver on the durable simulator with fake tiers, and the invariants every run of it must satisfy.
 
-Tier options follow the seeds: rollouts and rewards retry twice, the trainer once; latencies are virtual seconds
-in the proportions of seed 000's measured loop (generation dominates, the trainer has a cold start).
+Tier options follow the tutorial: rollouts and rewards retry twice, the trainer once; latencies are virtual seconds
+in the proportions of the training-loop tutorial's measured loop (generation dominates, the trainer has a cold start).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ GENERATE, SCORE, INIT, TRAIN, EVALUATE = (
     "eval.evaluate",
 )
 TASK_RETRIES = {GENERATE: 2, SCORE: 2, INIT: 1, TRAIN: 1, EVALUATE: 1}
-"""The tiers' tasks and their retry budgets (the seeds' options)."""
+"""The tiers' tasks and their retry budgets (the tutorial's options)."""
 
 # A driver with `run_grpo`'s signature: ours, or a fork's under the conformance suite.
 GrpoDriver = Callable[[GrpoConfig, GrpoTiers, StateStore], Awaitable[GrpoOutcome]]

@@ -123,7 +123,7 @@ class FakeEngine:
 
 
 class FakeScorer:
-    """Scorer: the seed's reward (`rl.rewards.score`), one call per group."""
+    """Scorer: the tutorial's reward (`rl.rewards.score`), one call per group."""
 
     def __init__(self, *, latency: LatencyModel = LatencyModel()) -> None:
         self.latency = latency

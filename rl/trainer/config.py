@@ -19,9 +19,9 @@ class TrainerConfig:
     """LoRA shape, AdamW settings, the GRPO loss's constants and the determinism knobs of one trainer.
 
     The defaults are the ones measured to learn the tiny-model digit task (lr 1e-2, LoRA on every linear layer); the
-    loss constants match the seed (`clip_eps=0.2`, `kl_beta=0.03`). `max_grad_norm=math.inf` disables clipping but the
-    norm is still reported. `threads` pins torch's intra-op thread count for the step, because the thread count changes
-    the bits of a reduction and a replayed step must be bitwise identical.
+    loss constants match the tutorial (`clip_eps=0.2`, `kl_beta=0.03`). `max_grad_norm=math.inf` disables clipping but
+    the norm is still reported. `threads` pins torch's intra-op thread count for the step, because the thread count
+    changes the bits of a reduction and a replayed step must be bitwise identical.
     """
 
     # Validated from JSON (a Flyte `--config`) through pydantic: a key that is not a field is refused, not dropped.

@@ -1,4 +1,5 @@
-"""The multi-rank GRPO step: the seed's `ddp_shard_step` and a train step that runs on every rank of a process group.
+"""The multi-rank GRPO step: the tutorial's `ddp_shard_step` and a train step that runs on every rank of a process
+group.
 
 Gradient normalisation. The batch objective is the mean over the N contributing samples of each sample's token-mean
 loss. DDP's default all-reduce *averages* over the W ranks, so each rank scales its samples' losses by `W / N` (not
@@ -82,7 +83,7 @@ def ddp_shard_step(
     sample_loss_fns: Sequence[Callable[[], torch.Tensor]],
     sync_forward: Callable[[], torch.Tensor],
 ) -> None:
-    """Accumulate per-sample gradients, then synchronise with EXACTLY ONE collective backward (the seed's function).
+    """Accumulate per-sample gradients, then synchronise with EXACTLY ONE collective backward (the tutorial's function).
 
     Backwards inside `no_sync()` accumulate gradients locally with no collective and free each sample's graph at once;
     the first forward-backward after the context all-reduces everything accumulated. Every rank therefore runs one

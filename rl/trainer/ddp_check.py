@@ -62,7 +62,7 @@ def shard_step_report(
     step_fn: ShardStep = ddp_shard_step,
 ) -> dict[str, Any]:
     """For each (name, contributing sample indices) case: the relative gradient error of `step_fn` (by default the
-    seed's `ddp_shard_step`; the conformance suite passes a fork's) over this rank's `shard` against the full-batch
+    tutorial's `ddp_shard_step`; the conformance suite passes a fork's) over this rank's `shard` against the full-batch
     gradient, the DDP forward and all-reduce counts, this rank's shard, and a digest of the parameters after one AdamW
     step (equal on every rank when the gradients agree)."""
     rollouts = batch.rollouts

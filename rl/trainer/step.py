@@ -1,6 +1,6 @@
 """One GRPO step as a pure function of (base model, adapter, optimizer state, batch): check, prepare, back-propagate.
 
-Everything a step needs comes in as artifact files and everything it produces goes out as artifact files (the seed's
+Everything a step needs comes in as artifact files and everything it produces goes out as artifact files (the tutorial's
 "pass weights and optimizer state in and out of the train task as flyte.io.Dir"), so a retried or replayed step
 recomputes the same bytes: the thread count is pinned and every random draw is seeded from (config seed, step, sample).
 
@@ -9,9 +9,9 @@ The per-sample loss closures (`sample_loss_fns`) are the one implementation of t
 and what scale.
 
 Zero-advantage samples (all of a group that scored the same, or a sample scoring exactly its group's mean) are skipped
-entirely — surrogate *and* KL term — as the seed says ("a group where every completion scored the same gives no signal
-and is skipped"). So a batch in which no sample carries signal takes no optimizer step: the new version's adapter and
-optimizer state are byte-identical to the old ones.
+entirely — surrogate *and* KL term — as the tutorial says ("a group where every completion scored the same gives no
+signal and is skipped"). So a batch in which no sample carries signal takes no optimizer step: the new version's adapter
+and optimizer state are byte-identical to the old ones.
 """
 
 from __future__ import annotations
@@ -115,9 +115,9 @@ def sample_loss_fns(
     The reference log-probs (the base with the adapter disabled) are computed here, for all of `indices` in one
     adapter-disabled block, one unbatched forward per sample (so a sample's values do not depend on its neighbours):
     PEFT's `disable_adapter` costs milliseconds per toggle, more than a tiny model's forward. Each closure computes the
-    new log-probs with the adapter (with grad), takes the rollout's sampling log-probs as old, and returns the seed's
-    per-sample GRPO loss (token mean). Building the graph only when called lets the caller backward and free one sample
-    at a time. Each call appends that sample's unscaled stats (loss, ratio, kl, clip_frac) to `stats_out`.
+    new log-probs with the adapter (with grad), takes the rollout's sampling log-probs as old, and returns the
+    tutorial's per-sample GRPO loss (token mean). Building the graph only when called lets the caller backward and free
+    one sample at a time. Each call appends that sample's unscaled stats (loss, ratio, kl, clip_frac) to `stats_out`.
 
     `loss_scale` turns the per-sample losses into the batch objective: `1 / n_contributing` in one process gives the
     mean over samples; a DDP rank uses `world_size / n_contributing` because DDP averages gradients over ranks.

@@ -1,4 +1,4 @@
-"""The rollout buffer of seed 000 ("Keep rollouts on a volume"), on local copy-on-write volumes.
+"""The rollout buffer of the training-loop tutorial ("Keep rollouts on a volume"), on local copy-on-write volumes.
 
 The buffer is a chain of versions of one volume: each `append` forks the previous version and adds `iter-NNNNN.jsonl`,
 so a version stores only its own iteration's file and shares the rest with the version before it. Every version stays

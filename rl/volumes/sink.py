@@ -14,7 +14,8 @@ BUFFER_NAME = "rollouts"
 
 
 class VolumeRolloutSink:
-    """Each iteration forks the previous buffer version and adds `iter-NNNNN.jsonl` (seed 000's buffer)."""
+    """Each iteration forks the previous buffer version and adds `iter-NNNNN.jsonl` (the training-loop tutorial's
+    buffer)."""
 
     def __init__(self, root: Path, name: str = BUFFER_NAME) -> None:
         self.store = LocalVolumeStore(root)

@@ -1,4 +1,5 @@
-"""Broken parts of the agentic loop (seed 002), each a real bug; the suite must fail each on the right law."""
+"""Broken parts of the agentic loop (the agentic tutorial), each a real bug; the suite must fail each on the right
+law."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def silent_replay_trainer(world_ids: Sequence[str], identity: int) -> SilentRepl
 
 class LandingOrderTiers:
     """The driver's tiers, handing each train step its rewards in the order their trials landed (generate returned)
-    instead of the canonical order the driver sends: the seed's first version, before its one `sorted()`."""
+    instead of the canonical order the driver sends: the tutorial's first version, before its one `sorted()`."""
 
     def __init__(self, inner: AgenticTiers) -> None:
         self.inner = inner
@@ -95,7 +96,7 @@ class LandingOrderTiers:
 
 
 async def landing_order_driver(config: AgenticConfig, tiers: AgenticTiers) -> AgenticOutcome:
-    """Seed 002's first version: each step's rewards go to the trainer in the order the trials landed."""
+    """The agentic tutorial's first version: each step's rewards go to the trainer in the order the trials landed."""
     return await run_agentic(config, LandingOrderTiers(tiers))
 
 

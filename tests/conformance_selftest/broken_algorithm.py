@@ -103,7 +103,7 @@ def sign_flipped_advantages(group_ids: Sequence[int], rewards: Sequence[float]) 
 
 
 def tutorial_advantages(group_ids: Sequence[int], rewards: Sequence[float]) -> list[float]:
-    """The seed tutorial's `(r - fmean) / (pstdev + 1e-4)` with no all-equal guard: the float mean of equal rewards
+    """The Flyte tutorial's `(r - fmean) / (pstdev + 1e-4)` with no all-equal guard: the float mean of equal rewards
     can differ from them (`fmean([0.1] * 3) != 0.1`), so a no-signal group gets a 1e-13 residue and the trainer's
     `advantage == 0.0` skip never fires."""
 

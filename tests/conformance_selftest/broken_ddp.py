@@ -1,7 +1,7 @@
 """Shard-step functions with real multi-rank bugs, bound as `rl.conformance.Implementation`s for the DDP law's selftest.
 
-`REFERENCE` binds the seed's `rl.trainer.ddp.ddp_shard_step`. Module-level functions, so spawned gloo ranks can unpickle
-them.
+`REFERENCE` binds the tutorial's `rl.trainer.ddp.ddp_shard_step`. Module-level functions, so spawned gloo ranks can
+unpickle them.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def _saving(edit: Callable[[DriverState], DriverState]):  # type: ignore[no-unty
 
 
 async def _in_finish_order(config, tiers, iteration, adapter, version):  # type: ignore[no-untyped-def]
-    """Seed 002's bug in GRPO: each group's rollouts and rewards appended in the order the groups finish."""
+    """The agentic tutorial's bug in GRPO: each group's rollouts and rewards appended in the order the groups finish."""
     prompts = grpo.sample_prompts(config, tiers.prompts.train_prompts(), iteration)
     requests = [
         RolloutRequest(gid, p, config.group_size, adapter, version, grpo.rollout_seed(config.seed, iteration, gid))

@@ -1,5 +1,5 @@
 """The DDP shard-step law, run the way a fork runs it (`pytest --pyargs rl.conformance.test_suite --rl-impl ...` from a
-directory without our conftest.py), passes the seed's step and fails each broken step in `broken_ddp` on the case it
+directory without our conftest.py), passes the tutorial's step and fails each broken step in `broken_ddp` on the case it
 breaks, saying why.
 
 Each run spawns 2 gloo ranks; a deadlocking step costs the law's 20 s collective timeout. The suite runs in a
@@ -53,7 +53,7 @@ def test_the_seed_shard_step_passes_the_ddp_law(pytester: pytest.Pytester) -> No
 def test_a_step_that_skips_the_backward_on_an_empty_shard_fails_on_the_empty_shard_case(
     pytester: pytest.Pytester,
 ) -> None:
-    """The seed's bug: rank 1's shard is empty, it runs no collective, and rank 0 waits in the all-reduce until the
+    """The tutorial's bug: rank 1's shard is empty, it runs no collective, and rank 0 waits in the all-reduce until the
     timeout. The even and uneven cases (run first, in the same spawn) hold."""
     result = run_ddp_law(pytester, "SKIPS_EMPTY_SHARD")
     result.assert_outcomes(failed=1)
