@@ -19,12 +19,12 @@ from rl.artifacts import LocalArtifacts
 from rl.checkpoint.file_store import FileStateStore
 from rl.dead_writers import discard_if_dead, locked_new_dir
 from rl.engines.torch_sampler import TorchSampler
+from rl.file_reporter import FileReporter
 from rl.identity import content_digest
 from rl.loop.grpo import GrpoConfig, GrpoTiers
 from rl.models.tiny import _MODEL_FILES, _TOKENIZER_FILES, TinyModelConfig, build_tiny_model
 from rl.problems import DigitSuccessor, constant_baseline_accuracy
 from rl.protocols import Reporter
-from rl.report import FileReporter
 from rl.rewards import get_reward
 from rl.run_layout import claim, require_safe
 from rl.scoring import RewardScorer, SamplingEvaluator

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from rl.checkpoint.format import DriverState, decode_state, encode_state
 from rl.errors import NonFiniteMetricError
+from rl.file_reporter import FileReporter
 from rl.loop.grpo import iteration_metrics
-from rl.report import FileReporter
 from rl.strict_json import dumps, flag_non_finite, unflag_non_finite
 from rl.types import ArtifactRef, IterationMetrics, Rollout, StepMetrics
 from rl.volumes.buffer import RolloutBuffer, rollout_rows
