@@ -6,6 +6,7 @@ store).
 - `FlakyJudging`: around a judge tier's `verify_and_judge` (a task body): judging fails on attempt 0 *after* the judge
   answered, with a seeded probability; the retry must replay the recorded answer, not bill the judge again.
 - `CrashAfterStep`: around the driver's tiers: driver attempt 0 dies right after a chosen step's train step returned.
+  Like any wrapper of the driver's tiers, it subclasses `ForwardingTiers` and overrides only what it changes.
 
 The coins are the tutorial's: seeded by (run seed, trial id), so the same trials fail on every run of a seed.
 """
@@ -110,12 +111,11 @@ class FlakyJudging:
         return reward
 
 
-class CrashAfterStep:
-    """The driver's tiers, killing driver attempt 0 right after step `step`'s train step returned (the agentic
-    tutorial's `crash_driver_at_step`); the retried driver must replay steps 0..step and run the rest."""
+class ForwardingTiers:
+    """`AgenticTiers` that forward every call to `inner`: a wrapper subclasses it and overrides only what it changes."""
 
-    def __init__(self, inner: AgenticTiers, step: int) -> None:
-        self.inner, self.step = inner, step
+    def __init__(self, inner: AgenticTiers) -> None:
+        self.inner = inner
 
     def driver_attempt(self) -> int:
         return self.inner.driver_attempt()
@@ -131,6 +131,18 @@ class CrashAfterStep:
 
     async def verify_and_judge(self, traj: Trajectory, rubric: Rubric) -> Reward:
         return await self.inner.verify_and_judge(traj, rubric)
+
+    async def train_step(self, step: int, rewards: list[Reward], world_ids: list[str], lr: float) -> StepResult:
+        return await self.inner.train_step(step, rewards, world_ids, lr)
+
+
+class CrashAfterStep(ForwardingTiers):
+    """The driver's tiers, killing driver attempt 0 right after step `step`'s train step returned (the agentic
+    tutorial's `crash_driver_at_step`); the retried driver must replay steps 0..step and run the rest."""
+
+    def __init__(self, inner: AgenticTiers, step: int) -> None:
+        super().__init__(inner)
+        self.step = step
 
     async def train_step(self, step: int, rewards: list[Reward], world_ids: list[str], lr: float) -> StepResult:
         result = await self.inner.train_step(step, rewards, world_ids, lr)

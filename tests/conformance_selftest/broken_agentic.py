@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rl.agentic.bandit import BanditTrainer, bandit_update
+from rl.agentic.faults import ForwardingTiers
 from rl.agentic.tiers import JudgeTier
 from rl.agentic.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
 from rl.conformance import Implementation
@@ -64,30 +65,18 @@ def silent_replay_trainer(world_ids: Sequence[str], identity: int) -> SilentRepl
     return SilentReplayTrainer(world_ids, identity=identity)
 
 
-class LandingOrderTiers:
+class LandingOrderTiers(ForwardingTiers):
     """The driver's tiers, handing each train step its rewards in the order their trials landed (generate returned)
     instead of the canonical order the driver sends: the tutorial's first version, before its one `sorted()`."""
 
     def __init__(self, inner: AgenticTiers) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.landed: list[str] = []
-
-    def driver_attempt(self) -> int:
-        return self.inner.driver_attempt()
-
-    async def build_world(self, world_id: str, seed: int) -> WorldRef:
-        return await self.inner.build_world(world_id, seed)
-
-    async def setup_trainer(self, world_ids: list[str]) -> Weights:
-        return await self.inner.setup_trainer(world_ids)
 
     async def generate(self, spec: TrialSpec, weights: Weights, world: WorldRef) -> Trajectory:
         traj = await self.inner.generate(spec, weights, world)
         self.landed.append(spec.trial_id)
         return traj
-
-    async def verify_and_judge(self, traj: Trajectory, rubric: Rubric) -> Reward:
-        return await self.inner.verify_and_judge(traj, rubric)
 
     async def train_step(self, step: int, rewards: list[Reward], world_ids: list[str], lr: float) -> StepResult:
         order = {trial_id: i for i, trial_id in enumerate(self.landed)}
