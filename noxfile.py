@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,6 +53,10 @@ def _uv_compile(session: nox.Session) -> list[str]:
 def _install_cpu(session: nox.Session, *extras: str, editable: bool = True, with_: tuple[str, ...] = ()) -> None:
     """Our package with the `test` extra and `extras`, plus the requirements `with_`, on the CPU torch."""
     spec = f".[{','.join(('test', *extras))}]"
+    if not editable:
+        # setuptools builds the wheel from build/lib, which keeps modules an earlier build copied there even after
+        # they left the tree: a stale build/ once shipped a removed top-level package.
+        shutil.rmtree("build", ignore_errors=True)
     source = (*_cpu_torch_source(session), *_uv_compile(session))
     session.install(*CPU_CONSTRAINTS, *source, *(["-e"] if editable else []), spec, *with_)
     _check_cpu_torch(session)
@@ -180,12 +185,20 @@ def chaos(session: nox.Session) -> None:
     session.run("python", "-m", "fakes.process_kills", *aimed, env=HYPOTHESIS_ENV)
 
 
+_NOT_INSTALLED = (
+    "import importlib.util, sys; spec = importlib.util.find_spec('{name}'); "
+    "sys.exit(spec and 'the wheel installed a top-level {name} (' + str(spec.origin) + '): only rl may be top-level')"
+)
+
+
 @nox.session
 def conformance(session: nox.Session) -> None:
     """The conformance suite as a fork runs it: the installed package, from a temporary directory outside the repo (so
     neither our conftest.py nor our pytest settings leak in), against our fakes and the real CPU stack."""
     _install_cpu(session, editable=False)
     with _outside_repo(session, "rl-conformance-"):
+        # The installed wheel ships `rl` alone: the test doubles of fakes/ must not be importable here.
+        session.run("python", "-c", _NOT_INSTALLED.format(name="fakes"))
         for impl in ("rl.conformance.ours:FAKES", "rl.conformance.ours:REAL_CPU"):
             suite = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", impl, "-p", "no:cacheprovider")
             session.run("pytest", *suite, *session.posargs, env=HYPOTHESIS_ENV)
