@@ -15,7 +15,8 @@ import flyte
 
 
 def main(config: str) -> int:
-    import rl.flyte.agentic_faults  # noqa: F401  (its tasks join the agentic environments: serialise them too)
+    import rl.flyte.agentic_faults
+    import rl.flyte.grpo_faults  # noqa: F401  (the same for the GRPO drivers' failure-injected twins)
     from rl.flyte.agentic import agentic_driver_env
     from rl.flyte.clustered import grpo_clustered_driver_env
     from rl.flyte.grpo import grpo_driver_env

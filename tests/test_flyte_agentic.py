@@ -16,7 +16,7 @@ from rl.agentic.faults import AgenticFaults
 from rl.agentic.types import Rubric
 from rl.flyte import agentic
 from rl.flyte.agentic import SMOKE, AgenticRunResult, RemoteOnlyError, fork, train
-from rl.flyte.agentic_faults import train_with_faults
+from rl.flyte.agentic_faults import AgenticFaultSpec, train_with_faults
 from rl.sim.agentic_sim import AgenticSim
 
 pytestmark = pytest.mark.flyte
@@ -70,7 +70,7 @@ def test_what_local_mode_cannot_show_is_reported_as_remote_only(flyte_local: Loc
 def test_crash_injection_and_fork_refuse_local_mode_with_the_way_to_see_them(flyte_local: LocalFlyte):
     """Local mode never sets the attempt number and cannot rerun: both say so instead of misbehaving."""
     with pytest.raises(Exception, match="crash_driver_at_step needs a cluster"):
-        flyte_local.run(train_with_faults, config=CONFIG, faults=AgenticFaults(crash_driver_at_step=1))
+        flyte_local.run(train_with_faults, config=CONFIG, faults=AgenticFaultSpec(crash_driver_at_step=1))
     with pytest.raises(RemoteOnlyError, match="fork needs a Flyte cluster"):
         fork("a-finished-run", Rubric(name="v2-efficiency", efficiency_weight=1.0))
 
@@ -78,7 +78,7 @@ def test_crash_injection_and_fork_refuse_local_mode_with_the_way_to_see_them(fly
 def test_a_failed_trial_is_skipped_and_the_step_still_trains(flyte_local: LocalFlyte):
     """The agentic tutorial: a trial that fails after its retries is skipped, never fatal to the step (every trial fails
     here)."""
-    faults = AgenticFaults(flaky_trial_rate=1.0)
+    faults = AgenticFaultSpec(flaky_trial_rate=1.0)
     result: AgenticRunResult = flyte_local.run(
         train_with_faults, config=CONFIG.replace(n_steps=1), faults=faults
     ).output

@@ -21,6 +21,7 @@ from rl.checkpoint.format import decode_state
 from rl.flyte.bindings import DirArtifacts, dir_of, ref_of
 from rl.flyte.config import FaultSpec, GrpoRunConfig, smoke
 from rl.flyte.grpo import GrpoRunResult, train_rl
+from rl.flyte.grpo_faults import train_rl_clustered_with_faults, train_rl_with_faults
 from rl.local import local_grpo
 from rl.loop.grpo import GrpoOutcome, run_grpo
 from rl.types import ArtifactRef
@@ -116,8 +117,9 @@ def test_a_driver_that_fails_after_iteration_one_resumes_from_its_checkpoint(fly
     twice would upload its adapter twice.
     """
     marker = flyte_local.root / "crashed"
-    config = CONFIG.replace(faults=FaultSpec(crash_after_iteration=1, crash_marker=str(marker)))
-    run = flyte_local.run(train_rl.override(retries=1), config=config, disable_run_cache=True)
+    faults = FaultSpec(crash_after_iteration=1, crash_marker=str(marker))
+    task = train_rl_with_faults.override(retries=1)
+    run = flyte_local.run(task, config=CONFIG, faults=faults, disable_run_cache=True)
     result: GrpoRunResult = run.output
 
     assert marker.is_file()  # attempt 1 did fail
@@ -192,3 +194,15 @@ def test_dir_artifacts_copy_verify_and_address_by_content(flyte_local: LocalFlyt
     a copy)."""
     seen = flyte_local.run(_exercise_dir_artifacts).output
     assert seen == ["content-addressed", "dir round-trip", "private copy", "missing raises", "corruption detected"]
+
+
+def test_the_production_drivers_take_no_fault_knob_and_their_failure_injected_twins_do():
+    """Issue 20: as in the agentic loop, a crash is injected by wrapping a tier (the checkpoint store), in drivers of
+    their own; `train_rl` and `train_rl_clustered`, what a cluster runs, take the run config alone."""
+    from rl.flyte.clustered import train_rl_clustered
+
+    assert "faults" not in GrpoRunConfig.model_fields
+    for task in (train_rl, train_rl_clustered):
+        assert list(task.native_interface.inputs) == ["config"], task.name
+    for task in (train_rl_with_faults, train_rl_clustered_with_faults):
+        assert list(task.native_interface.inputs) == ["config", "faults"], task.name

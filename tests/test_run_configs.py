@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from rl.agentic.faults import AgenticFaults
 from rl.flyte.agentic import SMOKE as AGENTIC_SMOKE
 from rl.flyte.agentic import AgenticRunConfig
-from rl.flyte.config import ConfigError, GrpoRunConfig, smoke
+from rl.flyte.config import ConfigError, FaultSpec, GrpoRunConfig, smoke
 
 
 def _flyte_cli(config_type: type, default: object, value: dict) -> object:
@@ -32,7 +32,7 @@ GRPO_TYPOS = [
     ({"trainer": {"learning_rate": 1e-3}}, "learning_rate"),
     ({"model": {"tiny": {"hiden_size": 32}}}, "hiden_size"),
     ({"engine": {"kind": "torch", "thread": 2}}, "thread"),
-    ({"faults": {"crash_after": 1}}, "crash_after"),
+    ({"faults": {"crash_after_iteration": 1}}, "faults"),  # the production driver takes no fault knob
 ]
 
 
@@ -63,8 +63,6 @@ GRPO_OUT_OF_RANGE = [
     ({"trainer": {"lr": -1e-3}}, "lr must be a finite number > 0"),
     ({"engine": {"threads": 0}}, "threads must be >= 1"),
     ({"engine": {"gpu_memory_utilization": 1.5}}, r"gpu_memory_utilization must be in \(0, 1\]"),
-    ({"faults": {"crash_after_iteration": 3}}, "beyond the run's 3 iterations"),
-    ({"faults": {"crash_after_iteration": -2}}, "crash_after_iteration must be -1"),
     ({"reward": "bleu"}, "unknown reward 'bleu'"),
     ({"problems": "chess"}, "problems must be one of"),
 ]
@@ -110,6 +108,31 @@ def test_agentic_config_refuses_rates_and_latencies_out_of_range(value, message)
     if all(isinstance(v, int) or abs(v) != float("inf") for v in value.values()):
         with pytest.raises(ValueError, match=message):
             _flyte_cli(AgenticRunConfig, AGENTIC_SMOKE, value)
+
+
+def test_grpo_fault_inputs_refuse_a_typo_a_bad_iteration_and_one_beyond_the_run():
+    """`train_rl_with_faults`' `--faults` JSON refuses an unknown key and a negative iteration; a crash after the run's
+    last iteration is refused against the config before the first task."""
+    with pytest.raises(ValueError, match="crash_after"):
+        _flyte_cli(FaultSpec, FaultSpec(), {"crash_after": 1})
+    with pytest.raises(ValueError, match="crash_after_iteration must be -1"):
+        _flyte_cli(FaultSpec, FaultSpec(), {"crash_after_iteration": -2})
+    with pytest.raises(ConfigError, match="crash_after_iteration must be -1"):
+        FaultSpec(crash_after_iteration=-2)
+    config = smoke()
+    config.check_faults(FaultSpec(crash_after_iteration=2))
+    with pytest.raises(ConfigError, match="beyond the run's 3 iterations"):
+        config.check_faults(FaultSpec(crash_after_iteration=3))
+
+
+def test_agentic_fault_inputs_refuse_an_unknown_key():
+    """`train_with_faults --faults '<json>'`: a misspelt key is refused (a dataclass input would have dropped it)."""
+    from rl.flyte.agentic_faults import AgenticFaultSpec
+
+    with pytest.raises(ValueError, match="flaky_rate"):
+        _flyte_cli(AgenticFaultSpec, AgenticFaultSpec(), {"flaky_rate": 0.3})
+    spec = _flyte_cli(AgenticFaultSpec, AgenticFaultSpec(), {"flaky_trial_rate": 0.3})
+    assert spec.faults() == AgenticFaults(flaky_trial_rate=0.3)
 
 
 def test_agentic_train_inputs_refuse_a_crash_step_beyond_the_run():

@@ -6,10 +6,9 @@ import argparse
 
 import flyte
 
-from rl.agentic.faults import AgenticFaults
 from rl.agentic.types import Rubric
 from rl.flyte.agentic import SMOKE, STRESS, fork, train
-from rl.flyte.agentic_faults import train_with_faults
+from rl.flyte.agentic_faults import AgenticFaultSpec, train_with_faults
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(fork(args.run_name, rubric).url)
         return 0
-    faults = AgenticFaults(
+    faults = AgenticFaultSpec(
         flaky_trial_rate=args.flaky_trial_rate,
         judge_flake_rate=args.judge_flake_rate,
         crash_driver_at_step=args.crash_driver_at_step,
@@ -50,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     config = STRESS if args.stress else SMOKE
     task, inputs = (
         (train, {"config": config})
-        if faults == AgenticFaults()
+        if faults == AgenticFaultSpec()
         else (train_with_faults, {"config": config, "faults": faults})
     )
     if args.local:

@@ -29,8 +29,23 @@ from rl.flyte.agentic import (
 )
 from rl.flyte.bindings import attempt_number, is_local
 from rl.flyte.envs import agentic_driver_env, judge_env, sandbox_env
+from rl.flyte.strict import StrictConfig
 
-NO_FAULTS = AgenticFaults()
+
+class AgenticFaultSpec(StrictConfig):
+    """`train_with_faults`' faults as a task input: the fields of `rl.agentic.faults.AgenticFaults`, which it becomes
+    (`faults()`). A pydantic model, not that dataclass: as a task's own input, Flyte's CLI would drop a misspelt
+    `--faults` key of a dataclass without a word."""
+
+    flaky_trial_rate: float = 0.0
+    judge_flake_rate: float = 0.0
+    crash_driver_at_step: int = -1
+
+    def faults(self) -> AgenticFaults:
+        return AgenticFaults(**self.model_dump())
+
+
+NO_FAULTS = AgenticFaultSpec()
 
 
 @sandbox_env.task(cache="auto", retries=1, timeout=GENERATE_TIMEOUT)
@@ -64,10 +79,14 @@ class FlakyFlyteTiers(FlyteAgenticTiers):
 
 @agentic_driver_env.task(report=True, retries=1)
 async def train_with_faults(
-    config: AgenticRunConfig = SMOKE, rubric: Rubric = DEFAULT_RUBRIC, faults: AgenticFaults = NO_FAULTS
+    config: AgenticRunConfig = SMOKE, rubric: Rubric = DEFAULT_RUBRIC, faults: AgenticFaultSpec = NO_FAULTS
 ) -> AgenticRunResult:
     """`train` with the agentic tutorial's injected faults: flaky sandboxes, judge flakes, a driver crash after one
     step."""
+    return await _train_with_faults(config, rubric, faults.faults())
+
+
+async def _train_with_faults(config: AgenticRunConfig, rubric: Rubric, faults: AgenticFaults) -> AgenticRunResult:
     config.check_faults(faults)
     if is_local() and faults.crash_driver_at_step >= 0:
         raise RemoteOnlyError(

@@ -99,27 +99,27 @@ class ModelSpec:
     tiny: TinyModelConfig = field(default_factory=lambda: TinyModelConfig(seed=0, initializer_range=0.2))
 
 
-@dataclass(frozen=True)
-class FaultSpec:
-    """Failure injection for demonstrations and tests: the driver dies once, right after checkpointing an iteration.
+class FaultSpec(StrictConfig):
+    """Failure injection for demonstrations and tests (`rl.flyte.grpo_faults`; the production drivers take none): the
+    driver dies once, right after checkpointing an iteration.
 
     The crash happens when `crash_after_iteration` has just been checkpointed, on a driver attempt whose
     `FLYTE_ATTEMPT_NUMBER` is 0 and while `crash_marker` (a file path, if given) does not exist; the marker is written
     just before the crash. On a cluster the attempt number alone makes it fire once; Flyte's local mode never sets the
-    attempt number, so local runs need the marker.
+    attempt number, so local runs need the marker. A pydantic model, not a dataclass: as a task's own input, Flyte's
+    CLI would drop a misspelt `--faults` key of a dataclass without a word.
     """
-
-    # Validated from JSON (a Flyte `--config`) through pydantic: a key that is not a field is refused, not dropped.
-    __pydantic_config__: ClassVar[dict[str, str]] = {"extra": "forbid"}
 
     crash_after_iteration: int = -1
     crash_marker: str = ""
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _check(self) -> FaultSpec:
         if self.crash_after_iteration < -1:
-            raise ConfigError(
+            raise ValueError(
                 f"faults.crash_after_iteration must be -1 (no crash) or an iteration, got {self.crash_after_iteration}"
             )
+        return self
 
 
 class GrpoRunConfig(StrictConfig):
@@ -127,7 +127,7 @@ class GrpoRunConfig(StrictConfig):
     and problem set. Build one with `smoke()` or `stress(base_uri=...)` and adjust with `.replace(...)`.
 
     Everything is checked when it is built — from Python or from `--config` JSON — so a run that cannot work (an
-    unknown key or reward, `iterations` 0, a negative learning rate, a crash after the last iteration) fails before
+    unknown key or reward, `iterations` 0, a negative learning rate) fails before
     its first task starts."""
 
     profile: str = "smoke"
@@ -139,7 +139,6 @@ class GrpoRunConfig(StrictConfig):
     trainer: TrainerConfig = Field(default_factory=lambda: TrainerConfig(lr=1e-2, threads=1))
     reward: str = "default"
     problems: str = "digits"
-    faults: FaultSpec = Field(default_factory=FaultSpec)
     # The rollout buffer: one Dir version per iteration (see rl.flyte.grpo_tasks.add_rollouts).
     keep_rollouts: bool = True
 
@@ -161,9 +160,12 @@ class GrpoRunConfig(StrictConfig):
             )
         get_reward(self.reward)
         self.grpo.validate(problem_set(self.problems).train_prompts())
-        if self.faults.crash_after_iteration >= self.grpo.iterations:
+
+    def check_faults(self, faults: FaultSpec) -> None:
+        """Refuse an injected fault that cannot work with this run (`train_rl_with_faults`), before any task starts."""
+        if faults.crash_after_iteration >= self.grpo.iterations:
             raise ConfigError(
-                f"faults.crash_after_iteration {self.faults.crash_after_iteration} is beyond the run's "
+                f"faults.crash_after_iteration {faults.crash_after_iteration} is beyond the run's "
                 f"{self.grpo.iterations} iterations (0..{self.grpo.iterations - 1}); pick one of those, or -1"
             )
 

@@ -20,7 +20,7 @@ from flyte.io import Dir
 
 from rl.flyte.bindings import DirArtifacts, FlyteReporter, dir_of, ref_of
 from rl.flyte.checkpoint_store import CrashAfterCheckpoint, FlyteStateStore
-from rl.flyte.config import PROFILES, EngineSpec, GrpoRunConfig, problem_set, smoke
+from rl.flyte.config import PROFILES, EngineSpec, FaultSpec, GrpoRunConfig, problem_set, smoke
 from rl.flyte.envs import grpo_driver_env
 from rl.flyte.grpo_tasks import (
     TrainInput,
@@ -148,14 +148,19 @@ def grpo_tiers(config: GrpoRunConfig, base: Dir, *, step_task: TrainTask, title:
     )
 
 
-async def run_driver(config: GrpoRunConfig, *, step_task: TrainTask, title: str) -> GrpoRunResult:
-    """The body of both drivers: resolve the base model, bind the tiers, run (or resume) `run_grpo`."""
+async def run_driver(
+    config: GrpoRunConfig, *, step_task: TrainTask, title: str, faults: FaultSpec | None = None
+) -> GrpoRunResult:
+    """The body of every GRPO driver task: resolve the base model, bind the tiers, run (or resume) `run_grpo`. `faults`
+    (the failure-injected drivers of `rl.flyte.grpo_faults` only) wraps the checkpoint store to crash once."""
     config.check()  # a config made without validation (`model_construct`) still fails before the first task
+    if faults is not None:
+        config.check_faults(faults)
     base = Dir.from_existing_remote(config.model.uri) if config.model.uri else await build_base(config.model.tiny)
     ctx = flyte.ctx()
     store: StateStore = FlyteStateStore(ctx.checkpoint if ctx is not None else None)
-    if config.faults.crash_after_iteration >= 0:
-        store = CrashAfterCheckpoint(store, config.faults.crash_after_iteration, config.faults.crash_marker)
+    if faults is not None and faults.crash_after_iteration >= 0:
+        store = CrashAfterCheckpoint(store, faults.crash_after_iteration, faults.crash_marker)
     outcome = await run_grpo(config.grpo, grpo_tiers(config, base, step_task=step_task, title=title), store)
     rollouts = buffer_ref(outcome.buffer_version) if outcome.buffer_version else ArtifactRef("", "")
     return GrpoRunResult(
