@@ -83,15 +83,12 @@ async def train_with_faults(
 ) -> AgenticRunResult:
     """`train` with the agentic tutorial's injected faults: flaky sandboxes, judge flakes, a driver crash after one
     step."""
-    return await _train_with_faults(config, rubric, faults.faults())
-
-
-async def _train_with_faults(config: AgenticRunConfig, rubric: Rubric, faults: AgenticFaults) -> AgenticRunResult:
-    config.check_faults(faults)
-    if is_local() and faults.crash_driver_at_step >= 0:
+    plan = faults.faults()
+    config.check_faults(plan)
+    if is_local() and plan.crash_driver_at_step >= 0:
         raise RemoteOnlyError(
             "crash_driver_at_step needs a cluster: Flyte's local mode never sets FLYTE_ATTEMPT_NUMBER, so the crash "
             "would repeat on every attempt. The simulator shows the replay: rl demo agentic --crash-driver-at-step 1"
         )
-    tiers = FlakyFlyteTiers(config, rubric, remote_only_notes(), faults)
-    return await drive(tiers, wrap=lambda inner: with_driver_crash(inner, faults))
+    tiers = FlakyFlyteTiers(config, rubric, remote_only_notes(), plan)
+    return await drive(tiers, wrap=lambda inner: with_driver_crash(inner, plan))
