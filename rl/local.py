@@ -22,7 +22,8 @@ from rl.engines.torch_sampler import TorchSampler
 from rl.file_reporter import FileReporter
 from rl.identity import content_digest
 from rl.loop.grpo import GrpoConfig, GrpoTiers
-from rl.models.tiny import _MODEL_FILES, _TOKENIZER_FILES, TinyModelConfig, build_tiny_model
+from rl.models.model_dir import ModelDirError, check_model_dir
+from rl.models.tiny import TinyModelConfig, build_tiny_model
 from rl.problems import DigitSuccessor, constant_baseline_accuracy
 from rl.protocols import Reporter
 from rl.rewards import get_reward
@@ -61,8 +62,10 @@ def base_model(root: Path, config: TinyModelConfig) -> Path:
     """
     root = Path(root)
     target = root / f"base-{content_digest(config)[:12]}"
-    if all((target / name).is_file() for name in (*_MODEL_FILES, *_TOKENIZER_FILES)):
-        return target
+    try:
+        return check_model_dir(target, tokenizer=True)
+    except ModelDirError:
+        pass  # absent or incomplete: (re)build it
     _force_rmtree(target)
     with locked_new_dir(lambda: root / f".{target.name}.staging-{uuid.uuid4().hex}") as staging:
         build_tiny_model(staging, config)

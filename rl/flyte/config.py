@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
@@ -31,6 +31,9 @@ from rl.trainer.config import TrainerConfig
 from rl.types import Prompt, Rollout
 
 ENGINES = ("torch", "vllm")
+# How the GPU profiles hold their base model for training (the CPU profiles keep TrainerConfig's defaults, which the
+# demo's recorded numbers come from).
+REAL_SIZE_TRAINER: dict[str, Any] = {"base_dtype": "bfloat16", "attention": "sdpa", "gradient_checkpointing": True}
 
 
 @dataclass(frozen=True)
@@ -192,8 +195,17 @@ def stress(base_uri: str, **changes: object) -> GrpoRunConfig:
         ),
         model=ModelSpec(uri=base_uri),
         engine=EngineSpec(kind="vllm", token_ids=False, max_model_len=2048, max_lora_rank=16),
+        # An 8 B base must be held in bfloat16 (float32 is 33 GB, past an L4's 24), with sdpa (eager keeps every
+        # head's [T, T] probabilities) and checkpointing; micro-batches of 2 keep the [B, L, 151936] logits near 1 GB.
+        # `rl plan --profile stress --gpu L4` prints the sums.
         trainer=TrainerConfig(
-            lora_rank=16, lora_alpha=32, lr=2e-5, target_modules=("k_proj", "o_proj", "q_proj", "v_proj"), threads=4
+            lora_rank=16,
+            lora_alpha=32,
+            lr=2e-5,
+            target_modules=("k_proj", "o_proj", "q_proj", "v_proj"),
+            threads=4,
+            **REAL_SIZE_TRAINER,
+            micro_batch_size=2,
         ),
         problems="arithmetic",
     )
@@ -209,8 +221,9 @@ def gpu_smoke(**changes: object) -> GrpoRunConfig:
         profile="gpu-smoke",
         model=ModelSpec(tiny=VLLM_MODEL),
         engine=EngineSpec(kind="vllm", token_ids=True, max_lora_rank=8),
-        # The CPU profile's 1e-2 overshoots on this wider model (gpu_tests/test_cuda_trainer.py measured it).
-        trainer=TrainerConfig(lr=1e-3, threads=1),
+        # The CPU profile's 1e-2 overshoots on this wider model (gpu_tests/test_cuda_trainer.py measured it). Held
+        # as the stress profile holds its 8 B base, so the first GPU run exercises the kernels the real one will.
+        trainer=TrainerConfig(lr=1e-3, threads=1, **REAL_SIZE_TRAINER),
     )
     return config.replace(**changes)
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import flyte
 from flyte.io import Dir
 
-from rl.flyte.bindings import DirArtifacts, FlyteReporter, dir_of, ref_of
+from rl.flyte.bindings import DirArtifacts, FlyteReporter, check_base, dir_of, ref_of
 from rl.flyte.checkpoint_store import CrashAfterCheckpoint, FlyteStateStore
 from rl.flyte.config import PROFILES, EngineSpec, FaultSpec, GrpoRunConfig, problem_set, smoke
 from rl.flyte.envs import grpo_driver_env
@@ -157,6 +157,7 @@ async def run_driver(
     if faults is not None:
         config.check_faults(faults)
     base = Dir.from_existing_remote(config.model.uri) if config.model.uri else await build_base(config.model.tiny)
+    await check_base(base)  # every profile's model, prefetched or built: one line now, not a dead GPU task later
     ctx = flyte.ctx()
     store: StateStore = FlyteStateStore(ctx.checkpoint if ctx is not None else None)
     if faults is not None and faults.crash_after_iteration >= 0:

@@ -25,18 +25,24 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config
 
 from rl.errors import InputError
+from rl.models.model_dir import ModelDirError, check_model_dir
 
 PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, EOS, BOS, UNK)
 # Digits, the answer marker and separators the reward tier parses, lowercase words, a little punctuation for prompts.
 CHARACTERS: str = string.digits + "=#, -\n" + string.ascii_lowercase + "+.?:"
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-_MODEL_FILES = ("config.json", "model.safetensors")
+__all__ = [
+    "CHARACTERS",
+    "ModelDirError",
+    "TinyModelConfig",
+    "build_tiny_model",
+    "build_tokenizer",
+    "load_base_model",
+    "load_tokenizer",
+]
 
-
-class ModelDirError(ValueError):
-    """A model directory is missing or lacks the files `build_tiny_model` writes."""
+ATTENTION_KERNELS: tuple[str, ...] = ("eager", "sdpa")
 
 
 @dataclass(frozen=True)
@@ -147,35 +153,33 @@ def _declare_tokenizer_class(path: Path) -> None:
     path.write_text(json.dumps(config, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
-def _check_model_dir(model_dir: Path, required: tuple[str, ...]) -> Path:
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise ModelDirError(f"model directory {model_dir} does not exist; create it with rl.models.build_tiny_model")
-    missing = [name for name in required if not (model_dir / name).is_file()]
-    if missing:
-        raise ModelDirError(
-            f"model directory {model_dir} lacks {', '.join(missing)}; rebuild it with rl.models.build_tiny_model"
-        )
-    return model_dir
-
-
 def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerFast:
     """The character tokenizer saved in `model_dir`, loaded offline (not via AutoTokenizer: see module docstring)."""
-    model_dir = _check_model_dir(model_dir, _TOKENIZER_FILES)
+    model_dir = check_model_dir(model_dir, weights=False, tokenizer=True)
     return PreTrainedTokenizerFast.from_pretrained(str(model_dir))
 
 
 def load_base_model(
-    model_dir: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    model_dir: Path,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    *,
+    attention: str = "eager",
 ) -> PreTrainedModel:
-    """The base model in `model_dir`, in eval mode (no dropout), with eager attention (same kernel on every machine),
-    in `dtype` on `device`.
+    """The base model in `model_dir` (one safetensors file or shards plus their index), in eval mode (no dropout),
+    in `dtype` on `device`, with the `attention` kernel: "eager" (the default: the same kernel on every machine, what
+    the CPU demo's numbers come from) or "sdpa" (torch's fused attention, which never materialises the [T, T]
+    probabilities of every head: what a real-size model trains with).
 
     The weights are read straight into `dtype` on `device` (transformers' `device_map`), never first as a CPU copy:
     for an 8 B model that copy is ~33 GB of host memory per rank in float32, four ranks to a pod.
     """
-    model_dir = _check_model_dir(model_dir, _MODEL_FILES)
+    if attention not in ATTENTION_KERNELS:
+        raise InputError(f"attention must be one of {ATTENTION_KERNELS}, got {attention!r}")
+    model_dir = check_model_dir(model_dir)
     placement = {} if torch.device(device).type == "cpu" else {"device_map": str(torch.device(device))}
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, attn_implementation="eager", **placement)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=dtype, attn_implementation=attention, **placement
+    )
     model.eval()
     return model

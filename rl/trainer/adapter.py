@@ -24,7 +24,7 @@ from safetensors.torch import save as save_safetensors
 
 from rl.errors import TrainerError
 from rl.models import load_base_model
-from rl.trainer.config import TrainerConfig
+from rl.trainer.config import TrainerConfig, torch_dtype
 
 __all__ = [
     "ADAPTER_FILES",
@@ -51,8 +51,12 @@ def _quiet_peft() -> Iterator[None]:
 
 
 def new_adapter(base_dir: Path, config: TrainerConfig, seed: int) -> PeftModel:
-    """A fresh LoRA adapter on the base model in `base_dir`, its initial weights a function of `seed` alone."""
-    base = load_base_model(base_dir)
+    """A fresh LoRA adapter on the base model in `base_dir`, its initial weights a function of `seed` alone.
+
+    The base is held as `config` says (`base_model`); the adapter's weights are float32 whatever the base's dtype
+    (PEFT's `autocast_adapter_dtype`), so version 0's bytes do not depend on how the base is held.
+    """
+    base = base_model(base_dir, config)
     target = config.target_modules if isinstance(config.target_modules, str) else list(config.target_modules)
     lora = LoraConfig(
         r=config.lora_rank,
@@ -69,17 +73,42 @@ def new_adapter(base_dir: Path, config: TrainerConfig, seed: int) -> PeftModel:
     return model
 
 
+def base_model(base_dir: Path, config: TrainerConfig, device: str | torch.device = "cpu") -> torch.nn.Module:
+    """The frozen base model as `config` holds it: its dtype, attention kernel and gradient checkpointing.
+
+    Checkpointing is torch's non-reentrant kind: the reentrant one needs an input that requires grad, which a frozen
+    base's embeddings never give, and would silently train nothing below the first checkpointed layer.
+    """
+    base = load_base_model(base_dir, dtype=torch_dtype(config.base_dtype), device=device, attention=config.attention)
+    if config.gradient_checkpointing:
+        # transformers 5.2x renamed it (the old name warns); the lowest supported, 4.56, has only the old one.
+        enable = getattr(base, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable({"use_reentrant": False})
+        else:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        base.config.use_cache = False  # nothing decodes in a train step; transformers warns otherwise
+    return base
+
+
 def load_policy(
-    base_dir: Path, files: Mapping[str, bytes], *, trainable: bool, device: str | torch.device = "cpu"
+    base_dir: Path,
+    files: Mapping[str, bytes],
+    *,
+    trainable: bool,
+    device: str | torch.device = "cpu",
+    config: TrainerConfig | None = None,
 ) -> PeftModel:
-    """The base model in `base_dir` with the adapter in `files` applied, on `device`; frozen unless `trainable`."""
+    """The base model in `base_dir` (held as `config` says; float32 and eager when None) with the adapter in `files`
+    applied, on `device`; frozen unless `trainable`. The adapter's weights load as float32 whatever the base."""
     missing = [name for name in ADAPTER_FILES if name not in files]
     if missing:
         raise AdapterArtifactError(
             f"adapter artifact lacks {', '.join(missing)} (has {sorted(files)}); pass an adapter produced by "
             "PeftTrainer.init_adapter or train_step"
         )
-    base = load_base_model(base_dir, device=device)  # straight onto the device: no host copy of the base
+    # Straight onto the device: no host copy of the base.
+    base = base_model(base_dir, config, device) if config is not None else load_base_model(base_dir, device=device)
     with tempfile.TemporaryDirectory(prefix="adapter-") as tmp:
         for name in ADAPTER_FILES:
             (Path(tmp) / name).write_bytes(files[name])

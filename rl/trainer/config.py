@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Literal, get_args
+from typing import TYPE_CHECKING, ClassVar, Literal, get_args
 
 from rl.advantages import Scale
 from rl.errors import InputError
 
+if TYPE_CHECKING:
+    import torch
+
 ADVANTAGE_SCALES: tuple[str, ...] = get_args(Scale)
 LossPath = Literal["batched", "per_sample"]
 LOSS_PATHS: tuple[str, ...] = get_args(LossPath)
+BaseDtype = Literal["float32", "bfloat16"]
+BASE_DTYPES: tuple[str, ...] = get_args(BaseDtype)
+Attention = Literal["eager", "sdpa"]
+ATTENTION_KERNELS: tuple[str, ...] = get_args(Attention)
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,15 @@ class TrainerConfig:
     # and what a DDP rank runs). The two agree up to float rounding; each is bitwise reproducible on its own.
     loss_path: LossPath = "batched"
     micro_batch_size: int = 64
+    # How the frozen base model is held (`rl.models.load_base_model`). The LoRA weights, their gradients and the
+    # optimizer state are float32 whatever the base (PEFT upcasts the adapter). The defaults are the CPU demo's (its
+    # recorded numbers come from them); a real-size model trains with "bfloat16", "sdpa" and checkpointing
+    # (`rl.flyte.config.stress`; `rl plan` prints what each costs).
+    base_dtype: BaseDtype = "float32"
+    attention: Attention = "eager"
+    # Recompute each decoder layer's activations in backward instead of keeping them: a layer's input per token is all
+    # that stays, for one more forward's compute.
+    gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.lora_rank, int) or self.lora_rank < 1:
@@ -95,5 +111,18 @@ class TrainerConfig:
             raise InputError(
                 f"micro_batch_size must be an int >= 1 (samples per batched forward), got {self.micro_batch_size!r}"
             )
+        if self.base_dtype not in BASE_DTYPES:
+            raise InputError(f"base_dtype must be one of {BASE_DTYPES}, got {self.base_dtype!r}")
+        if self.attention not in ATTENTION_KERNELS:
+            raise InputError(f"attention must be one of {ATTENTION_KERNELS}, got {self.attention!r}")
+        if not isinstance(self.gradient_checkpointing, bool):
+            raise InputError(f"gradient_checkpointing must be true or false, got {self.gradient_checkpointing!r}")
         if not isinstance(self.threads, int) or self.threads < 1:
             raise InputError(f"threads must be an int >= 1, got {self.threads!r}")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype a `TrainerConfig.base_dtype` names (torch imported here: this module stays light)."""
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]

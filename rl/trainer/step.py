@@ -181,7 +181,7 @@ def prepare_step(
 ) -> PreparedStep:
     """Check the batch, compute advantages, and load the adapter (trainable, on `device`) and its optimizer state."""
     worst, advantages, contributing = _batch_signal(batch, config)
-    model = load_policy(base_dir, adapter, trainable=True, device=device)
+    model = load_policy(base_dir, adapter, trainable=True, device=device, config=config)
     model.train()
     params = trainable_parameters(model)
     optimizer = build_optimizer(params, config, optimizer_state)
