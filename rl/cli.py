@@ -20,6 +20,7 @@ COMMAND_MODULES: list[str] = [
     "rl.commands.chaos",
     "rl.commands.rescore",
     "rl.commands.bench",
+    "rl.commands.plan",
 ]
 
 
