@@ -65,6 +65,11 @@ GRPO_OUT_OF_RANGE = [
     ({"engine": {"gpu_memory_utilization": 1.5}}, r"gpu_memory_utilization must be in \(0, 1\]"),
     ({"reward": "bleu"}, "unknown reward 'bleu'"),
     ({"problems": "chess"}, "problems must be one of"),
+    ({"engine": {"kind": "vllm", "max_lora_rank": 12}}, "max_lora_rank=12 is not a rank vLLM accepts"),
+    (
+        {"engine": {"kind": "vllm", "max_lora_rank": 8}, "trainer": {"lora_rank": 16}},
+        "trainer.lora_rank=16 exceeds engine.max_lora_rank=8",
+    ),
 ]
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from fakes.vllm_stub.lora.request import LoRARequest
+from rl.engines.vllm import VLLM_MAX_LORA_RANKS
 
 __all__ = [
     "LLM",
@@ -171,8 +172,9 @@ ENGINE_ARGS = (
     "enforce_eager",
     "logprobs_mode",
 )
-MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-"""`vllm.config.lora.MaxLoRARanks`: the only values `max_lora_rank` may take (a pydantic error otherwise)."""
+MAX_LORA_RANKS = VLLM_MAX_LORA_RANKS
+"""`vllm.config.lora.MaxLoRARanks`: the only values `max_lora_rank` may take (a pydantic error otherwise); the engine's
+configuration refuses the others first (`rl.flyte.config.EngineSpec`), from the same constant."""
 LOGPROBS_MODES = ("raw_logits", "raw_logprobs", "processed_logits", "processed_logprobs")
 """`vllm.config.model.LogprobsMode`. The default, `raw_logprobs`, reports log-probs before temperature and top-p."""
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj")

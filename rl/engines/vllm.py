@@ -52,6 +52,9 @@ from rl.protocols import Artifacts
 from rl.types import ArtifactRef, Rollout, RolloutRequest
 
 VLLM_SEED_STRIDE = 2**8
+VLLM_MAX_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""vLLM 0.33's `vllm.config.lora.MaxLoRARanks`: the only values `max_lora_rank` may take (vLLM's config refuses any
+other; `nox -s vllm-api` checks this against the wheel). An adapter of rank r is served by any `max_lora_rank >= r`."""
 """Each group seed owns this many consecutive vLLM seeds: the largest group whose per-sample seeds stay its own."""
 
 # A generous bound: it catches a misaligned translation (log-probs shifted by a token), not float accumulation noise.

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
+from rl.engines.vllm import VLLM_MAX_LORA_RANKS
 from rl.flyte.strict import ConfigError, StrictConfig
 from rl.loop.grpo import GrpoConfig
 from rl.models.tiny import TinyModelConfig
@@ -71,6 +72,11 @@ class EngineSpec:
             raise ConfigError(
                 f"engine max_model_len and max_lora_rank must be >= 1, got {self.max_model_len} and "
                 f"{self.max_lora_rank}"
+            )
+        if self.kind == "vllm" and self.max_lora_rank not in VLLM_MAX_LORA_RANKS:
+            raise ConfigError(
+                f"engine.max_lora_rank={self.max_lora_rank} is not a rank vLLM accepts "
+                f"({', '.join(map(str, VLLM_MAX_LORA_RANKS))}); pick the smallest one >= trainer.lora_rank"
             )
 
     def vllm_kwargs(self, model_max_len: int) -> dict[str, object]:
@@ -160,6 +166,12 @@ class GrpoRunConfig(StrictConfig):
         if self.model.uri == "" and self.engine.kind == "vllm" and not self.engine.token_ids:
             raise ConfigError(
                 "the tiny model's character tokenizer only works with vLLM given token ids: set engine.token_ids=True"
+            )
+        if self.engine.kind == "vllm" and self.trainer.lora_rank > self.engine.max_lora_rank:
+            raise ConfigError(
+                f"trainer.lora_rank={self.trainer.lora_rank} exceeds engine.max_lora_rank={self.engine.max_lora_rank}: "
+                "vLLM would refuse every adapter at the first generate; raise engine.max_lora_rank to a rank vLLM "
+                "accepts that is >= the trainer's, or lower trainer.lora_rank"
             )
         get_reward(self.reward)
         self.grpo.validate(problem_set(self.problems).train_prompts())
