@@ -132,10 +132,11 @@ def flyte_local(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def pipelined_reference(tmp_path_factory) -> GrpoOutcome:
     config: GrpoRunConfig = CONFIG
-    # A DDP rank runs the per-sample loss (`rl.trainer.ddp`); the one-process trainer runs the same computation, bit
-    # for bit, with `loss_path="per_sample"` (its default batched loss agrees only up to float rounding).
-    trainer = replace(config.trainer, loss_path="per_sample")
-    deployment = local_grpo(tmp_path_factory.mktemp("reference"), config.grpo, model=config.model.tiny, trainer=trainer)
+    # A DDP rank runs the loss path its config names (`rl.trainer.ddp`), on its shard: with one rank, the whole batch,
+    # so the one-process trainer runs the same computation, bit for bit.
+    deployment = local_grpo(
+        tmp_path_factory.mktemp("reference"), config.grpo, model=config.model.tiny, trainer=config.trainer
+    )
     return asyncio.run(run_grpo(config.grpo, deployment.tiers, deployment.store))
 
 
@@ -143,7 +144,7 @@ def test_the_pipelined_driver_trains_one_step_stale_batches_on_the_clustered_tra
     flyte_local: LocalFlyte, pipelined_reference
 ):
     """The training-loop tutorial: batch N+1 comes from the adapter before N's; the DDP step (one rank here) trains it
-    as one process does with the per-sample loss, bit for bit."""
+    as one process does, bit for bit."""
     from rl.flyte.clustered import train_rl_clustered
 
     result = flyte_local.run(train_rl_clustered, config=CONFIG).output

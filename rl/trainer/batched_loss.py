@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from peft import PeftModel
@@ -38,43 +38,72 @@ def batched_backward(
     loss_scale: float,
 ) -> list[float]:
     """Accumulate `loss_scale * sum_i loss_i` over `indices` into the adapter's gradients, `config.micro_batch_size`
-    samples per forward; return the unscaled (loss, kl, clip_frac) sums, in `stat_sums`' order.
+    samples per forward; return the unscaled (loss, kl, clip_frac) sums, in `stat_sums`' order."""
+    stats: dict[str, list[float]] = {"loss": [], "kl": [], "clip_frac": []}
+    for fn in batched_loss_fns(
+        model, batch, advantages, config, indices=indices, loss_scale=loss_scale, stats_out=stats
+    ):
+        fn().backward()  # accumulate; this micro-batch's graph is freed here
+    return batched_stat_sums(stats)
+
+
+def batched_stat_sums(stats: dict[str, list[float]]) -> list[float]:
+    """The (loss, kl, clip_frac) sums over the per-sample stats `batched_loss_fns` collected."""
+    return [math.fsum(stats[key]) for key in ("loss", "kl", "clip_frac")]
+
+
+def batched_loss_fns(
+    model: PeftModel,
+    batch: TrainBatch,
+    advantages: Sequence[float],
+    config: TrainerConfig,
+    *,
+    indices: Sequence[int],
+    loss_scale: float,
+    stats_out: dict[str, list[float]],
+) -> list[Callable[[], torch.Tensor]]:
+    """One closure per micro-batch of `config.micro_batch_size` samples of `indices`; calling it runs the micro-batch's
+    reference and policy forwards and returns `loss_scale * sum_i loss_i` over it (0-d), extending `stats_out`'s
+    lists with each sample's unscaled loss, kl and clip_frac. The single-process step and a DDP rank both call these.
 
     Dropout masks (if `lora_dropout > 0`) are seeded per micro-batch from (config seed, step, its first sample).
 
     Shape: per micro-batch of B samples, new/old/ref log-probs and the mask are `[B, T_max]`, advantages `[B]`.
     """
-    sums: dict[str, list[float]] = {"loss": [], "kl": [], "clip_frac": []}
     size = config.micro_batch_size
-    for start in range(0, len(indices), size):
-        chunk = list(indices[start : start + size])
-        prompts = [batch.rollouts[i].prompt_token_ids for i in chunk]
-        completions = [batch.rollouts[i].token_ids for i in chunk]
-        with torch.no_grad(), adapters_off(model):
-            ref_logp, mask = batched_teacher_forced_logprobs(model, prompts, completions, _PAD_ID)  # [B, T]
-        torch.manual_seed(derive_seed("dropout", config.seed, batch.step, chunk[0]))
-        new_logp, _ = batched_teacher_forced_logprobs(model, prompts, completions, _PAD_ID)  # [B, T]
-        width = new_logp.shape[1]
-        old_logp = torch.tensor(
-            [list(batch.rollouts[i].logprobs) + [0.0] * (width - len(batch.rollouts[i].logprobs)) for i in chunk],
-            dtype=torch.float32,
-            device=new_logp.device,
-        )  # [B, T]
-        adv = torch.tensor([advantages[i] for i in chunk], dtype=torch.float32, device=new_logp.device)  # [B]
-        rows, stats = grpo_masked_row_losses(
-            new_logp.float(),
-            old_logp,
-            ref_logp.float(),
-            adv,
-            mask,
-            clip_eps=config.clip_eps,
-            kl_beta=config.kl_beta,
-            clip_eps_high=config.clip_eps_high,
-        )
-        (rows.sum() * loss_scale).backward()
-        for key, values in sums.items():
-            values.extend(stats[key].tolist())
-    return [math.fsum(sums[key]) for key in ("loss", "kl", "clip_frac")]
+
+    def make(chunk: list[int]) -> Callable[[], torch.Tensor]:
+        def loss_fn() -> torch.Tensor:
+            prompts = [batch.rollouts[i].prompt_token_ids for i in chunk]
+            completions = [batch.rollouts[i].token_ids for i in chunk]
+            with torch.no_grad(), adapters_off(model):
+                ref_logp, mask = batched_teacher_forced_logprobs(model, prompts, completions, _PAD_ID)  # [B, T]
+            torch.manual_seed(derive_seed("dropout", config.seed, batch.step, chunk[0]))
+            new_logp, _ = batched_teacher_forced_logprobs(model, prompts, completions, _PAD_ID)  # [B, T]
+            width = new_logp.shape[1]
+            old_logp = torch.tensor(
+                [list(batch.rollouts[i].logprobs) + [0.0] * (width - len(batch.rollouts[i].logprobs)) for i in chunk],
+                dtype=torch.float32,
+                device=new_logp.device,
+            )  # [B, T]
+            adv = torch.tensor([advantages[i] for i in chunk], dtype=torch.float32, device=new_logp.device)  # [B]
+            rows, stats = grpo_masked_row_losses(
+                new_logp.float(),
+                old_logp,
+                ref_logp.float(),
+                adv,
+                mask,
+                clip_eps=config.clip_eps,
+                kl_beta=config.kl_beta,
+                clip_eps_high=config.clip_eps_high,
+            )
+            for key, values in stats_out.items():
+                values.extend(stats[key].tolist())
+            return rows.sum() * loss_scale
+
+        return loss_fn
+
+    return [make(list(indices[start : start + size])) for start in range(0, len(indices), size)]
 
 
 _TUNER_LAYERS: weakref.WeakKeyDictionary[PeftModel, list[BaseTunerLayer]] = weakref.WeakKeyDictionary()

@@ -53,8 +53,8 @@ class TrainerConfig:
     seed: int = 0
     threads: int = 1
     # "batched": one padded forward per micro-batch of `micro_batch_size` samples (fast); "per_sample": one forward per
-    # sample, each sample's numbers independent of its neighbours (the reference the batched path is checked against,
-    # and what a DDP rank runs). The two agree up to float rounding; each is bitwise reproducible on its own.
+    # sample, each sample's numbers independent of its neighbours (the reference the batched path is checked against).
+    # A DDP rank runs its shard the same way. The two agree up to float rounding; each is bitwise reproducible alone.
     loss_path: LossPath = "batched"
     micro_batch_size: int = 64
     # How the frozen base model is held (`rl.models.load_base_model`). The LoRA weights, their gradients and the

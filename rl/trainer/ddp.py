@@ -38,6 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from rl.artifacts import LocalArtifacts
 from rl.trainer.adapter import adapter_files
+from rl.trainer.batched_loss import batched_loss_fns, batched_stat_sums
 from rl.trainer.config import TrainerConfig
 from rl.trainer.optimizer_state import optimizer_files
 from rl.trainer.step import (
@@ -135,8 +136,9 @@ def ddp_train_step(
     sets `torch.cuda.set_device` to it before `init_process_group`, as NCCL's object collectives expect).
 
     Each rank loads the same adapter and optimizer state from the `LocalArtifacts` store at `artifacts_root`, computes
-    the losses of its `shard` of the contributing samples through `sample_loss_fns` (the single-process trainer's own
-    closures), and calls `ddp_shard_step`; the all-reduced gradient equals the single-process full-batch gradient (see
+    the losses of its `shard` of the contributing samples on `config.loss_path` (the single-process trainer's own
+    closures: `batched_loss_fns`, one per micro-batch, or `sample_loss_fns`, one per sample), and calls
+    `ddp_shard_step`; the all-reduced gradient equals the single-process full-batch gradient (see
     the module docstring), so every rank clips and steps identically. Rank 0 stores the new adapter and optimizer state
     and broadcasts the refs (`dist.broadcast_object_list`).
 
@@ -170,7 +172,8 @@ def ddp_train_step(
                 raise error
             raise PeerRankError(f"rank {rank}: another rank failed to load the step's inputs; see its error")
 
-        stats: list[dict[str, float]] = []
+        stats: list[dict[str, float]] = []  # per sample, from sample_loss_fns
+        rows: dict[str, list[float]] = {"loss": [], "kl": [], "clip_frac": []}  # per sample, from batched_loss_fns
         grad_norm = 0.0
         n = len(prepared.contributing)
         if n:  # the same on every rank: all ranks step, or none does
@@ -179,21 +182,24 @@ def ddp_train_step(
                 # Every rank loaded the same bytes (verified by digest); broadcasting a large frozen base is waste.
                 init_sync=False,
             )
-            fns = sample_loss_fns(
-                prepared.model,
-                batch,
-                prepared.advantages,
-                config,
-                indices=shard(prepared.contributing, rank, world_size),
-                loss_scale=world_size / n,
-                stats_out=stats,
+            # This rank's shard on the loss path the config names, as the single-process step runs its batch.
+            mine, scale = shard(prepared.contributing, rank, world_size), world_size / n
+            fns = (
+                batched_loss_fns(
+                    prepared.model, batch, prepared.advantages, config, indices=mine, loss_scale=scale, stats_out=rows
+                )
+                if config.loss_path == "batched"
+                else sample_loss_fns(
+                    prepared.model, batch, prepared.advantages, config, indices=mine, loss_scale=scale, stats_out=stats
+                )
             )
             # Any in-vocabulary token will do: the forward only has to pass through DDP.forward.
             sync_ids = torch.tensor([batch.rollouts[0].prompt_token_ids[:1]], dtype=torch.long, device=device)  # [1, 1]
             ddp_shard_step(ddp_model, fns, lambda: ddp_model(input_ids=sync_ids).logits)
             grad_norm = clip_and_step(prepared, config)
 
-        sums = torch.tensor(stat_sums(stats), dtype=torch.float64, device=device)
+        local = batched_stat_sums(rows) if config.loss_path == "batched" else stat_sums(stats)
+        sums = torch.tensor(local, dtype=torch.float64, device=device)
         dist.all_reduce(sums)
         metrics: StepMetrics = step_metrics(sums.tolist(), prepared, grad_norm)
 

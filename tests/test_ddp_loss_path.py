@@ -1,0 +1,88 @@
+"""The DDP trainer runs the loss path its config names (it ran one forward per sample whatever the config said).
+
+One rank in this process (a one-rank gloo group): its shard is the whole batch, so a step of `ddp_train_step` is the
+single-process step's computation, bit for bit, for the path both run; the two paths differ in their last bits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import socket
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+from fixtures_real import tiny_model_dir
+from trainer_batches import make_batch, make_rollouts, varied_rewards
+
+from rl.artifacts import LocalArtifacts
+from rl.trainer.config import TrainerConfig
+from rl.trainer.ddp import ddp_train_step
+from rl.trainer.peft_trainer import PeftTrainer
+
+__all__ = ["tiny_model_dir"]
+
+CONFIG = TrainerConfig(lora_rank=4, lora_alpha=8, seed=3, threads=1, micro_batch_size=4)
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[None]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=60)
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("loss_path", ["batched", "per_sample"])
+def test_a_ddp_step_runs_the_configured_loss_path(
+    loss_path: str, tiny_model_dir: Path, tmp_path: Path, one_rank_group: None
+) -> None:
+    config = dataclasses.replace(CONFIG, loss_path=loss_path)
+    other = dataclasses.replace(CONFIG, loss_path="per_sample" if loss_path == "batched" else "batched")
+    store = LocalArtifacts(tmp_path / "artifacts")
+    init = asyncio.run(PeftTrainer(tiny_model_dir, store, config).init_adapter(seed=2))
+    rollouts = make_rollouts(tiny_model_dir, groups=3, samples=4, seed=5)
+    batch = make_batch(rollouts, varied_rewards(rollouts), init.adapter, init.optimizer_state)
+    ddp = ddp_train_step(0, 1, tiny_model_dir, tmp_path / "artifacts", batch, config)
+    same = asyncio.run(PeftTrainer(tiny_model_dir, store, config).train_step(batch))
+    different = asyncio.run(PeftTrainer(tiny_model_dir, store, other).train_step(batch))
+    assert ddp.adapter.digest == same.adapter.digest
+    assert ddp.metrics == same.metrics
+    assert different.adapter.digest != same.adapter.digest  # the paths are told apart by their bits
+
+
+def test_the_clustered_step_trains_the_real_familys_layout_as_one_process_does(
+    tmp_path: Path, one_rank_group: None
+) -> None:
+    """Sharded bfloat16 Qwen3 weights, float32 LoRA, sdpa, checkpointing, micro-batches: the DDP step (one rank) loads
+    them and writes what the single-process step writes."""
+    from rl.models.qwen3 import Qwen3Shape, build_qwen3_model
+
+    model_dir = build_qwen3_model(tmp_path / "model", Qwen3Shape(seed=5, vocab_size=64), max_shard_size="100KB")
+    config = TrainerConfig(
+        lora_rank=4,
+        lora_alpha=8,
+        lr=1e-3,
+        seed=3,
+        target_modules=("k_proj", "o_proj", "q_proj", "v_proj"),
+        base_dtype="bfloat16",
+        attention="sdpa",
+        gradient_checkpointing=True,
+        micro_batch_size=2,
+    )
+    store = LocalArtifacts(tmp_path / "artifacts")
+    init = asyncio.run(PeftTrainer(model_dir, store, config).init_adapter(seed=1))
+    rollouts = make_rollouts(model_dir, groups=1, samples=3, seed=4)
+    batch = make_batch(rollouts, varied_rewards(rollouts), init.adapter, init.optimizer_state)
+    ddp = ddp_train_step(0, 1, model_dir, tmp_path / "artifacts", batch, config)
+    single = asyncio.run(PeftTrainer(model_dir, store, config).train_step(batch))
+    assert (ddp.adapter.digest, ddp.metrics) == (single.adapter.digest, single.metrics)
