@@ -32,8 +32,10 @@ SINGLE_WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILES: tuple[str, ...] = ("tokenizer.json", "tokenizer_config.json")
 
-_FIX = "point at a complete Hugging Face model directory (config.json plus safetensors weights), e.g. one written by "
-_FIX += "save_pretrained, `flyte prefetch hf-model` or rl.models.build_tiny_model"
+_FIX = (
+    "point at a complete Hugging Face model directory (config.json plus safetensors weights), e.g. one written by "
+    "save_pretrained, `flyte prefetch hf-model` or rl.models.build_tiny_model"
+)
 
 
 class ModelDirError(InputError):
@@ -49,8 +51,8 @@ def check_model_listing(
     `tokenizer`: the tokenizer files must be present. Raises `ModelDirError` (one line) otherwise.
     """
     present = set(names)
-    missing = [name for name in (*((CONFIG_FILE,) if weights else ()), *(TOKENIZER_FILES if tokenizer else ()))]
-    missing = [name for name in missing if name not in present]
+    required = ([CONFIG_FILE] if weights else []) + (list(TOKENIZER_FILES) if tokenizer else [])
+    missing = [name for name in required if name not in present]
     if missing:
         raise ModelDirError(f"model directory {where} lacks {', '.join(missing)}; {_FIX}")
     if not weights:
