@@ -153,3 +153,15 @@ def test_the_pipelined_driver_trains_one_step_stale_batches_on_the_clustered_tra
     assert [row.max_staleness for row in pipelined_reference.history] == [0, 1, 1]
     assert result.adapter.hash == pipelined_reference.adapter.digest
     assert result.history == pipelined_reference.history
+
+
+@pytest.mark.parametrize("tiers", ["cpu", "gpu", "stress"])
+def test_every_clustered_pod_requests_disk_for_one_copy_of_its_base_model(tiers: str) -> None:
+    """Each pod stores the base model once (local rank 0 downloads it); with no disk request Kubernetes may place the
+    pod where 16 GB of bf16 8B weights do not fit, and evict it mid-download. A stress pod holds a float32 8B copy."""
+    from rl.flyte.envs import sizing
+
+    disk = sizing(tiers).cluster_pod.disk
+    assert disk is not None
+    if tiers == "stress":
+        assert disk.endswith("Gi") and int(disk[:-2]) >= 33  # 8.2e9 parameters x 4 bytes, in GiB, rounded up
