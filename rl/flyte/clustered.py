@@ -31,7 +31,7 @@ from pathlib import Path
 
 from flyte.io import Dir
 
-from rl.flyte.bindings import DirArtifacts, quiet_transformers, ref_of, upload_dir
+from rl.flyte.bindings import DirArtifacts, local_base, quiet_transformers, ref_of, upload_dir
 from rl.flyte.config import GrpoRunConfig
 from rl.flyte.envs import CLUSTER_TIMEOUT, cluster_train_env, grpo_clustered_driver_env
 from rl.flyte.grpo import GrpoRunResult, run_driver
@@ -109,6 +109,8 @@ async def _download_once(base: Dir, target: Path) -> None:
 async def node_base(base: Dir, rank: int, device: str) -> Path:
     """The base model on this pod's disk: local rank 0 downloads it, then every rank of the group agrees it did.
 
+    Outside torchrun (no `LOCAL_RANK`) the one process downloads it as every other task does (`local_base`).
+
     The agreement is one all-reduce every rank reaches, so a failed download fails every rank at once (the failing
     rank with its own error, the others with `PeerRankError`) instead of leaving the others waiting on the file.
     """
@@ -116,6 +118,8 @@ async def node_base(base: Dir, rank: int, device: str) -> Path:
 
     from rl.trainer.ddp import PeerRankError, _agree
 
+    if "LOCAL_RANK" not in os.environ:  # not under torchrun (Flyte's local mode): one rank, nothing to share
+        return await local_base(base)
     # Keyed on the content digest where the Dir carries one, so a retry's fresh upload of the same model is reused.
     target = node_cache() / content_digest(base.hash or base.path)
     error: BaseException | None = None
