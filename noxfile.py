@@ -237,7 +237,8 @@ def gpu(session: nox.Session) -> None:
 
 
 GPU_SYNC = ("uv", "sync", "--locked", "--extra", "gpu", "--extra", "test")
-"""uv.lock into the session's virtualenv (`UV_PROJECT_ENVIRONMENT`); `--locked` refuses a lock pyproject.toml outgrew."""
+"""uv.lock into the session's virtualenv (`UV_PROJECT_ENVIRONMENT`); `--locked` refuses a lock that pyproject.toml
+outgrew."""
 
 
 @nox.session(venv_backend="uv")

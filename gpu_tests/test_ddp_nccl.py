@@ -7,7 +7,8 @@ both, equal to the single-GPU `PeftTrainer` step to float32 rounding; a batch wi
 
 On a one-GPU runner NCCL still gets covered: NCCL refuses two ranks on one device ("Duplicate GPU detected"), so a
 one-rank NCCL world runs the same `ddp_train_step` (NCCL init on the bound device, DDP's reducer on NCCL, the object
-broadcast of rank 0's refs). Strict mode fails a run in which no NCCL test fits the GPUs (`rl.gpu.nccl_uncovered_reason`).
+broadcast of rank 0's refs). Strict mode fails a run in which no NCCL test fits the GPUs
+(`rl.gpu.nccl_uncovered_reason`).
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ def test_the_two_rank_nccl_step_equals_the_single_gpu_step(
 @pytest.mark.gpus(1)
 def test_a_one_rank_nccl_step_equals_the_single_gpu_step(gpu_model_dir: Path, tmp_path: Path, gpu_report: Any) -> None:
     """The NCCL path on one GPU: `ddp_train_step` in a one-rank NCCL world (torchrun --nproc_per_node=1) returns the
-    single-GPU step (metrics: loss abs 1e-6, grad norm rel 1e-4; LoRA weights rtol 1e-4, atol 1e-6), after moving them."""
+    single-GPU step (metrics: loss abs 1e-6, grad norm rel 1e-4; LoRA weights rtol 1e-4, atol 1e-6)."""
     device = torch.device("cuda", 0)
     artifacts = LocalArtifacts(tmp_path / "store")
     trainer = PeftTrainer(gpu_model_dir, artifacts, CONFIG, device=device)

@@ -147,7 +147,8 @@ def vllm_unavailable_reason() -> str | None:
 PROC_DRIVER_VERSION = Path("/proc/driver/nvidia/version")
 MIN_DRIVER_FOR_CUDA = {13: 580, 12: 525}
 """The oldest NVIDIA driver branch each CUDA major version runs on (NVIDIA's CUDA toolkit release notes, "CUDA Toolkit
-and Minimum Required Driver Version"): CUDA 13.x needs R580, CUDA 12.x R525. uv.lock's torch 2.14 is built for CUDA 13."""
+and Minimum Required Driver Version"): CUDA 13.x needs R580, CUDA 12.x R525. uv.lock's torch 2.14 is built for
+CUDA 13."""
 
 
 def nvidia_driver_version(proc_file: Path = PROC_DRIVER_VERSION, smi: str = "nvidia-smi") -> str | None:

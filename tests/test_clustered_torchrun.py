@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -162,7 +162,11 @@ def run_torchrun(prepared: Prepared, run: Path, attempt: str, *, kill_rank: int 
 def published(run: Path) -> list[Path]:
     """Directories under the run's raw-data path (where rank 0's uploads land)."""
     raw = run / "raw"
-    return sorted(p for p in raw.rglob("*") if p.is_dir() and any(c.is_file() for c in p.iterdir())) if raw.exists() else []
+    return (
+        sorted(p for p in raw.rglob("*") if p.is_dir() and any(c.is_file() for c in p.iterdir()))
+        if raw.exists()
+        else []
+    )
 
 
 def read_output(run: Path) -> Any:

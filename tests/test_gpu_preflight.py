@@ -12,7 +12,9 @@ import pytest
 from rl import gpu
 
 # As the open and the proprietary kernel modules print it.
-PROC_OPEN = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build  (dvs-builder@U16)  Thu Jan\n"
+PROC_OPEN = (
+    "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build  (dvs-builder@U16)  Thu Jan\n"
+)
 PROC_PROPRIETARY = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 07:09:23 UTC 2025\n"
 
 
@@ -78,7 +80,9 @@ def test_the_gpu_tier_has_a_one_gpu_nccl_test() -> None:
     source = (Path(__file__).resolve().parents[1] / "gpu_tests" / "test_ddp_nccl.py").read_text()
     tree = ast.parse(source)
     module_marks = next(
-        ast.unparse(node.value) for node in tree.body if isinstance(node, ast.Assign) and "pytestmark" in ast.unparse(node)
+        ast.unparse(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and "pytestmark" in ast.unparse(node)
     )
     assert "pytest.mark.nccl" in module_marks
     one_gpu = [

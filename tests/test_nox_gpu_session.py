@@ -43,7 +43,7 @@ def _fake_nox() -> types.ModuleType:
         return args[0] if args and callable(args[0]) else (lambda fn: fn)
 
     nox.session = session  # type: ignore[attr-defined]
-    nox.parametrize = lambda *a, **k: (lambda fn: fn)  # type: ignore[attr-defined]
+    nox.parametrize = lambda *a, **k: lambda fn: fn  # type: ignore[attr-defined]
     nox.options = types.SimpleNamespace()  # type: ignore[attr-defined]
     nox.Session = RecordingSession  # type: ignore[attr-defined]
     return nox
@@ -65,6 +65,6 @@ def test_the_gpu_session_installs_uv_lock_as_locked(noxfile: types.ModuleType) -
     noxfile.gpu(session)
     assert len(session.installs) == 1, session.installs
     args, kwargs = session.installs[0]
-    assert args[:3] == ("uv", "sync", "--locked") and ("--extra", "gpu") == args[3:5]
+    assert args[:3] == ("uv", "sync", "--locked") and args[3:5] == ("--extra", "gpu")
     assert kwargs["env"] == {"UV_PROJECT_ENVIRONMENT": "/venvs/gpu"}  # into the session's venv, not ./.venv
     assert session.runs and session.runs[0][:2] == ("pytest", "gpu_tests")
