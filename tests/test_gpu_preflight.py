@@ -4,7 +4,9 @@ driver's version and the R580 requirement (not "no NVIDIA driver"), the driver v
 
 from __future__ import annotations
 
+import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -91,3 +93,50 @@ def test_the_gpu_tier_has_a_one_gpu_nccl_test() -> None:
         if isinstance(node, ast.FunctionDef) and "pytest.mark.gpus(1)" in map(ast.unparse, node.decorator_list)
     ]
     assert one_gpu == ["test_a_one_rank_nccl_step_equals_the_single_gpu_step"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# gpu_tests/first_gpu_run.sh refuses before installing anything
+
+FIRST_RUN = Path(__file__).resolve().parents[1] / "gpu_tests" / "first_gpu_run.sh"
+
+
+def _first_run(tmp_path: Path, smi_prints: str | None) -> subprocess.CompletedProcess[str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if smi_prints is not None:
+        smi = bin_dir / "nvidia-smi"
+        smi.write_text(f"#!/bin/sh\necho {smi_prints}\n")
+        smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "HOME": str(tmp_path / "home"),
+        "RL_PROC_DRIVER_VERSION": str(tmp_path / "no-proc-version"),
+        "RL_FIRST_RUN_OUT": str(tmp_path / "out"),
+    }
+    return subprocess.run(["bash", str(FIRST_RUN)], env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.slow
+def test_first_gpu_run_is_valid_executable_bash() -> None:
+    assert os.access(FIRST_RUN, os.X_OK), "first_gpu_run.sh must be executable"
+    subprocess.run(["bash", "-n", str(FIRST_RUN)], check=True, timeout=30)
+    text = FIRST_RUN.read_text()
+    for needle in ("set -euo pipefail", "uv sync --locked", "RL_GPU_STRICT=1", "bench --gpu", "timeout"):
+        assert needle in text, needle
+
+
+@pytest.mark.slow
+def test_first_gpu_run_refuses_a_machine_without_a_driver_before_installing(tmp_path: Path) -> None:
+    proc = _first_run(tmp_path, smi_prints=None)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("first_gpu_run: no NVIDIA driver"), proc.stderr
+    assert "install" not in proc.stdout and not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_first_gpu_run_refuses_a_driver_older_than_r580_naming_it(tmp_path: Path) -> None:
+    proc = _first_run(tmp_path, smi_prints="570.86.15")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "570.86.15" in proc.stderr and "R580" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
