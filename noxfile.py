@@ -220,16 +220,25 @@ def bench(session: nox.Session) -> None:
     session.run("rl", "bench", *session.posargs, env=HYPOTHESIS_ENV)
 
 
-@nox.session
+@nox.session(venv_backend="uv")
 def gpu(session: nox.Session) -> None:
-    """Real vLLM, CUDA LoRA training and multi-GPU DDP. Needs a CUDA machine; vllm brings its own torch.
+    """Real vLLM, CUDA LoRA training and multi-GPU DDP. Needs a CUDA machine.
+
+    Installs exactly uv.lock, the GPU image's pins (vllm, torch for CUDA 13, ...), with `uv sync --locked`: a fresh
+    resolution drifts from the lock, and a lock out of date with pyproject.toml fails here rather than testing
+    something the image does not run.
 
     RL_GPU_STRICT=1: a missing CUDA or vllm fails the run instead of skipping every test (a green job that tested
-    nothing); fewer GPUs than a test needs still skips it.
+    nothing), and so does a run in which no NCCL test fits the GPUs; fewer GPUs than a test needs otherwise skips it.
     """
-    session.install("-e", ".[test,gpu]")
+    session.run_install(*GPU_SYNC, env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location}, external=True)
     env = {**HYPOTHESIS_ENV, "RL_GPU_STRICT": "1"}
     session.run("pytest", "gpu_tests", "-m", "gpu", *session.posargs, env=env)
+
+
+GPU_SYNC = ("uv", "sync", "--locked", "--extra", "gpu", "--extra", "test")
+"""uv.lock into the session's virtualenv (`UV_PROJECT_ENVIRONMENT`); `--locked` refuses a lock that pyproject.toml
+outgrew."""
 
 
 @nox.session(venv_backend="uv")

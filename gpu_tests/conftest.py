@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 from gpu_helpers import missing_requirement, requires_cuda, requires_vllm
 
-from rl.gpu import strict, vllm_llm_kwargs
+from rl.gpu import cuda_unavailable_reason, nccl_uncovered_reason, strict, vllm_llm_kwargs
 
 REPORT_ENV = "RL_GPU_REPORT"
 _HERE = Path(__file__).resolve().parent
@@ -45,18 +45,35 @@ _HERE = Path(__file__).resolve().parent
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpus(n): needs at least n CUDA GPUs (skips with the count found otherwise)")
     config.addinivalue_line("markers", "vllm: needs vllm installed (the GPU extra); deselect with -m 'not vllm'")
+    config.addinivalue_line("markers", "nccl: runs an NCCL process group (strict mode requires one to fit the GPUs)")
+
+
+_NCCL_GAP: list[str] = []  # set at collection: why this run would test no NCCL path (strict mode fails on it)
+
+
+def _gpus(item: pytest.Item) -> int:
+    gpus = item.get_closest_marker("gpus")
+    return int(gpus.args[0]) if gpus is not None else 1
 
 
 def _requirement(item: pytest.Item) -> tuple[str, bool] | None:
-    gpus = item.get_closest_marker("gpus")
-    return missing_requirement(
-        int(gpus.args[0]) if gpus is not None else 1, needs_vllm=item.get_closest_marker("vllm") is not None
-    )
+    missing = missing_requirement(_gpus(item), needs_vllm=item.get_closest_marker("vllm") is not None)
+    if missing is not None and not missing[1] and _NCCL_GAP and item.get_closest_marker("nccl") is not None:
+        # Too few GPUs only skips, except that strict mode will not let every NCCL test skip.
+        return f"{missing[0]}; {_NCCL_GAP[0]}", True
+    return missing
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test here must be marked `gpu`; one whose hardware is missing gets a skip marker with the reason (shown
     at the test's own line by `-rs`), unless RL_GPU_STRICT=1 makes the lack a failure (then setup fails it)."""
+    _NCCL_GAP.clear()
+    if cuda_unavailable_reason(1) is None:
+        import torch
+
+        nccl = [_gpus(i) for i in items if i.get_closest_marker("nccl") is not None]
+        gap = nccl_uncovered_reason(nccl, torch.cuda.device_count())
+        _NCCL_GAP.extend([gap] if gap else [])
     for item in items:
         if Path(item.path).resolve().parent != _HERE:
             continue

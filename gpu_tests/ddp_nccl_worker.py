@@ -1,8 +1,9 @@
-"""One rank of the NCCL checks, started by `torchrun --nproc_per_node=2` from test_ddp_nccl.py (not a test module).
+"""One rank of the NCCL checks, started by `torchrun --nproc_per_node=N` (N = 2, or 1 on a one-GPU runner) from
+test_ddp_nccl.py (not a test module).
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 gpu_tests/ddp_nccl_worker.py JOB.pkl OUT_DIR
 
-Each rank binds `cuda:<LOCAL_RANK>`, joins the NCCL process group, runs every job in JOB.pkl, and pickles what it got
+Each rank binds `cuda:<LOCAL_RANK>`, joins the NCCL process group, runs each job in JOB.pkl, and pickles what it got
 (or each job's traceback) to OUT_DIR/rank<RANK>.pkl:
 
 - "grads": for each (name, contributing indices) case, the tutorial's `ddp_shard_step` over this rank's `shard` against
@@ -68,6 +69,8 @@ def main(job_path: str, out_dir: str) -> int:
     out: dict[str, Any] = {}
     try:
         for name, worker in (("grads", grad_cases), ("train", train_steps)):
+            if name not in jobs:
+                continue
             try:
                 out[name] = worker(rank, world_size, device, jobs[name])
             except Exception:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The torch-only subset of the GPU tests, for GPU runners that have torch, transformers, peft and pytest preinstalled
-# but no vllm and no internet: the CUDA LoRA trainer tests, and the 2-rank NCCL train step under torchrun when the
-# machine has 2 GPUs (it skips, with the count found, on one). Installs nothing: the package runs from this checkout
+# but no vllm and no internet: the CUDA LoRA trainer tests, and the NCCL train step under torchrun (2 ranks on 2 GPUs;
+# on one GPU the 2-rank test skips, with the count found, and a one-rank NCCL world runs instead). Installs nothing: the package runs from this checkout
 # through PYTHONPATH, so the runner's own torch is the one tested. Finishes in under 8 minutes (a 60 s preflight and a
 # 400 s budget for pytest, each under `timeout`) and ends with a table: test, result, seconds, key numbers.
 #

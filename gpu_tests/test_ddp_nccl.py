@@ -4,6 +4,11 @@ What the CPU suite proves on gloo (tests/test_ddp.py), proven again on the backe
 `ddp_shard_step` gives the single-process full-batch gradient for even, uneven, empty-shard and empty cases with one DDP
 forward and the same number of all-reduces on every rank; `ddp_train_step` on two ranks returns the same TrainResult on
 both, equal to the single-GPU `PeftTrainer` step to float32 rounding; a batch without signal changes nothing.
+
+On a one-GPU runner NCCL still gets covered: NCCL refuses two ranks on one device ("Duplicate GPU detected"), so a
+one-rank NCCL world runs the same `ddp_train_step` (NCCL init on the bound device, DDP's reducer on NCCL, the object
+broadcast of rank 0's refs). Strict mode fails a run in which no NCCL test fits the GPUs
+(`rl.gpu.nccl_uncovered_reason`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
 from rl.types import TrainBatch, TrainResult
 
-pytestmark = [pytest.mark.gpu, pytest.mark.gpus(2)]
+pytestmark = [pytest.mark.gpu, pytest.mark.gpus(2), pytest.mark.nccl]
 
 WORLD = 2
 CONFIG = TrainerConfig(lr=1e-3, lora_rank=4, lora_alpha=8, seed=3, threads=1)
@@ -48,7 +53,7 @@ GRAD_CASES: list[tuple[str, list[int]]] = [
 GRAD_RTOL = 1e-4
 
 
-def _torchrun(job: dict[str, Any], tmp_path: Path) -> list[dict[str, Any]]:
+def _torchrun(job: dict[str, Any], tmp_path: Path, world: int = WORLD) -> list[dict[str, Any]]:
     job_path, out_dir = tmp_path / "job.pkl", tmp_path / "out"
     out_dir.mkdir()
     job_path.write_bytes(pickle.dumps(job))
@@ -66,14 +71,14 @@ def _torchrun(job: dict[str, Any], tmp_path: Path) -> list[dict[str, Any]]:
         "-m",
         "torch.distributed.run",
         "--standalone",
-        f"--nproc_per_node={WORLD}",
+        f"--nproc_per_node={world}",
         str(WORKER),
         str(job_path),
         str(out_dir),
     ]
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=REPO)
     per_rank = []
-    for rank in range(WORLD):
+    for rank in range(world):
         path = out_dir / f"rank{rank}.pkl"
         if not path.is_file():
             pytest.fail(
@@ -186,3 +191,42 @@ def test_the_two_rank_nccl_step_equals_the_single_gpu_step(
     assert v1.optimizer_state is not None and silent.optimizer_state.digest == v1.optimizer_state.digest
 
     gpu_report(grad_rel_err=f"{worst:.1e}", weight_abs_diff=f"{worst_weight:.1e}", torchrun_s=round(wall_s, 1))
+
+
+@pytest.mark.gpus(1)
+def test_a_one_rank_nccl_step_equals_the_single_gpu_step(gpu_model_dir: Path, tmp_path: Path, gpu_report: Any) -> None:
+    """The NCCL path on one GPU: `ddp_train_step` in a one-rank NCCL world (torchrun --nproc_per_node=1) returns the
+    single-GPU step (metrics: loss abs 1e-6, grad norm rel 1e-4; LoRA weights rtol 1e-4, atol 1e-6)."""
+    device = torch.device("cuda", 0)
+    artifacts = LocalArtifacts(tmp_path / "store")
+    trainer = PeftTrainer(gpu_model_dir, artifacts, CONFIG, device=device)
+    init = asyncio.run(trainer.init_adapter(seed=5))
+    rollouts = base_rollouts(gpu_model_dir, groups=4, samples=3, max_tokens=6, seed=31)
+    rewards = varied_rewards(rollouts, silent_groups=[2])
+    batch = TrainBatch(
+        step=0, rollouts=rollouts, rewards=rewards, adapter=init.adapter, optimizer_state=init.optimizer_state,
+        new_version=1,
+    )  # fmt: skip
+    job = {
+        "train": {
+            "base_dir": str(gpu_model_dir),
+            "artifacts_root": str(artifacts.root),
+            "config": CONFIG,
+            "batches": {"signal": batch},
+        }
+    }
+    start = time.perf_counter()
+    [rank0] = _torchrun(job, tmp_path, world=1)
+    wall_s = time.perf_counter() - start
+    multi = rank0["train"]["signal"]
+    single = asyncio.run(trainer.train_step(batch))
+    assert multi.metrics.contributing == single.metrics.contributing == 9
+    assert multi.metrics.loss == pytest.approx(single.metrics.loss, rel=1e-5, abs=1e-6)
+    assert multi.metrics.grad_norm == pytest.approx(single.metrics.grad_norm, rel=1e-4)
+    got = load_safetensors(asyncio.run(artifacts.get(multi.adapter))["adapter_model.safetensors"])
+    want = load_safetensors(asyncio.run(artifacts.get(single.adapter))["adapter_model.safetensors"])
+    before = load_safetensors(asyncio.run(artifacts.get(init.adapter))["adapter_model.safetensors"])
+    for key in want:
+        assert not torch.equal(want[key], before[key]) or "lora_A" in key, key
+        torch.testing.assert_close(got[key], want[key], rtol=1e-4, atol=1e-6)
+    gpu_report(torchrun_s=round(wall_s, 1))

@@ -27,6 +27,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rl.models.tiny import TinyModelConfig
@@ -35,6 +40,9 @@ __all__ = [
     "STRICT_ENV",
     "VLLM_MODEL",
     "cuda_unavailable_reason",
+    "driver_too_old_reason",
+    "nccl_uncovered_reason",
+    "nvidia_driver_version",
     "strict",
     "vllm_llm_kwargs",
     "vllm_unavailable_reason",
@@ -100,7 +108,17 @@ def cuda_unavailable_reason(min_gpus: int = 1) -> str | None:
     if torch.version.cuda is None:
         return f"needs CUDA: torch {torch.__version__} is a CPU-only build (torch.version.cuda is None)"
     if not torch.cuda.is_available():
+        driver = nvidia_driver_version()
+        too_old = driver_too_old_reason(torch.version.cuda, driver, torch.__version__)
+        if too_old is not None:
+            return too_old
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+        if driver is not None:
+            return (
+                f"needs CUDA: torch {torch.__version__} is built for CUDA {torch.version.cuda} and NVIDIA driver "
+                f"{driver} is loaded, but torch.cuda.is_available() is False (no visible GPU? "
+                f"CUDA_VISIBLE_DEVICES={visible})"
+            )
         return (
             f"needs CUDA: torch {torch.__version__} is built for CUDA {torch.version.cuda} but "
             f"torch.cuda.is_available() is False (no NVIDIA driver or no visible GPU; CUDA_VISIBLE_DEVICES={visible})"
@@ -122,5 +140,68 @@ def vllm_unavailable_reason() -> str | None:
         return (
             "needs vllm: it is not installed (install the GPU extra on a CUDA machine: `pip install -e '.[gpu]'`, "
             "or run `nox -s gpu`)"
+        )
+    return None
+
+
+PROC_DRIVER_VERSION = Path("/proc/driver/nvidia/version")
+MIN_DRIVER_FOR_CUDA = {13: 580, 12: 525}
+"""The oldest NVIDIA driver branch each CUDA major version runs on (NVIDIA's CUDA toolkit release notes, "CUDA Toolkit
+and Minimum Required Driver Version"): CUDA 13.x needs R580, CUDA 12.x R525. uv.lock's torch 2.14 is built for
+CUDA 13."""
+
+
+def nvidia_driver_version(proc_file: Path = PROC_DRIVER_VERSION, smi: str = "nvidia-smi") -> str | None:
+    """The loaded NVIDIA kernel driver's version ("580.65.06"), from `proc_file` or else `smi`; None when neither has
+    one (no NVIDIA driver loaded)."""
+    try:
+        text = proc_file.read_text()
+    except OSError:
+        text = ""
+    match = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)", text)
+    if match:
+        return match.group(1)
+    if shutil.which(smi) is None:
+        return None
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"\d+\.\d+(?:\.\d+)?", out)
+    return match.group(0) if match else None
+
+
+def driver_too_old_reason(torch_cuda: str | None, driver: str | None, torch_version: str = "") -> str | None:
+    """Why a torch built for CUDA `torch_cuda` cannot run on NVIDIA driver `driver`, in one sentence; None when it can
+    (or when either is unknown)."""
+    if not torch_cuda or not driver:
+        return None
+    need = MIN_DRIVER_FOR_CUDA.get(int(torch_cuda.split(".")[0]))
+    if need is None or int(driver.split(".")[0]) >= need:
+        return None
+    return (
+        f"needs NVIDIA driver R{need} or newer: torch {torch_version} is built for CUDA {torch_cuda}, which requires "
+        f"an R{need}+ driver, and this machine's driver is {driver}; upgrade the driver (or use a torch built for an "
+        "older CUDA, which uv.lock does not pin)"
+    )
+
+
+def nccl_uncovered_reason(nccl_test_gpus: Sequence[int], gpus: int) -> str | None:
+    """Why a GPU run on `gpus` GPUs would test no NCCL path, given the GPU count each NCCL test needs; None when one
+    fits. Strict mode turns this into failures: a one-GPU runner must still run the one-rank NCCL step."""
+    if gpus < 1:
+        return None  # no CUDA at all is its own failure
+    if not nccl_test_gpus:
+        return "no NCCL test was collected: the NCCL path (clustered trainer) would go untested"
+    if min(nccl_test_gpus) > gpus:
+        return (
+            f"no NCCL test runs on {gpus} GPU(s): each needs at least {min(nccl_test_gpus)}; the one-rank NCCL step "
+            "(gpu_tests/test_ddp_nccl.py, gpus(1)) must stay in the tier"
         )
     return None

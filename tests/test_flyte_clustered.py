@@ -154,3 +154,48 @@ def test_the_pipelined_driver_trains_one_step_stale_batches_on_the_clustered_tra
     assert [row.max_staleness for row in pipelined_reference.history] == [0, 1, 1]
     assert result.adapter.hash == pipelined_reference.adapter.digest
     assert result.history == pipelined_reference.history
+
+
+@pytest.mark.parametrize("tiers", ["cpu", "gpu", "stress"])
+def test_every_clustered_pod_requests_disk_for_one_copy_of_its_base_model(tiers: str) -> None:
+    """Each pod stores the base model once (local rank 0 downloads it); with no disk request Kubernetes may place the
+    pod where 16 GB of bf16 8B weights do not fit, and evict it mid-download. A stress pod holds a float32 8B copy."""
+    from rl.flyte.envs import sizing
+
+    disk = sizing(tiers).cluster_pod.disk
+    assert disk is not None
+    if tiers == "stress":
+        assert disk.endswith("Gi") and int(disk[:-2]) >= 33  # 8.2e9 parameters x 4 bytes, in GiB, rounded up
+
+
+class _FakeBaseDir:
+    """A `flyte.io.Dir` stand-in whose download writes one file, then fails if told to (a pod killed mid-download)."""
+
+    def __init__(self, fail: bool) -> None:
+        self.fail, self.downloads = fail, 0
+
+    async def download(self, local_path: Path) -> str:
+        self.downloads += 1
+        Path(local_path).mkdir(parents=True)
+        (Path(local_path) / "model-00001-of-00002.safetensors").write_bytes(b"part")
+        if self.fail:
+            raise OSError("connection reset mid-download")
+        (Path(local_path) / "config.json").write_text("{}")
+        return str(local_path)
+
+
+def test_a_node_cache_copy_appears_only_complete_and_is_downloaded_once(tmp_path: Path) -> None:
+    """A failed download leaves neither the model nor a partial copy where a retry would look; a finished one is
+    renamed into place whole and found by the next call without downloading again."""
+    from rl.flyte.clustered import _download_once
+
+    target = tmp_path / "cache" / "digest"
+    broken = _FakeBaseDir(fail=True)
+    with pytest.raises(OSError, match="mid-download"):
+        asyncio.run(_download_once(broken, target))  # type: ignore[arg-type]
+    assert list((tmp_path / "cache").iterdir()) == []
+    good = _FakeBaseDir(fail=False)
+    asyncio.run(_download_once(good, target))  # type: ignore[arg-type]
+    asyncio.run(_download_once(good, target))  # type: ignore[arg-type]
+    assert good.downloads == 1
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "model-00001-of-00002.safetensors"]

@@ -138,6 +138,7 @@ def test_cuda_reasons_name_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> N
     )
     monkeypatch.setattr(torch.version, "cuda", "12.4")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(gpu, "nvidia_driver_version", lambda: None)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     reason = gpu.cuda_unavailable_reason()
     assert reason is not None and "built for CUDA 12.4 but torch.cuda.is_available() is False" in reason

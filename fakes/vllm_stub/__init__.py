@@ -14,6 +14,10 @@ translation code against this module in the unit tests. What it reproduces of vL
   vLLM 0.33 refuses (see `LLM`); a `LoRARequest` without `enable_lora=True`, an adapter directory without
   `adapter_config.json`, a rank above `max_lora_rank`, target modules vLLM cannot serve and out-of-vocabulary prompt
   token ids are errors. `nox -s vllm-api` checks these against the real package.
+- Inside `one_gpu()`, one simulated GPU: each `LLM` holds its `gpu_memory_utilization` share from its start until its
+  engine core's `shutdown()`, and an `LLM` that asks for more than is free is refused with vLLM's start-up error (vLLM
+  checks free memory at start-up; an engine dropped without `shutdown()` is still exiting and still holds its share).
+  Outside `one_gpu()` the stub models no device memory.
 - A prompt is text or a `TokensPrompt` dict `{"prompt_token_ids": [...]}` (then `RequestOutput.prompt` is None).
 - Seeds as vLLM 0.33 uses them (`vllm/v1/engine/parallel_sampling.py`): a request with `n` completions is `n` child
   requests, child `i` sampled alone with seed `seed + i`; so completion `i` of a request seeded `s` is completion 0 of
@@ -27,10 +31,12 @@ another, not batched, and sampled bits need not match a GPU's. Every call is rec
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import secrets
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +52,42 @@ __all__ = [
     "RequestOutput",
     "SamplingParams",
     "VLLMValidationError",
+    "one_gpu",
 ]
+
+
+@dataclass
+class _Gpu:
+    """The simulated GPU of `one_gpu()`: the memory share each running engine core holds."""
+
+    held: dict[int, float] = field(default_factory=dict)
+
+    def reserve(self, owner: int, share: float) -> None:
+        free = 1.0 - sum(self.held.values())
+        if share > free + 1e-9:
+            # vllm/v1/worker/utils.py (0.33), request_memory: the start-up check on free memory.
+            raise ValueError(
+                f"Free memory on device (of {free:.2f} of its total) on startup is less than desired GPU memory "
+                f"utilization ({share}). Decrease GPU memory utilization or reduce GPU memory used by other processes."
+            )
+        self.held[owner] = share
+
+    def release(self, owner: int) -> None:
+        self.held.pop(owner, None)
+
+
+_GPU: _Gpu | None = None
+
+
+@contextlib.contextmanager
+def one_gpu() -> Iterator[_Gpu]:
+    """Model one GPU for the `LLM`s started inside: each holds its memory share until its engine core shuts down."""
+    global _GPU
+    before, _GPU = _GPU, _Gpu()
+    try:
+        yield _GPU
+    finally:
+        _GPU = before
 
 
 class VLLMValidationError(Exception):
@@ -144,9 +185,12 @@ class _EngineCoreClient:
     """`vllm.v1.engine.core_client.EngineCoreClient`: what stops vLLM's engine process (`shutdown`)."""
 
     shutdowns: int = 0
+    gpu: _Gpu | None = None
 
     def shutdown(self, timeout: float | None = None) -> None:
         self.shutdowns += 1
+        if self.gpu is not None:  # shutdown joins the engine process, so its memory is free when this returns
+            self.gpu.release(id(self))
 
 
 @dataclass
@@ -226,7 +270,10 @@ class LLM:
         self.tokenizer = load_tokenizer(Path(model))
         self._cache = AdapterCache(Path(model), capacity=self.max_cpu_loras, merge=True)
         self._requests = 0
-        self.llm_engine = _LLMEngine(_EngineCoreClient())
+        core = _EngineCoreClient(gpu=_GPU)
+        if _GPU is not None:
+            _GPU.reserve(id(core), float(kwargs.get("gpu_memory_utilization", 0.9)))
+        self.llm_engine = _LLMEngine(core)
 
     @property
     def lora_loads(self) -> int:

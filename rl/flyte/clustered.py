@@ -13,10 +13,16 @@ statically, since in local mode such a call would silently work). The loop stays
 
 Outside torchrun (Flyte's local mode, a single process) the task forms a one-rank gloo group of its own, so the same
 body runs end to end on a laptop.
+
+The base model is downloaded once per pod, not once per rank: local rank 0 copies it into the pod's disk cache
+(`node_base`) and every rank agrees it arrived before any loads it. Per rank, a 4-rank pod of an 8B model would pull and
+store four 16 GB copies. `tests/test_clustered_torchrun.py` runs this body under torchrun on two localhost "nodes".
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import tempfile
 from dataclasses import replace
@@ -30,10 +36,19 @@ from rl.flyte.config import GrpoRunConfig
 from rl.flyte.envs import CLUSTER_TIMEOUT, cluster_train_env, grpo_clustered_driver_env
 from rl.flyte.grpo import GrpoRunResult, run_driver
 from rl.flyte.grpo_tasks import TrainInput, TrainOutput
+from rl.identity import content_digest
 from rl.types import ArtifactRef
 
-__all__ = ["cluster_train_env", "grpo_clustered_driver_env", "train_rl_clustered", "train_step_clustered"]
+__all__ = [
+    "cluster_train_env",
+    "grpo_clustered_driver_env",
+    "node_base",
+    "node_cache",
+    "train_rl_clustered",
+    "train_step_clustered",
+]
 
+NODE_CACHE_ENV = "RL_NODE_CACHE"
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)  # a desynchronised collective fails in minutes, not NCCL's default 30
 
 
@@ -72,6 +87,54 @@ def join_process_group() -> tuple[int, int, str, bool]:
     return 0, 1, "cpu", True
 
 
+def node_cache() -> Path:
+    """This pod's base-model cache: `$RL_NODE_CACHE`, else `rl-base-models` in the temp dir (the pod's ephemeral disk,
+    which `cluster_train_env` requests)."""
+    return Path(os.environ.get(NODE_CACHE_ENV) or Path(tempfile.gettempdir()) / "rl-base-models")
+
+
+async def _download_once(base: Dir, target: Path) -> None:
+    """Copy `base` to `target` unless a finished copy is there; a copy appears only complete (renamed into place)."""
+    if target.is_dir():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=target.parent))
+    try:
+        await base.download(staging / "model")
+        (staging / "model").rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+async def node_base(base: Dir, rank: int, device: str) -> Path:
+    """The base model on this pod's disk: local rank 0 downloads it, then every rank of the group agrees it did.
+
+    Outside torchrun (no `LOCAL_RANK`) the one process downloads it as every other task does (`local_base`).
+
+    The agreement is one all-reduce every rank reaches, so a failed download fails every rank at once (the failing
+    rank with its own error, the others with `PeerRankError`) instead of leaving the others waiting on the file.
+    """
+    import torch
+
+    from rl.trainer.ddp import PeerRankError, _agree
+
+    if "LOCAL_RANK" not in os.environ:  # not under torchrun (Flyte's local mode): one rank, nothing to share
+        return await local_base(base)
+    # Keyed on the content digest where the Dir carries one, so a retry's fresh upload of the same model is reused.
+    target = node_cache() / content_digest(base.hash or base.path)
+    error: BaseException | None = None
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        try:
+            await _download_once(base, target)
+        except Exception as exc:
+            error = exc
+    if not _agree(error is None, torch.device(device)):
+        if error is not None:
+            raise error
+        raise PeerRankError(f"rank {rank}: a local rank 0 failed to download the base model {base.path}; see its error")
+    return target
+
+
 async def _stage(store_root: Path, directory: Dir, name: str) -> ArtifactRef:
     """Copy a Dir artifact (verified against its digest) into this rank's local store."""
     from rl.artifacts import LocalArtifacts
@@ -100,7 +163,7 @@ async def train_step_clustered(base: Dir, adapter: Dir, optimizer_state: Dir, ba
     quiet_transformers()
     rank, world_size, device, own_group = join_process_group()
     try:
-        base_dir = await local_base(base)
+        base_dir = await node_base(base, rank, device)
         with tempfile.TemporaryDirectory(prefix=f"rl-rank{rank}-") as tmp:
             root = Path(tmp)
             staged = batch.batch(

@@ -65,19 +65,28 @@ class TierSizing:
     rollout_replicas: int | tuple[int, int]
 
 
-def _gpu(cpu: int, memory: str, gpus: int) -> flyte.Resources:
-    return flyte.Resources(cpu=cpu, memory=memory, gpu=flyte.GPU(GPU_TYPE, gpus), shm="auto")  # type: ignore[arg-type]
+def _gpu(cpu: int, memory: str, gpus: int, disk: str) -> flyte.Resources:
+    gpu = flyte.GPU(GPU_TYPE, gpus)  # type: ignore[arg-type]
+    return flyte.Resources(cpu=cpu, memory=memory, gpu=gpu, shm="auto", disk=disk)
+
+
+# Ephemeral disk per pod: each pod downloads the base model once (the clustered trainer's local rank 0 alone, see
+# rl.flyte.clustered.node_base) beside small adapter copies. An 8B model is 16.4 GB in bf16 and 32.8 GB if saved in
+# float32, so the stress pods ask for 100Gi; the gpu tier's models are small, 50Gi leaves room for a mid-size one.
+GPU_DISK, STRESS_DISK = "50Gi", "100Gi"
 
 
 def sizing(tiers: str = TIERS) -> TierSizing:
     """The tier sizes for `tiers` (`gpu`, `cpu` or `stress`)."""
     if tiers == "gpu":
-        return TierSizing(_gpu(4, "24Gi", 1), _gpu(4, "24Gi", 1), _gpu(4, "24Gi", 1), 2, 1, (1, 4))
+        one = _gpu(4, "24Gi", 1, GPU_DISK)
+        return TierSizing(one, one, one, 2, 1, (1, 4))
     if tiers == "cpu":
-        cpu = flyte.Resources(cpu=2, memory="4Gi")
+        cpu = flyte.Resources(cpu=2, memory="4Gi", disk="10Gi")
         return TierSizing(cpu, cpu, cpu, 2, 1, (1, 2))
     if tiers == "stress":
-        return TierSizing(_gpu(6, "40Gi", 1), _gpu(8, "60Gi", 1), _gpu(16, "120Gi", 4), 2, 4, (2, 4))
+        rollout, train = _gpu(6, "40Gi", 1, STRESS_DISK), _gpu(8, "60Gi", 1, STRESS_DISK)
+        return TierSizing(rollout, train, _gpu(16, "120Gi", 4, STRESS_DISK), 2, 4, (2, 4))
     raise ValueError(f"RL_FLYTE_TIERS must be 'gpu', 'cpu' or 'stress', got {tiers!r}")
 
 

@@ -131,7 +131,12 @@ async def engine_for(base: Dir, spec: EngineSpec) -> RolloutEngine:
     key = content_digest(base.path, base.hash or "", spec)
     engine = _ENGINES.get(key)
     if engine is None:
-        _ENGINES.clear()  # one resident engine per replica: a GPU holds one base model
+        # One resident engine per replica: a GPU holds one base model. The old engine is closed before the new one
+        # starts, because vLLM checks free GPU memory at start-up and a dropped engine's process still holds its share.
+        while _ENGINES:
+            close = getattr(_ENGINES.popitem()[1], "close", None)
+            if callable(close):
+                close()
         engine = _ENGINES[key] = _make_engine(await local_base(base), spec)
     return engine
 
