@@ -12,6 +12,7 @@ Latency model: `LatencyModel` draws each call's virtual duration from a digest o
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import math
@@ -133,6 +134,12 @@ class FakeEngine:
         return rollouts
 
 
+@functools.lru_cache(maxsize=1 << 14)
+def _score(completion: str, answer: str) -> float:
+    """`rl.rewards.score`, pure in its two strings: the fake engine's few distinct completions are scored once each."""
+    return score(completion, answer)
+
+
 class FakeScorer:
     """Scorer: the tutorial's reward (`rl.rewards.score`), one call per group."""
 
@@ -142,7 +149,7 @@ class FakeScorer:
 
     async def score_group(self, rollouts: Sequence[Rollout]) -> list[float]:
         self.calls += 1
-        rewards = [score(r.completion, r.answer) for r in rollouts]
+        rewards = [_score(r.completion, r.answer) for r in rollouts]
         await asyncio.sleep(self.latency.seconds(len(rollouts), [r.completion for r in rollouts]))
         return rewards
 
