@@ -10,11 +10,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import nox
+from packaging.requirements import Requirement
 
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["unit", "lint"]
@@ -27,12 +29,24 @@ TORCH_CPU_INDEX = os.environ.get("RL_TORCH_CPU_INDEX", "https://download.pytorch
 build); `RL_TORCH_CPU_INDEX=` (empty) adds no index, for a mirror already configured in pip or uv."""
 
 
+def _cpu_torch_pin(path: str = "constraints/cpu.txt") -> str:
+    """The torch version constraints/cpu.txt pins for this machine (its lines carry platform markers)."""
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("torch=="):
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate():
+                return next(iter(req.specifier)).version
+    raise SystemExit(f"{path} pins no torch for this platform ({sys.platform}); flyte-rl runs on Linux and macOS")
+
+
 def _cpu_torch_source(session: nox.Session) -> list[str]:
     """Installer arguments that make the pinned `torch==X+cpu` findable: a `PIP_FIND_LINKS` directory holding that
     wheel (passed explicitly, since uv ignores pip's configuration), else PyTorch's CPU index. The index is added only
     when needed: where it is unreachable an installer would query it for every package."""
-    pin = next(line for line in Path("constraints/cpu.txt").read_text().splitlines() if line.startswith("torch=="))
-    wheel = f"torch-{pin.removeprefix('torch==')}-*.whl"
+    version = _cpu_torch_pin()
+    if "+" not in version:
+        return []  # macOS: PyPI's wheel is the CPU build
+    wheel = f"torch-{version}-*.whl"
     for directory in os.environ.get("PIP_FIND_LINKS", "").split():
         if Path(directory).is_dir() and any(Path(directory).glob(wheel)):
             return ["--find-links", directory]
@@ -395,3 +409,38 @@ def _junit_outcomes(report: str) -> dict[str, str]:
         else:
             outcomes[law] = "passed"
     return outcomes
+
+
+# Where a Mac resolves from the registry alone: PyPI's torch 2.13 has a macOS wheel for arm64 (macOS 14 and later)
+# only; PyTorch publishes no Intel-Mac wheel since 2.2.2, below our torch>=2.4, so x86_64-apple-darwin cannot resolve.
+# Linux aarch64's CPU torch (`+cpu`) is on PyTorch's CPU index only, which CI cannot reach.
+MAC_TARGETS = {"aarch64-apple-darwin": "14.0"}
+
+
+@nox.session(python=False)
+def platforms(session: nox.Session) -> None:
+    """`uv pip compile` of every CPU session's requirements (constraints/cpu.txt included) for each macOS target
+    that PyPI can serve, from the registry alone: the CPU sessions install there. ~1 min with uv's cache warm."""
+    sets: dict[str, tuple[list[str], list[str]]] = {
+        "test": (["test"], []),  # unit, slow, integration, demo, chaos, conformance, bench, ...
+        "lint": (["test", "lint"], []),
+        "ray": (["test", "ray"], []),
+        "browser": (["test", "browser"], []),
+        **{f"peers-{name}": (["test"], [str(spec["pin"])]) for name, spec in PEERS.items()},
+        "vllm-api": (["test"], list(VLLM_PURE_DEPS)),
+    }
+    with tempfile.TemporaryDirectory(prefix="rl-platforms-") as tmp:
+        for target, macos in MAC_TARGETS.items():
+            env = {"MACOSX_DEPLOYMENT_TARGET": macos}
+            common = ["--python-platform", target, "--python-version", "3.11", "-q", *CPU_CONSTRAINTS]
+            for name, (extras, pins) in sets.items():
+                reqs = Path(tmp) / f"{name}.in"
+                reqs.write_text("".join(f"{pin}\n" for pin in pins))
+                extra_args = [arg for extra in extras for arg in ("--extra", extra)]
+                out = str(Path(tmp) / f"{target}-{name}.txt")
+                session.log(f"{target} (macOS {macos}): {name}")
+                cmd = ["uv", "pip", "compile", "pyproject.toml", str(reqs), *extra_args, *common, "-o", out]
+                session.run(*cmd, env=env, external=True)
+            session.log(f"{target}: mindeps (lowest-direct)")
+            lowest = ["--resolution", "lowest-direct", "--extra", "test", "-o", str(Path(tmp) / "mindeps.txt")]
+            session.run("uv", "pip", "compile", "pyproject.toml", *lowest, *common, env=env, external=True)

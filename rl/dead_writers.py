@@ -13,17 +13,18 @@ cleaners leave the entry alone: a stray temp file costs disk, deleting a live on
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from rl.platform import flock
+
 
 def lock_fd(fd: int, path: Path) -> bool:
     """Lock the new `path` (open as `fd`) for this writer; False when a cleaner removed it before the lock."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        flock(fd)
     except OSError:
         return True  # no flock here: write unlocked (see the module docstring)
     try:
@@ -59,7 +60,7 @@ def discard_if_dead(path: Path, remove: Callable[[Path], None] = shutil.rmtree) 
         return False
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            flock(fd, blocking=False)
         except OSError:
             return False  # a live writer holds it, or the filesystem cannot tell us: leave it
         try:

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from rl import platform
 from rl.cli import main
 
 
@@ -145,6 +146,7 @@ def test_rl_bench_prints_a_repeated_figure_as_median_and_min_max():
     assert figure_lines(figures) == ["train_step_s  0.5 (0.25-2)", "cpu_repeats   5", "x_min         1"]
 
 
+@pytest.mark.skipif(platform.bytes_written() is None, reason="this platform counts no written bytes (/proc/self/io)")
 def test_rl_bench_volumes_section_compares_a_fork_with_a_full_copy(capsys, monkeypatch):
     """The fork of a world writes (almost) nothing, the full copy writes every byte: both measured in one run."""
     import rl.bench.volumes as volumes_bench

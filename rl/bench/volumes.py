@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rl import platform
 from rl.volumes.filesystem import ShareMode
 from rl.volumes.filesystem import force_rmtree as _force_rmtree
 from rl.volumes.store import LocalVolumeStore
@@ -147,11 +148,7 @@ def _build_world(store: LocalVolumeStore, sizes: list[int], file_bytes: int) -> 
 
 
 def _bytes_written() -> int | None:
-    try:
-        with open("/proc/self/io") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("wchar"))
-    except OSError:
-        return None
+    return platform.bytes_written()
 
 
 def _delta(after: int | None, before: int | None) -> int | None:

@@ -12,9 +12,11 @@ Latency model: `LatencyModel` draws each call's virtual duration from a digest o
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import math
+import pickle
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -67,6 +69,8 @@ def decode_table(files: dict[str, bytes]) -> dict[str, Any]:
 
 
 _DECODED: dict[bytes, dict[str, Any]] = {}
+_DRAWS: dict[tuple[str, int, int, int], list[tuple[int, float]]] = {}
+_STEPS: dict[tuple[bytes, bytes, bytes, tuple[float, ...]], tuple[dict[str, bytes], dict[str, bytes], StepMetrics]] = {}
 
 
 def _decoded(files: dict[str, bytes]) -> dict[str, Any]:
@@ -100,11 +104,19 @@ class FakeEngine:
         self.calls += 1
         table = await self._table(request.adapter)
         row = _row(request.prompt.question, self.rows)
-        probs = _softmax(table[row])
-        rng = random.Random(request.seed)
+        # Pure in (adapter content, row, seed, n): memoised process-wide as the evaluations are (the adapter digest is
+        # a content digest); each call still builds its own rollouts.
+        key = (request.adapter.digest, row, request.seed, request.n)
+        drawn = _DRAWS.get(key)
+        if drawn is None:
+            if len(_DRAWS) >= 1 << 14:
+                _DRAWS.clear()
+            probs = _softmax(table[row])
+            rng = random.Random(request.seed)
+            digits = [rng.choices(range(DIGITS), weights=probs, k=1)[0] for _ in range(request.n)]
+            drawn = _DRAWS[key] = [(digit, math.log(probs[digit])) for digit in digits]
         rollouts = []
-        for _ in range(request.n):
-            digit = rng.choices(range(DIGITS), weights=probs, k=1)[0]
+        for digit, logprob in drawn:
             rollouts.append(
                 Rollout(
                     group_id=request.group_id,
@@ -113,13 +125,19 @@ class FakeEngine:
                     completion=f"####{digit}",
                     prompt_token_ids=[row],
                     token_ids=[digit],
-                    logprobs=[math.log(probs[digit])],
+                    logprobs=[logprob],
                     policy_version=request.policy_version,
                     seed=request.seed,
                 )
             )
         await asyncio.sleep(self.latency.seconds(request.n, (request.seed, request.group_id)))
         return rollouts
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _score(completion: str, answer: str) -> float:
+    """`rl.rewards.score`, pure in its two strings: the fake engine's few distinct completions are scored once each."""
+    return score(completion, answer)
 
 
 class FakeScorer:
@@ -131,7 +149,7 @@ class FakeScorer:
 
     async def score_group(self, rollouts: Sequence[Rollout]) -> list[float]:
         self.calls += 1
-        rewards = [score(r.completion, r.answer) for r in rollouts]
+        rewards = [_score(r.completion, r.answer) for r in rollouts]
         await asyncio.sleep(self.latency.seconds(len(rollouts), [r.completion for r in rollouts]))
         return rewards
 
@@ -174,12 +192,36 @@ class FakeTrainer:
 
     async def train_step(self, batch: TrainBatch) -> TrainResult:
         self.executions.append(batch.step)
-        policy = _decoded(await self.artifacts.get(batch.adapter))
-        table: list[list[float]] = [list(r) for r in policy["table"]]
-        lineage: list[object] = list(policy["lineage"])
+        policy_files = await self.artifacts.get(batch.adapter)
         if batch.optimizer_state is None:
             raise ValueError("FakeTrainer.train_step needs the optimizer state that init_adapter returned")
-        optimizer = _decoded(await self.artifacts.get(batch.optimizer_state))
+        optimizer_files = await self.artifacts.get(batch.optimizer_state)
+        # Pure in (adapter bytes, optimizer bytes, batch, hyper-parameters): chaos repeats each run seed's steps in its
+        # reference, every scenario drawn on it, their replays and reruns, so the step is memoised process-wide by
+        # exactly those inputs (the pickle keeps every float's bits); a batch that fails its checks is never stored.
+        key = (
+            policy_files["policy.json"],
+            optimizer_files["policy.json"],
+            pickle.dumps((batch.rollouts, batch.rewards, batch.step, batch.new_version), pickle.HIGHEST_PROTOCOL),
+            (self.rows, self.lr, self.momentum, self.clip_eps, self.max_staleness),
+        )
+        step = _STEPS.get(key)
+        if step is None:
+            if len(_STEPS) >= 2048:
+                _STEPS.clear()
+            step = _STEPS[key] = self._step(batch, _decoded(policy_files), _decoded(optimizer_files))
+        adapter_files, optimizer_out, metrics = step
+        await asyncio.sleep(self.cold_start_s + self.latency.seconds(len(batch.rollouts), batch.step))
+        adapter = await self.artifacts.put(dict(adapter_files), name=f"adapter-v{batch.new_version}")
+        opt = await self.artifacts.put(dict(optimizer_out), name=f"optimizer-v{batch.new_version}")
+        return TrainResult(adapter=adapter, optimizer_state=opt, version=batch.new_version, metrics=metrics)
+
+    def _step(
+        self, batch: TrainBatch, policy: dict[str, Any], optimizer: dict[str, Any]
+    ) -> tuple[dict[str, bytes], dict[str, bytes], StepMetrics]:
+        """One step's arithmetic: the new adapter's and optimizer's files, and the step's metrics."""
+        table: list[list[float]] = [list(r) for r in policy["table"]]
+        lineage: list[object] = list(policy["lineage"])
         velocity: list[list[float]] = [list(r) for r in optimizer["table"]]
         trained_version = batch.new_version - 1
         staleness = [
@@ -211,9 +253,6 @@ class FakeTrainer:
                     table[row][j] += self.lr * velocity[row][j]
         prompts = sorted({r.question for r in batch.rollouts})
         lineage.append({"version": batch.new_version, "step": batch.step, "prompts": prompts})
-        await asyncio.sleep(self.cold_start_s + self.latency.seconds(len(batch.rollouts), batch.step))
-        adapter = await self.artifacts.put(encode_table(table, lineage=lineage), name=f"adapter-v{batch.new_version}")
-        opt = await self.artifacts.put(encode_table(velocity), name=f"optimizer-v{batch.new_version}")
         metrics = StepMetrics(
             loss=loss / contributing if contributing else 0.0,
             contributing=contributing,
@@ -221,7 +260,7 @@ class FakeTrainer:
             clip_frac=clipped / contributing if contributing else 0.0,
             max_staleness=max(staleness, default=0),
         )
-        return TrainResult(adapter=adapter, optimizer_state=opt, version=batch.new_version, metrics=metrics)
+        return encode_table(table, lineage=lineage), encode_table(velocity), metrics
 
 
 _EVALUATIONS: dict[tuple[object, ...], EvalResult] = {}

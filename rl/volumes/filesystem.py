@@ -5,26 +5,22 @@ Which filesystems get which sharing, and why: docs/volumes.md."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import shutil
 import stat
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
+from rl import platform
 from rl.volumes.errors import InvalidPathError
 
 ShareMode = Literal["reflink", "hardlink", "copy"]
 SHARE_MODES: tuple[ShareMode, ...] = ("reflink", "hardlink", "copy")
 
-# fcntl.FICLONE exists only from Python 3.12; this is Linux's _IOW(0x94, 9, int).
-FICLONE = getattr(fcntl, "FICLONE", 0x40049409)
 WRITE_BITS = 0o222
 
 
@@ -100,17 +96,9 @@ def seal_modes(data: Path, *, durable: bool) -> None:
 
 
 def try_reflink(src: Path, dst: Path) -> bool:
-    """Clone src's extents into a new file dst (FICLONE); False, leaving no dst, where the filesystem cannot."""
-    if sys.platform != "linux":
-        return False
-    try:
-        with open(src, "rb") as fsrc, open(dst, "xb") as fdst:
-            fcntl.ioctl(fdst.fileno(), FICLONE, fsrc.fileno())
-    except OSError:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(dst)
-        return False
-    return True
+    """Clone src's extents into a new file dst (rl.platform: FICLONE, clonefile); False, leaving no dst, where the
+    platform or the filesystem cannot."""
+    return platform.clone_file(src, dst)
 
 
 def hash_file(path: Path, *, fsync: bool) -> str:

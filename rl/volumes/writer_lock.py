@@ -4,11 +4,11 @@ an in-process set for filesystems (NFS) whose flock emulation does not conflict 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import threading
 from pathlib import Path
 
+from rl.platform import flock, unlock
 from rl.volumes.errors import WriterConflictError
 
 # Keyed by pid too: a child made by os.fork inherits this set but not the parent's writers.
@@ -25,7 +25,7 @@ def acquire_writer(root: Path, name: str) -> int:
             raise WriterConflictError(conflict_message(name, os.getpid(), root))
         fd = os.open(root / "locks" / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            flock(fd, blocking=False)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
@@ -43,7 +43,7 @@ def release_writer(root: str, name: str, fd: int) -> None:
     with OPEN_WRITERS_LOCK:
         OPEN_WRITERS.discard((os.getpid(), root, name))
         with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            unlock(fd)
         with contextlib.suppress(OSError):
             os.close(fd)
 

@@ -94,6 +94,9 @@ CASES = [
 ]
 
 
+# slow: one in-process run of the algorithm laws per bug (~1 s each on 2 quiet cores; together a twelfth of `unit`);
+# `nox -s slow` runs them in CI, and the reference run below stays in `unit`.
+@pytest.mark.slow
 @pytest.mark.parametrize(("attr", "expected"), CASES, ids=[attr for attr, _ in CASES])
 def test_a_broken_algorithm_fails_exactly_the_laws_it_breaks(
     pytester: pytest.Pytester, attr: str, expected: dict[str, str]

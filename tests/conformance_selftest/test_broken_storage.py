@@ -12,6 +12,10 @@ import re
 import pytest
 from suite_runner import run_suite
 
+# slow: each case runs the volume state machine in process (up to ~12 s each on 2 quiet cores; the module was a fifth
+# of `unit`); `nox -s slow` runs them in CI, and tests/test_volumes.py runs every volume law on our store in `unit`.
+pytestmark = pytest.mark.slow
+
 pytest_plugins = ("pytester",)
 
 MACHINE = "test_volumes_random_histories_match_a_dict_model"

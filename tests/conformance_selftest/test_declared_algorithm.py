@@ -72,6 +72,9 @@ def _tier(impl: Implementation) -> set[str]:
     return ADVANTAGE_LAWS if impl.advantages is not None else LOSS_LAWS
 
 
+# slow: two in-process runs of the algorithm laws per choice (~1 s each on 2 quiet cores; together a tenth of `unit`);
+# `nox -s slow` runs them in CI, and our functions' runs below stay in `unit`.
+@pytest.mark.slow
 @pytest.mark.parametrize(("attr", "undeclared"), CHOICES, ids=[attr for attr, _ in CHOICES])
 def test_a_declared_choice_passes_and_undeclared_fails_only_its_choice_laws(
     pytester: pytest.Pytester, attr: str, undeclared: dict[str, str]

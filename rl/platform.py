@@ -1,0 +1,119 @@
+"""What differs between the operating systems we run on, in one place: file clones, file locks, per-process I/O counts.
+
+flyte-rl runs on Linux and macOS. Windows is refused at `import rl` (use WSL): the volume store and the dead-writer
+cleanup lock open directories and rely on POSIX flock semantics (the kernel drops the lock when its holder dies), and
+Windows can neither open a directory as a file nor give byte-range locks those semantics.
+
+Every other module of `rl` imports no POSIX-only module (fcntl, termios, resource, ...) at module level; this one
+imports them only where they exist (tests/test_platform.py holds both to that, and forces each fallback on Linux).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows: refused by `refuse_unsupported` before anything here is called
+    fcntl = None  # type: ignore[assignment]
+
+UNSUPPORTED_MESSAGE = (
+    "flyte-rl runs on Linux and macOS, not on Windows ({platform}): use WSL "
+    "(https://learn.microsoft.com/windows/wsl/install) and install it there"
+)
+
+# fcntl.FICLONE exists only from Python 3.12; this is Linux's _IOW(0x94, 9, int).
+FICLONE = getattr(fcntl, "FICLONE", 0x40049409)
+# <sys/clonefile.h>: do not follow a symlink at the source (we clone only regular files we just walked).
+CLONE_NOFOLLOW = 0x0001
+PROC_SELF_IO = "/proc/self/io"
+
+
+def refuse_unsupported(platform: str = sys.platform) -> None:
+    """Raise ImportError, in one line saying to use WSL, on Windows; nothing elsewhere."""
+    if platform == "win32" or platform == "cygwin":
+        raise ImportError(UNSUPPORTED_MESSAGE.format(platform=platform))
+
+
+def _clone_ficlone(src: Path, dst: Path) -> bool:
+    with open(src, "rb") as fsrc, open(dst, "xb") as fdst:
+        fcntl.ioctl(fdst.fileno(), FICLONE, fsrc.fileno())
+    return True
+
+
+def _libc_clonefile() -> Callable[[bytes, bytes, int], int] | None:
+    """macOS's clonefile(2) (APFS, since 10.12), or None where this libc has none."""
+    try:
+        func = ctypes.CDLL(None, use_errno=True).clonefile
+    except (OSError, AttributeError):
+        return None
+    func.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint32)
+    func.restype = ctypes.c_int
+    return func
+
+
+def _clone_clonefile(src: Path, dst: Path) -> bool:
+    clonefile = _libc_clonefile()
+    if clonefile is None:
+        return False
+    if clonefile(os.fsencode(src), os.fsencode(dst), CLONE_NOFOLLOW) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(dst))
+    return True
+
+
+def _clone_none(src: Path, dst: Path) -> bool:
+    return False
+
+
+CLONERS: dict[str, Callable[[Path, Path], bool]] = {
+    "ficlone": _clone_ficlone,
+    "clonefile": _clone_clonefile,
+    "none": _clone_none,
+}
+# Which clone this platform has; tests set it to force the others (the callers then hard link or copy).
+CLONE = {"linux": "ficlone", "darwin": "clonefile"}.get(sys.platform, "none")
+
+
+def clone_file(src: Path, dst: Path) -> bool:
+    """Make dst a copy-on-write clone of the regular file src (FICLONE on Linux, clonefile on macOS); False, leaving
+    no dst, where the platform or the filesystem cannot (the caller then hard links or copies)."""
+    try:
+        return CLONERS[CLONE](src, dst)
+    except OSError:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(dst)
+        return False
+
+
+HAS_FLOCK = fcntl is not None
+
+
+def flock(fd: int, *, exclusive: bool = True, blocking: bool = True) -> None:
+    """flock(2) `fd`: BlockingIOError when not `blocking` and another holds it; OSError where locks are unsupported
+    (some NFS mounts, and any platform without fcntl), which callers treat as 'this filesystem cannot lock'."""
+    if not HAS_FLOCK:
+        raise OSError(errno.EOPNOTSUPP, "this platform has no flock")  # as an NFS mount that refuses flock says
+    op = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+    fcntl.flock(fd, op if blocking else op | fcntl.LOCK_NB)
+
+
+def unlock(fd: int) -> None:
+    if HAS_FLOCK:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def bytes_written() -> int | None:
+    """What this process has passed to write-like syscalls (Linux's /proc/self/io `wchar`); None where the platform
+    does not count it (macOS has no /proc)."""
+    try:
+        with open(PROC_SELF_IO) as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("wchar"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
