@@ -116,7 +116,15 @@ class KlLaws:
                 except ValueError:
                     continue  # not declarable (a clamp without a KL term, a token mean of a sample_loss's ...)
                 candidates.append((candidate, weights))
-            fits = _fits(candidates, spec, got, kl_only=True) or _kl_diagnosis(spec, got, weights)
+            probe = _fresh(spec, KL_CELLS[-1])  # ratios away from 1, where k3_ratio and k3_value_k2_grad differ
+            probe_got = kl_part(
+                _call(loss_under_test, spec, probe, law),
+                _call(loss_under_test, spec, replace(probe, kl_beta=0.0), law),
+            )
+            probe_weights = _weights(loss_under_test, spec, probe, law)
+            fits = _fits(candidates, spec, got, kl_only=True, also=[(probe_got, probe_weights)]) or _kl_diagnosis(
+                spec, got, weights
+            )
             aggregated = (
                 "weighted as the surrogate is"
                 if spec.kl_aggregation is None

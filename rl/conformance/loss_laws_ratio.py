@@ -101,7 +101,7 @@ class RatioLaws:
             abs(got.grad[j][s] + weights[j] * rounded.advantages[j]) <= 1e-3 * abs(weights[j] * rounded.advantages[j])
             for j, s in rounded.tokens()
         ) and any(abs(rounded.new[j][s] - rounded.old[j][s]) > 0.5 for j, s in rounded.tokens())
-        on_policy = replace(spec, importance_ratio="on_policy").declared(LOSS_FIELDS)
+        on_policy = replace(spec, importance_ratio="on_policy", ratio_cap=None).declared(LOSS_FIELDS)
         hint = (
             " Every token's gradient is -A w whatever its ratio: the loss ignores old_logp. If stale samples never "
             f"reach it (one PPO epoch, no pipelining), declare {on_policy}."

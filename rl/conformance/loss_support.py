@@ -254,15 +254,20 @@ def _fits(
     got: _Outcome,
     *,
     kl_only: bool = False,
+    also: Sequence[tuple[_Outcome, Sequence[float]]] = (),
 ) -> str:
     """The first candidate declaration (other than `declared`, fewest fields changed first) whose reference, with its
-    weights and at its dtype's precision, the outcome matches: a sentence saying to declare it, or ""."""
+    weights and at its dtype's precision, the outcome matches (and each outcome of `also`, with its weights: a hint
+    must hold beyond the one failing call): a sentence saying to declare it, or ""."""
     ranked = sorted(
         candidates, key=lambda c: sum(a != b for a, b in zip(_values(c[0]), _values(declared), strict=True))
     )
     for candidate, weights in ranked:
-        if candidate != declared and not _mismatch(
-            candidate, got, weights, precision(candidate.loss_dtype), kl_only=kl_only
+        at = precision(candidate.loss_dtype)
+        if (
+            candidate != declared
+            and not _mismatch(candidate, got, weights, at, kl_only=kl_only)
+            and not any(_mismatch(candidate, other, w, at, kl_only=kl_only) for other, w in also)
         ):
             return f"The loss matches {candidate.declared(LOSS_FIELDS)}: declare it if that is your design."
     return ""
@@ -357,11 +362,19 @@ def implied_normalizer(lengths: Sequence[int], measured: Sequence[float]) -> flo
 
 def _aggregations(spec: AlgorithmSpec, implied: float) -> list[AlgorithmSpec]:
     """Every declarable aggregation at every suggested dtype, the constant one with `implied` as its L (none when
-    `implied` is NaN: the weights imply no constant that holds beyond one batch)."""
+    `implied` is NaN: the weights imply no constant that holds beyond one batch), each also with CISPO's value
+    convention (whose value is not compared: at ratio 1 any ratio_cap fits)."""
     out = []
     for dtype in _HINT_DTYPES:
         for name in _PER_SEQUENCE:
             out.append(replace(spec, loss_aggregation=name, loss_normalizer=None, loss_dtype=dtype))
         if math.isfinite(implied) and implied > 0:
             out.append(replace(spec, loss_aggregation="constant", loss_normalizer=round(implied, 6), loss_dtype=dtype))
-    return out
+    conventions = []
+    if spec.importance_ratio in ("clipped", "sequence"):
+        for candidate in out:
+            try:
+                conventions.append(replace(candidate, importance_ratio="cispo", ratio_cap=5.0))
+            except ValueError:
+                continue  # not declarable with the rest of `candidate`
+    return out + conventions

@@ -270,11 +270,6 @@ class AlgorithmSpec:
                 "ratio weighting each token's k3 couples every token's gradient to the whole completion's KL. "
                 "Declare the token-level ratio, or an unweighted estimator"
             )
-        if self.kl_aggregation == "constant":
-            raise ValueError(
-                "AlgorithmSpec.kl_aggregation='constant' is not declarable (it has no normaliser of its own): "
-                "declare 'sequence_mean', 'sequence_sum' or 'token_mean', or None for the surrogate's aggregation"
-            )
         if self.kl_aggregation is not None and self.kl_estimator == "none":
             raise ValueError(
                 "AlgorithmSpec(kl_aggregation=...) aggregates a KL penalty, and kl_estimator='none' "
