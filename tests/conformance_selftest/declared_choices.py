@@ -165,9 +165,7 @@ def _bind(
 
 
 _SAMPLE = AlgorithmSpec(advantage_scale="sample_std")
-BATCH_STD, BATCH_STD_UNDECLARED = _bind(
-    "batch-std", _SAMPLE, {"std_scope": "batch"}, advantages=batch_std_advantages
-)
+BATCH_STD, BATCH_STD_UNDECLARED = _bind("batch-std", _SAMPLE, {"std_scope": "batch"}, advantages=batch_std_advantages)
 LEAVE_ONE_OUT, LEAVE_ONE_OUT_UNDECLARED = _bind(
     "leave-one-out",
     AlgorithmSpec(advantage_scale="sample_std", std_eps=1e-6),

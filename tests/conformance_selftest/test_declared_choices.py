@@ -1,9 +1,9 @@
-"""The choices real libraries make that `AlgorithmSpec` could not declare (GSPO, CISPO, a batch std, a leave-one-out
-baseline, SkyRL's KL aggregation, NeMo-RL's KL weight, refused groups of one, a variance floor): a correct
-implementation of each passes declared, and undeclared fails exactly the laws listed, each naming the declaration
-to make. Some of those laws are invariants of every other declaration (a batch std makes a group depend on the others; a leave-one-out
-std does not centre; CISPO's value is not REINFORCE's; a refusal errs wherever a group of one is sent): what they
-check is part of the choice, and their failure says so.
+"""The choices real libraries make that `AlgorithmSpec` could not declare (GSPO, CISPO, a batch std, a
+leave-one-out baseline, SkyRL's KL aggregation, NeMo-RL's KL weight, refused groups of one, a variance floor): a
+correct implementation of each passes declared, and undeclared fails exactly the laws listed, each naming the
+declaration to make. Some of those laws are invariants of every other declaration (a batch std makes a group depend
+on the others; a leave-one-out std does not centre; CISPO's value is not REINFORCE's; a refusal errs wherever a group
+of one is sent): what they check is part of the choice, and their failure says so.
 
 Runs the packaged suite the way a fork does (`--rl-impl declared_choices:GSPO`), in pytester's directory.
 """
