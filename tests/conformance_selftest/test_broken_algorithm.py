@@ -91,6 +91,11 @@ CASES = [
     ("UNMASKED_KL", {PADDING: "the mask is not applied", KL_ESTIMATOR: "declared KL estimator"}),
     ("KL_SUMMED", {KL_ESTIMATOR: "summed over tokens where the surrogate is averaged"}),
     ("KEEPDIM", {SCALAR: "sample_loss returned a loss of shape (1,), expected a 0-d tensor"}),
+    # Right on the rewards the hints probe, wrong near 1e6 (float32-sized errors): no hint may propose the declaration
+    # already made.
+    ("ONE_PASS_VARIANCE", {SCALE: "They match AlgorithmSpec(advantage_dtype='float32')"}),
+    # A normaliser that depends on the batch: no hint may propose the loss_normalizer one batch implies.
+    ("BATCH_MAX_LENGTH", {AGGREGATION: "a normaliser that depends on the batch"}),
 ]
 
 
@@ -109,6 +114,10 @@ def test_a_broken_algorithm_fails_exactly_the_laws_it_breaks(
     for name, message in expected.items():
         report = run.reports[name]
         assert message in report, f"{attr}: {name} failed without saying {message!r}:\n{report[-3000:]}"
+        declared = getattr(broken_algorithm, attr).algorithm.declared()
+        assert f"They match {declared}:" not in report and f"matches {declared}:" not in report, (
+            f"{attr}: {name} proposes the declaration already made, {declared}:\n{report[-3000:]}"
+        )
         assert f"--rl-impl broken_algorithm:{attr}" in report, f"{name}'s report has no reproduce line"
 
 
