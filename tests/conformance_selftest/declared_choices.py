@@ -193,8 +193,9 @@ K3_VALUE_K2_GRAD, K3_VALUE_K2_GRAD_UNDECLARED = _bind(
 )
 K3_VALUE_K2_GRAD_AS_K3_RATIO = Implementation(
     name="k3-value-k2-grad-as-k3-ratio",
-    algorithm=AlgorithmSpec(kl_estimator="k3_ratio"),
+    algorithm=AlgorithmSpec(kl_estimator="k3_ratio", advantage_scale="sample_std"),
     sample_loss=k3_value_k2_grad_loss,
 )
 """A KL term that should be weighted by the ratio (declared TRL's k3_ratio) and is not: at ratio 1 both have k3's
-value and k2's gradient, so only a ratio away from 1 tells them apart."""
+value and k2's gradient, so only a ratio away from 1 tells them apart. Its advantage field is one a loss law's message
+must leave out."""

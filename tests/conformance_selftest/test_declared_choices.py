@@ -82,11 +82,15 @@ def test_a_real_librarys_choice_passes_declared_and_undeclared_names_its_declara
 
 def test_a_kl_term_that_should_be_ratio_weighted_and_is_not_fails_the_estimator_law(pytester: pytest.Pytester) -> None:
     """NeMo-RL's KL (k3's value, k2's gradient at every ratio) declared as TRL's k3_ratio: identical at ratio 1, so
-    only the KL laws' ratios away from 1 catch it."""
+    only the KL laws' ratios away from 1 catch it. The message prints the loss fields only, not the declared
+    advantage_scale the law never used."""
     run = run_algorithm_laws(pytester, "declared_choices", "K3_VALUE_K2_GRAD_AS_K3_RATIO")
     assert set(run.failed) == {KL_ESTIMATOR}, sorted(run.failed)
     report = run.reports[KL_ESTIMATOR]
     assert "AlgorithmSpec(kl_estimator='k3_value_k2_grad'): declare it if that is your design" in report, report[-3000:]
+    message = "\n".join(line for line in report.splitlines() if line.startswith("E "))
+    assert "for AlgorithmSpec(kl_estimator='k3_ratio') (" in message, message
+    assert "advantage_scale" not in message, message
 
 
 @pytest.mark.parametrize(
