@@ -50,6 +50,8 @@ _CONTRACT_MODULES = (
     "rl.conformance.history",
     "rl.conformance.algorithm",
     "rl.conformance.advantage_laws",
+    "rl.conformance.loss_laws_ratio",
+    "rl.conformance.loss_laws_kl",
     "rl.conformance.loss_laws",
     "rl.conformance.ddp",
     "rl.conformance.agentic",
