@@ -152,7 +152,8 @@ def _kl_diagnosis(spec: AlgorithmSpec, got: _Outcome, weights: Sequence[float]) 
         for (i, t), token in tokens.items():
             if abs(token.kl_grad) > 1e-3 * case.kl_beta:
                 factors.setdefault(i, []).append(got.grad[i][t] / (kl_w[i] * token.kl_grad))
-        if factors and all(max(f) - min(f) <= 1e-4 * max(1.0, max(abs(x) for x in f)) for f in factors.values()):
+        consistent = all(max(f) - min(f) <= 1e-4 * max(1.0, max(abs(x) for x in f)) for f in factors.values())
+        if factors and consistent and all(f[0] > 0 for f in factors.values()):
             per_row = {i: round(f[0], 6) for i, f in factors.items()}
             return (
                 f"The KL term is {kl} weighted {per_row} times the surrogate's weight, per completion: the "

@@ -89,7 +89,8 @@ CASES = [
     ("UNCLIPPED_RATIO", {CLIP: "a stale sample's gain is not capped"}),
     ("CLAMP_ONLY", {CLIP: "clipping the ratio without the min cuts the gradient"}),
     ("UNMASKED_KL", {PADDING: "the mask is not applied", KL_ESTIMATOR: "declared KL estimator"}),
-    ("KL_SUMMED", {KL_ESTIMATOR: "summed over tokens where the surrogate is averaged"}),
+    # The KL summed per completion beside a per-completion mean: a weighting the suite can name since kl_aggregation.
+    ("KL_SUMMED", {KL_ESTIMATOR: "The loss matches AlgorithmSpec(kl_aggregation='sequence_sum')"}),
     ("KEEPDIM", {SCALAR: "sample_loss returned a loss of shape (1,), expected a 0-d tensor"}),
     # Right on the rewards the hints probe, wrong near 1e6 (float32-sized errors): no hint may propose the declaration
     # already made.
