@@ -88,7 +88,7 @@ def test_a_kl_term_that_should_be_ratio_weighted_and_is_not_fails_the_estimator_
     assert set(run.failed) == {KL_ESTIMATOR}, sorted(run.failed)
     report = run.reports[KL_ESTIMATOR]
     assert "AlgorithmSpec(kl_estimator='k3_value_k2_grad'): declare it if that is your design" in report, report[-3000:]
-    message = "\n".join(line for line in report.splitlines() if line.startswith("E "))
+    message = "\n".join(line for line in report.splitlines() if "AssertionError: declared KL estimator" in line)
     assert "for AlgorithmSpec(kl_estimator='k3_ratio') (" in message, message
     assert "advantage_scale" not in message, message
 
