@@ -49,6 +49,7 @@ _CONTRACT_MODULES = (
     "rl.conformance.driver",
     "rl.conformance.history",
     "rl.conformance.algorithm",
+    "rl.conformance.advantage_support",
     "rl.conformance.advantage_laws",
     "rl.conformance.loss_laws_ratio",
     "rl.conformance.loss_laws_kl",
