@@ -317,6 +317,9 @@ def vllm_api(session: nox.Session) -> None:
 # `nox -s peers` fails when a binding's failures differ from its record, in either direction: a law newly failing, or
 # a recorded failure that now passes.
 _ALL_EQUAL = "TestAdvantages::test_advantages_of_an_all_equal_group_are_exactly_zero"
+_ZERO_SUM = "TestAdvantages::test_advantages_sum_to_zero_within_each_group"
+_SCALE = "TestAdvantages::test_advantages_scale_as_declared"
+_AGGREGATION = "TestLoss::test_loss_aggregates_tokens_as_declared"
 PEERS = {
     "trl": {
         "pin": "trl==1.16.0",
@@ -324,6 +327,9 @@ PEERS = {
             # Bug: no all-equal guard; float32 mean residue / (nanstd + 1e-4): 7 x 0.1 -> -7.45e-5 each.
             "IMPL": {_ALL_EQUAL},
             "IMPL_KL": {_ALL_EQUAL},
+            "IMPL_GSPO": set(),  # importance_sampling_level="sequence", declared importance_ratio="sequence"
+            "IMPL_CISPO": set(),  # loss_type="cispo", declared importance_ratio="cispo", ratio_cap=5.0
+            "IMPL_BATCH_STD": {_ALL_EQUAL},  # scale_rewards="batch": the same all-equal bug, over the batch's std
         },
     },
     "verl": {
@@ -333,6 +339,25 @@ PEERS = {
             "IMPL": {_ALL_EQUAL},
             "IMPL_KL": {_ALL_EQUAL},
         },
+    },
+    # Copied verbatim with provenance (peers/*_grpo.py), not installable here: no pin.
+    "nemo_rl": {
+        "pin": None,
+        # Bug: the others' std is sqrt(E[x^2] - E[x]^2) in float32 (one pass): [0.5, 0.501, 0.5, 0.499, 0.5] gives
+        # 0.501 an advantage of 2.5547 for 2.4950 (the std 22% low), so the leave-one-out numerators do not cancel;
+        # an all-equal group keeps a float32 residue (8 x 0.1 -> -7.45e-9, not divided: its std is 0).
+        "fails": {"IMPL": {_ALL_EQUAL, _ZERO_SUM, _SCALE}},
+    },
+    "skyrl": {
+        "pin": None,
+        "fails": {"IMPL": {_ALL_EQUAL}},  # Bug: verl's float32 group normalisation (7 x 0.1 -> -0.00739 each).
+    },
+    "tutorial": {
+        "pin": None,
+        # Bug: no all-equal guard; the float mean's residue / 1e-4 (3 x 0.1 -> -1.39e-13), which its own
+        # `advantage == 0.0` skip then misses. Undeclarable: it sums the completions' token means (weight 1/T_i, B
+        # times sequence_mean's), so the gradient grows with the batch.
+        "fails": {"IMPL": {_ALL_EQUAL, _AGGREGATION}},
     },
 }
 
@@ -349,7 +374,7 @@ def peers(session: nox.Session, peer: str) -> None:
 
     spec = PEERS[peer]
     started = time.monotonic()
-    _install_cpu(session, editable=False, with_=(str(spec["pin"]),))
+    _install_cpu(session, editable=False, with_=(str(spec["pin"]),) if spec["pin"] else ())
     install_s = time.monotonic() - started
     peers_dir = os.path.abspath("peers")
     differ = []
@@ -370,7 +395,8 @@ def peers(session: nox.Session, peer: str) -> None:
             failed = {law for law, outcome in outcomes.items() if outcome == "failed"}
             skipped = sum(outcome == "skipped" for outcome in outcomes.values())
             session.log(
-                f"{impl} ({spec['pin']}): install {install_s:.0f} s, laws {run_s:.0f} s; of {len(outcomes)} laws "
+                f"{impl} ({spec['pin'] or 'copied verbatim'}): install {install_s:.0f} s, laws {run_s:.0f} s; of "
+                f"{len(outcomes)} laws "
                 f"{len(outcomes) - len(failed) - skipped} pass, {skipped} skip (not applicable to the declaration), "
                 f"{len(failed)} fail: {sorted(failed) or 'none'}"
             )

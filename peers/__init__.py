@@ -1,10 +1,19 @@
 """Real GRPO implementations, installed from the registry at pinned versions, bound for the conformance suite.
 
 Each module binds one library's own installed functions as an `rl.conformance.Implementation` named `IMPL`, through
-thin adapters that only change shapes and arguments (no formula is copied):
+thin adapters that only change shapes and arguments (no formula is written):
 
 - `peers.trl_grpo`: TRL's `GRPOTrainer` (advantages and loss), `nox -s "peers(peer='trl')"`.
 - `peers.verl_grpo`: verl's `compute_grpo_outcome_advantage` and actor `ppo_loss`, `nox -s "peers(peer='verl')"`.
+- `peers.trl_choices`: TRL's GSPO, CISPO and batch-std configurations (re-exported by `peers.trl_grpo`).
+
+Libraries that cannot be installed here are copied verbatim, with their provenance (repository, path, lines,
+commit) in each module's docstring and the copied lines between marker comments; only the glue that feeds them the
+suite's tensors is ours:
+
+- `peers.nemo_rl_grpo`: NeMo-RL's leave-one-out advantages and clipped loss with its KL term.
+- `peers.skyrl_grpo`: SkyRL's GRPO advantages and its policy loss beside a sequence-mean KL.
+- `peers.tutorial_grpo`: the Flyte training-loop tutorial's own advantages and loss (unionai/unionai-examples).
 
 `nox -s bench-peers` times TRL's whole GRPO loop against ours on the same model, prompts, reward and shape:
 `peers.bench_trl` (the orchestrator) runs `peers.bench_ours` and `peers.trl_loop` (the runners) in fresh processes

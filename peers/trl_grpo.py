@@ -57,7 +57,18 @@ from peers._adapt import check_pair, groups_by_size
 from rl.conformance import AlgorithmSpec, Implementation
 from rl.models.tiny import build_tiny_model, load_base_model, load_tokenizer
 
-__all__ = ["ALGORITHM", "ALGORITHM_KL", "IMPL", "IMPL_KL", "advantages", "batch_loss"]
+__all__ = [
+    "ALGORITHM",
+    "ALGORITHM_KL",
+    "IMPL",
+    "IMPL_BATCH_STD",
+    "IMPL_CISPO",
+    "IMPL_GSPO",
+    "IMPL_KL",
+    "advantages",
+    "batch_loss",
+    "compute_loss",
+]
 
 VERSION = trl.__version__
 
@@ -132,6 +143,13 @@ def batch_loss(
     trainer = _trainer()
     trainer.epsilon_low = trainer.epsilon_high = clip_eps
     trainer.beta = kl_beta
+    return compute_loss(trainer, new_logp, old_logp, ref_logp, advantages, mask)
+
+
+def compute_loss(
+    trainer: GRPOTrainer, new_logp: Tensor, old_logp: Tensor, ref_logp: Tensor, advantages: Tensor, mask: Tensor
+) -> tuple[Tensor, dict[str, float]]:
+    """`trainer._compute_loss` on given log-probs, as the trainer is configured (clip, beta, loss type)."""
     # The model forward, replaced: TRL computes every other term from these log-probs.
     trainer._get_per_token_logps_and_entropies = lambda *a, **k: (new_logp, torch.zeros_like(new_logp).detach(), None)
     batch, length = new_logp.shape
@@ -167,3 +185,6 @@ ALGORITHM_KL = replace(ALGORITHM, kl_estimator="k3_ratio")
 
 IMPL = Implementation(name=f"trl-{VERSION}", advantages=advantages, batch_loss=batch_loss, algorithm=ALGORITHM)
 IMPL_KL = Implementation(name=f"trl-{VERSION}-kl", advantages=advantages, batch_loss=batch_loss, algorithm=ALGORITHM_KL)
+
+# The other configurations (GSPO, CISPO, a batch std) live in peers.trl_choices; `nox -s peers` names this module.
+from peers.trl_choices import IMPL_BATCH_STD, IMPL_CISPO, IMPL_GSPO  # noqa: E402

@@ -24,7 +24,6 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 import pytest
@@ -45,92 +44,28 @@ from rl.conformance.advantage_cases import (
     reward_batches,
     with_a_silent_group,
 )
+from rl.conformance.advantage_support import (
+    AdvantageFn,
+    _call,
+    _invariant_tolerance,
+    _matching_declaration,
+    _same,
+)
 from rl.conformance.reference import (
     TOLERANCE_FACTOR,
-    advantage_denominator,
+    advantage_denominators,
     advantage_tolerance,
     invariant_precision,
     reference_advantages,
     singleton_advantage,
 )
-from rl.conformance.spec import AdvantageDtype, AdvantageScale, AlgorithmSpec, StdEpsPlacement, check_spec
+from rl.conformance.spec import (
+    ADVANTAGE_FIELDS,
+    AlgorithmSpec,
+    check_spec,
+)
 
 __all__ = ["AdvantageContract", "AdvantageFn"]
-
-AdvantageFn = Callable[[Sequence[int], Sequence[float]], Sequence[float]]
-"""`(group_ids, rewards) -> advantages`, one per sample in input order, like
-`rl.advantages.group_normalized_advantages`."""
-
-
-def _call(advantages: AdvantageFn, batch: RewardBatch) -> list[float]:
-    """The advantages as floats, after checking the one-output-per-input law every other law relies on."""
-    out = [float(a) for a in advantages(list(batch.group_ids), list(batch.rewards))]
-    assert len(out) == len(batch.rewards), (
-        f"one output per input: {len(batch.rewards)} rewards gave {len(out)} advantages ({batch})"
-    )
-    return out
-
-
-def _spread_scale(group: Sequence[float]) -> float:
-    """`max|r| / max|r - mean|`: how many times the spread the rewards' magnitude is (1 for rewards centred on 0)."""
-    mean = statistics.fmean(group)
-    spread = max(abs(r - mean) for r in group)
-    return max(abs(r) for r in group) / spread if spread > 0 else 0.0
-
-
-def _invariant_tolerance(spec: AlgorithmSpec, group: Sequence[float], outputs: Iterable[float]) -> float:
-    """How far two advantages of one group may differ by rounding alone, at no finer than float32 resolution, from the
-    implementation's own output scale (so that it holds whatever the declared scale): `G * eps * (max|r| / spread)`
-    relative to the largest advantage, squared in that advantage for the std's own error."""
-    finite = [abs(a) for a in outputs if math.isfinite(a)]
-    size = max(finite, default=0.0)
-    eps, tiny = invariant_precision(spec.advantage_dtype)
-    return TOLERANCE_FACTOR * (eps * len(group) * (_spread_scale(group) + 1.0) * size * (1.0 + size) + tiny)
-
-
-def _same(a: float, b: float, tolerance: float) -> bool:
-    return (math.isnan(a) and math.isnan(b)) or a == b or abs(a - b) <= tolerance
-
-
-_PROBE = interleave(
-    [(1, (0.0, 1.0)), (2, (0.0, 0.01)), (3, (0.0, 0.0, 0.0, 1.0)), (4, (1.0,) + (0.0,) * 15), (5, (0.1, 0.2, 0.7))]
-)
-"""Groups that tell the declarable scales apart: [0, 1]; a spread of 0.01 (where eps and where it enters dominate);
-one success in 4 and in 16 (the sample and population std differ most); rewards not exact in binary."""
-
-_COMMON_EPS = (0.0, 1e-9, 1e-8, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
-_SCALES: tuple[AdvantageScale, ...] = ("population_std", "sample_std", "none")
-_PLACEMENTS: tuple[StdEpsPlacement, ...] = ("std", "variance")
-_DTYPES: tuple[AdvantageDtype, ...] = ("float64", "float32")
-
-
-def _matching_declaration(spec: AlgorithmSpec, advantages: AdvantageFn) -> str:
-    """The declaration closest to `spec` (fewest fields changed) whose reference the implementation's advantages of
-    `_PROBE` match, over the scale, where eps enters, common eps values and the dtype; "" if none does."""
-    got = _call(advantages, _PROBE)
-    candidates = [
-        replace(spec, advantage_scale=scale, std_eps_placement=placement, advantage_dtype=dtype, std_eps=eps)
-        for scale, placement, dtype, eps in itertools.product(
-            _SCALES, _PLACEMENTS, _DTYPES, sorted({spec.std_eps, *_COMMON_EPS})
-        )
-        if not (scale == "none" and (placement != spec.std_eps_placement or eps != spec.std_eps))
-    ]
-    fields = ("advantage_scale", "std_eps_placement", "advantage_dtype", "std_eps")
-    candidates.sort(key=lambda c: sum(getattr(c, f) != getattr(spec, f) for f in fields))
-    members = _PROBE.members()
-    for candidate in candidates:
-        expected = reference_advantages(candidate, _PROBE.group_ids, _PROBE.rewards)
-        if all(
-            _same(got[i], expected[i], advantage_tolerance(candidate, _PROBE.group(gid), expected[i]))
-            for gid, idx in members.items()
-            for i in idx
-        ):
-            return candidate.declared()
-    return ""
-
-
-def _reference_of(spec: AlgorithmSpec, batch: RewardBatch, gid: int) -> list[float]:
-    return reference_advantages(spec, [gid] * len(batch.group(gid)), batch.group(gid))
 
 
 @tier("advantages")
@@ -166,7 +101,7 @@ class AdvantageContract(ContractBase):
         NaN, inf, a rounding residue like 1e-13 (which a trainer's `advantage == 0` skip misses) or the same-sign
         advantages a float32 mean divided by a near-zero std gives, whatever the declaration and the other groups."""
         check_spec(algorithm)
-        got = _call(advantages, case)
+        got = _call(advantages, case, algorithm)
         for gid, idx in case.members().items():
             group = case.group(gid)
             if len(group) < 2 or len(set(group)) > 1:
@@ -201,19 +136,34 @@ class AdvantageContract(ContractBase):
         self, advantages: AdvantageFn, algorithm: AlgorithmSpec, case: RewardBatch
     ) -> None:
         """Within every group of two or more with signal the advantages sum to zero up to rounding: each is centred on
-        its group's mean, not on zero or on the batch mean (every declarable scale centres)."""
-        check_spec(algorithm)
-        got = _call(advantages, case)
+        its group's mean, not on zero or on the batch mean (every declarable scale centres). A leave-one-out baseline
+        centres too (`r_i - mean of the others` is `n / (n - 1)` times `r_i - mean`), but divides each member by its
+        own std: there the numerators `A_i D_i` sum to zero, `D_i` the declared denominators."""
+        spec = check_spec(algorithm)
+        got = _call(advantages, case, spec)
         for gid, idx in case.members().items():
             group = case.group(gid)
             if len(group) < 2 or len(set(group)) == 1:
                 continue
             out = [got[i] for i in idx]
+            if spec.advantage_baseline == "leave_one_out":
+                denominators = advantage_denominators(spec, group, case.rewards)
+                out = [a * d / max(denominators) for a, d in zip(out, denominators, strict=True)]
             total = math.fsum(out)
             tolerance = len(group) * _invariant_tolerance(algorithm, group, out)
+            hint = ""
+            if abs(total) > tolerance:
+                fits = _matching_declaration(spec, advantages, case, got)
+                hint = f" They match {fits}: declare it if that is your design." if fits else ""
             assert abs(total) <= tolerance, (
-                f"zero mean: group {gid} with rewards {group} got advantages {out}, which sum to {total!r} "
-                f"(tolerance {tolerance:.3g}) in {case}: they are not centred on the group's mean"
+                f"zero mean: group {gid} with rewards {group} got advantages {[got[i] for i in idx]}, which "
+                + (
+                    "times their declared leave-one-out denominators "
+                    if spec.advantage_baseline != "group_mean"
+                    else ""
+                )
+                + f"sum to {total!r} (tolerance {tolerance:.3g}) in {case}: they are not centred on the group's mean."
+                + hint
             )
 
     @law_settings(max_examples=15)
@@ -225,7 +175,7 @@ class AdvantageContract(ContractBase):
         """Within a group, a higher reward gets a strictly higher advantage (where the declared dtype can tell the two
         rewards apart): a better completion is never pushed down relative to a worse one of the same prompt."""
         eps = invariant_precision(check_spec(algorithm).advantage_dtype).eps
-        got = _call(advantages, case)
+        got = _call(advantages, case, algorithm)
         for gid, idx in case.members().items():
             group = case.group(gid)
             resolution = TOLERANCE_FACTOR * 2 * len(group) * eps * max(abs(r) for r in group)
@@ -251,9 +201,9 @@ class AdvantageContract(ContractBase):
         depends on its group's rewards, not on where the group's samples sit (they need not be contiguous)."""
         check_spec(algorithm)
         batch, order = case
-        got = _call(advantages, batch)
+        got = _call(advantages, batch, algorithm)
         moved = RewardBatch(tuple(batch.group_ids[i] for i in order), tuple(batch.rewards[i] for i in order))
-        permuted = _call(advantages, moved)
+        permuted = _call(advantages, moved, algorithm)
         members = batch.members()
         for k, i in enumerate(order):
             gid = batch.group_ids[i]
@@ -275,9 +225,9 @@ class AdvantageContract(ContractBase):
         check_spec(algorithm)
         batch, new_labels = case
         rename = dict(zip(batch.members(), new_labels, strict=True))
-        got = _call(advantages, batch)
+        got = _call(advantages, batch, algorithm)
         renamed = RewardBatch(tuple(rename[gid] for gid in batch.group_ids), batch.rewards)
-        relabelled = _call(advantages, renamed)
+        relabelled = _call(advantages, renamed, algorithm)
         members = batch.members()
         for i, (a, b) in enumerate(zip(got, relabelled, strict=True)):
             gid = batch.group_ids[i]
@@ -295,22 +245,43 @@ class AdvantageContract(ContractBase):
         self, advantages: AdvantageFn, algorithm: AlgorithmSpec, case: tuple[RewardBatch, int]
     ) -> None:
         """A group's advantages are a function of its own rewards: changing every other group's rewards
-        (r -> 3r + 1) leaves them unchanged (no batch mean, no batch std)."""
-        check_spec(algorithm)
+        (r -> 3r + 1) leaves them unchanged (no batch mean, no batch std). Under `std_scope="batch"` (a declared batch
+        std) the other groups may change them by one common positive factor, never their signs or proportions."""
+        spec = check_spec(algorithm)
         batch, target = case
         changed = RewardBatch(
             batch.group_ids,
             tuple(r if gid == target else 3 * r + 1 for gid, r in zip(batch.group_ids, batch.rewards, strict=True)),
         )
-        before = _call(advantages, batch)
-        after = _call(advantages, changed)
+        before = _call(advantages, batch, spec)
+        after = _call(advantages, changed, spec)
         idx = batch.members()[target]
-        tolerance = _invariant_tolerance(algorithm, batch.group(target), [before[i] for i in idx])
+        factor = 1.0
+        if spec.std_scope == "batch":
+            largest = max(idx, key=lambda i: abs(before[i]))
+            factor = after[largest] / before[largest] if before[largest] and math.isfinite(before[largest]) else 1.0
+            assert factor > 0 or not math.isfinite(factor), (
+                f"independent groups (up to the declared batch std's factor): group {target} of {batch} changed sign "
+                f"once only the other groups' rewards changed to {list(changed.rewards)}: {before[largest]!r} became "
+                f"{after[largest]!r}"
+            )
+        tolerance = _invariant_tolerance(spec, batch.group(target), [before[i] for i in idx]) * max(1.0, factor)
+        hint = ""
+        if not all(_same(before[i] * factor, after[i], tolerance) for i in idx):
+            fits = _matching_declaration(spec, advantages, batch, before)
+            hint = f" They match {fits}: declare it if that is your design." if fits else ""
         for i in idx:
-            assert _same(before[i], after[i], tolerance), (
+            assert _same(before[i] * factor, after[i], tolerance), (
                 f"independent groups: sample {i} of group {target} (reward {batch.rewards[i]!r}) has advantage "
                 f"{before[i]!r} in {batch}, but {after[i]!r} once only the other groups' rewards changed to "
                 f"{list(changed.rewards)}"
+                + (
+                    f" (the declared batch std allows one common factor, {factor!r} from the group's largest "
+                    "advantage: its proportions changed)"
+                    if spec.std_scope == "batch"
+                    else ""
+                )
+                + hint
             )
 
     # -- choices -------------------------------------------------------------------------------------------------------
@@ -321,34 +292,37 @@ class AdvantageContract(ContractBase):
     def test_advantages_scale_as_declared(
         self, advantages: AdvantageFn, algorithm: AlgorithmSpec, case: RewardBatch
     ) -> None:
-        """Every group of two or more with signal gets the declared `(r - mean) / D_g` (population or sample std or
-        none, the declared eps where it enters) within the declared dtype's tolerance. The group [0, 1] thus gets
-        ±0.5 / (0.5 + 1e-4) by default (the sample std, 0.7071, would give ±0.7070)."""
+        """Every group of two or more with signal gets the declared `(r - baseline) / D` (the group's mean or the
+        others' (leave-one-out); population or sample std, of the group or the batch, or none; the declared eps where
+        it enters) within the declared dtype's tolerance. The group [0, 1] thus gets ±0.5 / (0.5 + 1e-4) by default
+        (the sample std, 0.7071, would give ±0.7070)."""
         spec = check_spec(algorithm)
-        got = _call(advantages, case)
+        got = _call(advantages, case, spec)
+        expected = reference_advantages(spec, case.group_ids, case.rewards)
         for gid, idx in case.members().items():
             group = case.group(gid)
             if len(group) < 2 or len(set(group)) == 1:
                 continue
-            expected = _reference_of(spec, case, gid)
             out = [got[i] for i in idx]
-            for r, a, want in zip(group, out, expected, strict=True):
-                tolerance = advantage_tolerance(spec, group, want)
+            denominators = advantage_denominators(spec, group, case.rewards)
+            for k, (r, a, i) in enumerate(zip(group, out, idx, strict=True)):
+                want = expected[i]
+                tolerance = advantage_tolerance(spec, group, want, case.rewards)
                 if _same(a, want, tolerance) and not math.isnan(a):
                     continue
                 mean = statistics.fmean(group)
                 implied = (r - mean) / a if a and math.isfinite(a) else math.nan
-                fits = _matching_declaration(spec, advantages)
+                fits = _matching_declaration(spec, advantages, case, got)
                 raise AssertionError(
                     f"declared scale: group {gid} with rewards {group} got advantages {out}; reward {r!r} has "
-                    f"{a!r}, but {spec.declared()} gives (r - mean) / {advantage_denominator(spec, group)!r} = "
-                    f"{want!r} (tolerance {tolerance:.3g} for {spec.advantage_dtype}); the values divide by "
-                    f"{implied!r} (population std {statistics.pstdev(group)!r}, sample std "
-                    f"{statistics.stdev(group)!r}). "
+                    f"{a!r}, but {spec.declared(ADVANTAGE_FIELDS)} gives {want!r}, dividing by "
+                    f"{denominators[k]!r} (tolerance {tolerance:.3g} for {spec.advantage_dtype}); the values divide by "
+                    f"{implied!r} (r - group mean over the advantage; population std {statistics.pstdev(group)!r}, "
+                    f"sample std {statistics.stdev(group)!r}). "
                     + (
                         f"They match {fits}: declare it if that is your design."
                         if fits
-                        else "No declarable scale, eps or dtype matches them."
+                        else "No declarable scale, baseline, scope, eps or dtype matches them."
                     )
                 )
 
@@ -362,13 +336,34 @@ class AdvantageContract(ContractBase):
         self, advantages: AdvantageFn, algorithm: AlgorithmSpec, case: RewardBatch
     ) -> None:
         """A group of one sample has nothing to be compared with; it gets the declared convention: exactly 0.0
-        ("zero", a no-signal group a trainer skips), or its reward scaled as if mean 0 and std 1 ("reward")."""
+        ("zero", a no-signal group a trainer skips), its reward scaled as if mean 0 and std 1 ("reward"), or, where
+        groups of one never occur ("refused"), a refusal: the call raises, or returns NaN for that sample, never a
+        finite number a trainer would silently train on."""
         spec = check_spec(algorithm)
-        got = _call(advantages, case)
-        for gid, idx in case.members().items():
-            if len(idx) != 1:
-                continue
-            (i,) = idx
+        singles = [idx[0] for idx in case.members().values() if len(idx) == 1]
+        if spec.singleton_groups == "refused":
+            try:
+                raw = [float(a) for a in advantages(list(case.group_ids), list(case.rewards))]
+            except Exception:  # the refusal: an assert or a typed error, whichever the implementation raises
+                return
+            silent = [(i, raw[i]) for i in singles if i < len(raw) and not math.isnan(raw[i])]
+            assert not silent, (
+                f"singleton group: {spec.declared(ADVANTAGE_FIELDS)} declares that a group of one never occurs, "
+                f"so it must be refused (raise, or NaN for it), but sample {silent[0][0]} (reward "
+                f"{case.rewards[silent[0][0]]!r}), alone in its group, got {silent[0][1]!r}: a group of one silently "
+                f"trained on ({case}). Declare the convention it follows, singleton_groups='zero' or 'reward'"
+            )
+            return
+        try:
+            got = _call(advantages, case, spec)
+        except Exception as exc:
+            refused = replace(spec, singleton_groups="refused").declared(ADVANTAGE_FIELDS)
+            raise AssertionError(
+                f"singleton group: {case} has a group of one and the call raised {type(exc).__name__}: {exc}. If "
+                f"groups of one never occur in your trainer, declare {refused}: declare it if that is your design."
+            ) from exc
+        for i in singles:
+            gid = case.group_ids[i]
             r, a, want = case.rewards[i], got[i], singleton_advantage(spec, case.rewards[i])
             ok = a == 0.0 if spec.singleton_groups == "zero" else _same(a, want, advantage_tolerance(spec, [r], want))
             if ok:
@@ -376,10 +371,16 @@ class AdvantageContract(ContractBase):
             other = replace(spec, singleton_groups="reward" if spec.singleton_groups == "zero" else "zero")
             alt = singleton_advantage(other, r)
             hint = (
-                f"It is {alt!r}, which matches {other.declared()}: declare it if that is your design."
+                f"It is {alt!r}, which matches {other.declared(ADVANTAGE_FIELDS)}: declare it if that is your design."
                 if _same(a, alt, 1e-6 * max(1.0, abs(alt)))
                 else ""
             )
+            if math.isnan(a):
+                hint += (
+                    " NaN is a refusal: if groups of one never occur, declare "
+                    + replace(spec, singleton_groups="refused").declared(ADVANTAGE_FIELDS)
+                    + "."
+                )
             raise AssertionError(
                 f"singleton group: group {gid} has the one reward {r!r} and got advantage {a!r}, but "
                 f"singleton_groups={spec.singleton_groups!r} gives {want!r} ({case}). {hint}"

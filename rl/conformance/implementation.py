@@ -133,7 +133,10 @@ class Implementation:
                 f"Implementation {self.name!r} binds both `sample_loss` and `batch_loss`: bind one, the form your "
                 "trainer calls (the loss laws check one loss)"
             )
-        if self.sample_loss is not None and self.algorithm.loss_aggregation == "token_mean":
+        if self.sample_loss is not None and "token_mean" in (
+            self.algorithm.loss_aggregation,
+            self.algorithm.kl_aggregation,
+        ):
             raise ImplementationError(
                 f"Implementation {self.name!r} declares {self.algorithm.declared()}, a mean over the batch's tokens, "
                 "which a per-completion `sample_loss` cannot express: bind `batch_loss`, or declare the aggregation "

@@ -14,6 +14,7 @@ __all__ = [
     "AT_RATIO_ONE",
     "CLIP_CELLS",
     "KL_CELLS",
+    "KL_LOG_RATIO",
     "LOG_RATIO",
     "LossBatch",
     "as_on_policy",
@@ -174,5 +175,17 @@ at clip_eps 0.2, 0.1 and 0.28 (DAPO's clip-higher bound)."""
 KL_CELLS = (
     cell([(0.0, [(-1.0, 0.0, gap) for gap in (0.05, -0.05, 1.0, -1.0, 5.0, -5.0, 8.0, -8.0)])], kl_beta=0.04),
     cell([(0.0, [(-3.0, 0.0, 0.5)] * 3), (2.0, [(-0.5, 0.0, -2.0)]), (-1.0, [(-6.0, 0.0, 6.0)] * 9)], kl_beta=0.5),
+    cell(
+        [
+            (0.0, [(-4.0, lr, gap) for lr, gap in ((0.7, 1.0), (-0.7, -1.0), (1.5, 2.0), (-1.5, 0.5))]),
+            (1.0, [(-3.0, 0.1, 1.0), (-1.5, -0.1, -1.0)]),
+        ],
+        kl_beta=0.3,
+    ),
 )
-"""Reference gaps of +-0.05, 1, 5 and 8 nats; advantages of 0 and not."""
+"""Reference gaps of +-0.05, 1, 5 and 8 nats; advantages of 0 and not; ratios of e^+-0.7 and e^+-1.5, where a KL term
+that should be weighted by the ratio and is not (or is and should not) differs from the declared one (on-policy
+declarations see them at ratio 1)."""
+
+KL_LOG_RATIO = st.one_of(st.just(0.0), st.floats(min_value=-2.0, max_value=2.0))
+"""The KL laws' log ratios: 1, and away from it (e^-2 to e^2)."""

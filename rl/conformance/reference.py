@@ -13,8 +13,13 @@ divergence"), and its aggregation over a batch of B completions of lengths T_i:
 
     l_t  = -min(r_t A, clip(r_t, 1 - eps, 1 + eps) A) + kl_beta k(d_t)     r_t = exp(new_t - old_t), d_t = ref_t - new_t
 
-(with a dual clip c, for A < 0: -max(min(...), c A); with a KL clamp C: min(k, C); k3_ratio: r_t k3(d_t)),
+(with a dual clip c, for A < 0: -max(min(...), c A); with a KL clamp C: min(k, C); k3_ratio: r_t k3(d_t);
+k3_value_k2_grad: k3's value, k2's gradient; GSPO: r_t = s_i = exp(mean_t(new - old)) on every token of completion i;
+CISPO: -sg(min(r_t, C)) A new_t), and its aggregation over a batch of B completions of lengths T_i:
+
     loss = sum_i sum_t w_i l_it                                          w_i = 1/(B T_i) | 1/(B L) | 1/B | 1/sum_i T_i
+
+(the KL part of l_it weighted by the declared kl_aggregation's w_i instead, when it declares one).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ __all__ = [
     "Precision",
     "TokenReference",
     "advantage_denominator",
+    "advantage_denominators",
     "advantage_tolerance",
     "invariant_precision",
     "precision",
@@ -72,54 +78,87 @@ def invariant_precision(dtype: str) -> Precision:
 # -- advantages --------------------------------------------------------------------------------------------------------
 
 
-def advantage_denominator(spec: AlgorithmSpec, rewards: Sequence[float]) -> float:
-    """`D_g` of a group of two or more rewards under the declared scale, eps and eps placement, correctly rounded from
-    the exact variance."""
+def _spread(spec: AlgorithmSpec, rewards: Sequence[float]) -> float:
+    """The declared std (population or sample) of `rewards`, correctly rounded from the exact variance; 0 for fewer
+    than two (the sample std of one value is 0 here, as NeMo-RL's nan_to_num makes it)."""
+    if len(rewards) < 2:
+        return 0.0
+    variance = (
+        statistics.pvariance(rewards) if spec.advantage_scale == "population_std" else statistics.variance(rewards)
+    )
+    return math.sqrt(variance)
+
+
+def _from_std(spec: AlgorithmSpec, std: float) -> float:
+    """`D` from a std under the declared eps placement."""
+    if spec.std_eps_placement == "std":
+        return std + spec.std_eps
+    if spec.std_eps_placement == "variance":
+        return math.sqrt(std * std + spec.std_eps)
+    return max(std, spec.std_eps)
+
+
+def advantage_denominator(spec: AlgorithmSpec, rewards: Sequence[float], batch: Sequence[float] = ()) -> float:
+    """`D_g` of a group of two or more rewards under the declared scale, eps and eps placement (for
+    `std_scope="batch"`, from the std of `batch`, every reward the function was given), correctly rounded from the
+    exact variance. With a leave-one-out baseline each member has its own: see `advantage_denominators`."""
     if spec.advantage_scale == "none":
         return 1.0
-    if spec.advantage_scale == "population_std":
-        variance = statistics.pvariance(rewards)
-    else:
-        variance = statistics.variance(rewards)
-    if spec.std_eps_placement == "std":
-        return math.sqrt(variance) + spec.std_eps
-    return math.sqrt(variance + spec.std_eps)
+    return _from_std(spec, _spread(spec, batch if spec.std_scope == "batch" else rewards))
+
+
+def advantage_denominators(spec: AlgorithmSpec, rewards: Sequence[float], batch: Sequence[float] = ()) -> list[float]:
+    """Each member's `D_i`: the group's (or batch's) `D_g` for every member, or with `advantage_baseline=
+    "leave_one_out"` the declared std of the member's others (1 where they all agree: NeMo-RL does not scale them)."""
+    if spec.advantage_baseline == "group_mean" or spec.advantage_scale == "none":
+        return [advantage_denominator(spec, rewards, batch)] * len(rewards)
+    out = []
+    for i in range(len(rewards)):
+        std = _spread(spec, [r for j, r in enumerate(rewards) if j != i])
+        out.append(_from_std(spec, std) if std > 0 else 1.0)
+    return out
 
 
 def singleton_advantage(spec: AlgorithmSpec, reward: float) -> float:
     """The declared advantage of a group of one: 0, or (with "reward") the reward scaled as if the group's mean were 0
-    and its std 1 (verl's convention)."""
-    if spec.singleton_groups == "zero":
+    and its std 1 (verl's convention). "refused" has none (the laws never send one): 0.0 here."""
+    if spec.singleton_groups != "reward":
         return 0.0
     if spec.advantage_scale == "none":
         return reward
-    unit = 1.0 + spec.std_eps if spec.std_eps_placement == "std" else math.sqrt(1.0 + spec.std_eps)
-    return reward / unit
+    return reward / _from_std(spec, 1.0)
 
 
 def reference_advantages(spec: AlgorithmSpec, group_ids: Sequence[int], rewards: Sequence[float]) -> list[float]:
     """Every sample's declared advantage, in input order: exactly 0 for a group whose rewards are all equal (two or
-    more of them), the singleton convention for a group of one, and `(r - mean) / D_g` otherwise, with `r - mean`
-    exact (rational arithmetic) and one rounding in the division."""
+    more of them), the singleton convention for a group of one, and `(r - baseline) / D` otherwise, with
+    `r - baseline` exact (rational arithmetic) and one rounding in the division."""
     members: dict[int, list[int]] = {}
     for i, gid in enumerate(group_ids):
         members.setdefault(gid, []).append(i)
+    batch = [float(r) for r in rewards]
     out = [0.0] * len(rewards)
     for idx in members.values():
-        group = [float(rewards[i]) for i in idx]
+        group = [batch[i] for i in idx]
         if len(group) == 1:
             out[idx[0]] = singleton_advantage(spec, group[0])
             continue
         if all(r == group[0] for r in group):
             continue
-        mean = sum(map(Fraction, group)) / len(group)
-        denominator = advantage_denominator(spec, group)
-        for i, r in zip(idx, group, strict=True):
-            out[i] = float(Fraction(r) - mean) / denominator if denominator > 0 else 0.0
+        total = sum(map(Fraction, group), Fraction(0))
+        denominators = advantage_denominators(spec, group, batch)
+        for k, (i, r) in enumerate(zip(idx, group, strict=True)):
+            if spec.advantage_baseline == "leave_one_out":
+                centred = Fraction(r) - (total - Fraction(r)) / (len(group) - 1)
+            else:
+                centred = Fraction(r) - total / len(group)
+            out[i] = float(centred) / denominators[k] if denominators[k] > 0 else 0.0
     return out
 
 
-def advantage_tolerance(spec: AlgorithmSpec, group: Sequence[float], expected: float) -> float:
+def advantage_tolerance(
+    spec: AlgorithmSpec, group: Sequence[float], expected: float, batch: Sequence[float] = ()
+) -> float:
     """How far one advantage computed in `spec.advantage_dtype` may be from the reference `expected`.
 
     Rounding the rewards and their mean costs about `G * eps * max|r|` on `r - mean` (a naive sum of G terms), which the
@@ -127,9 +166,10 @@ def advantage_tolerance(spec: AlgorithmSpec, group: Sequence[float], expected: f
     eps, tiny = precision(spec.advantage_dtype)
     if len(group) == 1:
         return TOLERANCE_FACTOR * (eps * 2 * abs(expected) + tiny)
-    magnitude = max(abs(r) for r in group)
-    denominator = advantage_denominator(spec, group)
-    conditioning = len(group) * magnitude / denominator if denominator > 0 else math.inf
+    pool = batch if spec.std_scope == "batch" and batch else group
+    magnitude = max(abs(r) for r in pool)
+    denominator = min(advantage_denominators(spec, group, batch))
+    conditioning = len(pool) * magnitude / denominator if denominator > 0 else math.inf
     return TOLERANCE_FACTOR * (eps * (conditioning * (1.0 + abs(expected)) + abs(expected)) + tiny)
 
 
@@ -152,53 +192,81 @@ def token_weights(spec: AlgorithmSpec, lengths: Sequence[int]) -> list[float]:
 
 @dataclass(frozen=True)
 class TokenReference:
-    """One token's reference: its loss `l_t` and `d l_t / d new_t` (before the aggregation's weight), and which side of
-    the trust region its ratio is on."""
+    """One token's reference: its loss `l_t` and `d l_t / d new_t` (before the aggregation's weight), which side of
+    the trust region its ratio is on, and the KL penalty's part of each (kl_beta included), which `kl_aggregation`
+    may weigh differently from the rest."""
 
     value: float
     grad: float
     ratio: float
     side: str
-    """"inside" the trust region, "capped" (beyond it on the side that would raise the objective: the gradient is 0),
-    "pessimistic" (beyond it on the other side: the unclipped term is the minimum and keeps its gradient), or
-    "dual_capped" (A < 0 and the ratio above the declared dual clip c: the objective is c A, flat)."""
+    """"inside" the trust region, "capped" (beyond it on the side that would raise the objective: the gradient is 0;
+    for "cispo", a ratio above ratio_cap, whose weight is the cap), "pessimistic" (beyond it on the other side: the
+    unclipped term is the minimum and keeps its gradient), or "dual_capped" (A < 0 and the ratio above the declared
+    dual clip c: the objective is c A, flat)."""
     magnitude: float
     """The size of the terms that make up `value` and `grad`, each times its conditioning: what rounding scales with."""
+    kl_value: float = 0.0
+    kl_grad: float = 0.0
+
+
+def _kl(spec: AlgorithmSpec, new: float, ref: float, ratio: float, kl_beta: float) -> tuple[float, float, float]:
+    """`(k, dk/d new, its size)` of the declared estimator, clamp and weight, before kl_beta."""
+    delta = ref - new
+    if not kl_beta or spec.kl_estimator == "none":
+        return 0.0, 0.0, 0.0
+    # A log-prob rounded to the dtype is off by eps times its own size, so `ref - new` is off by eps times the inputs'
+    # sizes (not the difference's), which `exp` turns into a relative error.
+    if spec.kl_estimator == "k2":
+        kl, grad = delta * delta / 2, -delta
+        size = (abs(delta) + 1.0) * (1.0 + abs(ref) + abs(new))
+    else:
+        kl, grad = math.expm1(delta) - delta, -math.expm1(delta)
+        size = (math.exp(delta) + 1.0) * (1.0 + abs(ref) + abs(new))
+    if spec.kl_estimator == "k3_value_k2_grad":  # exp(new - sg(new)) k3: value k3, gradient k3 + dk3 = -d
+        grad = -delta
+    if spec.kl_clamp is not None and kl > spec.kl_clamp:
+        kl, grad = spec.kl_clamp, 0.0
+    if spec.kl_estimator == "k3_ratio":  # d(r k)/d new = r k + r dk/d new: the ratio carries a gradient too
+        kl, grad, size = ratio * kl, ratio * (kl + grad), ratio * (size + abs(kl))
+    return kl, grad, size
 
 
 def token_reference(
-    spec: AlgorithmSpec, new: float, old: float, ref: float, advantage: float, clip_eps: float, kl_beta: float
+    spec: AlgorithmSpec,
+    new: float,
+    old: float,
+    ref: float,
+    advantage: float,
+    clip_eps: float,
+    kl_beta: float,
+    *,
+    log_ratio: float | None = None,
 ) -> TokenReference:
-    """One token's reference loss and gradient under the declared KL estimator (k3, k2, k3_ratio or none), KL clamp
-    and dual clip, in float64."""
-    ratio = math.exp(new - old)
+    """One token's reference loss and gradient under the declared importance ratio, KL estimator (k3, k2, k3_ratio,
+    k3_value_k2_grad or none), KL clamp and dual clip, in float64. `log_ratio` is the ratio's log for
+    `importance_ratio="sequence"` (the completion's mean of `new - old`; each token's gradient is then the whole
+    sequence term's, `w T (1/T) d/ds`, which a per-token weight w carries unchanged); `new - old` by default."""
+    ratio = math.exp(new - old if log_ratio is None else log_ratio)
     low, high = 1.0 - clip_eps, 1.0 + clip_eps
-    if (advantage > 0 and ratio > high) or (advantage < 0 and ratio < low):
-        side = "capped"
-    elif ratio < low or ratio > high:
-        side = "pessimistic"
+    if spec.importance_ratio == "cispo":
+        assert spec.ratio_cap is not None  # AlgorithmSpec checks it
+        weight = min(ratio, spec.ratio_cap)
+        side = "capped" if ratio > spec.ratio_cap else "inside"
+        surrogate, surrogate_grad = weight * advantage * new, weight * advantage  # the value is a convention
     else:
-        side = "inside"
-    clipped = min(max(ratio, low), high)
-    surrogate = min(ratio * advantage, clipped * advantage)
-    surrogate_grad = 0.0 if side == "capped" else advantage * ratio
-    if spec.dual_clip is not None and advantage < 0 and ratio > spec.dual_clip:
-        side, surrogate, surrogate_grad = "dual_capped", spec.dual_clip * advantage, 0.0
-    delta = ref - new
-    # A log-prob rounded to the dtype is off by eps times its own size, so `new - old` and `ref - new` are off by eps
-    # times the inputs' sizes (not the difference's), which `exp` turns into a relative error of the ratio.
-    if spec.kl_estimator in ("k3", "k3_ratio") and kl_beta:
-        kl, kl_grad = math.expm1(delta) - delta, -math.expm1(delta)
-        kl_size = (math.exp(delta) + 1.0) * (1.0 + abs(ref) + abs(new))
-    elif spec.kl_estimator == "k2" and kl_beta:
-        kl, kl_grad = delta * delta / 2, -delta
-        kl_size = (abs(delta) + 1.0) * (1.0 + abs(ref) + abs(new))
-    else:
-        kl, kl_grad, kl_size = 0.0, 0.0, 0.0
-    if spec.kl_clamp is not None and kl > spec.kl_clamp:
-        kl, kl_grad = spec.kl_clamp, 0.0
-    if spec.kl_estimator == "k3_ratio":  # d(r k)/d new = r k + r dk/d new: the ratio carries a gradient too
-        kl, kl_grad, kl_size = ratio * kl, ratio * (kl + kl_grad), ratio * (kl_size + abs(kl))
+        if (advantage > 0 and ratio > high) or (advantage < 0 and ratio < low):
+            side = "capped"
+        elif ratio < low or ratio > high:
+            side = "pessimistic"
+        else:
+            side = "inside"
+        clipped = min(max(ratio, low), high)
+        surrogate = min(ratio * advantage, clipped * advantage)
+        surrogate_grad = 0.0 if side == "capped" else advantage * ratio
+        if spec.dual_clip is not None and advantage < 0 and ratio > spec.dual_clip:
+            side, surrogate, surrogate_grad = "dual_capped", spec.dual_clip * advantage, 0.0
+    kl, kl_grad, kl_size = _kl(spec, new, ref, math.exp(new - old), kl_beta)
     magnitude = abs(advantage) * ratio * (1.0 + abs(new) + abs(old)) + kl_beta * kl_size
     return TokenReference(
         value=-surrogate + kl_beta * kl,
@@ -206,6 +274,8 @@ def token_reference(
         ratio=ratio,
         side=side,
         magnitude=magnitude,
+        kl_value=kl_beta * kl,
+        kl_grad=kl_beta * kl_grad,
     )
 
 

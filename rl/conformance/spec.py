@@ -17,8 +17,11 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 __all__ = [
+    "ADVANTAGE_FIELDS",
+    "LOSS_FIELDS",
     "MACHINE_EPSILON",
     "SMALLEST_NORMAL",
+    "AdvantageBaseline",
     "AdvantageDtype",
     "AdvantageScale",
     "AlgorithmSpec",
@@ -28,16 +31,19 @@ __all__ = [
     "LossDtype",
     "SingletonGroups",
     "StdEpsPlacement",
+    "StdScope",
     "check_spec",
 ]
 
 AdvantageScale = Literal["population_std", "sample_std", "none"]
-StdEpsPlacement = Literal["std", "variance"]
-SingletonGroups = Literal["zero", "reward"]
+AdvantageBaseline = Literal["group_mean", "leave_one_out"]
+StdScope = Literal["group", "batch"]
+StdEpsPlacement = Literal["std", "variance", "floor"]
+SingletonGroups = Literal["zero", "reward", "refused"]
 AdvantageDtype = Literal["float64", "float32"]
 LossAggregation = Literal["sequence_mean", "constant", "sequence_sum", "token_mean"]
-KlEstimator = Literal["k3", "k2", "k3_ratio", "none"]
-ImportanceRatio = Literal["clipped", "on_policy"]
+KlEstimator = Literal["k3", "k2", "k3_ratio", "k3_value_k2_grad", "none"]
+ImportanceRatio = Literal["clipped", "sequence", "cispo", "on_policy"]
 LossDtype = Literal["float64", "float32", "bfloat16"]
 
 MACHINE_EPSILON = {"float64": 2.0**-52, "float32": 2.0**-23, "bfloat16": 2.0**-7}
@@ -46,20 +52,34 @@ MACHINE_EPSILON = {"float64": 2.0**-52, "float32": 2.0**-23, "bfloat16": 2.0**-7
 SMALLEST_NORMAL = {"float64": 2.0**-1022, "float32": 2.0**-126, "bfloat16": 2.0**-126}
 """`torch.finfo(dtype).tiny`: below it a result may flush to zero, whatever its relative precision."""
 
-_MEANING: dict[str, dict[str, str]] = {
+_MEANING: dict[str, dict[Any, str]] = {
     "advantage_scale": {
         "population_std": "A = (r - mean) / (pstdev + eps), dividing by n (GRPO as DeepSeekMath writes it; ours)",
         "sample_std": "A = (r - mean) / (stdev + eps), dividing by n - 1 (torch.std's default: TRL, OpenRLHF, verl)",
         "none": "A = r - mean, no division (Dr. GRPO)",
     },
+    "advantage_baseline": {
+        "group_mean": "r - mean of the group, every member included (GRPO; ours)",
+        "leave_one_out": "r_i - mean of the group's other members, and the std of those others (RLOO's baseline; "
+        "NeMo-RL's use_leave_one_out_baseline): a member whose others all agree is not scaled (D = 1)",
+    },
+    "std_scope": {
+        "group": "the std of the sample's own group (ours)",
+        "batch": "one std over every reward of the batch the function is given, the mean still the group's (TRL's "
+        "scale_rewards='batch'): a group's advantages then depend on the other groups by one positive factor",
+    },
     "std_eps_placement": {
         "std": "the std plus eps: (r - mean) / (std + eps)",
         "variance": "eps inside the square root: (r - mean) / sqrt(var + eps)",
+        "floor": "the std floored at eps: (r - mean) / max(std, eps)",
     },
     "singleton_groups": {
         "zero": "a group of one gets A = 0 (nothing to compare it with; ours)",
         "reward": "a group of one is scaled as if its mean were 0 and its std 1 (verl): A = r / (1 + eps) with "
-        "std_eps_placement='std', r / sqrt(1 + eps) with 'variance', r with advantage_scale='none'",
+        "std_eps_placement='std', r / sqrt(1 + eps) with 'variance', r / max(1, eps) with 'floor', r with "
+        "advantage_scale='none'",
+        "refused": "a group of one never occurs: the function refuses it (raises, or returns NaN for that sample), "
+        "and the other laws never send one",
     },
     "advantage_dtype": {
         "float64": "the advantages are computed in float64 (Python floats, numpy or torch float64; ours)",
@@ -79,10 +99,17 @@ _MEANING: dict[str, dict[str, str]] = {
         "k2": "kl_beta * d**2 / 2, d = ref - new (Schulman's k2)",
         "k3_ratio": "kl_beta * r * (exp(d) - d - 1), r = exp(new - old) not detached (TRL's use_bias_correction_kl, "
         "its default when beta > 0): at ratio 1 the value of k3 and the gradient of k2",
+        "k3_value_k2_grad": "kl_beta * exp(new - sg(new)) * (exp(d) - d - 1): k3's value and k2's gradient (-d) at "
+        "every ratio (NeMo-RL's default KL, its on-policy score-function weight)",
         "none": "no KL penalty (kl_beta = 0): the laws pass kl_beta=0.0 and the KL laws skip",
     },
     "importance_ratio": {
         "clipped": "min(r A, clip(r, 1 - eps, 1 + eps) A) with r = exp(new - old): stale samples are clipped (ours)",
+        "sequence": "the same clip, with each completion's ratio s = exp(mean over its tokens of new - old) on every "
+        "token (GSPO: TRL's and OpenRLHF's importance_sampling_level='sequence')",
+        "cispo": "-sg(min(r, ratio_cap)) A new: REINFORCE weighted by the truncated, detached token ratio, never "
+        "zeroed (CISPO, MiniMax-M1; TRL's loss_type='cispo' with epsilon_high = ratio_cap); its value is a convention, "
+        "so the laws compare gradients",
         "on_policy": "the loss is only ever given fresh samples (old == new: one PPO epoch, no pipelining): the laws "
         "pass old_logp = new_logp, compare gradients only (the value of an on-policy loss is a convention), and the "
         "clip law skips",
@@ -92,7 +119,38 @@ _MEANING: dict[str, dict[str, str]] = {
         "float32": "the loss is computed in float32: the laws pass float32 tensors (our trainer's dtype)",
         "bfloat16": "the loss is computed in bfloat16: the laws pass bfloat16 tensors",
     },
+    "kl_aggregation": {
+        None: "the KL term is aggregated as the surrogate is (loss_aggregation; ours)",
+        "sequence_mean": "each completion's KL token mean, then the mean over completions, whatever the surrogate's "
+        "aggregation (SkyRL: masked_mean(kl, mask, dim=-1).mean() beside a token-mean policy loss)",
+        "sequence_sum": "each completion's KL token sum, then the mean over completions",
+        "token_mean": "the KL summed over the batch's tokens, divided by their number (needs batch_loss)",
+    },
 }
+
+ADVANTAGE_FIELDS = (
+    "advantage_scale",
+    "advantage_baseline",
+    "std_scope",
+    "std_eps",
+    "std_eps_placement",
+    "singleton_groups",
+    "advantage_dtype",
+)
+"""The fields the advantage laws read: the only ones their failure messages print."""
+
+LOSS_FIELDS = (
+    "loss_aggregation",
+    "loss_normalizer",
+    "kl_estimator",
+    "kl_clamp",
+    "kl_aggregation",
+    "importance_ratio",
+    "ratio_cap",
+    "dual_clip",
+    "loss_dtype",
+)
+"""The fields the loss laws read: the only ones their failure messages print."""
 
 
 @dataclass(frozen=True)
@@ -104,10 +162,14 @@ class AlgorithmSpec:
     values and what each means. The advantage fields:
 
     - `advantage_scale`: "population_std" (ours), "sample_std" (torch.std's default) or "none" (Dr. GRPO).
+    - `advantage_baseline`: "group_mean" (ours) or "leave_one_out" (the mean and std of the sample's other group
+      members, NeMo-RL's default; a member whose others all agree is not scaled).
+    - `std_scope`: "group" (ours) or "batch" (one std over the whole batch, TRL's `scale_rewards="batch"`).
     - `std_eps`: the epsilon of the denominator (ours 1e-4; TRL 1e-4, verl 1e-6, OpenRLHF 1e-9); ignored when the
       scale is "none".
-    - `std_eps_placement`: "std" (`std + eps`, ours) or "variance" (`sqrt(var + eps)`).
-    - `singleton_groups`: what a group of one sample gets: "zero" (ours) or "reward" (verl's mean 0, std 1).
+    - `std_eps_placement`: "std" (`std + eps`, ours), "variance" (`sqrt(var + eps)`) or "floor" (`max(std, eps)`).
+    - `singleton_groups`: what a group of one sample gets: "zero" (ours), "reward" (verl's mean 0, std 1) or
+      "refused" (it never occurs: the function raises, or returns NaN for it).
     - `advantage_dtype`: "float64" (ours) or "float32": the tolerance of the advantage choice laws.
 
     The loss fields:
@@ -115,16 +177,24 @@ class AlgorithmSpec:
     - `loss_aggregation`: "sequence_mean" (ours), "constant" (Dr. GRPO, with `loss_normalizer`), "sequence_sum" or
       "token_mean" (the batch's token mean; only a `batch_loss` can declare it).
     - `loss_normalizer`: the constant L of "constant" (e.g. the max completion length); None otherwise.
-    - `kl_estimator`: "k3" (ours), "k2", "k3_ratio" (k3 times the importance ratio, TRL's) or "none" (no KL term;
-      kl_beta = 0 is a valid configuration).
+    - `kl_estimator`: "k3" (ours), "k2", "k3_ratio" (k3 times the importance ratio, TRL's), "k3_value_k2_grad" (k3's
+      value with k2's gradient at every ratio, NeMo-RL's) or "none" (no KL term; kl_beta = 0 is a valid
+      configuration).
     - `kl_clamp`: None (ours), or the bound C each token's KL estimate is clamped to, min(k, C) (verl's low_var_kl
-      clamps k3 at 10): beyond it the penalty is flat.
-    - `importance_ratio`: "clipped" (ours: stale samples are clipped) or "on_policy" (the loss never sees one).
+      clamps k3 at 10): beyond it the penalty is flat. It clamps k3 before k3_ratio's ratio weight multiplies it
+      (r min(k3, C)), and k3_value_k2_grad's whole term, value and gradient (NeMo-RL clamps after its weight).
+    - `kl_aggregation`: None (ours: the KL term is aggregated as the surrogate is), or the aggregation of the KL term
+      alone: "sequence_mean" (SkyRL), "sequence_sum" or "token_mean".
+    - `importance_ratio`: "clipped" (ours: stale samples are clipped), "sequence" (GSPO: each completion's
+      geometric-mean ratio, clipped), "cispo" (a truncated, detached ratio weighting REINFORCE, with `ratio_cap`) or
+      "on_policy" (the loss never sees a stale sample).
+    - `ratio_cap`: the bound C of "cispo"'s weight min(r, C) (TRL's epsilon_high, 5.0 recommended); None otherwise.
     - `dual_clip`: None (ours), or the bound c > 1 of a dual clip (Ye et al. 2020, "Mastering Complex Control in MOBA
       Games"; verl's clip_ratio_c = 3): for A < 0 the objective is max(min(r A, clip(r) A), c A), so a ratio above c
       is flat. Only stale samples reach it, so it changes nothing under importance_ratio="on_policy".
-    - `loss_dtype`: "float64", "float32" or "bfloat16": the dtype of the tensors the loss laws pass, and their
-      tolerance.
+    - `loss_dtype`: "float64", "float32" or "bfloat16": the dtype of the new, old and reference log-prob, advantage
+      and mask tensors the loss laws pass, and the precision their comparisons allow; a loss that casts them to
+      another dtype inside is judged at the declared one (declare the dtype it computes in).
 
     Raises:
         ValueError: an unknown value (the message lists the choices), a negative or non-finite `std_eps`, or a
@@ -133,6 +203,8 @@ class AlgorithmSpec:
     """
 
     advantage_scale: AdvantageScale = "population_std"
+    advantage_baseline: AdvantageBaseline = "group_mean"
+    std_scope: StdScope = "group"
     std_eps: float = 1e-4
     std_eps_placement: StdEpsPlacement = "std"
     singleton_groups: SingletonGroups = "zero"
@@ -141,7 +213,9 @@ class AlgorithmSpec:
     loss_normalizer: float | None = None
     kl_estimator: KlEstimator = "k3"
     kl_clamp: float | None = None
+    kl_aggregation: LossAggregation | None = None
     importance_ratio: ImportanceRatio = "clipped"
+    ratio_cap: float | None = None
     dual_clip: float | None = None
     loss_dtype: LossDtype = "float64"
 
@@ -180,6 +254,32 @@ class AlgorithmSpec:
                 "AlgorithmSpec(kl_clamp=...) clamps a KL penalty, and kl_estimator='none' declares none: drop "
                 "kl_clamp, or declare the estimator it clamps"
             )
+        self._check_combinations()
+
+    def _check_combinations(self) -> None:
+        _check_bound("ratio_cap", self.ratio_cap, above=0.0, meaning="the bound of CISPO's weight min(r, C)")
+        if (self.importance_ratio == "cispo") != (self.ratio_cap is not None):
+            raise ValueError(
+                "AlgorithmSpec(importance_ratio='cispo') must declare ratio_cap=C, the bound of its weight "
+                "min(r, C) (TRL's epsilon_high, e.g. ratio_cap=5.0), and ratio_cap is only used by it: got "
+                f"importance_ratio={self.importance_ratio!r}, ratio_cap={self.ratio_cap!r}"
+            )
+        if self.importance_ratio == "sequence" and self.kl_estimator == "k3_ratio":
+            raise ValueError(
+                "AlgorithmSpec(importance_ratio='sequence', kl_estimator='k3_ratio') is not declarable: a sequence "
+                "ratio weighting each token's k3 couples every token's gradient to the whole completion's KL. "
+                "Declare the token-level ratio, or an unweighted estimator"
+            )
+        if self.kl_aggregation is not None and self.kl_estimator == "none":
+            raise ValueError(
+                "AlgorithmSpec(kl_aggregation=...) aggregates a KL penalty, and kl_estimator='none' "
+                "declares none: drop kl_aggregation"
+            )
+        if self.std_scope == "batch" and (self.advantage_scale == "none" or self.advantage_baseline != "group_mean"):
+            raise ValueError(
+                "AlgorithmSpec(std_scope='batch') scales by the batch's std: it needs advantage_scale "
+                "'population_std' or 'sample_std' and advantage_baseline='group_mean'"
+            )
 
     def __repr__(self) -> str:
         return self.declared()
@@ -189,17 +289,18 @@ class AlgorithmSpec:
         printer.text(self.declared())
 
     @classmethod
-    def choices(cls) -> dict[str, dict[str, str]]:
+    def choices(cls) -> dict[str, dict[Any, str]]:
         """Every field with a fixed set of values: `{field: {value: what it means}}`."""
         return {name: dict(meanings) for name, meanings in _MEANING.items()}
 
-    def declared(self) -> str:
-        """The fields that differ from ours, as `AlgorithmSpec(...)` source: what a failure message shows."""
+    def declared(self, only: tuple[str, ...] | None = None) -> str:
+        """The fields that differ from ours (of `only`, when given: `ADVANTAGE_FIELDS` or `LOSS_FIELDS`, what a law
+        uses), as `AlgorithmSpec(...)` source: what a failure message shows."""
         default = AlgorithmSpec()
         changed = [
             f"{f.name}={getattr(self, f.name)!r}"
             for f in fields(self)
-            if getattr(self, f.name) != getattr(default, f.name)
+            if getattr(self, f.name) != getattr(default, f.name) and (only is None or f.name in only)
         ]
         return f"AlgorithmSpec({', '.join(changed)})"
 

@@ -239,6 +239,38 @@ def keepdim_loss(
     return _loss(-(surrogate - kl_beta * k3_kl(ref_logp, new_logp).mean(dim=-1, keepdim=True)))
 
 
+def one_pass_variance_advantages(group_ids: Sequence[int], rewards: Sequence[float]) -> list[float]:
+    """Ours with the variance as `E[r^2] - E[r]^2` (one pass): right for rewards near 0, which the scale hints probe,
+    and wrong for rewards near 1e6, where the two terms cancel to rounding noise."""
+
+    def formula(rs: list[float]) -> list[float]:
+        if len(set(rs)) == 1:
+            return [0.0] * len(rs)
+        mean = statistics.fmean(rs)
+        variance = max(statistics.fmean(r * r for r in rs) - mean * mean, 0.0)
+        return [(r - mean) / (math.sqrt(variance) + EPS) for r in rs]
+
+    return _grouped(group_ids, rewards, formula)
+
+
+def batch_max_length_loss(
+    new_logp: Tensor,
+    old_logp: Tensor,
+    ref_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps: float,
+    kl_beta: float,
+) -> Tensor:
+    """Dr. GRPO's constant normaliser taken from the batch, `B * max(T_i)`, instead of a constant: the loss scale then
+    depends on the batch's longest completion."""
+    ratio = importance_ratio(new_logp, old_logp)
+    surrogate = clipped_surrogate(ratio, advantages.unsqueeze(1), clip_eps, clip_eps)  # [B, T]
+    per_token = -surrogate + kl_beta * k3_kl(ref_logp, new_logp)
+    return (per_token * mask).sum() / (mask.shape[0] * mask.sum(dim=1).max())
+
+
 # -- bound -------------------------------------------------------------------------------------------------------------
 
 REFERENCE = Implementation(
@@ -275,3 +307,5 @@ ADVANTAGE_SIGN_FLIPPED = Implementation(name="advantage-sign-flipped", sample_lo
 KL_SUMMED = Implementation(name="kl-summed", sample_loss=kl_summed_loss)
 UNMASKED_KL = Implementation(name="unmasked-kl", batch_loss=unmasked_kl_loss)
 KEEPDIM = Implementation(name="keepdim", sample_loss=keepdim_loss)
+ONE_PASS_VARIANCE = Implementation(name="one-pass-variance", advantages=one_pass_variance_advantages)
+BATCH_MAX_LENGTH = Implementation(name="batch-max-length", batch_loss=batch_max_length_loss)

@@ -89,8 +89,14 @@ CASES = [
     ("UNCLIPPED_RATIO", {CLIP: "a stale sample's gain is not capped"}),
     ("CLAMP_ONLY", {CLIP: "clipping the ratio without the min cuts the gradient"}),
     ("UNMASKED_KL", {PADDING: "the mask is not applied", KL_ESTIMATOR: "declared KL estimator"}),
-    ("KL_SUMMED", {KL_ESTIMATOR: "summed over tokens where the surrogate is averaged"}),
+    # The KL summed per completion beside a per-completion mean: a weighting the suite can name since kl_aggregation.
+    ("KL_SUMMED", {KL_ESTIMATOR: "The loss matches AlgorithmSpec(kl_aggregation='sequence_sum')"}),
     ("KEEPDIM", {SCALAR: "sample_loss returned a loss of shape (1,), expected a 0-d tensor"}),
+    # Right on the rewards the hints probe, wrong near 1e6 (float32-sized errors): no hint may propose the declaration
+    # already made.
+    ("ONE_PASS_VARIANCE", {SCALE: "They match AlgorithmSpec(advantage_dtype='float32')"}),
+    # A normaliser that depends on the batch: no hint may propose the loss_normalizer one batch implies.
+    ("BATCH_MAX_LENGTH", {AGGREGATION: "a normaliser that depends on the batch"}),
 ]
 
 
@@ -112,6 +118,10 @@ def test_a_broken_algorithm_fails_exactly_the_laws_it_breaks(
     for name, message in expected.items():
         report = run.reports[name]
         assert message in report, f"{attr}: {name} failed without saying {message!r}:\n{report[-3000:]}"
+        declared = getattr(broken_algorithm, attr).algorithm.declared()
+        assert f"They match {declared}:" not in report and f"matches {declared}:" not in report, (
+            f"{attr}: {name} proposes the declaration already made, {declared}:\n{report[-3000:]}"
+        )
         assert f"--rl-impl broken_algorithm:{attr}" in report, f"{name}'s report has no reproduce line"
 
 

@@ -8,6 +8,7 @@ directory, first under the implementation's true declaration, then under the def
 from __future__ import annotations
 
 import declared_algorithm
+import declared_choices
 import pytest
 from algorithm_laws import (
     ADVANTAGE_CHOICES,
@@ -114,8 +115,12 @@ def test_our_functions_pass_under_each_declaration_they_support(
 
 
 def test_every_declaration_field_has_a_choice_case() -> None:
-    """Each field of AlgorithmSpec with a non-default value is exercised by some correct implementation above."""
+    """Each field of AlgorithmSpec with a non-default value is exercised by some correct implementation above or in
+    test_declared_choices."""
+    from test_declared_choices import CHOICES as MORE_CHOICES
+
     declared = {attr: getattr(declared_algorithm, attr).algorithm for attr, _ in CHOICES}
+    declared |= {attr: getattr(declared_choices, attr).algorithm for attr, _ in MORE_CHOICES}
     default = AlgorithmSpec()
     changed = {
         name for spec in declared.values() for name in vars(spec) if getattr(spec, name) != getattr(default, name)
@@ -127,7 +132,7 @@ def test_every_declaration_field_has_a_choice_case() -> None:
     ("kwargs", "error", "message"),
     [
         ({"advantage_scale": "std"}, ValueError, "must be one of 'population_std', 'sample_std', 'none'"),
-        ({"kl_estimator": "k1"}, ValueError, "must be one of 'k3', 'k2', 'k3_ratio', 'none'"),
+        ({"kl_estimator": "k1"}, ValueError, "must be one of 'k3', 'k2', 'k3_ratio', 'k3_value_k2_grad', 'none'"),
         ({"dual_clip": 1.0}, ValueError, "dual_clip is the dual clip's c, which must exceed 1"),
         ({"kl_clamp": 10.0, "kl_estimator": "none"}, ValueError, "drop kl_clamp"),
         ({"kl_clamp": "10"}, TypeError, "kl_clamp must be a number or None"),
