@@ -27,10 +27,10 @@ from rl.problems import DigitSuccessor, constant_baseline_accuracy
 from rl.protocols import Reporter
 from rl.rewards import get_reward
 from rl.run_layout import claim, require_safe
+from rl.safe_fs import Tree
 from rl.scoring import RewardScorer, SamplingEvaluator
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
-from rl.volumes.filesystem import force_rmtree as _force_rmtree
 from rl.volumes.sink import VolumeRolloutSink
 
 # A per-load "Loading weights" bar from transformers would bury the demo's own progress bar.
@@ -59,27 +59,31 @@ def base_model(root: Path, config: TinyModelConfig) -> Path:
     mid-build leaves only the staging directory (`discard_abandoned_bases` deletes it). A `base-*` missing files (built
     in place by an older version, then killed) is rebuilt: the build is deterministic, so the files come out the same.
     """
-    root = Path(root)
+    root = Path(os.path.abspath(root))
+    root.mkdir(parents=True, exist_ok=True)
+    fs = Tree(root)
     target = root / f"base-{content_digest(config)[:12]}"
-    if all((target / name).is_file() for name in (*_MODEL_FILES, *_TOKENIZER_FILES)):
+    if all(fs.kind(target / name) == "file" for name in (*_MODEL_FILES, *_TOKENIZER_FILES)):
         return target
-    _force_rmtree(target)
-    with locked_new_dir(lambda: root / f".{target.name}.staging-{uuid.uuid4().hex}") as staging:
+    fs.rmtree(target)
+    with locked_new_dir(lambda: root / f".{target.name}.staging-{uuid.uuid4().hex}", fs) as staging:
+        # The builder (transformers, safetensors) writes by path into the directory this process just made and holds.
         build_tiny_model(staging, config)
         try:
-            os.rename(staging, target)
+            fs.rename(staging, target)
         except OSError:
             # Another process published the same model first (its files are identical): use that one.
-            _force_rmtree(staging)
-            if not target.is_dir():
+            fs.rmtree(staging)
+            if fs.kind(target) != "dir":
                 raise
     return target
 
 
 def discard_abandoned_bases(root: Path) -> list[str]:
     """Delete base-model staging directories under `root` whose builder died (none a live builder holds)."""
-    names = sorted(n for n in os.listdir(root) if _BASE_STAGING.fullmatch(n))
-    return [n for n in names if discard_if_dead(Path(root) / n, _force_rmtree)]
+    fs = Tree(root)
+    names = [n for n in fs.listdir(root) if _BASE_STAGING.fullmatch(n)]
+    return [n for n in names if discard_if_dead(Path(fs.top) / n, fs)]
 
 
 def check_local_grpo(config: GrpoConfig, reward: str = "default") -> None:

@@ -144,7 +144,7 @@ class RolloutBuffer:
         self._require(v, wanted)
         rows: list[dict[str, Any]] = []
         for it in wanted:
-            rows.extend(_read_jsonl(v.file(files[it])))
+            rows.extend(_read_jsonl(v.read_bytes(files[it])))
         return rows
 
     def rescore(
@@ -166,7 +166,7 @@ class RolloutBuffer:
         with source.fork(name or self.name) as rw:
             for it in sorted(files):
                 rescored = []
-                for row in _read_jsonl(source.file(files[it])):
+                for row in _read_jsonl(source.read_bytes(files[it])):
                     rollout = Rollout.from_dict({k: row[k] for k in ROLLOUT_FIELDS})
                     reward = reward_fn(rollout)
                     if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
@@ -232,9 +232,8 @@ def encode_rows(iteration: int, rows: Sequence[Mapping[str, Any]]) -> bytes:
     return "".join(f"{line}\n" for line in lines).encode()
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+def _read_jsonl(data: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in data.decode("utf-8").split("\n") if line.strip()]
 
 
 def _mean(xs: Sequence[float]) -> float:
