@@ -68,7 +68,13 @@ def base_model(root: Path, config: TinyModelConfig) -> Path:
     fs.rmtree(target)
     with locked_new_dir(lambda: root / f".{target.name}.staging-{uuid.uuid4().hex}", fs) as staging:
         # The builder (transformers, safetensors) writes by path into the directory this process just made and holds.
-        build_tiny_model(staging, config)
+        try:
+            build_tiny_model(staging, config)
+        except Exception as exc:
+            refused = _as_os_error(exc, staging)
+            if refused is None:
+                raise
+            raise refused from exc
         try:
             fs.rename(staging, target)
         except OSError:
@@ -77,6 +83,17 @@ def base_model(root: Path, config: TinyModelConfig) -> Path:
             if fs.kind(target) != "dir":
                 raise
     return target
+
+
+def _as_os_error(exc: Exception, path: Path) -> OSError | None:
+    """A writer's I/O failure that is not an `OSError` (safetensors reports a full disk as `SafetensorError:
+    ... IoError(Os { code: 28, ... })`) as the `OSError` it is, so the CLI says the filesystem refused (exit 10);
+    None for anything else (an `OSError` already is one)."""
+    found = None if isinstance(exc, OSError) else re.search(r"\bOs \{ code: (\d+)", str(exc))
+    if found is None:
+        return None
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code), str(path))
 
 
 def discard_abandoned_bases(root: Path) -> list[str]:

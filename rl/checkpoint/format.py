@@ -15,10 +15,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rl.checkpoint.schema import STATE
 from rl.errors import CheckpointCorruptError, CheckpointSchemaError
 from rl.identity import content_digest
 from rl.strict_json import tag_non_finite, untag_non_finite
 from rl.types import ArtifactRef, EvalResult, IterationMetrics
+from rl.untrusted import UntrustedValueError, parse_json, validate
 
 SCHEMA_VERSION = 1
 
@@ -127,33 +129,42 @@ def _plain_digest(body: Any) -> str:
     return hashlib.blake2b(payload.encode(), digest_size=16).hexdigest()
 
 
-def decode_state(blob: bytes) -> DriverState:
+def decode_state(blob: bytes, source: str = "the driver checkpoint") -> DriverState:
+    """The state `blob` holds, every field checked against its type and bounds (rl.checkpoint.schema) before use;
+    `CheckpointError` naming `source` and the field otherwise."""
     try:
-        doc = json.loads(blob)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        # Bare NaN tokens are admitted: checkpoints written before strict JSON hold them in history rows, and the
+        # schema below refuses a non-finite value anywhere else.
+        doc = parse_json(blob, allow_nan=True)
+    except UntrustedValueError as exc:
         raise CheckpointCorruptError(
-            f"the driver checkpoint ({len(blob)} bytes) is not valid JSON — a torn write or a foreign file. "
-            "Delete it to restart the run from iteration 0, or restore the previous checkpoint."
-        ) from exc
+            f"{source} ({len(blob)} bytes) is not a checkpoint this tool wrote: {exc} (a torn write or a foreign "
+            "file). Delete it to restart the run from iteration 0, or restore the previous checkpoint"
+        ) from None
     if not isinstance(doc, dict) or "schema" not in doc or "state" not in doc or "digest" not in doc:
         raise CheckpointCorruptError(
-            "the driver checkpoint is JSON but not a GRPO driver checkpoint (no schema/digest/state); "
+            f"{source} is JSON but not a GRPO driver checkpoint (no schema/digest/state); "
             "point the run at its own checkpoint or delete this one to start from iteration 0"
         )
-    if doc["schema"] != SCHEMA_VERSION:
+    if doc["schema"] != SCHEMA_VERSION or type(doc["schema"]) is not int:
         raise CheckpointSchemaError(
-            f"the checkpoint has schema {doc['schema']!r}; this driver reads schema {SCHEMA_VERSION}. "
+            f"{source} has schema {str(doc['schema'])[:40]!r}; this driver reads schema {SCHEMA_VERSION}. "
             "Resume it with the version of the package that wrote it, or start a new run."
         )
     if _plain_digest(doc["state"]) != doc["digest"]:
         raise CheckpointCorruptError(
-            "the driver checkpoint's digest does not match its contents (a partial or altered write); "
+            f"{source}'s digest does not match its contents (a partial or altered write); "
             "delete it to restart from iteration 0, or restore the previous checkpoint"
         )
+    state = untag_non_finite(doc["state"])
     try:
-        return DriverState.from_json(untag_non_finite(doc["state"]))
-    except (KeyError, TypeError) as exc:
-        raise CheckpointCorruptError(f"the driver checkpoint lacks a field: {exc}") from exc
+        validate(STATE, state, prefix="state")
+    except UntrustedValueError as exc:
+        raise CheckpointCorruptError(
+            f"{source} is refused: {exc}. It was not written by this tool as it stands (its digest is a checksum "
+            "anyone can recompute); delete it to restart from iteration 0, or restore the previous checkpoint"
+        ) from None
+    return DriverState.from_json(state)
 
 
 def as_another_schema_version(blob: bytes) -> bytes:
