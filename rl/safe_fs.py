@@ -9,7 +9,8 @@ met on the way is refused with `LinkRefusedError` (a `RunDirError`, exit 2) nami
 redirect the write or delete, because the descriptor still names the directory that was checked. The top itself, the
 directory the user named, is trusted, symlink or not.
 
-POSIX (Linux, macOS, the BSDs: `os.supports_dir_fd` and `O_NOFOLLOW`); pure standard library.
+POSIX (Linux, macOS, the BSDs: `os.supports_dir_fd` and `O_NOFOLLOW`); pure standard library. The module imports
+everywhere, but a platform without `dir_fd` (Windows) has no way to walk without following links.
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ from typing import IO, Any
 
 from rl.errors import UnsafeRunDirError
 
+# getattr: the module must import where these flags do not exist (Windows), though a Tree needs them to work.
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_NOFOLLOW = os.O_NOFOLLOW
-_DIR = os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW | _CLOEXEC
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_DIR = os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC
 # Opening a FIFO to read blocks until a writer comes: O_NONBLOCK lets the type check below refuse it instead.
-_PROBE = os.O_RDONLY | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK
+_PROBE = os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0)
 _MODES = {"r": os.O_RDONLY, "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND}
 _MODES["x"] = os.O_WRONLY | os.O_CREAT | os.O_EXCL
 # Linux's _IOW(0x94, 9, int); fcntl.FICLONE exists only from Python 3.12.
@@ -83,7 +86,7 @@ class Tree:
             raise
 
     def _open_dir(self, parts: list[str], *, create: bool = False) -> int:
-        fd = os.open(self.top, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+        fd = os.open(self.top, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
         try:
             for i in range(len(parts)):
                 if create:
