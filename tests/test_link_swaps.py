@@ -177,8 +177,10 @@ async def test_metrics_and_checkpoint_swapped_for_links_are_neither_written_nor_
     assert snapshot(outside) == before
 
 
-def _swapper(folders: list[Path], outside: Path, stop: threading.Event, swaps: list[int]) -> None:
-    """Swap each folder for a link outside and back, over and over, until `stop`."""
+def _swapper(
+    folders: list[Path], outside: Path, stop: threading.Event, swaps: list[int], started: threading.Event
+) -> None:
+    """Swap each folder for a link outside and back, over and over, until `stop` (`started` after the first round)."""
     while not stop.is_set():
         for folder in folders:
             aside = folder.with_name(folder.name + ".real")
@@ -191,6 +193,7 @@ def _swapper(folders: list[Path], outside: Path, stop: threading.Event, swaps: l
             os.unlink(folder)
             os.rename(aside, folder)
             swaps[0] += 1
+        started.set()
 
 
 def test_writes_racing_a_thread_that_swaps_folders_for_links_never_reach_outside(tmp_path, outside):
@@ -203,11 +206,12 @@ def test_writes_racing_a_thread_that_swaps_folders_for_links_never_reach_outside
     folders = [buffer.store.root / f for f in ("staging", "versions", "locks")]
     folders += [artifacts.root / f for f in ("objects", "tmp", "refs")]
     before = snapshot(outside)
-    stop, swaps = threading.Event(), [0]
+    stop, started, swaps = threading.Event(), threading.Event(), [0]
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-5)  # interleave the two threads finely: more swaps land inside a write
-    thread = threading.Thread(target=_swapper, args=(folders, outside, stop, swaps))
+    thread = threading.Thread(target=_swapper, args=(folders, outside, stop, swaps, started))
     thread.start()
+    started.wait()  # the swapping is under way before the first write, however the threads are scheduled
     published, put, refused = [buffer.head()], [], 0
     try:
         for i in range(1, 40):
