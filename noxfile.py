@@ -197,6 +197,9 @@ def chaos(session: nox.Session) -> None:
     points = "volume-staged,volume-published,checkpoint,artifact-staged,artifact-ref"
     aimed = ("--iterations", "6", "--kills", "2", "--seed", "0", "--sequential", "--at", points)
     session.run("python", "-m", "fakes.process_kills", *aimed, env=HYPOTHESIS_ENV)
+    # Hostile run directories: a real run mutated (files, links, types, sizes, encodings), then resumed and re-scored.
+    fuzz = {**HYPOTHESIS_ENV, "RL_FUZZ_EXAMPLES": "150"}
+    session.run("pytest", "tests/test_hostile_dirs.py", "-n", "0", "-q", "--hypothesis-show-statistics", env=fuzz)
 
 
 _NOT_INSTALLED = (

@@ -4,7 +4,8 @@ Random delays (`fakes.process_kills`) land wherever the clock says; a write that
 kill point names one filesystem step of one module (the volume store's publishing rename, the checkpoint's replace,
 the artifact store's rename) and the process kills itself with SIGKILL just before or just after its Nth call, so the
 torn state that step can leave is produced on purpose. Only calls made from that module's own code count (the caller's
-file is checked), so `os.rename` elsewhere is untouched. Armed from the command line before the CLI runs:
+file is checked, looking through `rl/safe_fs.py`, which every write goes through), so `os.rename` elsewhere is
+untouched. Armed from the command line before the CLI runs:
 
     python -c "from fakes.kill_points import arm_and_run; arm_and_run()" POINT N COUNT_FILE rl-args...
 
@@ -57,7 +58,10 @@ def arm(point: KillPoint, nth: int, count_file: Path) -> None:
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         nonlocal calls
-        if not sys._getframe(1).f_code.co_filename.replace(os.sep, "/").endswith(point.module_file):
+        frame = sys._getframe(1)
+        while frame.f_back is not None and _file(frame).endswith("rl/safe_fs.py"):
+            frame = frame.f_back  # the module's own call, through the no-follow layer it writes with
+        if not _file(frame).endswith(point.module_file):
             return real(*args, **kwargs)
         calls += 1
         if nth and calls == nth and not point.after:
@@ -70,6 +74,10 @@ def arm(point: KillPoint, nth: int, count_file: Path) -> None:
     setattr(os, point.call, wrapper)
     if not nth:
         atexit.register(lambda: count_file.write_text(str(calls)))
+
+
+def _file(frame: Any) -> str:
+    return frame.f_code.co_filename.replace(os.sep, "/")
 
 
 def arm_and_run() -> None:

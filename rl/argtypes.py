@@ -15,6 +15,9 @@ def user_path(text: str) -> Path:
     Absolute at parse time because stores hand out `file://` references (which a relative path cannot be) and a run
     directory's references must stay valid when a later command runs from another directory.
     """
+    if not text.strip():
+        # Path("") is ".": an empty --out (an unset shell variable) would silently run in the current folder.
+        raise argparse.ArgumentTypeError("an empty path names no directory; pass one (e.g. --out runs/demo)")
     return Path(text).expanduser().absolute()
 
 

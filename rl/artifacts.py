@@ -21,7 +21,6 @@ import contextlib
 import hashlib
 import os
 import re
-import shutil
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
@@ -29,6 +28,7 @@ from pathlib import Path, PurePosixPath
 from rl.dead_writers import discard_if_dead, lock_fd, locked_new_dir
 from rl.errors import RlError
 from rl.protocols import Artifacts
+from rl.safe_fs import Tree
 from rl.types import ArtifactRef
 
 DIGEST_PREFIX = "sha256:"
@@ -156,13 +156,18 @@ class LocalArtifacts:
     """
 
     def __init__(self, root: Path) -> None:
-        self.root = Path(root).absolute()  # refs are file:// URIs, which only an absolute path has
+        self.root = Path(os.path.abspath(root))  # refs are file:// URIs, which only an absolute path has
         self._objects = self.root / "objects"
         self._refs = self.root / "refs"
         self._tmp = self.root / "tmp"
+        # From the store's own directory down, nothing is reached through a link (rl.safe_fs): a folder swapped for a
+        # symlink mid-run cannot carry objects, refs or deletes outside the store.
+        self.fs = Tree(self.root.parent)
+        self.root.parent.mkdir(parents=True, exist_ok=True)
         for d in (self._objects, self._refs, self._tmp):
-            d.mkdir(parents=True, exist_ok=True)
-            if d.is_symlink():
+            if self.fs.kind(d) is None:
+                self.fs.mkdir(d, parents=True, exist_ok=True)
+            if self.fs.kind(d) == "symlink":
                 # Objects are read, refs written and tmp emptied through these: a link would take them elsewhere.
                 raise ArtifactCorrupt(
                     f"{d} is a symlink, so the artifact store would read, write and delete wherever it points; a "
@@ -181,17 +186,19 @@ class LocalArtifacts:
     def _read_verified(self, ref: ArtifactRef) -> dict[str, bytes]:
         hex_digest = _hex_of(ref)
         obj = self._object_dir(hex_digest)
-        if obj.is_symlink():
+        kind = self.fs.kind(obj)
+        if kind == "symlink":
             raise ArtifactCorrupt(
-                f"artifact {ref.digest} in {self.root} is a symlink to {os.readlink(obj)}, so reading it could read "
-                "files outside the store; delete the link and put the artifact again (or rerun the step that made it)"
+                f"artifact {ref.digest} in {self.root} is a symlink to {self.fs.readlink(obj)}, so reading it could "
+                "read files outside the store; delete the link and put the artifact again (or rerun the step that "
+                "made it)"
             )
-        if not obj.is_dir():
+        if kind != "dir":
             raise ArtifactNotFound(
                 f"no artifact {ref.digest} in {self.root} (ref uri {ref.uri}); store it here with put/put_dir first, "
                 "or open the store that produced the ref"
             )
-        files = read_dir(obj)
+        files = self._read_object(obj)
         actual = compute_digest(files)
         if actual != ref.digest:
             raise ArtifactCorrupt(
@@ -211,7 +218,7 @@ class LocalArtifacts:
         checked = validate_files(files)
         ref = self._ref_for(_hex_of(ArtifactRef(uri="", digest=compute_digest(checked))))
         obj = self._object_dir(_hex_of(ref))
-        if obj.is_dir():
+        if self.fs.kind(obj) == "dir":
             try:
                 self._read_verified(ref)
             except ArtifactCorrupt:
@@ -224,52 +231,69 @@ class LocalArtifacts:
     @contextlib.contextmanager
     def _stage(self, files: Mapping[str, bytes]) -> Iterator[Path]:
         # Locked while this writer lives, so discard_abandoned deletes it only once the writer is dead.
-        with locked_new_dir(lambda: self._tmp / uuid.uuid4().hex) as staging:
-            write_files(files, staging)
+        with locked_new_dir(lambda: self._tmp / uuid.uuid4().hex, self.fs) as staging:
+            for rel, content in files.items():
+                target = staging / rel
+                self.fs.mkdir(target.parent, parents=True, exist_ok=True)
+                with self.fs.open_file(target, "xb", perm=0o644) as f:
+                    f.write(content)
             yield staging
+
+    def _read_object(self, obj: Path) -> dict[str, bytes]:
+        """Every regular file of an object, never through a link: one anywhere in it is refused."""
+        files: dict[str, bytes] = {}
+        for rel, kind, _ in self.fs.walk(obj):
+            if kind == "file":
+                files[rel] = self.fs.read_bytes(obj / rel)
+            elif kind != "dir":
+                raise ArtifactCorrupt(
+                    f"{obj / rel} is a {kind}; an artifact holds plain files only, and following a link could read "
+                    "outside the store. Put the artifact again (or rerun the step that made it)"
+                )
+        return files
 
     def _install(self, obj: Path, files: Mapping[str, bytes]) -> None:
         with self._stage(files) as staging:
             try:
-                os.rename(staging, obj)
+                self.fs.rename(staging, obj)
             except OSError:
                 # Another writer installed the same digest first; its content is identical by construction.
-                shutil.rmtree(staging, ignore_errors=True)
-                if not obj.is_dir():
+                self.fs.rmtree(staging)
+                if self.fs.kind(obj) != "dir":
                     raise
 
     def _replace(self, obj: Path, files: Mapping[str, bytes]) -> None:
         with self._stage(files) as staging:
             trash = self._tmp / f"corrupt-{uuid.uuid4().hex}"
-            os.rename(obj, trash)
-            os.rename(staging, obj)
-            shutil.rmtree(trash, ignore_errors=True)
+            self.fs.rename(obj, trash)
+            self.fs.rename(staging, obj)
+            self.fs.rmtree(trash)
 
     def _write_ref(self, name: str, digest: str) -> None:
         while True:
             tmp = self._tmp / f"ref-{uuid.uuid4().hex}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-            if lock_fd(fd, tmp):
+            fd = self.fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            if lock_fd(fd, tmp, self.fs):
                 break
             os.close(fd)
         with open(fd, "w") as f:
             f.write(digest + "\n")
             f.flush()
-            os.replace(tmp, self._refs / name)
+            self.fs.replace(tmp, self._refs / name)
 
     def discard_abandoned(self) -> list[str]:
         """Delete what writers that died left in tmp/ (staging directories, refs half-written, corrupt objects half
         deleted); entries a live writer holds stay. Returns the names deleted."""
         gone = []
-        for entry in sorted(os.listdir(self._tmp)):
+        for entry in self.fs.listdir(self._tmp):
             path = self._tmp / entry
             if not _TEMP.fullmatch(entry):
                 continue
             # A corrupt object is only ever renamed here to be deleted: whoever moved it no longer needs it.
-            if entry.startswith("corrupt-") and path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
+            if entry.startswith("corrupt-") and self.fs.kind(path) == "dir":
+                self.fs.rmtree(path)
                 gone.append(entry)
-            elif discard_if_dead(path):
+            elif discard_if_dead(path, self.fs):
                 gone.append(entry)
         return gone
 
@@ -279,14 +303,17 @@ class LocalArtifacts:
 
     async def exists(self, ref: ArtifactRef) -> bool:
         """Whether an object with this digest is stored (cheap: does not re-hash; `get` does)."""
-        return self._object_dir(_hex_of(ref)).is_dir()
+        return self.fs.kind(self._object_dir(_hex_of(ref))) == "dir"
 
     def resolve(self, name: str) -> ArtifactRef:
         """The ref last stored under `name` (for people and tools inspecting a store; loops pass refs, not names)."""
         path = self._refs / name
-        if not _NAME.fullmatch(name) or not path.is_file():
+        if not _NAME.fullmatch(name) or self.fs.kind(path) != "file":
             raise ArtifactNotFound(f"no artifact was stored under the name {name!r} in {self.root}")
-        digest = path.read_text().strip()
+        try:
+            digest = self.fs.read_bytes(path, limit=256).decode("ascii").strip()
+        except (OverflowError, UnicodeDecodeError):
+            digest = "<not a digest>"
         return self._ref_for(_hex_of(ArtifactRef(uri="", digest=digest)))
 
     async def put_dir(self, path: Path, name: str) -> ArtifactRef:

@@ -14,33 +14,34 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rl.platform import flock
+from rl.safe_fs import Tree
 
 
-def lock_fd(fd: int, path: Path) -> bool:
+def lock_fd(fd: int, path: Path, fs: Tree) -> bool:
     """Lock the new `path` (open as `fd`) for this writer; False when a cleaner removed it before the lock."""
     try:
         flock(fd)
     except OSError:
         return True  # no flock here: write unlocked (see the module docstring)
     try:
-        return os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+        return fs.lstat(path).st_ino == os.fstat(fd).st_ino
     except FileNotFoundError:
         return False
 
 
 @contextlib.contextmanager
-def locked_new_dir(make_path: Callable[[], Path]) -> Iterator[Path]:
+def locked_new_dir(make_path: Callable[[], Path], fs: Tree) -> Iterator[Path]:
     """A new directory at `make_path()` (a fresh name each call), locked while the block runs; it stays behind after."""
     while True:
         path = make_path()
-        path.mkdir(parents=True)
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        if lock_fd(fd, path):
+        fs.mkdir(path)
+        fd = fs.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        if lock_fd(fd, path, fs):
             break
         os.close(fd)
     try:
@@ -49,13 +50,17 @@ def locked_new_dir(make_path: Callable[[], Path]) -> Iterator[Path]:
         os.close(fd)
 
 
-def discard_if_dead(path: Path, remove: Callable[[Path], None] = shutil.rmtree) -> bool:
-    """Delete `path` (with `remove` for a directory) if no live writer holds its lock; True if it was deleted."""
-    if os.path.islink(path):
-        path.unlink()  # not something a writer of ours makes; removing the link touches nothing it points at
+def discard_if_dead(path: Path, fs: Tree) -> bool:
+    """Delete `path` (a file or a tree) if no live writer holds its lock; True if it was deleted."""
+    kind = fs.kind(path)
+    if kind is None:
+        return False
+    if kind == "symlink":
+        fs.unlink(path)  # not something a writer of ours makes; removing the link touches nothing it points at
         return True
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        # Non-blocking: a FIFO planted under a temp file's name must not hang the cleaner.
+        fd = fs.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return False
     try:
@@ -64,14 +69,14 @@ def discard_if_dead(path: Path, remove: Callable[[Path], None] = shutil.rmtree) 
         except OSError:
             return False  # a live writer holds it, or the filesystem cannot tell us: leave it
         try:
-            if os.stat(path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
+            if fs.lstat(path).st_ino != os.fstat(fd).st_ino:
                 return False  # renamed away and replaced meanwhile: not the entry we locked
         except FileNotFoundError:
             return False
-        if os.path.isdir(path):
-            remove(path)
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            fs.rmtree(path)
         else:
-            path.unlink()
+            fs.unlink(path)
         return True
     finally:
         os.close(fd)

@@ -42,6 +42,7 @@ __all__ = [
     "CheckpointCorruptError",
     "CheckpointError",
     "CheckpointSchemaError",
+    "CheckpointSealError",
     "EngineContractError",
     "FreshRefusedError",
     "GrpoInputError",
@@ -179,6 +180,10 @@ class CheckpointError(RlError, RuntimeError):
 
 class CheckpointCorruptError(CheckpointError):
     """The blob is not a complete checkpoint (torn write, damaged storage, or not ours)."""
+
+
+class CheckpointSealError(CheckpointCorruptError):
+    """`RL_RUN_KEY` is set and the checkpoint's seal (an HMAC under that key) is missing or does not verify."""
 
 
 class CheckpointSchemaError(CheckpointError):

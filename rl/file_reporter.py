@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rl.report import render_report
+from rl.safe_fs import Tree
 from rl.strict_json import flag_non_finite
 from rl.types import EvalResult, IterationMetrics
 
@@ -34,6 +35,8 @@ class FileReporter:
             raise ValueError(f"max_render_share must be in (0, 1], got {max_render_share!r}")
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        # metrics.jsonl and report.html are opened without following a link planted (or swapped in) at their names.
+        self._fs = Tree(self.out_dir)
         self.min_interval_s, self.baseline_accuracy, self.title = min_interval_s, baseline_accuracy, title
         self.max_render_share = max_render_share
         self._next_render_at = float("-inf")
@@ -56,7 +59,7 @@ class FileReporter:
         # A diverged run's NaN loss is written as null and named in the row's `non_finite` (strict JSON readers
         # reject `NaN`); IterationMetrics.from_dict puts it back.
         text = "".join(json.dumps(flag_non_finite(row.to_dict()), allow_nan=False) + "\n" for row in new_rows)
-        with open(self.metrics_path, mode, encoding="utf-8") as f:
+        with self._fs.open_file(self.metrics_path, mode, encoding="utf-8") as f:
             f.write(text)
         self._written = list(history)
 
@@ -73,7 +76,8 @@ class FileReporter:
             page = render_report(
                 history, status=status, evals=evals, baseline_accuracy=self.baseline_accuracy, title=self.title
             )
-            self.report_path.write_text(page)
+            with self._fs.open_file(self.report_path, "w", encoding="utf-8") as f:
+                f.write(page)
             self.renders += 1
             now = time.monotonic()
             self._next_render_at = now + max(self.min_interval_s, (now - started) / self.max_render_share)

@@ -22,16 +22,16 @@ from rl.engines.torch_sampler import TorchSampler
 from rl.file_reporter import FileReporter
 from rl.identity import content_digest
 from rl.loop.grpo import GrpoConfig, GrpoTiers
-from rl.models.model_dir import ModelDirError, check_model_dir
+from rl.models.model_dir import ModelDirError, check_model_listing
 from rl.models.tiny import TinyModelConfig, build_tiny_model
 from rl.problems import DigitSuccessor, constant_baseline_accuracy
 from rl.protocols import Reporter
 from rl.rewards import get_reward
 from rl.run_layout import claim, require_safe
+from rl.safe_fs import Tree
 from rl.scoring import RewardScorer, SamplingEvaluator
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
-from rl.volumes.filesystem import force_rmtree as _force_rmtree
 from rl.volumes.sink import VolumeRolloutSink
 
 # A per-load "Loading weights" bar from transformers would bury the demo's own progress bar.
@@ -60,29 +60,54 @@ def base_model(root: Path, config: TinyModelConfig) -> Path:
     mid-build leaves only the staging directory (`discard_abandoned_bases` deletes it). A `base-*` missing files (built
     in place by an older version, then killed) is rebuilt: the build is deterministic, so the files come out the same.
     """
-    root = Path(root)
+    root = Path(os.path.abspath(root))
+    root.mkdir(parents=True, exist_ok=True)
+    fs = Tree(root)
     target = root / f"base-{content_digest(config)[:12]}"
+    names = [n for n in fs.listdir(target) if fs.kind(target / n) == "file"] if fs.kind(target) == "dir" else []
     try:
-        return check_model_dir(target, tokenizer=True)
+        check_model_listing(
+            str(target), names, lambda name: fs.read_bytes(target / name).decode(), weights=True, tokenizer=True
+        )
+        return target
     except ModelDirError:
-        pass  # absent or incomplete: (re)build it
-    _force_rmtree(target)
-    with locked_new_dir(lambda: root / f".{target.name}.staging-{uuid.uuid4().hex}") as staging:
-        build_tiny_model(staging, config)
+        pass  # absent, incomplete or not plain files: (re)build it
+    fs.rmtree(target)
+    with locked_new_dir(lambda: root / f".{target.name}.staging-{uuid.uuid4().hex}", fs) as staging:
+        # The builder (transformers, safetensors) writes by path into the directory this process just made and holds.
         try:
-            os.rename(staging, target)
+            build_tiny_model(staging, config)
+        except Exception as exc:
+            refused = _as_os_error(exc, staging)
+            if refused is None:
+                raise
+            raise refused from exc
+        try:
+            fs.rename(staging, target)
         except OSError:
             # Another process published the same model first (its files are identical): use that one.
-            _force_rmtree(staging)
-            if not target.is_dir():
+            fs.rmtree(staging)
+            if fs.kind(target) != "dir":
                 raise
     return target
 
 
+def _as_os_error(exc: Exception, path: Path) -> OSError | None:
+    """A writer's I/O failure that is not an `OSError` (safetensors reports a full disk as `SafetensorError:
+    ... IoError(Os { code: 28, ... })`) as the `OSError` it is, so the CLI says the filesystem refused (exit 10);
+    None for anything else (an `OSError` already is one)."""
+    found = None if isinstance(exc, OSError) else re.search(r"\bOs \{ code: (\d+)", str(exc))
+    if found is None:
+        return None
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code), str(path))
+
+
 def discard_abandoned_bases(root: Path) -> list[str]:
     """Delete base-model staging directories under `root` whose builder died (none a live builder holds)."""
-    names = sorted(n for n in os.listdir(root) if _BASE_STAGING.fullmatch(n))
-    return [n for n in names if discard_if_dead(Path(root) / n, _force_rmtree)]
+    fs = Tree(root)
+    names = [n for n in fs.listdir(root) if _BASE_STAGING.fullmatch(n)]
+    return [n for n in names if discard_if_dead(Path(fs.top) / n, fs)]
 
 
 def check_local_grpo(config: GrpoConfig, reward: str = "default") -> None:

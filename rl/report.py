@@ -83,6 +83,18 @@ def _title(name: str) -> str:
     return name.replace("_", " ")
 
 
+def _literal(text: str) -> str:
+    """`text` as matplotlib draws it literally: a `$` would start mathtext, and a task metric named `$\\foo{$`
+    (from a run directory someone sent) would crash the report."""
+    return text.replace("$", r"\$")
+
+
+def _e(value: object) -> str:
+    """Any value as HTML text: the report escapes everything it prints, whatever its type (a checkpoint read from a
+    sent directory is schema-checked, but the report does not rely on that)."""
+    return html.escape(str(value))
+
+
 def panels(
     history: Sequence[IterationMetrics], evals: Sequence[EvalResult] = (), baseline_accuracy: float | None = None
 ) -> list[Panel]:
@@ -184,11 +196,18 @@ def _svg(panel: Panel, iterations: tuple[int, int]) -> str:
             marker = "o" if gaps else None
             linestyle = "--" if s.dashed else "-"
             ax.plot(
-                s.x, s.y, color=color, linewidth=1.2, linestyle=linestyle, marker=marker, markersize=2.5, label=s.label
+                s.x,
+                s.y,
+                color=color,
+                linewidth=1.2,
+                linestyle=linestyle,
+                marker=marker,
+                markersize=2.5,
+                label=_literal(s.label),
             )
         if panel.reference is not None:
             label, y = panel.reference
-            ax.axhline(y, color="#94a3b8", linestyle=":", linewidth=1, label=label)
+            ax.axhline(y, color="#94a3b8", linestyle=":", linewidth=1, label=_literal(label))
         first, last = iterations  # every chart spans the whole run, even where its series has no point
         pad = max(0.5, 0.02 * (last - first))  # so a marker on the first or last iteration is not cut in half
         ax.set_xlim(first - pad, last + pad)
@@ -203,7 +222,7 @@ def _svg(panel: Panel, iterations: tuple[int, int]) -> str:
             ax.set_ylim(-0.03, 1.03)  # a rate pinned at 0 or 1 stays visible off the frame
         if len(panel.series) > 1 or panel.reference is not None:
             ax.legend(fontsize=7, loc="best")
-        ax.set_title(panel.title, fontsize=9)
+        ax.set_title(_literal(panel.title), fontsize=9)
         ax.set_xlabel("iteration", fontsize=7)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
@@ -215,39 +234,41 @@ def _svg(panel: Panel, iterations: tuple[int, int]) -> str:
 
 
 def _fmt(value: float, digits: int = 3) -> str:
+    if not isinstance(value, int | float):
+        return _e(value)
     return f"{value:.{digits}f}" if math.isfinite(value) else str(value)
 
 
 def _status(history: Sequence[IterationMetrics], evals: Sequence[EvalResult], status: str) -> str:
     last = history[-1]
     parts = [
-        f"status: <b>{html.escape(status)}</b>",
-        f"iteration {last.iteration} · adapter v{last.adapter_version}",
+        f"status: <b>{_e(status)}</b>",
+        f"iteration {_e(last.iteration)} · adapter v{_e(last.adapter_version)}",
         f"mean reward {_fmt(last.mean_reward)}",
-        *(f"{html.escape(_title(name))} {_fmt(value)}" for name, value in last.task_metrics.items()),
+        *(f"{_e(_title(name))} {_fmt(value)}" for name, value in last.task_metrics.items()),
     ]
     if last.contributing:
         parts += [f"loss {_fmt(last.mean_loss, 4)}", f"KL {_fmt(last.kl, 4)}", f"clip fraction {_fmt(last.clip_frac)}"]
     else:
         parts.append("no step (no group had signal)")
     if last.num_groups:
-        parts.append(f"no-signal groups {last.no_signal_groups}/{last.num_groups}")
+        parts.append(f"no-signal groups {_e(last.no_signal_groups)}/{_e(last.num_groups)}")
     if evals:
         e = evals[-1]
-        parts.append(f"held-out avg@{e.k} {_fmt(e.avg_at_k)}, pass@{e.k} {_fmt(e.pass_at_k)}")
+        parts.append(f"held-out avg@{_e(e.k)} {_fmt(e.avg_at_k)}, pass@{_e(e.k)} {_fmt(e.pass_at_k)}")
     if last.phase_s:
-        parts.append("seconds: " + ", ".join(f"{p} {last.phase_s[p]:.2f}" for p in _PHASES if p in last.phase_s))
+        parts.append("seconds: " + ", ".join(f"{p} {_fmt(last.phase_s[p], 2)}" for p in _PHASES if p in last.phase_s))
     return " · ".join(parts)
 
 
 def _samples_table(history: Sequence[IterationMetrics]) -> str:
     rows = []
     for row in reversed(history[-RECENT_SAMPLES:]):
-        text = row.sample_question + row.sample_completion
+        text = f"{row.sample_question}{row.sample_completion}"
         shown = text if len(text) <= _SAMPLE_CHARS else text[:_SAMPLE_CHARS] + " …"
         rows.append(
-            f"<tr><td>{row.iteration}</td><td>{_fmt(row.sample_reward, 2)}</td>"
-            f"<td><code>{html.escape(shown)}</code></td></tr>"
+            f"<tr><td>{_e(row.iteration)}</td><td>{_fmt(row.sample_reward, 2)}</td>"
+            f"<td><code>{_e(shown)}</code></td></tr>"
         )
     return (
         '<table class="samples"><colgroup><col style="width:6em"><col style="width:6em"><col></colgroup>'

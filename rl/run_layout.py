@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rl.errors import FreshRefusedError, UnsafeRunDirError
 from rl.run_lock import LOCK_FILES
-from rl.volumes.filesystem import force_rmtree
+from rl.safe_fs import Tree
 
 MARKER = ".rl-run"
 MARKER_TEXT = "This directory was created by `rl demo grpo`; `--fresh` deletes only the entries it wrote here.\n"
@@ -35,7 +35,8 @@ def claim(run_dir: Path) -> None:
     """Create `run_dir` if absent and mark it as a run directory; an existing one is marked only if it is empty."""
     run_dir.mkdir(parents=True, exist_ok=True)
     if not _entries(run_dir):
-        (run_dir / MARKER).write_text(MARKER_TEXT)
+        with Tree(run_dir).open_file(run_dir / MARKER, "w") as f:  # never through a link planted at that name
+            f.write(MARKER_TEXT)
 
 
 def _entries(run_dir: Path) -> list[str]:
@@ -85,9 +86,10 @@ def start_fresh(run_dir: Path) -> list[str]:
         return []
     check_fresh(run_dir)
     names = _entries(run_dir)
+    fs = Tree(run_dir)
     deleted = []
     for name in names:
         if written_by_run(name):
-            force_rmtree(run_dir / name)  # unlinks a symlink rather than following it
+            fs.rmtree(run_dir / name)  # unlinks a symlink rather than following it, at any depth
             deleted.append(name)
     return deleted

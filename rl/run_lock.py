@@ -1,10 +1,11 @@
 """One writer per run directory: `rl demo grpo` and `rl rescore` hold an exclusive lock on the directory they write.
 
 Two writers on one run directory race on its checkpoint (the later save wins, so the run can go backwards) and on its
-buffer head. The lock is `filelock.FileLock` on `RUN_DIR/.rl-writer.lock` (an OS lock, `flock` on POSIX: the kernel
-drops it when its process dies, even by SIGKILL, so there is no stale lock to clear). The holder also writes who it is
-(pid, host, start time, command) to `RUN_DIR/.rl-writer.json`, so a second process can say whom it is waiting for:
-filelock keeps no owner record for a native lock, and the lock file itself must stay untouched by non-holders.
+buffer head. The lock is an `flock` on `RUN_DIR/.rl-writer.lock` (an OS lock: the kernel drops it when its process
+dies, even by SIGKILL, so there is no stale lock to clear; `filelock.FileLock` where there is no flock). The holder also
+writes who it is (pid, host, start time, command) to `RUN_DIR/.rl-writer.json`, so a second process can say whom it is
+waiting for: the lock file itself must stay untouched by non-holders. Both files are opened without following links
+(`rl.safe_fs`): a run directory someone sent may hold a symlink under either name, or under the holder's temp name.
 
 Pure (no torch or flyte import): `rl rescore` takes it without loading the trainer.
 """
@@ -15,14 +16,15 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock, Timeout
 
-from rl.errors import RunLockedError
+from rl.errors import RunDirError, RunLockedError
+from rl.safe_fs import Tree
 
 LOCK_NAME = ".rl-writer.lock"
 HOLDER_NAME = ".rl-writer.json"
@@ -36,29 +38,51 @@ def run_lock(run_dir: Path, *, command: str) -> Iterator[None]:
     naming the holder, when another process holds it."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(run_dir / LOCK_NAME)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
+    fs = Tree(run_dir)
+    release = _acquire(fs, run_dir)
+    if release is None:
         raise RunLockedError(
             f"{run_dir} is being written by {describe_holder(read_holder(run_dir))}; wait for it to finish or stop "
             "that process, or use another directory"
-        ) from None
+        )
     try:
-        _write_holder(run_dir, command)
+        _write_holder(fs, run_dir, command)
         yield
     finally:
         try:
-            (run_dir / HOLDER_NAME).unlink(missing_ok=True)
+            fs.unlink(run_dir / HOLDER_NAME, missing_ok=True)
         finally:
-            lock.release()
+            release()
+
+
+def _acquire(fs: Tree, run_dir: Path) -> Callable[[], None] | None:
+    """Take the lock without waiting: its release, or None when another process holds it."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): filelock's own lock
+        lock = FileLock(run_dir / LOCK_NAME)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            return None
+        return lock.release
+    fd = fs.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return lambda: os.close(fd)  # closing the last descriptor drops the flock
 
 
 def read_holder(run_dir: Path) -> dict[str, Any] | None:
     """The holder's record, or None when it is unreadable or not written yet (the holder is just starting)."""
     try:
-        record = json.loads((Path(run_dir) / HOLDER_NAME).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        record = json.loads(Tree(run_dir).read_bytes(Path(run_dir) / HOLDER_NAME, limit=1 << 16).decode("utf-8"))
+    except (OSError, OverflowError, RecursionError, ValueError, RunDirError):
         return None
     return record if isinstance(record, dict) else None
 
@@ -73,7 +97,7 @@ def describe_holder(record: dict[str, Any] | None) -> str:
     )
 
 
-def _write_holder(run_dir: Path, command: str) -> None:
+def _write_holder(fs: Tree, run_dir: Path, command: str) -> None:
     record = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
@@ -81,6 +105,5 @@ def _write_holder(run_dir: Path, command: str) -> None:
         "command": command,
     }
     # A reader sees the previous record or this one, never half of it.
-    tmp = run_dir / f"{HOLDER_NAME}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(record, allow_nan=False) + "\n", encoding="utf-8")
-    os.replace(tmp, run_dir / HOLDER_NAME)
+    body = (json.dumps(record, allow_nan=False) + "\n").encode()
+    fs.write_atomic(run_dir / HOLDER_NAME, body, tmp_name=f"{HOLDER_NAME}.{os.getpid()}.tmp")

@@ -11,3 +11,56 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("dev", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+# -- No task exception left unread ------------------------------------------------------------------------------------
+# An asyncio task whose exception nobody reads is reported by the garbage collector whenever it runs; on CPython 3.11.7
+# that report, landing during pytest's parsing of a later module, crashed the run (gh-106905). So each test that made
+# an event loop collects its garbage at teardown and fails if a task exception went unread, naming the task.
+
+import asyncio  # noqa: E402
+import gc  # noqa: E402
+import logging  # noqa: E402
+
+import pytest  # noqa: E402
+
+_LOOPS_MADE = [0]
+_real_loop_init = asyncio.BaseEventLoop.__init__
+
+
+def _counting_loop_init(self: asyncio.BaseEventLoop, *args: object, **kwargs: object) -> None:
+    _LOOPS_MADE[0] += 1
+    _real_loop_init(self, *args, **kwargs)  # type: ignore[arg-type]
+
+
+asyncio.BaseEventLoop.__init__ = _counting_loop_init  # type: ignore[method-assign]
+
+
+class _UnreadTaskExceptions(logging.Handler):
+    """Collects asyncio's "exception was never retrieved" reports (the default exception handler logs them)."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.ERROR)
+        self.found: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "never retrieved" in message:
+            self.found.append(message.splitlines()[0] + (f": {record.exc_info[1]!r}" if record.exc_info else ""))
+
+
+_UNREAD = _UnreadTaskExceptions()
+logging.getLogger("asyncio").addHandler(_UNREAD)
+
+
+@pytest.fixture(autouse=True)
+def no_unread_task_exception() -> object:
+    """Fails the test that left an asyncio task (or future) exception nobody retrieved."""
+    made = _LOOPS_MADE[0]
+    _UNREAD.found.clear()
+    yield
+    if _LOOPS_MADE[0] != made:
+        gc.collect()  # a task dropped with its exception unread reports it only when it is collected
+    if _UNREAD.found:
+        found, _UNREAD.found[:] = list(_UNREAD.found), []
+        pytest.fail(f"the test left {len(found)} asyncio task exception(s) unread: {'; '.join(found)[:2000]}")

@@ -33,6 +33,11 @@ class _Float(float):
 
 _floats = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([0.0, -0.0, 5e-324, 1.7e308])
 _text = st.text(max_size=8)
+# What the driver writes, and so what a checkpoint's schema admits (rl.checkpoint.schema): counts are non-negative,
+# timings finite, held-out rates in [0, 1].
+_counts = st.integers(0, 10**12)
+_rates = st.floats(0.0, 1.0)
+_timings = st.dictionaries(_text, st.floats(allow_nan=False, allow_infinity=False), max_size=3)
 
 
 @st.composite
@@ -41,11 +46,11 @@ def _rows(draw: st.DrawFn, iteration: int) -> IterationMetrics:
     return IterationMetrics(
         iteration=iteration,
         adapter_version=iteration + 1,
-        num_rollouts=draw(st.integers(0, 2**70)),
+        num_rollouts=draw(_counts),
         mean_reward=draw(_floats),
         max_reward=draw(_floats),
         mean_loss=draw(_floats),
-        contributing=draw(st.integers(-5, 64)),
+        contributing=draw(st.integers(0, 64)),
         sample_question=draw(_text),
         sample_completion=draw(_text),
         sample_reward=draw(_floats),
@@ -53,7 +58,7 @@ def _rows(draw: st.DrawFn, iteration: int) -> IterationMetrics:
         kl=draw(_floats),
         grad_norm=draw(_floats),
         task_metrics=draw(metrics),
-        phase_s=draw(metrics),
+        phase_s=draw(_timings),
     )
 
 
@@ -61,7 +66,7 @@ def _rows(draw: st.DrawFn, iteration: int) -> IterationMetrics:
 def _states(draw: st.DrawFn) -> DriverState:
     ref = ArtifactRef(uri=draw(_text), digest=draw(_text))
     n = draw(st.integers(0, 3))
-    evals = [EvalResult(v, 4, draw(_floats), draw(_floats), 8) for v in range(draw(st.integers(0, 2)))]
+    evals = [EvalResult(v, 4, draw(_rates), draw(_rates), 8) for v in range(draw(st.integers(0, 2)))]
     config: dict[str, Any] = {"iterations": n, "pipelined": draw(st.booleans()), "name": draw(_text), "x": None}
     return replace(
         DriverState.initial("c" * 32, ref, ref),

@@ -64,3 +64,69 @@ def test_every_chart_renders_inside_the_window_without_console_errors(report, wi
     assert layout["beyond"] == [] and layout["scrollWidth"] <= width
     first_row = [f for f in layout["figures"] if f["top"] == layout["figures"][0]["top"]]
     assert len(first_row) == columns  # the charts wrap to the window instead of overflowing it
+
+
+_MARKUP = (
+    '<img src=x onerror="document.body.dataset.pwned=1"><script>document.body.dataset.pwned=1</script>'
+    '<svg onload="document.body.dataset.pwned=1"></svg>$\\foo{$'
+)
+
+
+def _markup_checkpoint_report(tmp_path) -> str:
+    """The report a resume renders from a checkpoint whose every text field, dict key and name holds markup (its digest
+    recomputed), plus markup the schema would refuse (a row's adapter_version, an evaluation's k) put straight into
+    the report, which must escape it anyway."""
+    import dataclasses
+    import json
+
+    from rl.checkpoint.format import DriverState, decode_state, encode_state
+    from rl.identity import content_digest
+    from rl.types import ArtifactRef, EvalResult
+
+    ref = ArtifactRef(uri=_MARKUP, digest=_MARKUP[:200])
+    marked = [
+        dataclasses.replace(
+            r,
+            sample_question=_MARKUP,
+            sample_completion=_MARKUP,
+            task_metrics={_MARKUP[:200]: 0.5, "accuracy": 0.5},
+            extra={_MARKUP[:200]: 1.0},
+            phase_s={_MARKUP[:200]: 1.0, "generate": 0.5},
+        )
+        for r in rows(3)
+    ]
+    state = dataclasses.replace(
+        DriverState.initial(_MARKUP[:200], ref, ref),
+        iteration=2,
+        history=marked,
+        evals=[EvalResult(1, 4, 0.5, 0.5, 8)],
+        previous_adapter=ref,
+        buffer_version=_MARKUP[:200],
+        config={_MARKUP[:200]: _MARKUP},
+    )
+    doc = json.loads(encode_state(state))
+    doc["digest"] = content_digest(doc["state"])
+    loaded = decode_state(json.dumps(doc).encode())
+    history = list(loaded.history)
+    history[-1] = dataclasses.replace(history[-1], adapter_version=_MARKUP)  # type: ignore[arg-type]
+    evals = [*loaded.evals, EvalResult(2, _MARKUP, 0.5, 0.5, 8)]  # type: ignore[arg-type]
+    return render_report(history, status=_MARKUP, evals=evals, baseline_accuracy=0.1, title=_MARKUP)
+
+
+def test_a_report_from_a_checkpoint_full_of_markup_runs_no_script(tmp_path):
+    """Chromium loads the report of a checkpoint whose every field holds markup: no script ran, no handler fired,
+    no dialog opened, and the markup shows as text."""
+    path = tmp_path / "report.html"
+    path.write_text(_markup_checkpoint_report(tmp_path))
+    with browser_context(1300) as context:
+        page = context.new_page()
+        dialogs: list[str] = []
+        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+        page.goto(path.as_uri())
+        page.wait_for_load_state("load")
+        pwned = page.evaluate("() => document.body.dataset.pwned ?? null")
+        scripts = page.evaluate("() => document.querySelectorAll('script, img, [onload], [onerror]').length")
+        text = page.evaluate("() => document.body.innerText")
+    assert pwned is None and dialogs == []
+    assert scripts == 0
+    assert "<script>document.body.dataset.pwned=1</script>" in text

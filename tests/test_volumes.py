@@ -345,7 +345,7 @@ def test_a_crash_inside_finalize_before_publishing_leaves_no_version(store, monk
     """If finalize dies just before its publishing rename, no version (not even a partial one) is listed."""
     world = make_world(store)
 
-    def power_loss(src, dst):
+    def power_loss(*args, **kwargs):
         raise OSError("simulated crash before publish")
 
     with pytest.raises(OSError, match="simulated crash"), world.fork("trial") as rw:
@@ -459,22 +459,20 @@ def test_a_fork_of_a_fresh_version_fsyncs_only_the_files_it_wrote(tmp_path, monk
     """A version published a moment ago is inside the racy window, so its files are rehashed at the fork's finalize;
     they were made durable when it was published, so only the file the fork wrote is fsynced again (a fast loop's
     buffer once fsynced its last two seconds of iterations on every append)."""
-    import rl.volumes.writable as writable
-
     store = LocalVolumeStore(tmp_path / "store", share="hardlink", durable=True)
     first = store.new("buf")
     for i in range(3):
         first.write_bytes(f"iter-{i}.jsonl", b"row\n" * (i + 1))
     parent = first.finalize("v1")
     synced: list[str] = []
-    real = writable.hash_file
+    real = store.fs.hash_file
 
-    def spy(path: Path, *, fsync: bool) -> str:
+    def spy(path: Path, *, fsync: bool = False) -> str:
         if fsync:
             synced.append(Path(path).name)
         return real(path, fsync=fsync)
 
-    monkeypatch.setattr(writable, "hash_file", spy)
+    monkeypatch.setattr(store.fs, "hash_file", spy)
     child = parent.fork("buf")
     child.write_bytes("iter-3.jsonl", b"new\n")
     version = child.finalize("v2")

@@ -4,33 +4,47 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
+import uuid
 from pathlib import Path
 
 from rl.dead_writers import discard_if_dead, lock_fd
+from rl.safe_fs import Tree
+
+# A checkpoint holds a run's history and evaluations: megabytes for a long run, never this.
+MAX_CHECKPOINT_BYTES = 256 << 20
 
 
 class FileStateStore:
     """One file, replaced atomically: a crash mid-write leaves the previous checkpoint, never half of a new one.
 
     The new checkpoint is written to `.<name>.XXXXXXXX` beside it, locked while written (`rl.dead_writers`), so the temp
-    file a killed writer left is found and deleted by `discard_abandoned` at the next start.
+    file a killed writer left is found and deleted by `discard_abandoned` at the next start. The file and its temp
+    files are opened without following links (`rl.safe_fs`): a symlink planted there is refused, never written through.
     """
 
     def __init__(self, path: Path) -> None:
-        self.path = Path(path).absolute()
+        self.path = Path(os.path.abspath(path))
+        self.fs = Tree(self.path.parent)
 
     async def load(self) -> bytes | None:
         try:
-            return self.path.read_bytes()
+            return self.fs.read_bytes(self.path, limit=MAX_CHECKPOINT_BYTES)
         except FileNotFoundError:
             return None
+        except OverflowError:
+            from rl.errors import CheckpointCorruptError
+
+            raise CheckpointCorruptError(
+                f"{self.path} is larger than {MAX_CHECKPOINT_BYTES} bytes, more than any checkpoint this tool writes; "
+                "delete it to restart the run from iteration 0, or restore the previous checkpoint"
+            ) from None
 
     async def save(self, data: bytes) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
-            fd, tmp = tempfile.mkstemp(prefix=self._temp_prefix, dir=self.path.parent)
-            if lock_fd(fd, Path(tmp)):
+            tmp = self.path.with_name(f"{self._temp_prefix}{uuid.uuid4().hex[:8]}")
+            fd = self.fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            if lock_fd(fd, tmp, self.fs):
                 break
             os.close(fd)
         try:
@@ -38,20 +52,20 @@ class FileStateStore:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-                os.replace(tmp, self.path)
+                self.fs.replace(tmp, self.path)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            self.fs.unlink(tmp, missing_ok=True)
             raise
 
     def discard_abandoned(self) -> list[Path]:
         """Delete the temp files of writers that died mid-save (none a live writer holds); returns what went."""
         pattern = re.compile(re.escape(self._temp_prefix) + r"[A-Za-z0-9_]{8}")
         try:
-            names = sorted(os.listdir(self.path.parent))
+            names = self.fs.listdir(self.path.parent)
         except FileNotFoundError:
             return []
         found = [self.path.parent / n for n in names if pattern.fullmatch(n)]
-        return [p for p in found if discard_if_dead(p)]
+        return [p for p in found if discard_if_dead(p, self.fs)]
 
     @property
     def _temp_prefix(self) -> str:

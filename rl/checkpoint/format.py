@@ -1,8 +1,14 @@
 """The GRPO driver's checkpoint format: a versioned, self-verifying JSON document.
 
-The blob is `{"schema": N, "digest": <content digest of state>, "state": {...}}`. A digest mismatch means a torn or
-tampered write, a missing schema means a foreign blob, and a different configuration digest means the checkpoint
-belongs to another run shape: each is its own error type, and each message says what to do.
+The blob is `{"schema": N, "digest": <content digest of state>, "state": {...}}`. The digest is a checksum: it catches
+a torn write or damaged storage, but anyone can recompute it, so it proves nothing about who wrote the file. A missing
+schema means a foreign blob, and a different configuration digest means the checkpoint belongs to another run shape:
+each is its own error type, and each message says what to do.
+
+A seal, optionally: with `RL_RUN_KEY` set (a secret a team shares), every checkpoint written carries
+`"seal": HMAC-SHA256(key, schema and digest)`, and a checkpoint read is refused unless its seal verifies, so one
+forged or edited by someone without the key (digest recomputed or not) is refused. The digest covers the whole state,
+so sealing it seals the state. Without the key a seal is not checked (there is nothing to check it with).
 """
 
 from __future__ import annotations
@@ -10,17 +16,22 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import hmac
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rl.errors import CheckpointCorruptError, CheckpointSchemaError
+from rl.checkpoint.schema import STATE
+from rl.errors import CheckpointCorruptError, CheckpointSchemaError, CheckpointSealError
 from rl.identity import content_digest
 from rl.strict_json import tag_non_finite, untag_non_finite
 from rl.types import ArtifactRef, EvalResult, IterationMetrics
+from rl.untrusted import UntrustedValueError, parse_json, validate
 
 SCHEMA_VERSION = 1
+RUN_KEY_ENV = "RL_RUN_KEY"
 
 
 @dataclass(frozen=True)
@@ -79,7 +90,17 @@ def encode_state(state: DriverState) -> bytes:
         digest = content_digest(body)
     else:
         digest = _plain_digest(body)
-    return json.dumps({"schema": SCHEMA_VERSION, "digest": digest, "state": body}, allow_nan=False).encode()
+    doc = {"schema": SCHEMA_VERSION, "digest": digest, "state": body}
+    key = os.environ.get(RUN_KEY_ENV)
+    if key:
+        doc["seal"] = seal(key, SCHEMA_VERSION, digest)
+    return json.dumps(doc, allow_nan=False).encode()
+
+
+def seal(key: str, schema: int, digest: str) -> str:
+    """The HMAC-SHA256 of a checkpoint's schema and digest under `key` (hex)."""
+    message = f"rl-checkpoint:{schema}:{digest}".encode()
+    return hmac.new(key.encode(), message, hashlib.sha256).hexdigest()
 
 
 class _NotPlain(Exception):
@@ -127,33 +148,52 @@ def _plain_digest(body: Any) -> str:
     return hashlib.blake2b(payload.encode(), digest_size=16).hexdigest()
 
 
-def decode_state(blob: bytes) -> DriverState:
+def decode_state(blob: bytes, source: str = "the driver checkpoint") -> DriverState:
+    """The state `blob` holds, every field checked against its type and bounds (rl.checkpoint.schema) before use;
+    `CheckpointError` naming `source` and the field otherwise."""
     try:
-        doc = json.loads(blob)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        # Bare NaN tokens are admitted: checkpoints written before strict JSON hold them in history rows, and the
+        # schema below refuses a non-finite value anywhere else.
+        doc = parse_json(blob, allow_nan=True)
+    except UntrustedValueError as exc:
         raise CheckpointCorruptError(
-            f"the driver checkpoint ({len(blob)} bytes) is not valid JSON — a torn write or a foreign file. "
-            "Delete it to restart the run from iteration 0, or restore the previous checkpoint."
-        ) from exc
+            f"{source} ({len(blob)} bytes) is not a checkpoint this tool wrote: {exc} (a torn write or a foreign "
+            "file). Delete it to restart the run from iteration 0, or restore the previous checkpoint"
+        ) from None
     if not isinstance(doc, dict) or "schema" not in doc or "state" not in doc or "digest" not in doc:
         raise CheckpointCorruptError(
-            "the driver checkpoint is JSON but not a GRPO driver checkpoint (no schema/digest/state); "
+            f"{source} is JSON but not a GRPO driver checkpoint (no schema/digest/state); "
             "point the run at its own checkpoint or delete this one to start from iteration 0"
         )
-    if doc["schema"] != SCHEMA_VERSION:
+    if doc["schema"] != SCHEMA_VERSION or type(doc["schema"]) is not int:
         raise CheckpointSchemaError(
-            f"the checkpoint has schema {doc['schema']!r}; this driver reads schema {SCHEMA_VERSION}. "
+            f"{source} has schema {str(doc['schema'])[:40]!r}; this driver reads schema {SCHEMA_VERSION}. "
             "Resume it with the version of the package that wrote it, or start a new run."
         )
     if _plain_digest(doc["state"]) != doc["digest"]:
         raise CheckpointCorruptError(
-            "the driver checkpoint's digest does not match its contents (a partial or altered write); "
+            f"{source}'s digest does not match its contents (a partial or altered write); "
             "delete it to restart from iteration 0, or restore the previous checkpoint"
         )
+    key = os.environ.get(RUN_KEY_ENV)
+    if key:
+        found = doc.get("seal")
+        expected = seal(key, SCHEMA_VERSION, doc["digest"])
+        if not isinstance(found, str) or not hmac.compare_digest(found, expected):
+            raise CheckpointSealError(
+                f"{source} is {'not sealed' if found is None else 'sealed with another key, or forged'}, and "
+                f"{RUN_KEY_ENV} is set: only a checkpoint written with that key is resumed. Resume it with the key "
+                f"that wrote it, unset {RUN_KEY_ENV} to trust it as it is, or start a new run"
+            )
+    state = untag_non_finite(doc["state"])
     try:
-        return DriverState.from_json(untag_non_finite(doc["state"]))
-    except (KeyError, TypeError) as exc:
-        raise CheckpointCorruptError(f"the driver checkpoint lacks a field: {exc}") from exc
+        validate(STATE, state, prefix="state")
+    except UntrustedValueError as exc:
+        raise CheckpointCorruptError(
+            f"{source} is refused: {exc}. It was not written by this tool as it stands (its digest is a checksum "
+            "anyone can recompute); delete it to restart from iteration 0, or restore the previous checkpoint"
+        ) from None
+    return DriverState.from_json(state)
 
 
 def as_another_schema_version(blob: bytes) -> bytes:

@@ -16,7 +16,8 @@ async def load_state(store: StateStore, config: Any, artifacts: Artifacts) -> Dr
     blob = await store.load()
     if blob is None:
         return None
-    state = decode_state(blob)
+    path = getattr(store, "path", None)  # a file store names its file, so the message can
+    state = decode_state(blob, str(path) if path is not None else "the driver checkpoint")
     if state.config_digest != config.digest():
         raise CheckpointConfigMismatchError(
             f"the checkpoint was written by a run with configuration {state.config_digest[:12]}, this run has "
@@ -39,11 +40,17 @@ def _differing_fields(recorded: dict[str, Any] | None, config: Any) -> str:
     current = canonical(config)
     names = sorted(set(recorded) | set(current))
     diffs = [
-        f"{n}: checkpoint {recorded.get(n)!r}, this run {current.get(n)!r}"
+        f"{n}: checkpoint {_short(recorded.get(n))}, this run {_short(current.get(n))}"
         for n in names
         if recorded.get(n) != current.get(n)
     ]
     return f" ({'; '.join(diffs)})" if diffs else ""
+
+
+def _short(value: Any) -> str:
+    """`repr(value)`, cut to keep a message one readable line whatever a crafted checkpoint holds."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def check_recording(state: DriverState, *, buffered: bool) -> None:

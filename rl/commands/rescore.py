@@ -94,13 +94,20 @@ def _trained_through(run_dir: Path, held: list[int]) -> tuple[int, str]:
     """The last iteration the run trained, and where that figure comes from (for the message)."""
     import sys
 
+    from rl.checkpoint.file_store import MAX_CHECKPOINT_BYTES
     from rl.checkpoint.format import decode_state
-    from rl.errors import CheckpointError
+    from rl.errors import CheckpointCorruptError, CheckpointError
+    from rl.safe_fs import Tree
 
     path = run_dir / "checkpoint.json"
-    if path.is_file():
+    fs = Tree(run_dir)
+    if fs.kind(path) == "file":
         try:
-            state = decode_state(path.read_bytes())
+            try:
+                blob = fs.read_bytes(path, limit=MAX_CHECKPOINT_BYTES)
+            except OverflowError:
+                raise CheckpointCorruptError(f"larger than {MAX_CHECKPOINT_BYTES} bytes") from None
+            state = decode_state(blob, str(path))
         except CheckpointError as exc:
             print(
                 f"rl rescore: WARNING: {path} is unreadable ({exc}); checking the buffer for gaps up to its own last "

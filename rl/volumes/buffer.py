@@ -24,10 +24,13 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field, TypeAdapter
 
 from rl.metrics import finite_mean
 from rl.types import Rollout
+from rl.untrusted import StrictModel, UntrustedValueError, parse_json, validate
 from rl.volumes.errors import VolumeError
 from rl.volumes.store import LocalVolumeStore, check_name
 from rl.volumes.version import LocalVolumeVersion
@@ -38,6 +41,33 @@ PANDAS_DTYPES: dict[str, str] = {"question": "str", "answer": "str", "completion
 _ITER_FILE = re.compile(r"iter-(\d{5,})\.jsonl")
 
 RewardFn = Callable[[Rollout], float]
+# An iteration's file: megabytes for the largest runs; a file past this is not one this tool wrote.
+MAX_ITERATION_FILE_BYTES = 256 << 20
+
+_Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+_Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
+_Text = Annotated[str, Field(max_length=1 << 20)]
+_Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class _RowModel(StrictModel):
+    """One stored row, as `rollout_rows` writes it: checked field by field when read back, since a buffer may come in
+    a run directory someone sent (strict: no "1" for 1, no True for a number, no NaN reward)."""
+
+    iteration: _Count
+    group_id: _Count
+    question: _Text
+    answer: _Text
+    completion: _Text
+    prompt_token_ids: Annotated[list[_Count], Field(max_length=1 << 20)]
+    token_ids: Annotated[list[_Count], Field(max_length=1 << 20)]
+    logprobs: Annotated[list[_Finite], Field(max_length=1 << 20)]
+    policy_version: _Int64
+    seed: _Int64
+    reward: _Finite
+
+
+_ROW = TypeAdapter(_RowModel)
 
 
 class RowSchemaError(VolumeError, ValueError):
@@ -144,7 +174,7 @@ class RolloutBuffer:
         self._require(v, wanted)
         rows: list[dict[str, Any]] = []
         for it in wanted:
-            rows.extend(_read_jsonl(v.file(files[it])))
+            rows.extend(_read_rows(v, files[it], it))
         return rows
 
     def rescore(
@@ -166,7 +196,7 @@ class RolloutBuffer:
         with source.fork(name or self.name) as rw:
             for it in sorted(files):
                 rescored = []
-                for row in _read_jsonl(source.file(files[it])):
+                for row in _read_rows(source, files[it], it):
                     rollout = Rollout.from_dict({k: row[k] for k in ROLLOUT_FIELDS})
                     reward = reward_fn(rollout)
                     if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
@@ -232,9 +262,38 @@ def encode_rows(iteration: int, rows: Sequence[Mapping[str, Any]]) -> bytes:
     return "".join(f"{line}\n" for line in lines).encode()
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+def _read_rows(version: LocalVolumeVersion, relpath: str, iteration: int) -> list[dict[str, Any]]:
+    """The rows of one iteration's file, each parsed (strict JSON, bounded) and checked against the row schema before
+    anything uses it; `RowSchemaError` naming the file, line and field otherwise."""
+    where = f"{relpath} of buffer version {version.version[:12]} ({version.store.root})"
+    path = version.file(relpath)
+    try:
+        data = version.store.fs.read_bytes(path, limit=MAX_ITERATION_FILE_BYTES)
+    except OverflowError:
+        raise RowSchemaError(f"{where} is larger than {MAX_ITERATION_FILE_BYTES} bytes; {_NOT_OURS}") from None
+    if not data.endswith(b"\n") and data:
+        raise RowSchemaError(f"{where} does not end with a newline (a torn write?); {_NOT_OURS}")
+    rows = []
+    for n, line in enumerate(data.split(b"\n")[:-1], start=1):
+        try:
+            row = parse_json(line)
+            if not isinstance(row, dict):
+                raise UntrustedValueError(f"it is a JSON {type(row).__name__}, not an object")
+            validate(_ROW, row)
+        except UntrustedValueError as exc:
+            raise RowSchemaError(f"{where}, line {n}: {exc}; {_NOT_OURS}") from None
+        if row["iteration"] != iteration:
+            raise RowSchemaError(
+                f"{where}, line {n}: field iteration is {row['iteration']}, not {iteration}; {_NOT_OURS}"
+            )
+        rows.append(row)
+    return rows
+
+
+_NOT_OURS = (
+    "this buffer was not written by this tool as it stands. Restore the run directory from its source, or re-run "
+    "the iterations it holds"
+)
 
 
 def _mean(xs: Sequence[float]) -> float:

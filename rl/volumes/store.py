@@ -7,20 +7,22 @@ import errno
 import json
 import os
 import re
-import shutil
-import stat
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Literal
 
+from rl.safe_fs import Tree
 from rl.volumes.errors import InvalidNameError, VersionNotFoundError, VolumeCorruptedError, WriterConflictError
-from rl.volumes.filesystem import SHARE_MODES, ShareMode, force_rmtree, probe_share_mode, read_only_mode, try_reflink
+from rl.volumes.filesystem import SHARE_MODES, ShareMode, read_only_mode
 from rl.volumes.manifest import NAME_RE, VERSION_RE, manifest_problem
 from rl.volumes.version import LocalVolumeVersion
 from rl.volumes.writable import Inherited, LocalWritableVolume
 from rl.volumes.writer_lock import acquire_writer, release_writer
 
 MIN_PREFIX = 8
+# A manifest lists a version's files: far above any buffer's or world's, far below what would exhaust memory.
+MAX_MANIFEST_BYTES = 64 << 20
 
 
 class LocalVolumeStore:
@@ -33,23 +35,44 @@ class LocalVolumeStore:
     def __init__(
         self, root: str | os.PathLike[str], *, share: ShareMode | Literal["auto"] = "auto", durable: bool = True
     ) -> None:
-        self.root = Path(root).absolute()
+        self.root = Path(os.path.abspath(root))
         self.durable = durable
+        # Everything from the store's own directory down is reached without following a link (rl.safe_fs): a folder
+        # swapped for a symlink after these checks cannot carry a write or a delete outside the store.
+        self.fs = Tree(self.root.parent)
+        self.root.parent.mkdir(parents=True, exist_ok=True)
         for sub in ("versions", "staging", "locks"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
-            if (self.root / sub).is_symlink():
+            if self.fs.kind(self.root / sub) is None:
+                self.fs.mkdir(self.root / sub, parents=True, exist_ok=True)
+            if self.fs.kind(self.root / sub) == "symlink":
                 # Staging is deleted and versions are written through: a link would carry both outside the store.
                 raise VolumeCorruptedError(
                     f"{self.root / sub} is a symlink, so the store would write and delete wherever it points; a "
                     f"store's directories are its own. Remove the link (or open a store you built) and retry"
                 )
         if share == "auto":
-            self._share_mode: ShareMode = probe_share_mode(self.root / "staging")
+            self._share_mode: ShareMode = self._probe_share_mode()
         elif share in SHARE_MODES:
             self._share_mode = share
         else:
             raise ValueError(f"share must be 'auto' or one of {SHARE_MODES}, not {share!r}")
         self._manifests: dict[str, dict[str, Any]] = {}
+
+    def _probe_share_mode(self) -> ShareMode:
+        """The cheapest sharing the store's filesystem supports: "reflink", else "hardlink", else "copy"."""
+        probe = self.root / "staging" / f".probe-{uuid.uuid4().hex}"
+        self.fs.mkdir(probe)
+        try:
+            self.fs.write_atomic(probe / "src", b"probe", tmp_name=".src.tmp")
+            if self.fs.copy_file(probe / "src", probe / "clone", reflink=True):
+                return "reflink"
+            try:
+                self.fs.link(probe / "src", probe / "link")
+            except OSError:
+                return "copy"
+            return "hardlink"
+        finally:
+            self.fs.rmtree(probe)
 
     def __repr__(self) -> str:
         return f"LocalVolumeStore({str(self.root)!r}, share={self._share_mode!r})"
@@ -66,7 +89,7 @@ class LocalVolumeStore:
     def open(self, name_or_version: str) -> LocalVolumeVersion:
         """A finalized version: by version id, by volume name (its latest version), or by a unique version-id prefix."""
         key = name_or_version
-        if VERSION_RE.fullmatch(key) and (self.root / "versions" / key / "manifest.json").is_file():
+        if VERSION_RE.fullmatch(key) and self.fs.kind(self.root / "versions" / key / "manifest.json") == "file":
             return self._version(key)
         if NAME_RE.fullmatch(key):
             named = self.versions(key)
@@ -97,22 +120,23 @@ class LocalVolumeStore:
     def discard_abandoned(self) -> list[str]:
         """Delete the staging directories of writers that died (no live lock) and return their names; live ones stay."""
         discarded = []
-        for staging in sorted((self.root / "staging").iterdir()):
-            if not staging.is_dir() or staging.name.startswith(".probe-"):
+        for entry in self.fs.listdir(self.root / "staging"):
+            staging = self.root / "staging" / entry
+            if self.fs.kind(staging) != "dir" or entry.startswith(".probe-") or not NAME_RE.fullmatch(entry):
                 continue
             try:
                 fd = acquire_writer(self.root, staging.name)
             except WriterConflictError:
                 continue
             try:
-                force_rmtree(staging)
+                self.fs.rmtree(staging)
                 discarded.append(staging.name)
             finally:
                 release_writer(str(self.root), staging.name, fd)
         return discarded
 
     def _version_ids(self) -> list[str]:
-        return [e.name for e in os.scandir(self.root / "versions") if VERSION_RE.fullmatch(e.name)]
+        return [name for name in self.fs.listdir(self.root / "versions") if VERSION_RE.fullmatch(name)]
 
     def _version(self, version: str) -> LocalVolumeVersion:
         cached = self._manifests.get(version)
@@ -120,10 +144,14 @@ class LocalVolumeStore:
             return LocalVolumeVersion(self, cached)
         path = self.root / "versions" / version / "manifest.json"
         try:
-            manifest: Any = json.loads(path.read_text(encoding="utf-8"))
+            manifest: Any = json.loads(self.fs.read_bytes(path, limit=MAX_MANIFEST_BYTES).decode("utf-8"))
             problem = manifest_problem(manifest, version)
         except FileNotFoundError:
             raise VersionNotFoundError(f"version {version} is not in {self.root}") from None
+        except OverflowError:
+            problem = f"the manifest is larger than {MAX_MANIFEST_BYTES} bytes"
+        except RecursionError:
+            problem = "the manifest nests deeper than a manifest does"
         except ValueError as exc:  # not JSON, or not UTF-8: a damaged or foreign file
             problem = f"the manifest is not JSON ({exc})"
         if problem:
@@ -141,12 +169,14 @@ class LocalVolumeStore:
         staging = self.root / "staging" / name
         try:
             # Whoever held this name before us died before publishing (we hold its lock): its half-written files go.
-            force_rmtree(staging)
-            (staging / "data").mkdir(parents=True)
+            self.fs.rmtree(staging)
+            # Not `parents`: a store folder gone mid-run (moved aside) is an error, not something to make anew.
+            self.fs.mkdir(staging)
+            self.fs.mkdir(staging / "data")
             forked_at_ns = time.time_ns()
             inherited = self._populate(parent, staging / "data") if parent is not None else {}
         except BaseException:
-            force_rmtree(staging)
+            self.fs.rmtree(staging)
             release_writer(str(self.root), name, fd)
             raise
         return LocalWritableVolume(self, name, parent, staging, fd, inherited, forked_at_ns)
@@ -155,19 +185,19 @@ class LocalVolumeStore:
         src_root = parent.path()
         for d in ("", *parent.dirs):
             # A directory replaced by a symlink would make the links below read files from wherever it points.
-            if not stat.S_ISDIR(os.lstat(src_root / d).st_mode):
+            if self.fs.kind(src_root / d) != "dir":
                 raise VolumeCorruptedError(
                     f"cannot fork version {parent.version} ({parent.name!r}): {src_root / d} is not a directory (a "
                     f"symlink?), so its files could come from outside the volume; fork an intact version"
                 )
         for d in parent.dirs:
-            (data / d).mkdir(parents=True, exist_ok=True)
+            self.fs.mkdir(data / d, parents=True, exist_ok=True)
         for rel, target in parent.symlinks.items():
-            os.symlink(target, data / rel)
+            self.fs.symlink(target, data / rel)
         inherited: dict[str, Inherited] = {}
         for rel, entry in parent.files.items():
             src = src_root / rel
-            st = os.lstat(src)
+            st = self.fs.lstat(src)
             problem = parent._stat_problem(rel, st)
             if problem:
                 raise VolumeCorruptedError(
@@ -178,19 +208,18 @@ class LocalVolumeStore:
             shares = False
             if self._share_mode == "hardlink":
                 try:
-                    os.link(src, dst)
+                    self.fs.link(src, dst)
                     shares = True
                 except OSError as exc:
                     # The link limit, protected_hardlinks (another user's file) or another mount: copy this one.
                     if exc.errno not in (errno.EMLINK, errno.EPERM, errno.EXDEV):
                         raise
             if not shares:
-                if not (self._share_mode == "reflink" and try_reflink(src, dst)):
-                    shutil.copyfile(src, dst)
-                os.chmod(dst, read_only_mode(entry.executable))
+                self.fs.copy_file(src, dst, reflink=self._share_mode == "reflink")
+                self.fs.chmod(dst, read_only_mode(entry.executable))
                 # Keeping the parent's mtime keeps the copy out of the racy window, so finalize can trust its stat.
-                os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
-            ino = st.st_ino if shares else os.lstat(dst).st_ino
+                self.fs.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+            ino = st.st_ino if shares else self.fs.lstat(dst).st_ino
             inherited[rel] = Inherited(ino, st.st_size, st.st_mtime_ns, entry, shares)
         return inherited
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from rl.types import ArtifactRef
 from rl.volumes.errors import VolumeCorruptedError
-from rl.volumes.filesystem import WRITE_BITS, clean_relpath, hash_file, walk
+from rl.volumes.filesystem import WRITE_BITS, clean_relpath
 from rl.volumes.manifest import FileEntry
 
 if TYPE_CHECKING:
@@ -109,10 +109,11 @@ class LocalVolumeVersion:
         return path
 
     def read_bytes(self, relpath: str) -> bytes:
-        return self.file(relpath).read_bytes()
+        """One file's bytes, read without following a link (a folder swapped for one after `file`'s check included)."""
+        return self._store.fs.read_bytes(self.file(relpath))
 
     def read_text(self, relpath: str, encoding: str = "utf-8") -> str:
-        return self.file(relpath).read_text(encoding=encoding)
+        return self.read_bytes(relpath).decode(encoding)
 
     def fork(self, name: str) -> LocalWritableVolume:
         """A writable volume `name` sharing this version's files without copying them; this version never changes."""
@@ -127,7 +128,8 @@ class LocalVolumeVersion:
         problems: list[str] = []
         root = self.path()
         present = set()
-        for rel, kind, st in walk(root):
+        fs = self._store.fs
+        for rel, kind, st in fs.walk(root):
             present.add(rel)
             if kind == "file":
                 entry = self._files.get(rel)
@@ -137,11 +139,11 @@ class LocalVolumeVersion:
                 problem = self._stat_problem(rel, st)
                 if problem:
                     problems.append(problem)
-                elif deep and hash_file(root / rel, fsync=False) != entry.sha256:
+                elif deep and fs.hash_file(root / rel) != entry.sha256:
                     problems.append(f"{rel}'s bytes no longer hash to {entry.sha256[:12]}")
             elif kind == "dir" and rel not in self._manifest["dirs"]:
                 problems.append(f"directory {rel} is not in the manifest")
-            elif kind == "symlink" and self._manifest["symlinks"].get(rel) != os.readlink(root / rel):
+            elif kind == "symlink" and self._manifest["symlinks"].get(rel) != fs.readlink(root / rel):
                 problems.append(f"symlink {rel} is not in the manifest or points elsewhere")
         expected = set(self._files) | set(self._manifest["dirs"]) | set(self._manifest["symlinks"])
         problems.extend(f"{rel} is missing" for rel in sorted(expected - present))

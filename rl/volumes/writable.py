@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
-import shutil
 import stat
 import time
 import uuid
@@ -16,17 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any
 
 from rl.volumes.errors import InvalidPathError, SharedFileModifiedError, UnsupportedFileError, VolumeSealedError
-from rl.volumes.filesystem import (
-    WRITE_BITS,
-    clean_relpath,
-    force_rmtree,
-    fsync_dir,
-    hash_file,
-    seal_modes,
-    try_reflink,
-    walk,
-    write_json,
-)
+from rl.volumes.filesystem import WRITE_BITS, clean_relpath, read_only_mode
 from rl.volumes.manifest import FileEntry, new_manifest, symlink_target_problem
 from rl.volumes.writer_lock import release_writer
 
@@ -114,21 +104,13 @@ class LocalWritableVolume:
         """Write a whole file by writing a new one and renaming it over `relpath`: a shared inode is never written."""
         self._check_open()
         path = self._path(relpath)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        fs = self._store.fs
+        fs.mkdir(path.parent, parents=True, exist_ok=True)
         try:
-            mode = 0o755 if os.lstat(path).st_mode & 0o111 else 0o644
+            mode = 0o755 if fs.lstat(path).st_mode & 0o111 else 0o644
         except FileNotFoundError:
             mode = 0o644
-        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-            with open(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        fs.write_atomic(path, data, tmp_name=f".{path.name}.tmp-{uuid.uuid4().hex[:8]}", perm=mode)
         return path
 
     def write_text(self, relpath: str, text: str, encoding: str = "utf-8") -> Path:
@@ -144,22 +126,22 @@ class LocalWritableVolume:
                 f"open_for_write needs a writing mode, not {mode!r}; read files directly under mount()"
             )
         path = self._path(relpath)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if os.path.lexists(path):
+        fs = self._store.fs
+        fs.mkdir(path.parent, parents=True, exist_ok=True)
+        if fs.kind(path) is not None:
             if "w" in mode:
                 # Truncation would write the shared inode; a fresh file under the same name shares nothing.
-                os.unlink(path)
+                fs.unlink(path)
             elif "a" in mode or "+" in mode:
                 self.unshare(relpath)
-        if "b" in mode:
-            return open(path, mode)
-        return open(path, mode, encoding=encoding or "utf-8", newline=newline)
+        return fs.open_file(path, mode, encoding=encoding, newline=newline, perm=0o644)
 
     def unshare(self, relpath: str) -> Path:
         """Make `relpath` a private writable file (a reflink where it can, else a copy); returns its path."""
         self._check_open()
         path = self._path(relpath)
-        st = os.lstat(path)
+        fs = self._store.fs
+        st = fs.lstat(path)
         if not stat.S_ISREG(st.st_mode):
             raise InvalidPathError(
                 f"{relpath!r} in volume {self._name!r} is not a regular file, so it cannot be unshared"
@@ -168,26 +150,23 @@ class LocalWritableVolume:
         if st.st_nlink > 1:
             tmp = path.with_name(f".{path.name}.unshare-{uuid.uuid4().hex[:8]}")
             try:
-                if not (self._store.share_mode == "reflink" and try_reflink(path, tmp)):
-                    shutil.copyfile(path, tmp)
-                os.chmod(tmp, writable)
-                os.replace(tmp, path)
+                fs.copy_file(path, tmp, reflink=self._store.share_mode == "reflink")
+                fs.chmod(tmp, writable)
+                fs.replace(tmp, path)
             except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
+                fs.unlink(tmp, missing_ok=True)
                 raise
         elif st.st_mode & 0o200 == 0:
-            os.chmod(path, writable)
+            fs.chmod(path, writable)
         return path
 
     def delete(self, relpath: str) -> None:
         """Remove a file, symlink or directory tree from this fork (the parent keeps its copy)."""
         self._check_open()
         path = self._path(relpath)
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            os.unlink(path)
+        if self._store.fs.kind(path) is None:
+            raise FileNotFoundError(f"{relpath!r} is not in volume {self._name!r}")
+        self._store.fs.rmtree(path)
 
     def finalize(self, message: str) -> LocalVolumeVersion:
         """Seal the mount into an immutable version and publish it atomically; this writer is closed afterwards."""
@@ -199,30 +178,34 @@ class LocalWritableVolume:
         manifest = new_manifest(self._name, parent, message, tree, published_at_ns=time.time_ns(), mtimes_ns=mtimes)
         version = manifest["version"]
         durable = self._store.durable
-        seal_modes(data, durable=durable)
-        write_json(self._staging / "manifest.json", manifest, durable=durable)
+        fs = self._store.fs
+        self._seal_modes(data, durable=durable)
+        body = json.dumps(manifest, sort_keys=True, indent=1, allow_nan=False).encode()
+        fs.write_atomic(
+            self._staging / "manifest.json", body, tmp_name=".manifest.json.tmp", perm=0o444, durable=durable
+        )
         if durable:
-            fsync_dir(self._staging)
+            fs.fsync_dir(self._staging)
         target = self._store.root / "versions" / version
         try:
-            os.rename(self._staging, target)
+            fs.rename(self._staging, target)
         except OSError as exc:
-            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY) or not (target / "manifest.json").is_file():
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY) or fs.kind(target / "manifest.json") != "file":
                 raise
             # The same name, parent, message and files were published before (a retried task): that version is this one.
-            force_rmtree(self._staging)
+            fs.rmtree(self._staging)
         if durable:
-            fsync_dir(target.parent)
-            fsync_dir(self._staging.parent)
+            fs.fsync_dir(target.parent)
+            fs.fsync_dir(self._staging.parent)
         with contextlib.suppress(OSError):
-            os.chmod(target, 0o555)
+            fs.chmod(target, 0o555)
         self._close(f"finalized as {version}")
         return self._store._version(version)
 
     def abandon(self) -> None:
         """Discard everything written and release the name; nothing becomes visible."""
         self._check_open()
-        force_rmtree(self._staging)
+        self._store.fs.rmtree(self._staging)
         self._close("abandoned")
 
     def _close(self, state: str) -> None:
@@ -249,16 +232,33 @@ class LocalWritableVolume:
                 )
         return root / rel
 
+    def _seal_modes(self, data: Path, *, durable: bool) -> None:
+        fs = self._store.fs
+        dirs = [data]
+        for rel, kind, st in fs.walk(data):
+            if kind == "file":
+                ro = read_only_mode(bool(st.st_mode & 0o111))
+                # A shared inode is already read-only; leaving it alone keeps its ctime (and the parent's) untouched.
+                if stat.S_IMODE(st.st_mode) != ro:
+                    fs.chmod(data / rel, ro)
+            elif kind == "dir":
+                dirs.append(data / rel)
+        for d in reversed(dirs):
+            if durable:
+                fs.fsync_dir(d)
+            fs.chmod(d, 0o555)
+
     def _scan(self, data: Path) -> tuple[dict[str, dict[str, Any]], list[str], dict[str, str], dict[str, int]]:
         files: dict[str, dict[str, Any]] = {}
         dirs: list[str] = []
         symlinks: dict[str, str] = {}
         mtimes: dict[str, int] = {}
-        for rel, kind, st in walk(data):
+        fs = self._store.fs
+        for rel, kind, st in fs.walk(data):
             if kind == "dir":
                 dirs.append(rel)
             elif kind == "symlink":
-                symlinks[rel] = os.readlink(data / rel)
+                symlinks[rel] = fs.readlink(data / rel)
                 problem = symlink_target_problem(rel, symlinks[rel])
                 if problem:
                     raise InvalidPathError(
@@ -290,7 +290,7 @@ class LocalWritableVolume:
         # parent published within the racy window is rehashed on every fork: a fast loop's buffer did that for its last
         # ~2 s of iterations each time, and the redundant fsyncs were most of an iteration.)
         inherited_inode = inh is not None and inh.shares_parent_inode and st.st_ino == inh.ino
-        digest = hash_file(path, fsync=self._store.durable and not inherited_inode)
+        digest = self._store.fs.hash_file(path, fsync=self._store.durable and not inherited_inode)
         if inh is not None and inh.shares_parent_inode and st.st_ino == inh.ino and digest != inh.entry.sha256:
             parent = self._parent.version if self._parent else "?"
             raise SharedFileModifiedError(

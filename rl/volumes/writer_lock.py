@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 from rl.platform import flock, unlock
+from rl.safe_fs import Tree
 from rl.volumes.errors import WriterConflictError
 
 # Keyed by pid too: a child made by os.fork inherits this set but not the parent's writers.
@@ -23,7 +24,8 @@ def acquire_writer(root: Path, name: str) -> int:
         # The in-process set covers filesystems (NFS) whose flock emulation does not conflict within one process.
         if key in OPEN_WRITERS:
             raise WriterConflictError(conflict_message(name, os.getpid(), root))
-        fd = os.open(root / "locks" / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # Never through a symlink: a crafted `locks/<name>.lock` would have us truncate and write wherever it points.
+        fd = Tree(root.parent).open(root / "locks" / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             flock(fd, blocking=False)
         except BlockingIOError:
