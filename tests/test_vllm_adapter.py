@@ -441,3 +441,29 @@ def test_a_dead_vllm_engine_is_replaced_on_the_next_call(
         run(engine.generate(req))
     assert dead.llm_engine.engine_core.shutdowns == 1
     assert len(run(engine.generate(req))) == req.n and engine.llm is not dead
+
+
+def test_a_replica_closes_the_engine_it_evicts(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rollout replica keeps one engine; when a request needs another (base or spec), the resident one is closed
+    (its vLLM engine-core process ended), not just forgotten."""
+    from types import SimpleNamespace
+
+    from rl.flyte import grpo_tasks
+    from rl.flyte.config import EngineSpec
+
+    async def local(base: object) -> Path:
+        return tiny_model_dir
+
+    def make_engine(base_dir: Path, spec: EngineSpec) -> SimpleNamespace:
+        engine = SimpleNamespace(closes=0)
+        engine.close = lambda: setattr(engine, "closes", engine.closes + 1)
+        return engine
+
+    monkeypatch.setattr(grpo_tasks, "_make_engine", make_engine)
+    monkeypatch.setattr(grpo_tasks, "local_base", local)
+    monkeypatch.setattr(grpo_tasks, "_ENGINES", {})
+    base = SimpleNamespace(path="base", hash="h")
+    first = run(grpo_tasks.engine_for(base, EngineSpec(threads=1)))
+    assert run(grpo_tasks.engine_for(base, EngineSpec(threads=1))) is first and first.closes == 0
+    second = run(grpo_tasks.engine_for(base, EngineSpec(threads=2)))
+    assert second is not first and (first.closes, second.closes) == (1, 0)
