@@ -316,19 +316,28 @@ def vllm_cpu(session: nox.Session) -> None:
     with tempfile.TemporaryDirectory(prefix="rl-vllm-cpu-") as work:
         tmp, basetemp, report = Path(work, "tmp"), Path(work, "pytest"), Path(work, "laws.xml")
         tmp.mkdir()
-        env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TMPDIR": str(tmp)}
-        session.run("pytest", "vllm_cpu_tests", "-p", "no:cacheprovider", f"--basetemp={basetemp}", "-rA",
-                    *session.posargs, env=env)  # fmt: skip
+        # vLLM's cache and torch inductor's (vLLM compiles a few kernels even with enforce_eager) are caches, kept
+        # out of HOME and TMPDIR and removed with the rest; the engine's own files must leave TMPDIR empty.
+        caches = {
+            "VLLM_CACHE_ROOT": str(Path(work, "vllm-cache")),
+            "TORCHINDUCTOR_CACHE_DIR": str(Path(work, "inductor")),
+        }
+        env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TMPDIR": str(tmp), **caches}
+        pytest = ("pytest", "-p", "no:cacheprovider", f"--basetemp={basetemp}", "-rA")
+        session.run(*pytest, "vllm_cpu_tests", *session.posargs, env=env)
         laws = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", "rl.conformance.ours:REAL_VLLM")
-        session.run("pytest", *laws, "-m", "rl_engine or rl_trainer", "-p", "no:cacheprovider",
-                    f"--basetemp={basetemp}", f"--junitxml={report}", env=env, success_codes=[0, 1])  # fmt: skip
+        engine_laws = ("-m", "rl_engine or rl_trainer", f"--junitxml={report}")
+        session.run(*pytest, *laws, *engine_laws, env=env, success_codes=[0, 1])
         outcomes = _junit_outcomes(str(report))
         failed = {law for law, outcome in outcomes.items() if outcome == "failed"}
-        session.log(f"REAL_VLLM: {len(outcomes)} engine and trainer laws, {len(failed)} fail: {sorted(failed) or 'none'}")
+        summary = f"{len(outcomes)} engine and trainer laws, {len(failed)} fail: {sorted(failed) or 'none'}"
+        session.log(f"REAL_VLLM: {summary}")
         new, fixed = failed - set(VLLM_CPU_FAILS), set(VLLM_CPU_FAILS) - failed
         if not outcomes or new or fixed:
-            session.error(f"REAL_VLLM's failing laws differ from VLLM_CPU_FAILS: newly failing {sorted(new)}, "
-                          f"recorded but passing {sorted(fixed)}")  # fmt: skip
+            session.error(
+                f"REAL_VLLM's failing laws differ from VLLM_CPU_FAILS: newly failing {sorted(new)}, "
+                f"recorded but passing {sorted(fixed)}"
+            )
         left = sorted(os.listdir(tmp))
         if left:
             session.error(f"the vLLM engines and tests left {left} in the session's TMPDIR; each must remove its own")

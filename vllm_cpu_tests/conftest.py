@@ -6,8 +6,9 @@ One `VLLMEngine` is started for the whole session (`engine`: 20-80 s of start-up
 Every test that samples shares it, like a warm rollout replica: adapters are told apart by digest, so tests may serve
 any adapters in any order. The lifetime tests, which close an engine, run last (`pytest_collection_modifyitems`).
 
-vLLM keeps its cache (model inspection, compiled kernels) under `VLLM_CACHE_ROOT`, here a temporary directory removed
-at exit, so a run leaves nothing in HOME. The adapter and log-prob helpers are the GPU tests' (`gpu_tests/gpu_helpers`),
+vLLM keeps its cache (model inspection, compiled kernels) under `VLLM_CACHE_ROOT`, and torch inductor its own under
+`TORCHINDUCTOR_CACHE_DIR`: here (unless set, as `nox -s vllm-cpu` sets them) a temporary directory removed at exit, so a
+run leaves nothing in HOME or TMPDIR. The adapter and log-prob helpers are the GPU tests' (`gpu_tests/gpu_helpers`),
 used on the CPU.
 """
 
@@ -31,6 +32,8 @@ import pytest
 
 _CACHE = tempfile.mkdtemp(prefix="rl-vllm-cpu-cache-")
 os.environ.setdefault("VLLM_CACHE_ROOT", _CACHE)
+# vLLM compiles a few kernels even with enforce_eager; torch inductor's cache would otherwise land in TMPDIR.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_CACHE, "inductor"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu_tests"))  # gpu_helpers
 
 vllm = pytest.importorskip("vllm")  # the session installs it; outside it this directory collects nothing

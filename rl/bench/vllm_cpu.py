@@ -20,7 +20,7 @@ import asyncio
 import importlib.util
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,9 @@ def _requests(adapter: Any, groups: int, n: int, max_tokens: int) -> list[Any]:
     ]
 
 
-def _tokens_per_s(name: str, call: Callable[[], Awaitable[list[list[Any]]]], repeats: int) -> dict[str, float]:
+def _tokens_per_s(
+    name: str, call: Callable[[], Coroutine[Any, Any, list[list[Any]]]], repeats: int
+) -> dict[str, float]:
     asyncio.run(call())  # warm-up: adapter load, first-call overheads
     rates = []
     for _ in range(repeats):
@@ -90,7 +92,8 @@ def vllm_cpu_bench(
             async def per_group() -> list[list[Any]]:
                 return [await engine.generate(r) for r in requests]
 
-            figures.update(_tokens_per_s("vllm_batched_tokens_per_s", lambda: engine.generate_groups(requests), repeats))
+            batched = lambda: engine.generate_groups(requests)  # noqa: E731
+            figures.update(_tokens_per_s("vllm_batched_tokens_per_s", batched, repeats))
             figures.update(_tokens_per_s("vllm_per_group_tokens_per_s", per_group, repeats))
         finally:
             engine.close()
