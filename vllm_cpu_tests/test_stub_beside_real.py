@@ -24,7 +24,7 @@ from rl.gpu import vllm_cpu_llm_kwargs
 def both(engine: Any, model_dir: Path) -> dict[str, tuple[Any, Any]]:
     """name -> (the vllm-like module, its LLM): real vLLM's warm one, and a stub with the same keywords."""
     import vllm
-    import vllm.lora.request  # noqa: F401  (the LoRARequest the cases build, as vllm.lora.request.LoRARequest)
+    import vllm.lora.request  # the LoRARequest the cases build
 
     stub_llm = stub.LLM(**engine_llm_kwargs(model_dir, vllm_cpu_llm_kwargs()))
     return {"real": (vllm, engine.llm), "stub": (stub, stub_llm)}
@@ -66,7 +66,8 @@ def _shape(output: Any, eos: int, decode: Any) -> dict[str, Any]:
                 "decoded_tokens": [d[t].decoded_token for d, t in zip(c.logprobs, c.token_ids, strict=True)]
                 == [decode([t], skip_special_tokens=False) for t in c.token_ids],
                 "cumulative_is_the_sum": math.isclose(
-                    c.cumulative_logprob, math.fsum(d[t].logprob for d, t in zip(c.logprobs, c.token_ids, strict=True)),
+                    c.cumulative_logprob,
+                    math.fsum(d[t].logprob for d, t in zip(c.logprobs, c.token_ids, strict=True)),
                     abs_tol=1e-4,
                 ),
                 "finish_reason": "stop" if c.token_ids[-1] == eos else "length",
@@ -108,16 +109,22 @@ def test_completion_i_is_seeded_seed_plus_i_on_both(both: Any, model_dir: Path) 
         assert tokens(100, 4) == [tokens(100 + i, 1)[0] for i in range(4)], name
 
 
+def _sp(module: Any) -> Any:
+    return module.SamplingParams(max_tokens=2)
+
+
 REFUSED = {
-    "an out-of-vocabulary token id": lambda m, ids: ([{"prompt_token_ids": [9999]}], m.SamplingParams(max_tokens=2), {}),
-    "a negative token id": lambda m, ids: ([{"prompt_token_ids": [-1]}], m.SamplingParams(max_tokens=2), {}),
-    "an empty prompt": lambda m, ids: ([{"prompt_token_ids": []}], m.SamplingParams(max_tokens=2), {}),
+    "an out-of-vocabulary token id": lambda m, ids: ([{"prompt_token_ids": [9999]}], _sp(m), {}),
+    "a negative token id": lambda m, ids: ([{"prompt_token_ids": [-1]}], _sp(m), {}),
+    "an empty prompt": lambda m, ids: ([{"prompt_token_ids": []}], _sp(m), {}),
     "a prompt longer than max_model_len": lambda m, ids: (
-        [{"prompt_token_ids": ids["prompt_token_ids"] * 40}], m.SamplingParams(max_tokens=2), {}
+        [{"prompt_token_ids": ids["prompt_token_ids"] * 40}],
+        _sp(m),
+        {},
     ),
-    "fewer lora requests than prompts": lambda m, ids: ([ids, ids], m.SamplingParams(max_tokens=2), {"lora_request": [None]}),
-    "more sampling params than prompts": lambda m, ids: ([ids], [m.SamplingParams(max_tokens=2)] * 2, {}),
-}  # fmt: skip
+    "fewer lora requests than prompts": lambda m, ids: ([ids, ids], _sp(m), {"lora_request": [None]}),
+    "more sampling params than prompts": lambda m, ids: ([ids], [_sp(m)] * 2, {}),
+}
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
@@ -126,7 +133,7 @@ def test_the_stub_refuses_what_vllm_refuses_and_both_live_on(case: str, both: An
     raised = {}
     for name, (module, llm) in both.items():
         prompts, params, kwargs = REFUSED[case](module, _ids(model_dir))
-        with pytest.raises(Exception) as info:  # noqa: PT011 (which class is the assertion below)
+        with pytest.raises(Exception) as info:  # which class: the assertion below
             llm.generate(prompts, params, use_tqdm=False, **kwargs)
         raised[name] = (type(info.value).__name__, isinstance(info.value, ValueError))
         assert len(llm.generate([_ids(model_dir)], module.SamplingParams(max_tokens=2), use_tqdm=False)) == 1
@@ -151,5 +158,9 @@ def test_lora_ids_are_cached_as_vllm_caches_them(both: Any, model_dir: Path, ada
         for lora_id in (503, 504, 505):  # three more ids through a cache of two: 501 is evicted
             tokens(_lora(module, f"c-{lora_id}", lora_id, adapter_dirs["c"]))
         reloaded = tokens(_lora(module, "b-as-501", 501, adapter_dirs["b"]))
-        outcomes[name] = ("a" if stale == a else "b" if stale == b else "?", "a" if reloaded == a else "b" if reloaded == b else "?")
+        outcomes[name] = tuple(_which(got, a, b) for got in (stale, reloaded))
     assert outcomes["stub"] == outcomes["real"], outcomes
+
+
+def _which(got: list[list[int]], a: list[list[int]], b: list[list[int]]) -> str:
+    return "a" if got == a else "b" if got == b else "neither"
