@@ -61,7 +61,14 @@ def test_a_killed_vllm_demo_resumes_to_the_uninterrupted_runs_end(reference: tup
     ends with the uninterrupted run's adapter, optimizer, checkpoint and metrics, byte for byte (timings aside)."""
     command, root, _ = reference
     run = root / "run"
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    # A SIGKILLed process cannot remove its temporary files (adapter copies, vLLM's sockets and rendezvous file), as
+    # a lost node's /tmp goes with the node: this one gets a TMPDIR of its own, under the test's directory.
+    killed_tmp = root / "killed-tmp"
+    killed_tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(killed_tmp)}
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, env=env
+    )
     try:
         while process.poll() is None and not _checkpointed(run):
             time.sleep(0.05)
