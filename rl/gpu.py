@@ -92,7 +92,9 @@ def vllm_llm_kwargs(
     }
 
 
-def vllm_cpu_llm_kwargs(*, max_model_len: int = 64, max_lora_rank: int = 8, max_loras: int = 2, seed: int = 0) -> dict[str, Any]:
+def vllm_cpu_llm_kwargs(
+    *, max_model_len: int = 64, max_lora_rank: int = 8, max_loras: int = 2, seed: int = 0
+) -> dict[str, Any]:
     """`vllm.LLM` keyword arguments for `VLLM_MODEL` on vLLM's CPU build (`vllm-cpu`, `nox -s vllm-cpu`,
     `rl demo grpo --engine vllm`); the engine adds `model`, `enable_lora` and `logprobs_mode` itself.
 

