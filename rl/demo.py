@@ -59,9 +59,10 @@ def _window_mean(rows: Sequence[IterationMetrics]) -> float:
 
 
 async def run_demo(
-    config: GrpoConfig, out: Path, *, console: Console | None = None, buffer: bool = True
+    config: GrpoConfig, out: Path, *, console: Console | None = None, buffer: bool = True, engine: str = "torch"
 ) -> dict[str, Any]:
-    """Run (or resume) the demo in `out`; return the summary the `--json` line carries."""
+    """Run (or resume) the demo in `out` with rollouts from `engine` (`torch` or `vllm`); return the summary the
+    `--json` line carries."""
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -70,11 +71,16 @@ async def run_demo(
         TimeElapsedColumn(),
         console=console,
     )
-    deployment = local_grpo(out, config, report_interval_s=15.0, buffer=buffer)
-    with progress:
-        reporter = ProgressReporter(deployment.reporter, progress, config.iterations)
-        tiers = replace(deployment.tiers, reporter=reporter)
-        outcome = await run_grpo(config, tiers, deployment.store)
+    deployment = local_grpo(out, config, report_interval_s=15.0, buffer=buffer, engine=engine)
+    try:
+        with progress:
+            reporter = ProgressReporter(deployment.reporter, progress, config.iterations)
+            tiers = replace(deployment.tiers, reporter=reporter)
+            outcome = await run_grpo(config, tiers, deployment.store)
+    finally:
+        close = getattr(deployment.tiers.engine, "close", None)
+        if callable(close):  # vLLM's engine core is a process of its own: it ends with the run, not at exit
+            close()
     history = outcome.history
     window = max(1, len(history) // 10)
     return {
@@ -87,6 +93,7 @@ async def run_demo(
         "heldout_pass_at_k_last": outcome.evals[-1].pass_at_k if outcome.evals else float("nan"),
         "adapter_version": outcome.adapter_version,
         "resumed_from": outcome.resumed_from,
+        "engine": engine,
         "buffer_version": outcome.buffer_version,
         "report": str(deployment.reporter.report_path),
         "metrics": str(deployment.reporter.metrics_path),

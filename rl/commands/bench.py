@@ -11,7 +11,7 @@ from rl.argtypes import positive_float, positive_int
 from rl.bench.figures import figure_lines
 from rl.strict_json import flag_non_finite
 
-SECTIONS = ("sim", "cpu", "volumes")
+SECTIONS = ("sim", "cpu", "volumes", "vllm")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--sections",
         default="sim,cpu,volumes",
         help="comma-separated: sim (simulator, chaos rate, pipelining), cpu (tiny-model sampler and trainer), "
-        "volumes (fork vs full copy of a world)",
+        "volumes (fork vs full copy of a world), vllm (real vLLM's CPU build vs the torch sampler, same model and "
+        "shape; needs vllm installed, as in nox -s vllm-cpu; not a default)",
     )
     p.add_argument(
         "--world-gib", type=positive_float, default=1.0, help="world size for the volumes section (default 1 GiB)"
@@ -67,6 +68,10 @@ def run(args: argparse.Namespace) -> int:
 
         fork = bench_fork(int(args.world_gib * (1 << 30)))
         figures.update({f"volume_{k}": v for k, v in fork.items()})
+    if "vllm" in sections:
+        from rl.bench.vllm_cpu import vllm_cpu_bench
+
+        figures.update(vllm_cpu_bench(repeats=args.repeats))
     for line in figure_lines(figures):
         print(line)
     if args.json:

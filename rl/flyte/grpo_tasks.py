@@ -126,6 +126,17 @@ def _make_engine(base_dir: Path, spec: EngineSpec) -> RolloutEngine:
     return TorchSampler(base_dir, DirArtifacts(), threads=spec.threads, merge_adapters=spec.merge_adapters)
 
 
+def evict_engines() -> None:
+    """Drop the resident engine, closing it first where it can be closed: vLLM's engine core is a process of its own
+    that holds its memory (and its files) until closed, not until the engine object is forgotten."""
+    engines = list(_ENGINES.values())
+    _ENGINES.clear()
+    for engine in engines:
+        close = getattr(engine, "close", None)
+        if callable(close):
+            close()
+
+
 async def engine_for(base: Dir, spec: EngineSpec) -> RolloutEngine:
     """The engine for (base model, spec), built on first use and kept for the process (one at a time)."""
     key = content_digest(base.path, base.hash or "", spec)
@@ -133,10 +144,7 @@ async def engine_for(base: Dir, spec: EngineSpec) -> RolloutEngine:
     if engine is None:
         # One resident engine per replica: a GPU holds one base model. The old engine is closed before the new one
         # starts, because vLLM checks free GPU memory at start-up and a dropped engine's process still holds its share.
-        while _ENGINES:
-            close = getattr(_ENGINES.popitem()[1], "close", None)
-            if callable(close):
-                close()
+        evict_engines()
         engine = _ENGINES[key] = _make_engine(await local_base(base), spec)
     return engine
 

@@ -56,8 +56,8 @@ CHOICES = [
 ]
 
 
-# slow: two in-process runs of the algorithm laws per choice, as test_declared_algorithm's per-choice cases; `nox -s slow`
-# runs them in CI.
+# slow: two in-process runs of the algorithm laws per choice, as test_declared_algorithm's per-choice cases;
+# `nox -s slow` runs them in CI.
 @pytest.mark.slow
 @pytest.mark.parametrize(("attr", "undeclared"), CHOICES, ids=[attr for attr, _ in CHOICES])
 def test_a_real_librarys_choice_passes_declared_and_undeclared_names_its_declaration(
