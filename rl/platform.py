@@ -30,8 +30,7 @@ UNSUPPORTED_MESSAGE = (
 
 # fcntl.FICLONE exists only from Python 3.12; this is Linux's _IOW(0x94, 9, int).
 FICLONE = getattr(fcntl, "FICLONE", 0x40049409)
-# <sys/clonefile.h>: do not follow a symlink at the source (we clone only regular files we just walked).
-CLONE_NOFOLLOW = 0x0001
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 PROC_SELF_IO = "/proc/self/io"
 
 
@@ -41,38 +40,42 @@ def refuse_unsupported(platform: str = sys.platform) -> None:
         raise ImportError(UNSUPPORTED_MESSAGE.format(platform=platform))
 
 
-def _clone_ficlone(src: Path, dst: Path) -> bool:
-    with open(src, "rb") as fsrc, open(dst, "xb") as fdst:
-        fcntl.ioctl(fdst.fileno(), FICLONE, fsrc.fileno())
+def _clone_ficlone(src_fd: int, dir_fd: int, name: str) -> bool:
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
+    try:
+        fcntl.ioctl(fd, FICLONE, src_fd)
+    finally:
+        os.close(fd)
     return True
 
 
-def _libc_clonefile() -> Callable[[bytes, bytes, int], int] | None:
-    """macOS's clonefile(2) (APFS, since 10.12), or None where this libc has none."""
+def _libc_fclonefileat() -> Callable[[int, int, bytes, int], int] | None:
+    """macOS's fclonefileat(2) (APFS, since 10.12), or None where this libc has none."""
     try:
-        func = ctypes.CDLL(None, use_errno=True).clonefile
+        func = ctypes.CDLL(None, use_errno=True).fclonefileat
     except (OSError, AttributeError):
         return None
-    func.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint32)
+    func.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
     func.restype = ctypes.c_int
     return func
 
 
-def _clone_clonefile(src: Path, dst: Path) -> bool:
-    clonefile = _libc_clonefile()
-    if clonefile is None:
+def _clone_clonefile(src_fd: int, dir_fd: int, name: str) -> bool:
+    fclonefileat = _libc_fclonefileat()
+    if fclonefileat is None:
         return False
-    if clonefile(os.fsencode(src), os.fsencode(dst), CLONE_NOFOLLOW) != 0:
+    # The source is a descriptor and the destination a new name in a held directory: no path is followed.
+    if fclonefileat(src_fd, dir_fd, os.fsencode(name), 0) != 0:
         err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), str(dst))
+        raise OSError(err, os.strerror(err), name)
     return True
 
 
-def _clone_none(src: Path, dst: Path) -> bool:
+def _clone_none(src_fd: int, dir_fd: int, name: str) -> bool:
     return False
 
 
-CLONERS: dict[str, Callable[[Path, Path], bool]] = {
+CLONERS: dict[str, Callable[[int, int, str], bool]] = {
     "ficlone": _clone_ficlone,
     "clonefile": _clone_clonefile,
     "none": _clone_none,
@@ -81,15 +84,31 @@ CLONERS: dict[str, Callable[[Path, Path], bool]] = {
 CLONE = {"linux": "ficlone", "darwin": "clonefile"}.get(sys.platform, "none")
 
 
-def clone_file(src: Path, dst: Path) -> bool:
-    """Make dst a copy-on-write clone of the regular file src (FICLONE on Linux, clonefile on macOS); False, leaving
-    no dst, where the platform or the filesystem cannot (the caller then hard links or copies)."""
+def clone_at(src_fd: int, dir_fd: int, name: str) -> bool:
+    """Make `name` in the directory `dir_fd` a copy-on-write clone of the open regular file `src_fd` (FICLONE on
+    Linux, fclonefileat on macOS); False, leaving no `name`, where the platform or the filesystem cannot (the caller
+    then hard links or copies). An existing `name` is an error (FileExistsError), never replaced or removed."""
     try:
-        return CLONERS[CLONE](src, dst)
+        return CLONERS[CLONE](src_fd, dir_fd, name)
+    except FileExistsError:
+        raise
     except OSError:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(dst)
+            os.unlink(name, dir_fd=dir_fd)
         return False
+
+
+def clone_file(src: Path, dst: Path) -> bool:
+    """`clone_at` by path, for a directory of our own (a probe): src and dst's directory are opened as given."""
+    src_fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        dir_fd = os.open(os.path.dirname(dst) or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
+        try:
+            return clone_at(src_fd, dir_fd, os.path.basename(dst))
+        finally:
+            os.close(dir_fd)
+    finally:
+        os.close(src_fd)
 
 
 HAS_FLOCK = fcntl is not None

@@ -23,6 +23,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from rl import platform
 from rl.errors import RunDirError, RunLockedError
 from rl.safe_fs import Tree
 
@@ -57,9 +58,7 @@ def run_lock(run_dir: Path, *, command: str) -> Iterator[None]:
 
 def _acquire(fs: Tree, run_dir: Path) -> Callable[[], None] | None:
     """Take the lock without waiting: its release, or None when another process holds it."""
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): filelock's own lock
+    if not platform.HAS_FLOCK:  # filelock's own lock (rl.platform refuses the platforms without flock today)
         lock = FileLock(run_dir / LOCK_NAME)
         try:
             lock.acquire(timeout=0)
@@ -68,7 +67,7 @@ def _acquire(fs: Tree, run_dir: Path) -> Callable[[], None] | None:
         return lock.release
     fd = fs.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        platform.flock(fd, blocking=False)
     except BlockingIOError:
         os.close(fd)
         return None

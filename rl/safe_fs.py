@@ -21,11 +21,11 @@ import hashlib
 import os
 import shutil
 import stat
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from rl import platform
 from rl.errors import UnsafeRunDirError
 
 # getattr: the module must import where these flags do not exist (Windows), though a Tree needs them to work.
@@ -37,8 +37,6 @@ _DIR = os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC
 _PROBE = os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0)
 _MODES = {"r": os.O_RDONLY, "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND}
 _MODES["x"] = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-# Linux's _IOW(0x94, 9, int); fcntl.FICLONE exists only from Python 3.12.
-_FICLONE = 0x40049409
 
 
 class LinkRefusedError(UnsafeRunDirError):
@@ -210,22 +208,21 @@ class Tree:
         return digest
 
     def copy_file(self, src: str | os.PathLike[str], dst: str | os.PathLike[str], *, reflink: bool) -> bool:
-        """Create `dst` (which must not exist) with `src`'s bytes, cloned where `reflink` and the filesystem can;
-        True when it was cloned, False when its bytes were copied."""
+        """Create `dst` (which must not exist) with `src`'s bytes, cloned where `reflink` and the filesystem can
+        (`rl.platform.clone_at`); True when it was cloned, False when its bytes were copied."""
         src_fd = self.open_regular(src)
-        with (
-            open(src_fd, "rb") as fsrc,
-            open(self.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb") as fdst,
-        ):
-            if reflink and sys.platform == "linux":
-                import fcntl
-
-                try:
-                    fcntl.ioctl(fdst.fileno(), _FICLONE, fsrc.fileno())
-                    return True
-                except OSError:
-                    pass
-            shutil.copyfileobj(fsrc, fdst, 1 << 20)
+        try:
+            if reflink:
+                with self.parent(dst) as (dfd, name):
+                    if platform.clone_at(src_fd, dfd, name):
+                        return True
+            with (
+                open(src_fd, "rb", closefd=False) as fsrc,
+                open(self.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb") as fdst,
+            ):
+                shutil.copyfileobj(fsrc, fdst, 1 << 20)
+        finally:
+            os.close(src_fd)
         return False
 
     # -- entries -----------------------------------------------------------------------------------------------------

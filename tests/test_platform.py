@@ -15,6 +15,7 @@ from packaging.requirements import Requirement
 import rl
 from rl import platform
 from rl.dead_writers import discard_if_dead, locked_new_dir
+from rl.safe_fs import Tree
 from rl.volumes import LocalVolumeStore
 from rl.volumes.filesystem import probe_share_mode, try_reflink
 
@@ -103,6 +104,18 @@ def test_a_clone_the_platform_cannot_make_leaves_no_file_and_the_store_links_ins
     assert try_reflink(src, tmp_path / "dst") is False
     assert not (tmp_path / "dst").exists()
     assert probe_share_mode(tmp_path) == "hardlink"
+    assert LocalVolumeStore(tmp_path / "store").share_mode == "hardlink"
+
+
+def test_a_clone_never_replaces_or_removes_an_existing_destination(tmp_path):
+    """clone_at refuses an existing name (FileExistsError) and leaves its bytes: a failed clone removes only what it
+    made itself."""
+    src = tmp_path / "src"
+    src.write_bytes(b"new")
+    (tmp_path / "dst").write_bytes(b"someone else's")
+    with pytest.raises(FileExistsError):
+        platform.clone_file(src, tmp_path / "dst")
+    assert (tmp_path / "dst").read_bytes() == b"someone else's"
 
 
 def test_without_clones_or_hard_links_the_store_copies_and_forks_stay_independent(tmp_path, monkeypatch):
@@ -123,8 +136,9 @@ def test_where_the_clone_succeeds_the_store_uses_it_and_forks_stay_independent(t
     """The reflink path of the store, run on Linux without a reflinking filesystem: a stand-in clone that makes an
     independent file with the same bytes (what FICLONE and clonefile promise), refusing an existing destination."""
 
-    def clone_by_copy(src: Path, dst: Path) -> bool:
-        with open(src, "rb") as fsrc, open(dst, "xb") as fdst:
+    def clone_by_copy(src_fd: int, dir_fd: int, name: str) -> bool:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
+        with open(src_fd, "rb", closefd=False) as fsrc, open(fd, "wb") as fdst:
             shutil.copyfileobj(fsrc, fdst)
         return True
 
@@ -156,9 +170,10 @@ def test_without_flock_writers_go_on_unlocked_and_cleaners_leave_their_entries(t
     with pytest.raises(OSError):
         platform.flock(0)
     counter = iter(range(10))
-    with locked_new_dir(lambda: tmp_path / f"stage-{next(counter)}") as stage:
+    fs = Tree(tmp_path)
+    with locked_new_dir(lambda: tmp_path / f"stage-{next(counter)}", fs) as stage:
         assert stage.is_dir()
-    assert discard_if_dead(stage) is False
+    assert discard_if_dead(stage, fs) is False
     assert stage.is_dir()
 
 
