@@ -3,7 +3,6 @@ re-scoring into a new version."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -146,7 +145,7 @@ def test_reading_one_iteration_opens_no_other_iterations_file(buffer):
     damaged.write_text("{not json\n")
     assert buffer.read(v, iterations=[2]) == iteration_rows(2)
     assert buffer.iterations(v) == [1, 2]  # listing reads the manifest, not the files
-    with pytest.raises(json.JSONDecodeError):
+    with pytest.raises(RowSchemaError, match=r"iter-00001\.jsonl"):
         buffer.read(v, iterations=[1])
 
 

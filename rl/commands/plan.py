@@ -11,6 +11,7 @@ import json
 import os
 from typing import Any
 
+from rl import strict_json
 from rl.memory_plan import (
     GIB,
     PlanDoesNotFitError,
@@ -114,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
         for line in plan.lines():
             print(line)
     if args.json:
-        print(json.dumps({p.task.split(" ")[0]: {**p.terms, "total": p.total, "budget": p.budget} for p in plans}))
+        terms = {p.task.split(" ")[0]: {**p.terms, "total": p.total, "budget": p.budget} for p in plans}
+        print(strict_json.dumps(terms))
     short = [p for p in plans if not p.fits]
     if short:
         worst = short[0]
