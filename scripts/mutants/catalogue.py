@@ -204,6 +204,25 @@ CATALOGUE: tuple[Mutant, ...] = (
         "rollouts carry no sampling log-probs (the loss then has no old policy)",
         ("tests/test_torch_sampler.py",),
     ),
+    Mutant(
+        "engine-sampling-temperature",
+        "engine",
+        "rl/engines/decoding.py",
+        "        probs = logp.exp()\n",
+        "        probs = torch.softmax(logits.float() / 0.7, dim=-1)\n",
+        "samples at temperature 0.7 but records the temperature-1 log-probs: the ratio's denominator is not the "
+        "probability each token was drawn with",
+        ("tests/test_torch_sampler.py",),
+    ),
+    Mutant(
+        "engine-batch-ignores-adapter",
+        "engine",
+        "rl/engines/torch_sampler.py",
+        "buckets.setdefault((request.adapter.digest, len(prompt_ids), request.max_tokens), []).append(i)",
+        "buckets.setdefault((len(prompt_ids), request.max_tokens), []).append(i)",
+        "one call's requests bucketed without their adapter: every request of a bucket sampled from the first's",
+        ("tests/test_torch_sampler.py",),
+    ),
     # --- scorer (rl/scoring.py, rl/rewards.py) ---
     Mutant(
         "scorer-sorted",

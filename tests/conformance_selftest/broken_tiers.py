@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
+import random
+from collections.abc import Sequence
 from dataclasses import replace
 
 from rl.checkpoint.memory_store import MemoryStateStore
 from rl.conformance import Implementation
 from rl.conformance.ours import fake_version0_adapter
 from rl.memory.artifacts import MemoryArtifacts
-from rl.sim.grpo_tiers import FakeEngine, FakeTrainer
+from rl.sim.grpo_tiers import FakeEngine, FakeTrainer, _row, _softmax
 from rl.types import ArtifactRef, Rollout, RolloutRequest, TrainBatch, TrainResult
 
 
@@ -37,6 +40,38 @@ class StaleAdapterEngine(FakeEngine):
         return await super().generate(replace(request, adapter=adapter))
 
 
+class TopKEngine(FakeEngine):
+    """Samples from the three most probable tokens only (a top-k applied to sampling) but records the full
+    distribution's log-probs: the importance ratio's denominator is not the probability the token was drawn with."""
+
+    async def generate(self, request: RolloutRequest) -> list[Rollout]:
+        group = await super().generate(request)
+        table = await self._table(request.adapter)
+        logits = table[_row(request.prompt.question, self.rows)]
+        top = sorted(range(len(logits)), key=lambda d: -logits[d])[:3]
+        rng = random.Random(request.seed)
+        picks = [rng.choice(top) for _ in group]
+        return [
+            replace(r, token_ids=[d], completion=f"####{d}", logprobs=[math.log(_softmax(logits)[d])])
+            for r, d in zip(group, picks, strict=True)
+        ]
+
+
+class AdapterBlindBatchEngine(FakeEngine):
+    """Batches one call's requests and samples each distinct (prompt, seed, n, max_tokens) once, from the first
+    request's adapter: a batching dedupe keyed without the adapter. Single requests are right."""
+
+    async def generate_groups(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
+        done: dict[tuple[object, ...], list[Rollout]] = {}
+        out = []
+        for request in requests:
+            key = (request.prompt.question, request.seed, request.n, request.max_tokens)
+            if key not in done:
+                done[key] = await self.generate(request)
+            out.append([replace(r, group_id=request.group_id) for r in done[key]])
+        return out
+
+
 class FreshOptimizerTrainer(FakeTrainer):
     """Builds a fresh optimizer state for every step instead of continuing from the batch's: momentum is lost."""
 
@@ -51,6 +86,8 @@ def _impl(name: str, **tiers: object) -> Implementation:
 
 UNSEEDED_ENGINE = _impl("unseeded-engine", engine=UnseededEngine, trainer=FakeTrainer)
 STALE_ADAPTER_ENGINE = _impl("stale-adapter-engine", engine=StaleAdapterEngine, trainer=FakeTrainer)
+TOP_K_ENGINE = _impl("top-k-engine", engine=TopKEngine, trainer=FakeTrainer)
+ADAPTER_BLIND_BATCH_ENGINE = _impl("adapter-blind-batch-engine", engine=AdapterBlindBatchEngine, trainer=FakeTrainer)
 FRESH_OPTIMIZER_TRAINER = _impl("fresh-optimizer-trainer", engine=FakeEngine, trainer=FreshOptimizerTrainer)
 
 

@@ -58,6 +58,22 @@ CASES = [
         id="stale adapter served",
     ),
     pytest.param(
+        "broken_tiers:TOP_K_ENGINE",
+        "rl_engine",
+        "test_engine_recorded_logprobs_are_those_of_the_distribution_it_samples",
+        "do not follow the log-probs the engine recorded for them",
+        {"test_engine_recorded_logprobs_are_those_of_the_distribution_it_samples"},
+        id="sampled at top-k, recorded at full distribution",
+    ),
+    pytest.param(
+        "broken_tiers:ADAPTER_BLIND_BATCH_ENGINE",
+        "rl_engine",
+        "test_engine_one_call_serves_each_request_its_own_adapter",
+        "batched or cached the call's requests without their adapter",
+        {"test_engine_one_call_serves_each_request_its_own_adapter"},
+        id="one call's requests batched without their adapter",
+    ),
+    pytest.param(
         "broken_tiers:FRESH_OPTIMIZER_TRAINER",
         "rl_trainer",
         "test_trainer_step_uses_the_optimizer_state_it_is_given",
