@@ -135,6 +135,10 @@ class TestTrainer(_Bound, TrainerContract):
         return _factory(implementation, "trainer", "Trainer")(artifacts)
 
     @pytest.fixture
+    def another_trainer(self, implementation: Implementation, artifacts: Artifacts) -> Trainer:
+        return _factory(implementation, "trainer", "Trainer")(artifacts)
+
+    @pytest.fixture
     def engine(self, implementation: Implementation, artifacts: Artifacts) -> RolloutEngine:
         if implementation.engine is None:
             pytest.skip(

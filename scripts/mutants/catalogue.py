@@ -271,6 +271,25 @@ CATALOGUE: tuple[Mutant, ...] = (
         "gradients computed but the optimizer never steps: the adapter never changes",
         ("tests/test_peft_trainer.py",),
     ),
+    Mutant(
+        "trainer-optimizer-saved-bf16",
+        "trainer",
+        "rl/trainer/optimizer_state.py",
+        "            parts.setdefault(name, []).append(value.detach().reshape(-1).cpu())\n",
+        "            parts.setdefault(name, []).append(value.detach().reshape(-1).cpu().bfloat16().to(value.dtype))\n",
+        "optimizer moments saved at bfloat16 precision (a smaller artifact) while the warm trainer continues from the "
+        "exact ones: a step restored from the artifacts differs from the step continued in memory",
+        ("tests/test_peft_trainer.py",),
+    ),
+    Mutant(
+        "trainer-staleness-unchecked",
+        "trainer",
+        "rl/trainer/step.py",
+        "        worst = max(worst, check_staleness(i, rollout.policy_version, trained, config.max_staleness))\n",
+        "        worst = max(worst, trained - rollout.policy_version)\n",
+        "the trainer's staleness check dropped: a batch of any staleness (or from a newer policy) is trained on",
+        ("tests/test_peft_trainer.py", "tests/test_checks.py"),
+    ),
     # --- artifacts (rl/artifacts.py) ---
     Mutant(
         "artifacts-aliasing",

@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import math
 import random
+import struct
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -13,7 +14,7 @@ from rl.checkpoint.memory_store import MemoryStateStore
 from rl.conformance import Implementation
 from rl.conformance.ours import fake_version0_adapter
 from rl.memory.artifacts import MemoryArtifacts
-from rl.sim.grpo_tiers import FakeEngine, FakeTrainer, _row, _softmax
+from rl.sim.grpo_tiers import FakeEngine, FakeTrainer, _decoded, _row, _softmax, encode_table
 from rl.types import ArtifactRef, Rollout, RolloutRequest, TrainBatch, TrainResult
 
 
@@ -80,6 +81,38 @@ class FreshOptimizerTrainer(FakeTrainer):
         return await super().train_step(replace(batch, optimizer_state=fresh))
 
 
+class LossyRestoreTrainer(FakeTrainer):
+    """Saves the optimizer state rounded to float32 (half the bytes) but keeps the exact state in memory for the step
+    that continues it: correct while the process lives, another run after any restore."""
+
+    def __init__(self, artifacts: MemoryArtifacts) -> None:
+        super().__init__(artifacts)
+        self._exact: dict[str, ArtifactRef] = {}
+
+    async def train_step(self, batch: TrainBatch) -> TrainResult:
+        if batch.optimizer_state is not None and batch.optimizer_state.digest in self._exact:
+            batch = replace(batch, optimizer_state=self._exact[batch.optimizer_state.digest])
+        result = await super().train_step(batch)
+        state = _decoded(await self.artifacts.get(result.optimizer_state))
+        rounded = [[struct.unpack("f", struct.pack("f", v))[0] for v in row] for row in state["table"]]
+        saved = await self.artifacts.put(encode_table(rounded), name=f"optimizer-v{batch.new_version}-f32")
+        self._exact[saved.digest] = result.optimizer_state
+        return replace(result, optimizer_state=saved)
+
+
+class UnboundedStalenessTrainer(FakeTrainer):
+    """Trains any batch, however stale: its staleness bound is effectively off."""
+
+    def __init__(self, artifacts: MemoryArtifacts) -> None:
+        super().__init__(artifacts, max_staleness=10**9)
+
+    async def train_step(self, batch: TrainBatch) -> TrainResult:
+        # Newer-than-trained rollouts too: relabelled as on-policy before the (now toothless) check.
+        trained = batch.new_version - 1
+        rollouts = [replace(r, policy_version=min(r.policy_version, trained)) for r in batch.rollouts]
+        return await super().train_step(replace(batch, rollouts=rollouts))
+
+
 def _impl(name: str, **tiers: object) -> Implementation:
     return Implementation(name=name, adapter=fake_version0_adapter, **tiers)  # type: ignore[arg-type]
 
@@ -88,6 +121,8 @@ UNSEEDED_ENGINE = _impl("unseeded-engine", engine=UnseededEngine, trainer=FakeTr
 STALE_ADAPTER_ENGINE = _impl("stale-adapter-engine", engine=StaleAdapterEngine, trainer=FakeTrainer)
 TOP_K_ENGINE = _impl("top-k-engine", engine=TopKEngine, trainer=FakeTrainer)
 ADAPTER_BLIND_BATCH_ENGINE = _impl("adapter-blind-batch-engine", engine=AdapterBlindBatchEngine, trainer=FakeTrainer)
+LOSSY_RESTORE_TRAINER = _impl("lossy-restore-trainer", engine=FakeEngine, trainer=LossyRestoreTrainer)
+UNBOUNDED_STALENESS_TRAINER = _impl("unbounded-staleness-trainer", engine=FakeEngine, trainer=UnboundedStalenessTrainer)
 FRESH_OPTIMIZER_TRAINER = _impl("fresh-optimizer-trainer", engine=FakeEngine, trainer=FreshOptimizerTrainer)
 
 

@@ -82,6 +82,25 @@ CASES = [
         id="optimizer state dropped",
     ),
     pytest.param(
+        "broken_tiers:LOSSY_RESTORE_TRAINER",
+        "rl_trainer",
+        "test_trainer_a_step_restored_from_its_artifacts_equals_the_step_continued_in_memory",
+        "restored from step 0's artifacts in a new trainer it gave",
+        {"test_trainer_a_step_restored_from_its_artifacts_equals_the_step_continued_in_memory"},
+        id="optimizer state saved lossy, exact only in memory",
+    ),
+    pytest.param(
+        "broken_tiers:UNBOUNDED_STALENESS_TRAINER",
+        "rl_trainer",
+        "test_trainer_refuses_a_batch_outside_its_staleness_bound[older-than-any-bound]",
+        "a batch outside any staleness bound was not refused",
+        {
+            "test_trainer_refuses_a_batch_outside_its_staleness_bound[older-than-any-bound]",
+            "test_trainer_refuses_a_batch_outside_its_staleness_bound[newer-than-trained]",
+        },
+        id="stale batch trained",
+    ),
+    pytest.param(
         "broken_tiers:IN_PLACE_STATE_STORE",
         "rl_state_store",
         "test_state_store_a_save_cancelled_midway_leaves_the_old_or_the_new_blob",
