@@ -26,6 +26,7 @@ from rl.conformance.implementation import Implementation, ImplementationError, l
 from rl.conformance.rollout_buffer import BufferFactory, RolloutBufferContract
 from rl.conformance.rollout_engine import RolloutEngineContract
 from rl.conformance.scorer import ScorerContract
+from rl.conformance.spec import AlgorithmSpec
 from rl.conformance.state_store import StateStoreContract
 from rl.conformance.trainer import TrainerContract, trained_adapter
 from rl.conformance.volumes import StoreFactory, VolumeStoreContract
@@ -137,6 +138,10 @@ class TestTrainer(_Bound, TrainerContract):
     @pytest.fixture
     def another_trainer(self, implementation: Implementation, artifacts: Artifacts) -> Trainer:
         return _factory(implementation, "trainer", "Trainer")(artifacts)
+
+    @pytest.fixture
+    def algorithm(self, implementation: Implementation) -> AlgorithmSpec:
+        return implementation.algorithm
 
     @pytest.fixture
     def engine(self, implementation: Implementation, artifacts: Artifacts) -> RolloutEngine:

@@ -11,6 +11,7 @@ import pytest
 
 from rl.conformance._base import ContractBase, Run, must_provide, tier
 from rl.conformance.capabilities import Capabilities, require
+from rl.conformance.spec import AlgorithmSpec
 from rl.conformance.trainer_fidelity import TrainerRestoreLaws
 from rl.memory.artifacts import MemoryArtifacts
 from rl.protocols import Artifacts, RolloutEngine, Trainer
@@ -95,6 +96,11 @@ class TrainerContract(TrainerRestoreLaws, ContractBase):
         raise must_provide(
             "TrainerContract", "trainer", "the Trainer under test, storing adapters in the `artifacts` fixture's store"
         )
+
+    @pytest.fixture
+    def algorithm(self) -> AlgorithmSpec:
+        """Return the `rl.conformance.AlgorithmSpec` the trainer's step computes; the default is ours."""
+        return AlgorithmSpec()
 
     @pytest.fixture
     def another_trainer(self) -> Trainer:

@@ -290,6 +290,25 @@ CATALOGUE: tuple[Mutant, ...] = (
         "the trainer's staleness check dropped: a batch of any staleness (or from a newer policy) is trained on",
         ("tests/test_peft_trainer.py", "tests/test_checks.py"),
     ),
+    Mutant(
+        "trainer-teacher-forcing-temperature",
+        "trainer",
+        "rl/engines/decoding.py",
+        "    logp = torch.log_softmax(picked.float(), dim=-1)  # [B, T_max, V]\n",
+        "    logp = torch.log_softmax(picked.float() / 0.7, dim=-1)  # [B, T_max, V]\n",
+        "the trainer teacher-forces at temperature 0.7 while the sampler records at 1: every ratio is off on-policy",
+        ("tests/test_peft_trainer.py", "tests/test_torch_sampler.py"),
+    ),
+    Mutant(
+        "trainer-advantage-scale-ignored",
+        "trainer",
+        "rl/trainer/step.py",
+        "batch.rewards, scale=config.advantage_scale, eps=config.advantage_eps",
+        'batch.rewards, scale="none", eps=config.advantage_eps',
+        "the trainer ignores its configured advantage scale (Dr. GRPO whatever the config declares): the bound "
+        "advantages function is right, the step is not",
+        ("tests/test_peft_trainer.py",),
+    ),
     # --- artifacts (rl/artifacts.py) ---
     Mutant(
         "artifacts-aliasing",

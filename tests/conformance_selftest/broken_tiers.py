@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import math
 import random
@@ -10,8 +11,9 @@ import struct
 from collections.abc import Sequence
 from dataclasses import replace
 
+from rl.advantages import group_normalized_advantages
 from rl.checkpoint.memory_store import MemoryStateStore
-from rl.conformance import Implementation
+from rl.conformance import AlgorithmSpec, Implementation
 from rl.conformance.ours import fake_version0_adapter
 from rl.memory.artifacts import MemoryArtifacts
 from rl.sim.grpo_tiers import FakeEngine, FakeTrainer, _decoded, _row, _softmax, encode_table
@@ -123,6 +125,15 @@ TOP_K_ENGINE = _impl("top-k-engine", engine=TopKEngine, trainer=FakeTrainer)
 ADAPTER_BLIND_BATCH_ENGINE = _impl("adapter-blind-batch-engine", engine=AdapterBlindBatchEngine, trainer=FakeTrainer)
 LOSSY_RESTORE_TRAINER = _impl("lossy-restore-trainer", engine=FakeEngine, trainer=LossyRestoreTrainer)
 UNBOUNDED_STALENESS_TRAINER = _impl("unbounded-staleness-trainer", engine=FakeEngine, trainer=UnboundedStalenessTrainer)
+TRAINER_NOT_AS_DECLARED = Implementation(
+    name="trainer-not-as-declared",
+    adapter=fake_version0_adapter,
+    engine=FakeEngine,
+    trainer=FakeTrainer,
+    # The advantages it binds went Dr. GRPO (no std) and so did its declaration; its trainer still divides by the std.
+    advantages=functools.partial(group_normalized_advantages, scale="none"),
+    algorithm=AlgorithmSpec(advantage_scale="none"),
+)
 FRESH_OPTIMIZER_TRAINER = _impl("fresh-optimizer-trainer", engine=FakeEngine, trainer=FreshOptimizerTrainer)
 
 

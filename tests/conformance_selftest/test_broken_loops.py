@@ -101,6 +101,14 @@ CASES = [
         id="stale batch trained",
     ),
     pytest.param(
+        "broken_tiers:TRAINER_NOT_AS_DECLARED",
+        "rl_trainer or rl_advantages",
+        "test_trainer_step_computes_the_declared_loss_on_teacher_forced_logprobs",
+        r"AlgorithmSpec\(advantage_scale='none'\) gives",
+        {"test_trainer_step_computes_the_declared_loss_on_teacher_forced_logprobs"},
+        id="trainer runs another algorithm than the one declared",
+    ),
+    pytest.param(
         "broken_tiers:IN_PLACE_STATE_STORE",
         "rl_state_store",
         "test_state_store_a_save_cancelled_midway_leaves_the_old_or_the_new_blob",
