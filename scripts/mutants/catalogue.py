@@ -508,6 +508,15 @@ CATALOGUE: tuple[Mutant, ...] = (
         "a checkpoint naming an artifact the store no longer has is resumed (fails later, untyped)",
         ("tests/test_grpo_driver.py",),
     ),
+    Mutant(
+        "ckpt-missing-optimizer-accepted",
+        "checkpoint",
+        "rl/checkpoint/resume.py",
+        '    for what, ref in (("adapter", state.adapter), ("optimizer state", state.optimizer_state)):\n',
+        '    for what, ref in (("adapter", state.adapter),):\n',
+        "the resume verifies only the checkpoint's adapter: a lost optimizer state is resumed (fails later, untyped)",
+        ("tests/test_grpo_driver.py",),
+    ),
     # --- agentic driver and tiers (rl/loop/agentic.py, rl/agentic/) ---
     Mutant(
         "agentic-landing-order",

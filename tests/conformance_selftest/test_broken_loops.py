@@ -194,8 +194,19 @@ CASES = [
         DRIVER_TIERS,
         "test_driver_refuses_a_checkpoint_whose_adapter_is_gone",
         "the driver raised MissingArtifactError: .*; expected rl.errors.MissingAdapterError",
-        {"test_driver_refuses_a_checkpoint_whose_adapter_is_gone"},
+        {
+            "test_driver_refuses_a_checkpoint_whose_adapter_is_gone",
+            "test_driver_refuses_a_checkpoint_whose_optimizer_state_is_gone",
+        },
         id="lost adapter not checked on resume",
+    ),
+    pytest.param(
+        "broken_drivers:OPTIMIZER_UNCHECKED",
+        DRIVER_TIERS,
+        "test_driver_refuses_a_checkpoint_whose_optimizer_state_is_gone",
+        "optimizer states .* are gone and whose adapters are all there: the driver raised MissingArtifactError",
+        {"test_driver_refuses_a_checkpoint_whose_optimizer_state_is_gone"},
+        id="lost optimizer state not checked on resume",
     ),
     pytest.param(
         "broken_drivers:NAN_ONLY",
