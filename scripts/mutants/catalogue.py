@@ -633,6 +633,16 @@ CATALOGUE: tuple[Mutant, ...] = (
         "finalize does not seal modes: a published version stays writable and can be mutated",
         ("tests/test_volumes.py",),
     ),
+    Mutant(
+        "volume-symlink-depth-off-by-one",
+        "volumes",
+        "rl/volumes/manifest.py",
+        "    if ups > len(PurePosixPath(rel).parts) - 1:\n",
+        "    if ups > len(PurePosixPath(rel).parts):\n",
+        "a symlink's '..' steps counted against its path's length, not its directory's depth: a link may climb one "
+        "level above the volume's root",
+        ("tests/test_volume_symlinks.py", "tests/test_volumes.py"),
+    ),
     # --- rollout buffer (rl/volumes/buffer.py) ---
     Mutant(
         "buffer-float-rounding",
