@@ -35,7 +35,9 @@ from rl.conformance.spec import AlgorithmSpec
 from rl.loop.agentic import run_agentic
 from rl.loop.grpo import run_grpo
 from rl.memory.artifacts import MemoryArtifacts
+from rl.metrics import pass_at_k
 from rl.protocols import Artifacts
+from rl.rewards import extract_answer
 from rl.scoring import RewardScorer
 from rl.sim.agentic_sim import bandit_trainer, traced_judge_tier
 from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
@@ -137,6 +139,8 @@ FAKES = Implementation(
     policy_trainer=bandit_trainer,
     volume_store=local_volume_store,
     rollout_buffer=local_rollout_buffer,
+    extract_answer=extract_answer,
+    pass_at_k=pass_at_k,
     capabilities=Capabilities(),
 )
 
@@ -194,6 +198,8 @@ REAL_CPU = Implementation(
     ddp_shard_step=ddp_shard_step,
     volume_store=local_volume_store,
     rollout_buffer=local_rollout_buffer,
+    extract_answer=extract_answer,
+    pass_at_k=pass_at_k,
     capabilities=Capabilities(),
     algorithm=trainer_algorithm(TrainerConfig()),
 )

@@ -26,6 +26,7 @@ from rl.conformance.implementation import Implementation, ImplementationError, l
 from rl.conformance.rollout_buffer import BufferFactory, RolloutBufferContract
 from rl.conformance.rollout_engine import RolloutEngineContract
 from rl.conformance.scorer import ScorerContract
+from rl.conformance.scoring_utilities import ScoringUtilitiesContract
 from rl.conformance.spec import AlgorithmSpec
 from rl.conformance.state_store import StateStoreContract
 from rl.conformance.trainer import TrainerContract, trained_adapter
@@ -128,6 +129,16 @@ class TestScorer(_Bound, ScorerContract):
     @pytest.fixture
     def scorer(self, implementation: Implementation) -> Scorer:
         return _factory(implementation, "scorer", "Scorer")()
+
+
+class TestScoringUtilities(_Bound, ScoringUtilitiesContract):
+    @pytest.fixture
+    def extract_answer(self, implementation: Implementation) -> Callable[[str], str | None]:
+        return _factory(implementation, "extract_answer", "answer-extraction")
+
+    @pytest.fixture
+    def pass_at_k(self, implementation: Implementation) -> Callable[[int, int, int], float]:
+        return _factory(implementation, "pass_at_k", "pass@k")
 
 
 class TestTrainer(_Bound, TrainerContract):

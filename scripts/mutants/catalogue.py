@@ -243,6 +243,25 @@ CATALOGUE: tuple[Mutant, ...] = (
         "an unscorable completion (no number) scored NaN, which passes through the scorer",
         ("tests/test_rewards.py",),
     ),
+    Mutant(
+        "scorer-thousands-separator-dropped",
+        "scorer",
+        "rl/rewards.py",
+        '_NUMBER = re.compile(r"-?(?:\\d{1,3}(?:,\\d{3})+(?!\\d)|\\d+)(?:\\.\\d+)?")',
+        '_NUMBER = re.compile(r"-?\\d+(?:\\.\\d+)?")',
+        "answer extraction reads numbers without thousands separators: '#### 1,200' extracts 1 (a correct answer "
+        "scored wrong)",
+        ("tests/test_rewards.py",),
+    ),
+    Mutant(
+        "metrics-pass-at-k-biased",
+        "scorer",
+        "rl/metrics.py",
+        "    return 1.0 - none_correct\n",
+        "    return 1.0 - (1.0 - c / n) ** k\n",
+        "pass@k as 1 - (1 - c/n)^k (samples drawn with replacement): biased low, the eval curves wrong",
+        ("tests/test_metrics.py",),
+    ),
     # --- trainer (rl/trainer/step.py, rl/trainer/adapter.py) ---
     Mutant(
         "trainer-optimizer-dropped",

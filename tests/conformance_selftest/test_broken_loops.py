@@ -109,6 +109,22 @@ CASES = [
         id="trainer runs another algorithm than the one declared",
     ),
     pytest.param(
+        "broken_scoring:BIASED_PASS_AT_K",
+        "rl_scorer",
+        "test_scoring_pass_at_k_is_the_unbiased_estimator",
+        r"pass_at_k\(n=100, c=1, k=100\) = 0\.63\d+; the unbiased estimator 1 - C\(n-c,k\)/C\(n,k\) is 1\.0",
+        {"test_scoring_pass_at_k_is_the_unbiased_estimator"},
+        id="pass@k biased (samples drawn with replacement)",
+    ),
+    pytest.param(
+        "broken_scoring:UNSEPARATED_EXTRACTION",
+        "rl_scorer",
+        "test_scoring_extracts_the_number_after_the_answer_marker",
+        r"#### 1,200'\) gave '1'; the answer after '####' is 1200",
+        {"test_scoring_extracts_the_number_after_the_answer_marker"},
+        id="answer extraction stops at a thousands separator",
+    ),
+    pytest.param(
         "broken_tiers:IN_PLACE_STATE_STORE",
         "rl_state_store",
         "test_state_store_a_save_cancelled_midway_leaves_the_old_or_the_new_blob",
@@ -309,7 +325,7 @@ def test_the_reference_passes_every_law_these_cases_run(pytester):
     run = run_suite(
         pytester,
         "rl.conformance.ours:FAKES",
-        "rl_engine or rl_trainer or rl_state_store or rl_agentic or " + DRIVER_TIERS,
+        "rl_engine or rl_trainer or rl_scorer or rl_state_store or rl_agentic or " + DRIVER_TIERS,
     )
     assert not run.failed, run.reports
     assert not run.skipped, sorted(run.skipped)
