@@ -46,7 +46,11 @@ CASES = [
         "rl_engine",
         "test_engine_same_request_gives_same_rollouts",
         "the same request gave different rollouts",
-        {"test_engine_same_request_gives_same_rollouts", "test_engine_serves_the_adapter_each_request_names"},
+        {
+            "test_engine_same_request_gives_same_rollouts",
+            "test_engine_serves_the_adapter_each_request_names",
+            "test_engine_one_call_serves_each_request_its_own_adapter",
+        },
         id="rollouts unseeded on retry",
     ),
     pytest.param(
