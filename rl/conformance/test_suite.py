@@ -155,6 +155,10 @@ class TestTrainer(_Bound, TrainerContract):
         return implementation.algorithm
 
     @pytest.fixture
+    def distributed_trainer(self, implementation: Implementation) -> Callable[[Artifacts, int], Trainer]:
+        return _factory(implementation, "distributed_trainer", "data-parallel train step")
+
+    @pytest.fixture
     def engine(self, implementation: Implementation, artifacts: Artifacts) -> RolloutEngine:
         if implementation.engine is None:
             pytest.skip(

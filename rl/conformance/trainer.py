@@ -11,6 +11,7 @@ import pytest
 
 from rl.conformance._base import ContractBase, Run, must_provide, tier
 from rl.conformance.capabilities import Capabilities, require
+from rl.conformance.ddp_trainer import DataParallelTrainerLaws
 from rl.conformance.spec import AlgorithmSpec
 from rl.conformance.trainer_fidelity import TrainerRestoreLaws
 from rl.memory.artifacts import MemoryArtifacts
@@ -77,7 +78,7 @@ def trained_adapter(engine: RolloutEngine, trainer: Trainer, seed: int, run: Run
 
 
 @tier("trainer")
-class TrainerContract(TrainerRestoreLaws, ContractBase):
+class TrainerContract(TrainerRestoreLaws, DataParallelTrainerLaws, ContractBase):
     """Laws of `rl.protocols.Trainer`: a seeded init and a step that is a pure function of its batch.
 
     Provide `trainer`, `another_trainer` (a new instance of it) and an `engine` that samples from its adapters (it

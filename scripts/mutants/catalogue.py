@@ -619,6 +619,16 @@ CATALOGUE: tuple[Mutant, ...] = (
         "every per-sample backward all-reduces: collective counts differ between ranks with unequal shards",
         ("tests/test_ddp.py",),
     ),
+    Mutant(
+        "ddp-train-step-scale-forgets-world-size",
+        "ddp",
+        "rl/trainer/ddp.py",
+        "                loss_scale=world_size / n,\n",
+        "                loss_scale=1.0 / n,\n",
+        "each rank's losses scaled by 1 / batch: DDP's average over ranks divides the full-batch gradient by the world "
+        "size (the shard step itself is right)",
+        ("tests/test_ddp.py",),
+    ),
     # --- volumes (rl/volumes/writable.py) ---
     Mutant(
         "volume-fork-writes-in-place",
