@@ -79,6 +79,10 @@ class TestFakes(LoopContract):
         return FakeTrainer(artifacts)
 
     @pytest.fixture
+    def another_trainer(self, artifacts):
+        return FakeTrainer(artifacts)
+
+    @pytest.fixture
     def advantages(self):
         return group_normalized_advantages
 

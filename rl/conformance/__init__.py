@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from rl.conformance.rollout_buffer import RolloutBufferContract
     from rl.conformance.rollout_engine import RolloutEngineContract
     from rl.conformance.scorer import ScorerContract
+    from rl.conformance.scoring_utilities import ScoringUtilitiesContract
     from rl.conformance.spec import AlgorithmSpec
     from rl.conformance.state_store import StateStoreContract
     from rl.conformance.trainer import TrainerContract, trained_adapter
@@ -55,6 +56,7 @@ _EXPORTS = {
     "StateStoreContract": "rl.conformance.state_store",
     "RolloutEngineContract": "rl.conformance.rollout_engine",
     "ScorerContract": "rl.conformance.scorer",
+    "ScoringUtilitiesContract": "rl.conformance.scoring_utilities",
     "TrainerContract": "rl.conformance.trainer",
     "GrpoDriverContract": "rl.conformance.driver",
     "DriverReplayContract": "rl.conformance.history",
@@ -82,6 +84,7 @@ __all__ = [
     "RolloutBufferContract",
     "RolloutEngineContract",
     "ScorerContract",
+    "ScoringUtilitiesContract",
     "StateStoreContract",
     "TrainerContract",
     "VolumeStoreContract",

@@ -56,10 +56,12 @@ class _Trainer:
         self.inner, self.stop_at = inner, stop_at
         self.steps: list[int] = []
         self.adapters: list[ArtifactRef] = []
+        self.optimizer_states: list[ArtifactRef] = []
 
     async def init_adapter(self, seed: int) -> TrainResult:
         result: TrainResult = await self.inner.init_adapter(seed)
         self.adapters.append(result.adapter)
+        self.optimizer_states.append(result.optimizer_state)
         return result
 
     async def train_step(self, batch: TrainBatch) -> TrainResult:
@@ -68,6 +70,7 @@ class _Trainer:
         self.steps.append(batch.step)
         result: TrainResult = await self.inner.train_step(batch)
         self.adapters.append(result.adapter)
+        self.optimizer_states.append(result.optimizer_state)
         return result
 
 
@@ -93,6 +96,7 @@ class _Checkpointed:
     artifacts: MemoryArtifacts
     store: _Store
     adapters: list[ArtifactRef]
+    optimizer_states: list[ArtifactRef]
 
 
 def _tiers(config: GrpoConfig, artifacts: MemoryArtifacts, trainer: _Trainer) -> GrpoTiers:
@@ -192,6 +196,21 @@ class DriverCheckpointLaws:
         what = f"a checkpoint whose adapters ({len(run.adapters)}, every one the first run made) are gone"
         self._refused(driver, run, run.store.data, MissingAdapterError, what, rl_run)
 
+    def test_driver_refuses_a_checkpoint_whose_optimizer_state_is_gone(
+        self, driver: GrpoDriver, driver_config: GrpoConfig, rl_run: Run[Any]
+    ) -> None:
+        """When the optimizer states a checkpoint can name are gone (its adapters still there), resuming raises
+        `MissingAdapterError` before anything is trained: each artifact a checkpoint names is verified on its own, so a
+        driver that checks only the adapter fails."""
+        run = self._checkpointed(driver, driver_config, rl_run)
+        for ref in run.optimizer_states:
+            run.artifacts.lose(ref)
+        what = (
+            f"a checkpoint whose optimizer states ({len(run.optimizer_states)}, every one the first run made) are gone "
+            "and whose adapters are all there"
+        )
+        self._refused(driver, run, run.store.data, MissingAdapterError, what, rl_run)
+
     @staticmethod
     def _checkpointed(driver: GrpoDriver, driver_config: GrpoConfig, rl_run: Run[Any]) -> _Checkpointed:
         """Run sequentially until the trainer fails the last step; the driver has checkpointed by then."""
@@ -213,7 +232,7 @@ class DriverCheckpointLaws:
             f"{type(stopped).__name__}: {stopped}), so there is nothing to resume from. Save the state after each "
             "iteration"
         )
-        return _Checkpointed(config, artifacts, store, trainer.adapters)
+        return _Checkpointed(config, artifacts, store, trainer.adapters, trainer.optimizer_states)
 
     @staticmethod
     def _refused(

@@ -33,6 +33,9 @@ TIERS = (
     "policy_trainer",
     "volume_store",
     "rollout_buffer",
+    "extract_answer",
+    "pass_at_k",
+    "distributed_trainer",
 )
 """The factory attributes that each bind one contract of the packaged suite."""
 
@@ -82,6 +85,10 @@ class Implementation:
     - `rollout_buffer()`: a fresh, empty rollout buffer with `append`, `read`, `iterations`, `versions` and `rescore`
       (the surface `rl.conformance.rollout_buffer` describes), a new one each call, like
       `rl.volumes.RolloutBuffer(LocalVolumeStore(tempfile.mkdtemp()), "rollouts")`.
+    - `extract_answer`: `(completion) -> str | None`, like `rl.rewards.extract_answer`; `pass_at_k`: `(n, c, k) ->
+      float`, like `rl.metrics.pass_at_k` (`rl.conformance.scoring_utilities`).
+    - `distributed_trainer(artifacts, world_size)`: a `Trainer` whose `train_step` runs one step on `world_size`
+      data-parallel ranks (`rl.conformance.ddp_trainer`), like `rl.conformance.ours.local_ddp_trainer`.
     - `capabilities`: what the implementation claims (`Capabilities()`, the default, claims everything).
     - `algorithm`: the GRPO choices its advantages and loss make (`AlgorithmSpec()`, the default, is ours); the
       algorithm laws compute their reference from it.
@@ -108,6 +115,9 @@ class Implementation:
     policy_trainer: Callable[..., Any] | None = None
     volume_store: Callable[[], VolumeStore] | None = None
     rollout_buffer: Callable[[], Any] | None = None
+    extract_answer: Callable[[str], str | None] | None = None
+    pass_at_k: Callable[[int, int, int], float] | None = None
+    distributed_trainer: Callable[[Artifacts, int], Trainer] | None = None
     capabilities: Capabilities = field(default_factory=Capabilities)
     algorithm: AlgorithmSpec = field(default_factory=AlgorithmSpec)
 

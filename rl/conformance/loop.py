@@ -35,9 +35,9 @@ class LoopContract(
     DriverReplayContract,
     AgenticContract,
 ):
-    """Every law of every tier. Provide `artifacts`, `state_store`, `engine`, `scorer` and `trainer` (the engine and the
-    trainer should request `artifacts` so they share one store); `driver` defaults to `rl.loop.grpo.run_grpo`, and the
-    engine's `adapter` to the trainer's version-0 adapter."""
+    """Every law of every tier. Provide `artifacts`, `state_store`, `engine`, `scorer`, `trainer` and `another_trainer`
+    (a new instance; the engine and the trainers should request `artifacts` so they share one store); `driver`
+    defaults to `rl.loop.grpo.run_grpo`, and the engine's `adapter` to the trainer's version-0 adapter."""
 
     @pytest.fixture
     def adapter(self, trainer: Trainer, rl_run: Run[Any]) -> ArtifactRef:

@@ -42,7 +42,9 @@ from rl.conformance.spec import AlgorithmSpec
 from rl.loop.agentic import run_agentic
 from rl.loop.grpo import run_grpo
 from rl.memory.artifacts import MemoryArtifacts
+from rl.metrics import pass_at_k
 from rl.protocols import Artifacts
+from rl.rewards import extract_answer
 from rl.scoring import RewardScorer
 from rl.sim.agentic_sim import bandit_trainer, traced_judge_tier
 from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
@@ -154,6 +156,8 @@ FAKES = Implementation(
     policy_trainer=bandit_trainer,
     volume_store=local_volume_store,
     rollout_buffer=local_rollout_buffer,
+    extract_answer=extract_answer,
+    pass_at_k=pass_at_k,
     capabilities=Capabilities(),
 )
 
@@ -193,6 +197,31 @@ def peft_trainer(artifacts: Artifacts) -> PeftTrainer:
     return PeftTrainer(tiny_base_model(), artifacts, TrainerConfig(lora_rank=4, lora_alpha=8, threads=1))
 
 
+class LocalDdpTrainer:
+    """The PEFT trainer's step on `world_size` spawned gloo ranks (`rl.trainer.ddp.ddp_train_step`), same config."""
+
+    def __init__(self, artifacts: Artifacts, world_size: int) -> None:
+        if not isinstance(artifacts, LocalArtifacts):
+            raise TypeError(f"the ranks read adapters from a LocalArtifacts directory, got {type(artifacts).__name__}")
+        self.artifacts, self.world_size = artifacts, world_size
+
+    async def init_adapter(self, seed: int) -> Any:
+        return await peft_trainer(self.artifacts).init_adapter(seed)
+
+    async def train_step(self, batch: Any) -> Any:
+        from rl.trainer.config import TrainerConfig
+        from rl.trainer.ddp import ddp_train_step, run_local_ddp
+
+        config = TrainerConfig(lora_rank=4, lora_alpha=8, threads=1)
+        root = self.artifacts.root
+        return run_local_ddp(self.world_size, ddp_train_step, tiny_base_model(), root, batch, config)[0]
+
+
+def local_ddp_trainer(artifacts: Artifacts, world_size: int) -> LocalDdpTrainer:
+    """`LocalDdpTrainer`: our data-parallel step on the tiny model, for the data-parallel train step's law."""
+    return LocalDdpTrainer(artifacts, world_size)
+
+
 def file_state_store() -> FileStateStore:
     """A `FileStateStore` on a checkpoint file that does not exist yet, in its own temporary directory."""
     return FileStateStore(_temp_dir("rl-conformance-state-") / "checkpoint.json")
@@ -209,8 +238,11 @@ REAL_CPU = Implementation(
     # The batch form (FAKES binds the per-completion one): both of rl.loss's functions meet the loss laws.
     batch_loss=batch_loss,
     ddp_shard_step=ddp_shard_step,
+    distributed_trainer=local_ddp_trainer,
     volume_store=local_volume_store,
     rollout_buffer=local_rollout_buffer,
+    extract_answer=extract_answer,
+    pass_at_k=pass_at_k,
     capabilities=Capabilities(),
     algorithm=trainer_algorithm(TrainerConfig()),
 )

@@ -11,6 +11,7 @@ import pytest
 
 from rl.conformance._base import ContractBase, Run, must_provide, tier
 from rl.conformance.capabilities import Capabilities, require
+from rl.conformance.sampling import SamplerFidelityLaws
 from rl.memory.artifacts import MemoryArtifacts
 from rl.protocols import Artifacts, RolloutEngine
 from rl.seeding import derive_seed
@@ -31,8 +32,9 @@ def _describe_difference(a: Sequence[Rollout], b: Sequence[Rollout]) -> str:
 
 
 @tier("engine")
-class RolloutEngineContract(ContractBase):
-    """Laws of `rl.protocols.RolloutEngine`: seeded, labelled groups with the sampling log-prob of every token.
+class RolloutEngineContract(SamplerFidelityLaws, ContractBase):
+    """Laws of `rl.protocols.RolloutEngine`: seeded, labelled groups with the sampling log-prob of every token, the
+    log-probs of the distribution sampled (`rl.conformance.sampling`), each request served its own adapter.
 
     Provide `engine` and `adapter`; `artifacts` (the store both share) defaults to an in-memory store, and `prompt` and
     `rollout_request` can be overridden when your engine needs another prompt or group size.

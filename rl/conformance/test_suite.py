@@ -26,6 +26,8 @@ from rl.conformance.implementation import Implementation, ImplementationError, l
 from rl.conformance.rollout_buffer import BufferFactory, RolloutBufferContract
 from rl.conformance.rollout_engine import RolloutEngineContract
 from rl.conformance.scorer import ScorerContract
+from rl.conformance.scoring_utilities import ScoringUtilitiesContract
+from rl.conformance.spec import AlgorithmSpec
 from rl.conformance.state_store import StateStoreContract
 from rl.conformance.trainer import TrainerContract, trained_adapter
 from rl.conformance.volumes import StoreFactory, VolumeStoreContract
@@ -129,10 +131,32 @@ class TestScorer(_Bound, ScorerContract):
         return _factory(implementation, "scorer", "Scorer")()
 
 
+class TestScoringUtilities(_Bound, ScoringUtilitiesContract):
+    @pytest.fixture
+    def extract_answer(self, implementation: Implementation) -> Callable[[str], str | None]:
+        return _factory(implementation, "extract_answer", "answer-extraction")
+
+    @pytest.fixture
+    def pass_at_k(self, implementation: Implementation) -> Callable[[int, int, int], float]:
+        return _factory(implementation, "pass_at_k", "pass@k")
+
+
 class TestTrainer(_Bound, TrainerContract):
     @pytest.fixture
     def trainer(self, implementation: Implementation, artifacts: Artifacts) -> Trainer:
         return _factory(implementation, "trainer", "Trainer")(artifacts)
+
+    @pytest.fixture
+    def another_trainer(self, implementation: Implementation, artifacts: Artifacts) -> Trainer:
+        return _factory(implementation, "trainer", "Trainer")(artifacts)
+
+    @pytest.fixture
+    def algorithm(self, implementation: Implementation) -> AlgorithmSpec:
+        return implementation.algorithm
+
+    @pytest.fixture
+    def distributed_trainer(self, implementation: Implementation) -> Callable[[Artifacts, int], Trainer]:
+        return _factory(implementation, "distributed_trainer", "data-parallel train step")
 
     @pytest.fixture
     def engine(self, implementation: Implementation, artifacts: Artifacts) -> RolloutEngine:

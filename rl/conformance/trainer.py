@@ -11,6 +11,9 @@ import pytest
 
 from rl.conformance._base import ContractBase, Run, must_provide, tier
 from rl.conformance.capabilities import Capabilities, require
+from rl.conformance.ddp_trainer import DataParallelTrainerLaws
+from rl.conformance.spec import AlgorithmSpec
+from rl.conformance.trainer_fidelity import TrainerRestoreLaws
 from rl.memory.artifacts import MemoryArtifacts
 from rl.protocols import Artifacts, RolloutEngine, Trainer
 from rl.seeding import derive_seed
@@ -75,11 +78,12 @@ def trained_adapter(engine: RolloutEngine, trainer: Trainer, seed: int, run: Run
 
 
 @tier("trainer")
-class TrainerContract(ContractBase):
+class TrainerContract(TrainerRestoreLaws, DataParallelTrainerLaws, ContractBase):
     """Laws of `rl.protocols.Trainer`: a seeded init and a step that is a pure function of its batch.
 
-    Provide `trainer` and an `engine` that samples from its adapters (it builds the training batch), or override
-    `training_rollouts` to build the batch's rollouts yourself. `artifacts` defaults to an in-memory store.
+    Provide `trainer`, `another_trainer` (a new instance of it) and an `engine` that samples from its adapters (it
+    builds the training batch), or override `training_rollouts` to build the batch's rollouts yourself. `artifacts`
+    defaults to an in-memory store. `rl.conformance.trainer_fidelity` holds the restore and staleness laws.
     """
 
     @pytest.fixture
@@ -92,6 +96,21 @@ class TrainerContract(ContractBase):
         """Return the `rl.protocols.Trainer` under test, storing its adapters in the `artifacts` fixture's store."""
         raise must_provide(
             "TrainerContract", "trainer", "the Trainer under test, storing adapters in the `artifacts` fixture's store"
+        )
+
+    @pytest.fixture
+    def algorithm(self) -> AlgorithmSpec:
+        """Return the `rl.conformance.AlgorithmSpec` the trainer's step computes; the default is ours."""
+        return AlgorithmSpec()
+
+    @pytest.fixture
+    def another_trainer(self) -> Trainer:
+        """Return a second, new instance of the trainer under test on the same `artifacts` store, one that has trained
+        nothing (what a resumed or retried step runs in)."""
+        raise must_provide(
+            "TrainerContract",
+            "another_trainer",
+            "a second, new Trainer instance on the `artifacts` fixture's store that has trained nothing",
         )
 
     @pytest.fixture

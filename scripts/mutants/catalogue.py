@@ -204,6 +204,25 @@ CATALOGUE: tuple[Mutant, ...] = (
         "rollouts carry no sampling log-probs (the loss then has no old policy)",
         ("tests/test_torch_sampler.py",),
     ),
+    Mutant(
+        "engine-sampling-temperature",
+        "engine",
+        "rl/engines/decoding.py",
+        "        probs = logp.exp()\n",
+        "        probs = torch.softmax(logits.float() / 0.7, dim=-1)\n",
+        "samples at temperature 0.7 but records the temperature-1 log-probs: the ratio's denominator is not the "
+        "probability each token was drawn with",
+        ("tests/test_torch_sampler.py",),
+    ),
+    Mutant(
+        "engine-batch-ignores-adapter",
+        "engine",
+        "rl/engines/torch_sampler.py",
+        "buckets.setdefault((request.adapter.digest, len(prompt_ids), request.max_tokens), []).append(i)",
+        "buckets.setdefault((len(prompt_ids), request.max_tokens), []).append(i)",
+        "one call's requests bucketed without their adapter: every request of a bucket sampled from the first's",
+        ("tests/test_torch_sampler.py",),
+    ),
     # --- scorer (rl/scoring.py, rl/rewards.py) ---
     Mutant(
         "scorer-sorted",
@@ -223,6 +242,25 @@ CATALOGUE: tuple[Mutant, ...] = (
         "else 0.0",
         "an unscorable completion (no number) scored NaN, which passes through the scorer",
         ("tests/test_rewards.py",),
+    ),
+    Mutant(
+        "scorer-thousands-separator-dropped",
+        "scorer",
+        "rl/rewards.py",
+        '_NUMBER = re.compile(r"-?(?:\\d{1,3}(?:,\\d{3})+(?!\\d)|\\d+)(?:\\.\\d+)?")',
+        '_NUMBER = re.compile(r"-?\\d+(?:\\.\\d+)?")',
+        "answer extraction reads numbers without thousands separators: '#### 1,200' extracts 1 (a correct answer "
+        "scored wrong)",
+        ("tests/test_rewards.py",),
+    ),
+    Mutant(
+        "metrics-pass-at-k-biased",
+        "scorer",
+        "rl/metrics.py",
+        "    return 1.0 - none_correct\n",
+        "    return 1.0 - (1.0 - c / n) ** k\n",
+        "pass@k as 1 - (1 - c/n)^k (samples drawn with replacement): biased low, the eval curves wrong",
+        ("tests/test_metrics.py",),
     ),
     # --- trainer (rl/trainer/step.py, rl/trainer/adapter.py) ---
     Mutant(
@@ -250,6 +288,44 @@ CATALOGUE: tuple[Mutant, ...] = (
         "    prepared.optimizer.step()\n",
         "",
         "gradients computed but the optimizer never steps: the adapter never changes",
+        ("tests/test_peft_trainer.py",),
+    ),
+    Mutant(
+        "trainer-optimizer-saved-bf16",
+        "trainer",
+        "rl/trainer/optimizer_state.py",
+        "            parts.setdefault(name, []).append(value.detach().reshape(-1).cpu())\n",
+        "            parts.setdefault(name, []).append(value.detach().reshape(-1).cpu().bfloat16().to(value.dtype))\n",
+        "optimizer moments saved at bfloat16 precision (a smaller artifact) while the warm trainer continues from the "
+        "exact ones: a step restored from the artifacts differs from the step continued in memory",
+        ("tests/test_peft_trainer.py",),
+    ),
+    Mutant(
+        "trainer-staleness-unchecked",
+        "trainer",
+        "rl/trainer/step.py",
+        "        worst = max(worst, check_staleness(i, rollout.policy_version, trained, config.max_staleness))\n",
+        "        worst = max(worst, trained - rollout.policy_version)\n",
+        "the trainer's staleness check dropped: a batch of any staleness (or from a newer policy) is trained on",
+        ("tests/test_peft_trainer.py", "tests/test_checks.py"),
+    ),
+    Mutant(
+        "trainer-teacher-forcing-temperature",
+        "trainer",
+        "rl/engines/decoding.py",
+        "    logp = torch.log_softmax(picked.float(), dim=-1)  # [B, T_max, V]\n",
+        "    logp = torch.log_softmax(picked.float() / 0.7, dim=-1)  # [B, T_max, V]\n",
+        "the trainer teacher-forces at temperature 0.7 while the sampler records at 1: every ratio is off on-policy",
+        ("tests/test_peft_trainer.py", "tests/test_torch_sampler.py"),
+    ),
+    Mutant(
+        "trainer-advantage-scale-ignored",
+        "trainer",
+        "rl/trainer/step.py",
+        "batch.rewards, scale=config.advantage_scale, eps=config.advantage_eps",
+        'batch.rewards, scale="none", eps=config.advantage_eps',
+        "the trainer ignores its configured advantage scale (Dr. GRPO whatever the config declares): the bound "
+        "advantages function is right, the step is not",
         ("tests/test_peft_trainer.py",),
     ),
     # --- artifacts (rl/artifacts.py) ---
@@ -451,6 +527,15 @@ CATALOGUE: tuple[Mutant, ...] = (
         "a checkpoint naming an artifact the store no longer has is resumed (fails later, untyped)",
         ("tests/test_grpo_driver.py",),
     ),
+    Mutant(
+        "ckpt-missing-optimizer-accepted",
+        "checkpoint",
+        "rl/checkpoint/resume.py",
+        '    for what, ref in (("adapter", state.adapter), ("optimizer state", state.optimizer_state)):\n',
+        '    for what, ref in (("adapter", state.adapter),):\n',
+        "the resume verifies only the checkpoint's adapter: a lost optimizer state is resumed (fails later, untyped)",
+        ("tests/test_grpo_driver.py",),
+    ),
     # --- agentic driver and tiers (rl/loop/agentic.py, rl/agentic/) ---
     Mutant(
         "agentic-landing-order",
@@ -534,6 +619,16 @@ CATALOGUE: tuple[Mutant, ...] = (
         "every per-sample backward all-reduces: collective counts differ between ranks with unequal shards",
         ("tests/test_ddp.py",),
     ),
+    Mutant(
+        "ddp-train-step-scale-forgets-world-size",
+        "ddp",
+        "rl/trainer/ddp.py",
+        "                loss_scale=world_size / n,\n",
+        "                loss_scale=1.0 / n,\n",
+        "each rank's losses scaled by 1 / batch: DDP's average over ranks divides the full-batch gradient by the world "
+        "size (the shard step itself is right)",
+        ("tests/test_ddp.py",),
+    ),
     # --- volumes (rl/volumes/writable.py) ---
     Mutant(
         "volume-fork-writes-in-place",
@@ -566,6 +661,16 @@ CATALOGUE: tuple[Mutant, ...] = (
         "",
         "finalize does not seal modes: a published version stays writable and can be mutated",
         ("tests/test_volumes.py",),
+    ),
+    Mutant(
+        "volume-symlink-depth-off-by-one",
+        "volumes",
+        "rl/volumes/manifest.py",
+        "    if ups > len(PurePosixPath(rel).parts) - 1:\n",
+        "    if ups > len(PurePosixPath(rel).parts):\n",
+        "a symlink's '..' steps counted against its path's length, not its directory's depth: a link may climb one "
+        "level above the volume's root",
+        ("tests/test_volume_symlinks.py", "tests/test_volumes.py"),
     ),
     # --- rollout buffer (rl/volumes/buffer.py) ---
     Mutant(

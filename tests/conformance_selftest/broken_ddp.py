@@ -1,15 +1,19 @@
 """Shard-step functions with real multi-rank bugs, bound as `rl.conformance.Implementation`s for the DDP law's selftest.
 
 `REFERENCE` binds the tutorial's `rl.trainer.ddp.ddp_shard_step`. Module-level functions, so spawned gloo ranks can
-unpickle them.
+unpickle them. `BATCH_SCALED_TRAINER` is REAL_CPU with a data-parallel train step whose per-rank scale forgets the world
+size.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
+from unittest import mock
 
 from rl.conformance import Implementation
+from rl.conformance.ours import REAL_CPU, LocalDdpTrainer, tiny_base_model
 from rl.trainer.ddp import ddp_shard_step
 
 
@@ -44,3 +48,32 @@ def sync_every_sample(
 SKIPS_EMPTY_SHARD = Implementation(name="skips-empty-shard", ddp_shard_step=skip_backward_on_empty_shard)
 SYNCS_EVERY_SAMPLE = Implementation(name="syncs-every-sample", ddp_shard_step=sync_every_sample)
 REFERENCE = Implementation(name="reference-ddp", ddp_shard_step=ddp_shard_step)
+
+
+def _scaled_by_batch_only(rank: int, world_size: int, *args: object) -> object:
+    """`ddp_train_step` with each rank's losses scaled by 1 / (samples in the batch), the world size left out: DDP's
+    average over ranks then gives the full batch's gradient divided by the world size."""
+    import rl.trainer.ddp as ddp
+
+    real = ddp.sample_loss_fns
+
+    def fns(*a: object, loss_scale: float, **kw: object) -> object:
+        return real(*a, loss_scale=loss_scale / world_size, **kw)  # type: ignore[arg-type]
+
+    with mock.patch.object(ddp, "sample_loss_fns", fns):
+        return ddp.ddp_train_step(rank, world_size, *args)  # type: ignore[arg-type]
+
+
+class BatchScaledDdpTrainer(LocalDdpTrainer):
+    """Our data-parallel step with the per-rank scale that forgets the world size."""
+
+    async def train_step(self, batch: object) -> object:
+        from rl.trainer.config import TrainerConfig
+        from rl.trainer.ddp import run_local_ddp
+
+        config = TrainerConfig(lora_rank=4, lora_alpha=8, threads=1)
+        root = self.artifacts.root
+        return run_local_ddp(self.world_size, _scaled_by_batch_only, tiny_base_model(), root, batch, config)[0]
+
+
+BATCH_SCALED_TRAINER = replace(REAL_CPU, name="batch-scaled-ddp-trainer", distributed_trainer=BatchScaledDdpTrainer)

@@ -10,6 +10,7 @@ import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 from unittest import mock
 
 import rl.checkpoint.format as checkpoint_format
@@ -153,6 +154,22 @@ async def _artifacts_unchecked(store, config, artifacts):  # type: ignore[no-unt
     return await resume.load_state(store, config, _EverythingExists(artifacts))
 
 
+class _OnlyFirstChecked:
+    """Answers the first `exists` truthfully and every later one with yes: the resume checks the adapter only."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.asked = inner, 0
+
+    async def exists(self, ref: Any) -> bool:
+        self.asked += 1
+        return await self.inner.exists(ref) if self.asked == 1 else True
+
+
+async def _adapter_only_checked(store, config, artifacts):  # type: ignore[no-untyped-def]
+    """Resumes having asked the artifact store about the checkpoint's adapter, never its optimizer state."""
+    return await resume.load_state(store, config, _OnlyFirstChecked(artifacts))
+
+
 def _nan_only(iteration, group, rewards):  # type: ignore[no-untyped-def]
     """Checks rewards with `x != x`: NaN is caught, an infinity is trained on."""
     if any(r != r for r in rewards):
@@ -184,5 +201,6 @@ DIGEST_UNCHECKED = _driver("resumes-an-altered-checkpoint", _patched(resume, "de
 ANY_SCHEMA = _driver("reads-any-schema-version", _patched(resume, "decode_state", _any_schema))
 CONFIG_UNCHECKED = _driver("resumes-another-configuration", _patched(grpo, "load_state", _config_unchecked))
 ADAPTER_UNCHECKED = _driver("resumes-a-lost-adapter", _patched(grpo, "load_state", _artifacts_unchecked))
+OPTIMIZER_UNCHECKED = _driver("resumes-a-lost-optimizer-state", _patched(grpo, "load_state", _adapter_only_checked))
 NAN_ONLY = _driver("infinite-reward-trained", _patched(grpo, "refuse_non_finite", _nan_only))
 ROW_TWICE = _driver("history-row-twice", _patched(grpo, "_train", _row_twice))

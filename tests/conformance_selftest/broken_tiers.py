@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
+import math
+import random
+import struct
+from collections.abc import Sequence
 from dataclasses import replace
 
+from rl.advantages import group_normalized_advantages
 from rl.checkpoint.memory_store import MemoryStateStore
-from rl.conformance import Implementation
+from rl.conformance import AlgorithmSpec, Implementation
 from rl.conformance.ours import fake_version0_adapter
 from rl.memory.artifacts import MemoryArtifacts
-from rl.sim.grpo_tiers import FakeEngine, FakeTrainer
+from rl.sim.grpo_tiers import FakeEngine, FakeTrainer, _decoded, _row, _softmax, encode_table
 from rl.types import ArtifactRef, Rollout, RolloutRequest, TrainBatch, TrainResult
 
 
@@ -37,6 +43,38 @@ class StaleAdapterEngine(FakeEngine):
         return await super().generate(replace(request, adapter=adapter))
 
 
+class TopKEngine(FakeEngine):
+    """Samples from the three most probable tokens only (a top-k applied to sampling) but records the full
+    distribution's log-probs: the importance ratio's denominator is not the probability the token was drawn with."""
+
+    async def generate(self, request: RolloutRequest) -> list[Rollout]:
+        group = await super().generate(request)
+        table = await self._table(request.adapter)
+        logits = table[_row(request.prompt.question, self.rows)]
+        top = sorted(range(len(logits)), key=lambda d: -logits[d])[:3]
+        rng = random.Random(request.seed)
+        picks = [rng.choice(top) for _ in group]
+        return [
+            replace(r, token_ids=[d], completion=f"####{d}", logprobs=[math.log(_softmax(logits)[d])])
+            for r, d in zip(group, picks, strict=True)
+        ]
+
+
+class AdapterBlindBatchEngine(FakeEngine):
+    """Batches one call's requests and samples each distinct (prompt, seed, n, max_tokens) once, from the first
+    request's adapter: a batching dedupe keyed without the adapter. Single requests are right."""
+
+    async def generate_groups(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
+        done: dict[tuple[object, ...], list[Rollout]] = {}
+        out = []
+        for request in requests:
+            key = (request.prompt.question, request.seed, request.n, request.max_tokens)
+            if key not in done:
+                done[key] = await self.generate(request)
+            out.append([replace(r, group_id=request.group_id) for r in done[key]])
+        return out
+
+
 class FreshOptimizerTrainer(FakeTrainer):
     """Builds a fresh optimizer state for every step instead of continuing from the batch's: momentum is lost."""
 
@@ -45,12 +83,57 @@ class FreshOptimizerTrainer(FakeTrainer):
         return await super().train_step(replace(batch, optimizer_state=fresh))
 
 
+class LossyRestoreTrainer(FakeTrainer):
+    """Saves the optimizer state rounded to float32 (half the bytes) but keeps the exact state in memory for the step
+    that continues it: correct while the process lives, another run after any restore."""
+
+    def __init__(self, artifacts: MemoryArtifacts) -> None:
+        super().__init__(artifacts)
+        self._exact: dict[str, ArtifactRef] = {}
+
+    async def train_step(self, batch: TrainBatch) -> TrainResult:
+        if batch.optimizer_state is not None and batch.optimizer_state.digest in self._exact:
+            batch = replace(batch, optimizer_state=self._exact[batch.optimizer_state.digest])
+        result = await super().train_step(batch)
+        state = _decoded(await self.artifacts.get(result.optimizer_state))
+        rounded = [[struct.unpack("f", struct.pack("f", v))[0] for v in row] for row in state["table"]]
+        saved = await self.artifacts.put(encode_table(rounded), name=f"optimizer-v{batch.new_version}-f32")
+        self._exact[saved.digest] = result.optimizer_state
+        return replace(result, optimizer_state=saved)
+
+
+class UnboundedStalenessTrainer(FakeTrainer):
+    """Trains any batch, however stale: its staleness bound is effectively off."""
+
+    def __init__(self, artifacts: MemoryArtifacts) -> None:
+        super().__init__(artifacts, max_staleness=10**9)
+
+    async def train_step(self, batch: TrainBatch) -> TrainResult:
+        # Newer-than-trained rollouts too: relabelled as on-policy before the (now toothless) check.
+        trained = batch.new_version - 1
+        rollouts = [replace(r, policy_version=min(r.policy_version, trained)) for r in batch.rollouts]
+        return await super().train_step(replace(batch, rollouts=rollouts))
+
+
 def _impl(name: str, **tiers: object) -> Implementation:
     return Implementation(name=name, adapter=fake_version0_adapter, **tiers)  # type: ignore[arg-type]
 
 
 UNSEEDED_ENGINE = _impl("unseeded-engine", engine=UnseededEngine, trainer=FakeTrainer)
 STALE_ADAPTER_ENGINE = _impl("stale-adapter-engine", engine=StaleAdapterEngine, trainer=FakeTrainer)
+TOP_K_ENGINE = _impl("top-k-engine", engine=TopKEngine, trainer=FakeTrainer)
+ADAPTER_BLIND_BATCH_ENGINE = _impl("adapter-blind-batch-engine", engine=AdapterBlindBatchEngine, trainer=FakeTrainer)
+LOSSY_RESTORE_TRAINER = _impl("lossy-restore-trainer", engine=FakeEngine, trainer=LossyRestoreTrainer)
+UNBOUNDED_STALENESS_TRAINER = _impl("unbounded-staleness-trainer", engine=FakeEngine, trainer=UnboundedStalenessTrainer)
+TRAINER_NOT_AS_DECLARED = Implementation(
+    name="trainer-not-as-declared",
+    adapter=fake_version0_adapter,
+    engine=FakeEngine,
+    trainer=FakeTrainer,
+    # The advantages it binds went Dr. GRPO (no std) and so did its declaration; its trainer still divides by the std.
+    advantages=functools.partial(group_normalized_advantages, scale="none"),
+    algorithm=AlgorithmSpec(advantage_scale="none"),
+)
 FRESH_OPTIMIZER_TRAINER = _impl("fresh-optimizer-trainer", engine=FakeEngine, trainer=FreshOptimizerTrainer)
 
 

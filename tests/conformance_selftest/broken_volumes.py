@@ -71,6 +71,7 @@ class DirWriter:
 
     def finalize(self, message: str) -> DirVersion:
         mount = self.mount()
+        self.store.check_tree(mount)
         identity = {"name": self._name, "parent": self.parent and self.parent.version, "message": message}
         version = self.store.version_id({**identity, "files": _files(mount)})
         target = self.store.root / "versions" / version
@@ -112,6 +113,12 @@ class DirStore:
         writer = DirWriter(self, name, parent, self.populate(name, parent))
         self.writers[name] = weakref.ref(writer)
         return writer
+
+    def check_tree(self, mount: Path) -> None:
+        """This store holds files and directories only (a copy would follow a link, and one to an ancestor loops)."""
+        links = [p.relative_to(mount).as_posix() for p in sorted(mount.rglob("*")) if p.is_symlink()]
+        if links:
+            raise ValueError(f"this store holds no symlinks; copy the targets in instead of {links}")
 
     def check_no_writer(self, name: str) -> None:
         live = self.writers.get(name)
@@ -195,9 +202,32 @@ class RandomIdStore(DirStore):
         return uuid.uuid4().hex
 
 
+class SymlinkKeepingStore(DirStore):
+    """Copies symlinks as symlinks (to publish a tree as written) without checking where they lead: a link in a deep
+    directory that climbs one level too many points outside the published version, and outside every fork of it."""
+
+    def check_tree(self, mount: Path) -> None:
+        pass
+
+    def populate(self, name: str, parent: DirVersion | None) -> Path:
+        staging = self.root / "staging" / name
+        shutil.rmtree(staging, ignore_errors=True)
+        if parent is None:
+            staging.mkdir()
+        else:
+            shutil.copytree(parent.path(), staging, symlinks=True)
+        return staging
+
+    def publish(self, writer: DirWriter, target: Path, meta: dict[str, object]) -> None:
+        target.mkdir()
+        shutil.copytree(writer.mount(), target / "data", symlinks=True)
+        (target / "meta.json").write_text(json.dumps(meta))
+
+
 DIR_STORE = Implementation(name="dir-store", volume_store=DirStore)
 LEAKY_FORK = Implementation(name="leaky-fork", volume_store=LeakyForkStore)
 ONE_DIRECTORY_PER_NAME = Implementation(name="one-directory-per-name", volume_store=OneDirectoryPerNameStore)
 NO_WRITER_LOCK = Implementation(name="no-writer-lock", volume_store=NoWriterLockStore)
 STALE_STAGING = Implementation(name="stale-staging", volume_store=StaleStagingStore)
 RANDOM_ID = Implementation(name="random-id", volume_store=RandomIdStore)
+SYMLINK_KEEPING = Implementation(name="symlink-keeping", volume_store=SymlinkKeepingStore)

@@ -38,6 +38,8 @@ def run_ddp_law(pytester: pytest.Pytester, impl: str) -> pytest.RunResult:
         f"broken_ddp:{impl}",
         "-m",
         "rl_ddp",
+        "-k",
+        "shard_step",
         "-p",
         "no:cacheprovider",
         "-rfs",
@@ -77,3 +79,16 @@ def test_a_step_that_syncs_every_sample_fails_on_the_even_and_uneven_cases(pytes
     out = result.stdout.str()
     assert "case 'even'" in out and "DDP.forward [2, 2] times" in out, out
     assert "case 'uneven'" in out and "timed out" in out, out
+
+
+def test_a_data_parallel_step_that_forgets_the_world_size_fails_the_train_step_law(pytester: pytest.Pytester) -> None:
+    """Each rank's losses scaled by 1 / batch instead of world_size / batch: DDP's average over ranks halves the
+    gradient on 2 ranks (the shard-step law, given pre-scaled closures, cannot see it)."""
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "rl.conformance.test_suite", "--rl-impl", "broken_ddp:BATCH_SCALED_TRAINER",
+        "-k", "ddp_train_step", "-p", "no:cacheprovider", "-rfs",
+        timeout=SUITE_TIMEOUT_S,
+    )  # fmt: skip
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "reported gradient norm" in out and "(ratio 0.5)" in out, out

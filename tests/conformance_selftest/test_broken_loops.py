@@ -46,7 +46,11 @@ CASES = [
         "rl_engine",
         "test_engine_same_request_gives_same_rollouts",
         "the same request gave different rollouts",
-        {"test_engine_same_request_gives_same_rollouts", "test_engine_serves_the_adapter_each_request_names"},
+        {
+            "test_engine_same_request_gives_same_rollouts",
+            "test_engine_serves_the_adapter_each_request_names",
+            "test_engine_one_call_serves_each_request_its_own_adapter",
+        },
         id="rollouts unseeded on retry",
     ),
     pytest.param(
@@ -58,12 +62,71 @@ CASES = [
         id="stale adapter served",
     ),
     pytest.param(
+        "broken_tiers:TOP_K_ENGINE",
+        "rl_engine",
+        "test_engine_recorded_logprobs_are_those_of_the_distribution_it_samples",
+        "do not follow the log-probs the engine recorded for them",
+        {"test_engine_recorded_logprobs_are_those_of_the_distribution_it_samples"},
+        id="sampled at top-k, recorded at full distribution",
+    ),
+    pytest.param(
+        "broken_tiers:ADAPTER_BLIND_BATCH_ENGINE",
+        "rl_engine",
+        "test_engine_one_call_serves_each_request_its_own_adapter",
+        "batched or cached the call's requests without their adapter",
+        {"test_engine_one_call_serves_each_request_its_own_adapter"},
+        id="one call's requests batched without their adapter",
+    ),
+    pytest.param(
         "broken_tiers:FRESH_OPTIMIZER_TRAINER",
         "rl_trainer",
         "test_trainer_step_uses_the_optimizer_state_it_is_given",
         "ignores the batch's optimizer_state",
         {"test_trainer_step_uses_the_optimizer_state_it_is_given"},
         id="optimizer state dropped",
+    ),
+    pytest.param(
+        "broken_tiers:LOSSY_RESTORE_TRAINER",
+        "rl_trainer",
+        "test_trainer_a_step_restored_from_its_artifacts_equals_the_step_continued_in_memory",
+        "restored from step 0's artifacts in a new trainer it gave",
+        {"test_trainer_a_step_restored_from_its_artifacts_equals_the_step_continued_in_memory"},
+        id="optimizer state saved lossy, exact only in memory",
+    ),
+    pytest.param(
+        "broken_tiers:UNBOUNDED_STALENESS_TRAINER",
+        "rl_trainer",
+        "test_trainer_refuses_a_batch_outside_its_staleness_bound[older-than-any-bound]",
+        "a batch outside any staleness bound was not refused",
+        {
+            "test_trainer_refuses_a_batch_outside_its_staleness_bound[older-than-any-bound]",
+            "test_trainer_refuses_a_batch_outside_its_staleness_bound[newer-than-trained]",
+        },
+        id="stale batch trained",
+    ),
+    pytest.param(
+        "broken_tiers:TRAINER_NOT_AS_DECLARED",
+        "rl_trainer or rl_advantages",
+        "test_trainer_step_computes_the_declared_loss_on_teacher_forced_logprobs",
+        r"AlgorithmSpec\(advantage_scale='none'\) gives",
+        {"test_trainer_step_computes_the_declared_loss_on_teacher_forced_logprobs"},
+        id="trainer runs another algorithm than the one declared",
+    ),
+    pytest.param(
+        "broken_scoring:BIASED_PASS_AT_K",
+        "rl_scorer",
+        "test_scoring_pass_at_k_is_the_unbiased_estimator",
+        r"pass_at_k\(n=100, c=1, k=100\) = 0\.63\d+; the unbiased estimator 1 - C\(n-c,k\)/C\(n,k\) is 1\.0",
+        {"test_scoring_pass_at_k_is_the_unbiased_estimator"},
+        id="pass@k biased (samples drawn with replacement)",
+    ),
+    pytest.param(
+        "broken_scoring:UNSEPARATED_EXTRACTION",
+        "rl_scorer",
+        "test_scoring_extracts_the_number_after_the_answer_marker",
+        r"#### 1,200'\) gave '1'; the answer after '####' is 1200",
+        {"test_scoring_extracts_the_number_after_the_answer_marker"},
+        id="answer extraction stops at a thousands separator",
     ),
     pytest.param(
         "broken_tiers:IN_PLACE_STATE_STORE",
@@ -151,8 +214,19 @@ CASES = [
         DRIVER_TIERS,
         "test_driver_refuses_a_checkpoint_whose_adapter_is_gone",
         "the driver raised MissingArtifactError: .*; expected rl.errors.MissingAdapterError",
-        {"test_driver_refuses_a_checkpoint_whose_adapter_is_gone"},
+        {
+            "test_driver_refuses_a_checkpoint_whose_adapter_is_gone",
+            "test_driver_refuses_a_checkpoint_whose_optimizer_state_is_gone",
+        },
         id="lost adapter not checked on resume",
+    ),
+    pytest.param(
+        "broken_drivers:OPTIMIZER_UNCHECKED",
+        DRIVER_TIERS,
+        "test_driver_refuses_a_checkpoint_whose_optimizer_state_is_gone",
+        "optimizer states .* are gone and whose adapters are all there: the driver raised MissingArtifactError",
+        {"test_driver_refuses_a_checkpoint_whose_optimizer_state_is_gone"},
+        id="lost optimizer state not checked on resume",
     ),
     pytest.param(
         "broken_drivers:NAN_ONLY",
@@ -258,7 +332,7 @@ def test_the_reference_passes_every_law_these_cases_run(pytester):
     run = run_suite(
         pytester,
         "rl.conformance.ours:FAKES",
-        "rl_engine or rl_trainer or rl_state_store or rl_agentic or " + DRIVER_TIERS,
+        "rl_engine or rl_trainer or rl_scorer or rl_state_store or rl_agentic or " + DRIVER_TIERS,
     )
     assert not run.failed, run.reports
     assert not run.skipped, sorted(run.skipped)

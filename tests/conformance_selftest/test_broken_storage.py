@@ -25,6 +25,7 @@ ONE_WRITER = "test_volumes_a_second_writer_of_a_name_is_refused"
 LOST_WRITER = "test_volumes_a_writer_lost_before_finalize_publishes_nothing"
 ADDRESSABLE = "test_volumes_every_version_stays_addressable"
 SAME_CONTENT = "test_volumes_finalizing_the_same_content_twice_returns_the_same_version"
+SYMLINKS = "test_volumes_no_symlink_target_leaves_the_volume_at_any_depth"
 READS_LATER = "test_buffer_a_version_reads_later_exactly_as_when_it_was_appended"
 ROUND_TRIP = "test_buffer_rows_round_trip_bit_for_bit"
 PARENT = "test_buffer_append_forks_the_parent_it_is_given"
@@ -72,6 +73,14 @@ CASES = [
         r"the same build finalized twice gave versions \w+ and \w+: derive a version's id",
         {SAME_CONTENT},
         id="version ids are not content addresses",
+    ),
+    pytest.param(
+        "broken_volumes:SYMLINK_KEEPING",
+        "rl_volumes",
+        SYMLINKS,
+        r"the store published symlinks \['d1/l0 -> \.\./\.\./x'\] and these lead outside the version",
+        {SYMLINKS},
+        id="a symlink climbing out of the volume published",
     ),
     pytest.param(
         "broken_buffers:IN_PLACE_HEAD",
