@@ -7,6 +7,7 @@ import dataclasses
 import gc
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -467,3 +468,18 @@ def test_a_replica_closes_the_engine_it_evicts(tiny_model_dir: Path, monkeypatch
     assert run(grpo_tasks.engine_for(base, EngineSpec(threads=1))) is first and first.closes == 0
     second = run(grpo_tasks.engine_for(base, EngineSpec(threads=2)))
     assert second is not first and (first.closes, second.closes) == (1, 0)
+
+
+def test_the_engines_scratch_directory_leaves_room_for_vllms_socket_paths(tmp_path, monkeypatch):
+    """vLLM binds Unix sockets at VLLM_RPC_BASE_PATH/<uuid4>, at most 107 bytes: under a TMPDIR too long for that the
+    engine's scratch directory goes to /tmp (a demo under such a TMPDIR failed its engine start with a ZMQError)."""
+    from rl.engines import vllm as engine_module
+
+    monkeypatch.setattr(tempfile, "tempdir", "/tmp")
+    assert engine_module._scratch_parent() is None
+    deep = tmp_path / ("d" * 60)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    assert engine_module._scratch_parent() == "/tmp"
+    worst = os.path.join("/tmp", "rl-vllm-scratch-12345678", "0" * 36)
+    assert len(worst) <= engine_module._IPC_PATH_MAX

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -62,9 +64,10 @@ def test_a_killed_vllm_demo_resumes_to_the_uninterrupted_runs_end(reference: tup
     command, root, _ = reference
     run = root / "run"
     # A SIGKILLed process cannot remove its temporary files (adapter copies, vLLM's sockets and rendezvous file), as
-    # a lost node's /tmp goes with the node: this one gets a TMPDIR of its own, under the test's directory.
-    killed_tmp = root / "killed-tmp"
-    killed_tmp.mkdir()
+    # a lost node's /tmp goes with the node: this one gets a TMPDIR of its own, removed below. A short one: vLLM's
+    # socket paths (TMPDIR/rl-vllm-scratch-*/<uuid>) must fit a Unix socket's 107 bytes, and the test's own
+    # directory (under pytest's basetemp) is too deep for that.
+    killed_tmp = Path(tempfile.mkdtemp(prefix="rlk-"))
     env = {**os.environ, "TMPDIR": str(killed_tmp)}
     process = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, env=env
@@ -82,6 +85,7 @@ def test_a_killed_vllm_demo_resumes_to_the_uninterrupted_runs_end(reference: tup
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         process.stderr.close()  # type: ignore[union-attr]
+        shutil.rmtree(killed_tmp, ignore_errors=True)
     summary = _run(command)
     assert summary["resumed_from"] is not None and summary["resumed_from"] >= 1, summary
     assert final_state_differences(root / "reference", run, ITERATIONS) == []

@@ -221,6 +221,19 @@ def rollouts_from_request_output(
     ]
 
 
+# vLLM binds its ZMQ IPC sockets at VLLM_RPC_BASE_PATH/<uuid4>; a Unix socket's path holds at most 107 bytes, so a
+# scratch directory under a long TMPDIR would fail the engine's start (ZMQError: ipc path ... is longer than 107).
+_IPC_PATH_MAX = 107
+_SCRATCH_NAME_LEN = len("rl-vllm-scratch-") + 8 + 1 + 36  # mkdtemp's 8 random characters, "/", a uuid4
+
+
+def _scratch_parent() -> str | None:
+    """Where the engine's scratch directory goes: TMPDIR (None), or /tmp where TMPDIR is too long for vLLM's sockets."""
+    if len(os.path.join(tempfile.gettempdir(), "")) + _SCRATCH_NAME_LEN <= _IPC_PATH_MAX:
+        return None
+    return "/tmp"
+
+
 class VLLMEngine:
     """`RolloutEngine` on vLLM: one `LLM` per engine (created on first use), one LoRA adapter per policy version.
 
@@ -284,7 +297,7 @@ class VLLMEngine:
             # vLLM leaves its ZMQ socket files (VLLM_RPC_BASE_PATH) and torch inductor's cache in TMPDIR after
             # shutdown; pointed into a directory of this engine's own, `close` removes them. Its processes are
             # spawned here, so they inherit the setting; a value the user set is kept.
-            self._scratch = tempfile.TemporaryDirectory(prefix="rl-vllm-scratch-")
+            self._scratch = tempfile.TemporaryDirectory(prefix="rl-vllm-scratch-", dir=_scratch_parent())
             with _environ_defaults(VLLM_RPC_BASE_PATH=self._scratch.name,
                                    TORCHINDUCTOR_CACHE_DIR=os.path.join(self._scratch.name, "inductor")):  # fmt: skip
                 self._llm = self.vllm.LLM(**engine_llm_kwargs(self.base_model_dir, self.llm_kwargs))
