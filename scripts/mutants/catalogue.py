@@ -286,9 +286,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         "state-in-place-write",
         "state-store",
         "rl/checkpoint/file_store.py",
-        "        while True:\n"
-        '            tmp = self.path.with_name(f"{self._temp_prefix}{uuid.uuid4().hex[:8]}")\n',
-        '        with self.fs.open_file(self.path, "wb", perm=0o600) as f:  # still no-follow: only the tear is planted\n'
+        '        while True:\n            tmp = self.path.with_name(f"{self._temp_prefix}{uuid.uuid4().hex[:8]}")\n',
+        '        with self.fs.open_file(self.path, "wb", perm=0o600) as f:  # no-follow kept: only the tear\n'
         "            f.write(data[: len(data) // 2])\n"
         '            await __import__("asyncio").sleep(0)  # an async file API awaits between chunks\n'
         "            f.write(data[len(data) // 2 :])\n"
@@ -296,7 +295,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "        while True:\n"
         '            tmp = self.path.with_name(f"{self._temp_prefix}{uuid.uuid4().hex[:8]}")\n',
         "checkpoint written in place (in chunks, yielding between them): a save cancelled midway leaves a torn blob",
-        ("tests/test_grpo_driver.py",),
+        ("tests/test_kill_points.py",),
     ),
     Mutant(
         "state-keeps-first-write",
@@ -558,6 +557,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "                fs.unlink(path)\n",
         "                fs.chmod(path, 0o644)\n",
         "open_for_write('w') truncates the shared inode instead of unlinking it: the parent version changes",
+        # Killed by test_volumes' state machine under --rl-seed 1 or 3, not under the default seed.
         ("tests/test_volumes.py",),
     ),
     Mutant(
