@@ -352,8 +352,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         "artifacts-missing-is-empty",
         "artifacts",
         "rl/artifacts.py",
-        "        if not obj.is_dir():\n            raise ArtifactNotFound(",
-        "        if not obj.is_dir():\n            return {}\n            raise ArtifactNotFound(",
+        '        if kind != "dir":\n            raise ArtifactNotFound(',
+        '        if kind != "dir":\n            return {}\n            raise ArtifactNotFound(',
         "a missing ref reads as an empty artifact instead of raising",
         ("tests/test_artifacts.py",),
     ),
@@ -362,15 +362,16 @@ CATALOGUE: tuple[Mutant, ...] = (
         "state-in-place-write",
         "state-store",
         "rl/checkpoint/file_store.py",
-        "        while True:\n            fd, tmp = tempfile.mkstemp(prefix=self._temp_prefix, dir=self.path.parent)\n",
-        '        with open(self.path, "wb") as f:\n'
+        '        while True:\n            tmp = self.path.with_name(f"{self._temp_prefix}{uuid.uuid4().hex[:8]}")\n',
+        '        with self.fs.open_file(self.path, "wb", perm=0o600) as f:  # no-follow kept: only the tear\n'
         "            f.write(data[: len(data) // 2])\n"
         '            await __import__("asyncio").sleep(0)  # an async file API awaits between chunks\n'
         "            f.write(data[len(data) // 2 :])\n"
         "        return\n"
-        "        while True:\n            fd, tmp = tempfile.mkstemp(prefix=self._temp_prefix, dir=self.path.parent)\n",
+        "        while True:\n"
+        '            tmp = self.path.with_name(f"{self._temp_prefix}{uuid.uuid4().hex[:8]}")\n',
         "checkpoint written in place (in chunks, yielding between them): a save cancelled midway leaves a torn blob",
-        ("tests/test_grpo_driver.py",),
+        ("tests/test_kill_points.py",),
     ),
     Mutant(
         "state-keeps-first-write",
@@ -492,9 +493,9 @@ CATALOGUE: tuple[Mutant, ...] = (
         "ckpt-corrupt-is-fresh",
         "checkpoint",
         "rl/checkpoint/resume.py",
-        "    state = decode_state(blob)\n",
+        '    state = decode_state(blob, str(path) if path is not None else "the driver checkpoint")\n',
         "    try:\n"
-        "        state = decode_state(blob)\n"
+        '        state = decode_state(blob, str(path) if path is not None else "the driver checkpoint")\n'
         '    except __import__("rl.errors").errors.CheckpointCorruptError:\n'
         "        return None\n",
         "a torn or foreign checkpoint silently treated as no checkpoint: the run restarts from iteration 0",
@@ -504,8 +505,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         "ckpt-other-schema-accepted",
         "checkpoint",
         "rl/checkpoint/format.py",
-        '    if doc["schema"] != SCHEMA_VERSION:\n',
-        '    if not isinstance(doc["schema"], int):\n',
+        '    if doc["schema"] != SCHEMA_VERSION or type(doc["schema"]) is not int:\n',
+        '    if type(doc["schema"]) is not int:\n',
         "a checkpoint of another schema version is read as this one",
         ("tests/test_grpo_driver.py",),
     ),
@@ -634,13 +635,13 @@ CATALOGUE: tuple[Mutant, ...] = (
         "volume-fork-writes-in-place",
         "volumes",
         "rl/volumes/writable.py",
-        '        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")\n',
-        "        if path.exists():\n"
-        "            os.chmod(path, mode)\n"
-        '        with open(path, "wb") as f:\n'
+        '        fs.write_atomic(path, data, tmp_name=f".{path.name}.tmp-{uuid.uuid4().hex[:8]}", perm=mode)\n',
+        "        if fs.kind(path) is not None:\n"
+        "            fs.chmod(path, mode)\n"
+        '        with fs.open_file(path, "wb", perm=mode) as f:\n'
         "            f.write(data)\n"
         "        return path\n"
-        '        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")\n',
+        '        fs.write_atomic(path, data, tmp_name=f".{path.name}.tmp-{uuid.uuid4().hex[:8]}", perm=mode)\n',
         "a fork's write_bytes writes the inherited (hard-linked) inode in place: the write leaks into the parent",
         ("tests/test_volumes.py",),
     ),
@@ -648,16 +649,17 @@ CATALOGUE: tuple[Mutant, ...] = (
         "volume-truncate-shared",
         "volumes",
         "rl/volumes/writable.py",
-        "                os.unlink(path)\n",
-        "                os.chmod(path, 0o644)\n",
+        "                fs.unlink(path)\n",
+        "                fs.chmod(path, 0o644)\n",
         "open_for_write('w') truncates the shared inode instead of unlinking it: the parent version changes",
+        # Killed by test_volumes' state machine under --rl-seed 1 or 3, not under the default seed.
         ("tests/test_volumes.py",),
     ),
     Mutant(
         "volume-not-sealed",
         "volumes",
         "rl/volumes/writable.py",
-        "        seal_modes(data, durable=durable)\n",
+        "        self._seal_modes(data, durable=durable)\n",
         "",
         "finalize does not seal modes: a published version stays writable and can be mutated",
         ("tests/test_volumes.py",),
