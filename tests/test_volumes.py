@@ -175,6 +175,21 @@ def test_a_forks_writes_are_invisible_to_its_parent_and_siblings_in_every_share_
     world.verify(deep=True)
 
 
+@pytest.mark.parametrize("share", ["hardlink", "copy"])
+@pytest.mark.parametrize("mode", ["w", "wb", "w+"])
+def test_opening_an_inherited_file_to_truncate_leaves_the_parent_version_whole(tmp_path, share, mode):
+    """open_for_write in a truncating mode gives the fork a new file: the inherited (shared) inode and so the parent
+    version keep their bytes, whatever the share mode."""
+    store = LocalVolumeStore(tmp_path / "store", share=share)
+    world = make_world(store)
+    fork = world.fork("fork")
+    with fork.open_for_write("docs/a.txt", mode) as f:
+        f.write(b"X" if "b" in mode else "X")
+    assert read_tree(world.path()) == {"docs/a.txt": b"alpha", "docs/b.txt": b"beta"}
+    assert read_tree(fork.finalize("fork").path())["docs/a.txt"] == b"X"
+    world.verify(deep=True)
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux's /proc/self/io to count bytes written")
 @pytest.mark.skipif(bytes_written() is None, reason="this platform counts no written bytes (no /proc/self/io)")
 @pytest.mark.parametrize("share", ["auto", "copy"])
