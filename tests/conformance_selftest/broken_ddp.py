@@ -55,12 +55,17 @@ def _scaled_by_batch_only(rank: int, world_size: int, *args: object) -> object:
     average over ranks then gives the full batch's gradient divided by the world size."""
     import rl.trainer.ddp as ddp
 
-    real = ddp.sample_loss_fns
+    def forgetting(real: Callable[..., object]) -> Callable[..., object]:
+        def fns(*a: object, loss_scale: float, **kw: object) -> object:
+            return real(*a, loss_scale=loss_scale / world_size, **kw)
 
-    def fns(*a: object, loss_scale: float, **kw: object) -> object:
-        return real(*a, loss_scale=loss_scale / world_size, **kw)  # type: ignore[arg-type]
+        return fns
 
-    with mock.patch.object(ddp, "sample_loss_fns", fns):
+    # Both loss paths (the config's loss_path picks one), as a fork that got the scale wrong would have both wrong.
+    with (
+        mock.patch.object(ddp, "sample_loss_fns", forgetting(ddp.sample_loss_fns)),
+        mock.patch.object(ddp, "batched_loss_fns", forgetting(ddp.batched_loss_fns)),
+    ):
         return ddp.ddp_train_step(rank, world_size, *args)  # type: ignore[arg-type]
 
 

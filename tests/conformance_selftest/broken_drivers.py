@@ -103,26 +103,26 @@ async def _restart_on_corrupt(store, config, artifacts):  # type: ignore[no-unty
         return None
 
 
-def _any_schema(blob: bytes) -> DriverState:
+def _any_schema(blob: bytes, *where: str) -> DriverState:
     """Reads a checkpoint of any schema version as its own (the version tag is never compared)."""
     try:
         doc = json.loads(blob)
     except ValueError:
-        return decode_state(blob)
+        return decode_state(blob, *where)
     if isinstance(doc, dict) and "schema" in doc:
         doc["schema"] = checkpoint_format.SCHEMA_VERSION
-    return decode_state(json.dumps(doc).encode())
+    return decode_state(json.dumps(doc).encode(), *where)
 
 
-def _digest_unchecked(blob: bytes) -> DriverState:
+def _digest_unchecked(blob: bytes, *where: str) -> DriverState:
     """Reads a checkpoint without comparing its digest to its contents: an altered write is resumed."""
     try:
         doc = json.loads(blob)
     except ValueError:
-        return decode_state(blob)
+        return decode_state(blob, *where)
     if isinstance(doc, dict) and isinstance(doc.get("state"), dict):
         doc["digest"] = content_digest(doc["state"])
-    return decode_state(json.dumps(doc).encode())
+    return decode_state(json.dumps(doc).encode(), *where)
 
 
 class _TheCheckpointsConfig:
