@@ -24,7 +24,10 @@ from rl.types import ArtifactRef, Rollout, RolloutRequest
 __all__ = ["SamplerFidelityLaws", "frequency_test"]
 
 DRAWS = 4096
-"""Samples of the first token drawn for the frequency law: one group, one call."""
+"""Samples of the first token drawn for the frequency law."""
+GROUP_DRAWS = 64
+"""Samples per request: the draws come as `DRAWS // GROUP_DRAWS` groups, each with its own seed, since an engine may
+refuse a group as large as `DRAWS` (ours on vLLM spaces group seeds 256 apart, so it refuses n > 256)."""
 FALSE_ALARM = 1e-6
 """The chance a correct sampler fails the frequency law at a given seed (the law is deterministic at that seed)."""
 _Z_FALSE_ALARM = 4.753424  # the standard normal's upper 1e-6 quantile
@@ -90,12 +93,23 @@ class SamplerFidelityLaws:
     def test_engine_recorded_logprobs_are_those_of_the_distribution_it_samples(
         self, engine: RolloutEngine, rollout_request: RolloutRequest, rl_run: Run[Any]
     ) -> None:
-        """The first tokens of one large group occur as often as the probabilities the engine records for them say
-        (a chi-square test at a fixed seed, false-alarm chance 1e-6), and one token records one log-prob: sampling at
-        one temperature, top-k or top-p while recording another's log-probs fails."""
-        seed = derive_seed("conformance.engine.frequencies", rollout_request.seed)
-        request = replace(rollout_request, n=DRAWS, max_tokens=1, seed=seed)
-        group = rl_run(engine.generate(request))
+        """The first tokens of many draws (64 seeded groups of 64) occur as often as the probabilities the engine
+        records for them say (a chi-square test at a fixed seed, false-alarm chance 1e-6), and one token records one
+        log-prob: sampling at one temperature, top-k or top-p while recording another's log-probs fails."""
+        group = [
+            rollout
+            for chunk in range(DRAWS // GROUP_DRAWS)
+            for rollout in rl_run(
+                engine.generate(
+                    replace(
+                        rollout_request,
+                        n=GROUP_DRAWS,
+                        max_tokens=1,
+                        seed=derive_seed("conformance.engine.frequencies", rollout_request.seed, chunk),
+                    )
+                )
+            )
+        ]
         counts: Counter[int] = Counter()
         probs: dict[int, float] = {}
         for i, r in enumerate(group):
