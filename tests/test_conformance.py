@@ -399,7 +399,8 @@ def test_the_packaged_suite_binds_rl_impl_skips_missing_tiers_and_prints_the_rep
         "not rl_driver",
     )
     outcomes = result.parseoutcomes()
-    assert outcomes.get("failed") == 1, result.stdout.str()
+    # An engine deaf to the seed also fails the frequency law: its 64 seeded groups of draws are one group 64 times.
+    assert outcomes.get("failed") == 2, result.stdout.str()
     result.stdout.fnmatch_lines(
         [
             "rl-conformance: seed=3 impl=broken_impl:IMPL",
@@ -408,6 +409,7 @@ def test_the_packaged_suite_binds_rl_impl_skips_missing_tiers_and_prints_the_rep
             "FAILED*TestRolloutEngine::test_engine_different_seeds_give_different_groups*",
         ]
     )
+    result.stdout.fnmatch_lines(["FAILED*TestRolloutEngine::test_engine_recorded_logprobs_are_those_of_the_distri*"])
     out = result.stdout.str()
     assert "broken provides no `artifacts` factory, so the Artifacts laws do not apply" in out
     assert "broken provides no `state_store` factory, so the StateStore laws do not apply" in out
