@@ -107,3 +107,17 @@ def test_digit_successor_completions_are_scored_alone(completion: str, reward: f
     prompt = DigitSuccessor().train_prompts()[3]
     assert (prompt.question, prompt.answer) == ("3=", "4")
     assert score(completion, prompt.answer) == pytest.approx(reward)
+
+
+def test_a_damaged_weights_file_is_a_one_line_model_dir_error(tmp_path: Path) -> None:
+    """An emptied or truncated model.safetensors is the directory's fault: a one-line ModelDirError (an InputError,
+    exit 2), not safetensors' own error and a traceback (the hostile-directory fuzzer found exit 70)."""
+    from rl.errors import InputError
+    from rl.models.model_dir import ModelDirError
+    from rl.models.tiny import load_base_model
+
+    model_dir = build_tiny_model(tmp_path / "m")
+    (model_dir / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelDirError, match="weights cannot be read") as caught:
+        load_base_model(model_dir)
+    assert isinstance(caught.value, InputError) and "\n" not in str(caught.value)

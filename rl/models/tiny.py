@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import ClassVar
 
 import torch
+from safetensors import SafetensorError
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config
 
 from rl.errors import InputError
-from rl.models.model_dir import ModelDirError, check_model_dir
+from rl.models.model_dir import _FIX, ModelDirError, check_model_dir
 
 PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, EOS, BOS, UNK)
@@ -178,8 +179,13 @@ def load_base_model(
         raise InputError(f"attention must be one of {ATTENTION_KERNELS}, got {attention!r}")
     model_dir = check_model_dir(model_dir)
     placement = {} if torch.device(device).type == "cpu" else {"device_map": str(torch.device(device))}
-    model = AutoModelForCausalLM.from_pretrained(
-        str(model_dir), dtype=dtype, attn_implementation=attention, **placement
-    )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), dtype=dtype, attn_implementation=attention, **placement
+        )
+    except SafetensorError as exc:
+        # A weights file that is present but damaged (truncated, emptied, overwritten) is the directory's fault, not
+        # a bug: one line naming it, as for a missing file (the hostile-directory fuzzer found this as exit 70).
+        raise ModelDirError(f"model directory {model_dir}: its weights cannot be read ({exc}); {_FIX}") from exc
     model.eval()
     return model
