@@ -121,3 +121,11 @@ def test_a_damaged_weights_file_is_a_one_line_model_dir_error(tmp_path: Path) ->
     with pytest.raises(ModelDirError, match="weights cannot be read") as caught:
         load_base_model(model_dir)
     assert isinstance(caught.value, InputError) and "\n" not in str(caught.value)
+
+
+def test_a_damaged_tokenizer_file_is_a_one_line_model_dir_error(tmp_path: Path) -> None:
+    """An emptied tokenizer.json is a one-line ModelDirError too (the fuzzer found exit 70 from json)."""
+    model_dir = build_tiny_model(tmp_path / "m")
+    (model_dir / "tokenizer.json").write_bytes(b"")
+    with pytest.raises(ModelDirError, match="tokenizer cannot be read"):
+        load_tokenizer(model_dir)

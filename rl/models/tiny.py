@@ -157,7 +157,11 @@ def _declare_tokenizer_class(path: Path) -> None:
 def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerFast:
     """The character tokenizer saved in `model_dir`, loaded offline (not via AutoTokenizer: see module docstring)."""
     model_dir = check_model_dir(model_dir, weights=False, tokenizer=True)
-    return PreTrainedTokenizerFast.from_pretrained(str(model_dir))
+    try:
+        return PreTrainedTokenizerFast.from_pretrained(str(model_dir))
+    except Exception as exc:  # json raises ValueError, the tokenizers library a bare Exception, on a damaged file
+        # A damaged tokenizer file is the directory's fault: one line, as for a missing one (found by the fuzzer).
+        raise ModelDirError(f"model directory {model_dir}: its tokenizer cannot be read ({exc}); {_FIX}") from exc
 
 
 def load_base_model(
