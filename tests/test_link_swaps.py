@@ -180,19 +180,23 @@ async def test_metrics_and_checkpoint_swapped_for_links_are_neither_written_nor_
 def _swapper(
     folders: list[Path], outside: Path, stop: threading.Event, swaps: list[int], started: threading.Event
 ) -> None:
-    """Swap each folder for a link outside and back, over and over, until `stop` (`started` after the first round)."""
-    while not stop.is_set():
-        for folder in folders:
-            aside = folder.with_name(folder.name + ".real")
-            try:
-                os.rename(folder, aside)
-            except FileNotFoundError:
-                continue
-            os.symlink(outside / folder.name, folder)
-            os.sched_yield() if hasattr(os, "sched_yield") else None
-            os.unlink(folder)
-            os.rename(aside, folder)
-            swaps[0] += 1
+    """Swap each folder for a link outside and back, over and over, until `stop` (`started` after the first round, or
+    when the swapper dies, so the test never waits on a dead thread)."""
+    try:
+        while not stop.is_set():
+            for folder in folders:
+                aside = folder.with_name(folder.name + ".real")
+                try:
+                    os.rename(folder, aside)
+                except FileNotFoundError:
+                    continue
+                os.symlink(outside / folder.name, folder)
+                os.sched_yield() if hasattr(os, "sched_yield") else None
+                os.unlink(folder)
+                os.rename(aside, folder)
+                swaps[0] += 1
+            started.set()
+    finally:
         started.set()
 
 
@@ -206,14 +210,16 @@ def test_writes_racing_a_thread_that_swaps_folders_for_links_never_reach_outside
     folders = [buffer.store.root / f for f in ("staging", "versions", "locks")]
     folders += [artifacts.root / f for f in ("objects", "tmp", "refs")]
     before = snapshot(outside)
+    # Read before the swapping starts: a folder renamed aside for a moment makes it fail, and it is not under test.
+    published, put, refused = [buffer.head()], [], 0
     stop, started, swaps = threading.Event(), threading.Event(), [0]
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-5)  # interleave the two threads finely: more swaps land inside a write
     thread = threading.Thread(target=_swapper, args=(folders, outside, stop, swaps, started))
+    # Stopped however the test ends: a swapper left running renames folders under every later test of this worker.
     thread.start()
-    started.wait()  # the swapping is under way before the first write, however the threads are scheduled
-    published, put, refused = [buffer.head()], [], 0
     try:
+        started.wait()  # the swapping is under way before the first write, however the threads are scheduled
         for i in range(1, 40):
             try:
                 head = published[-1]
