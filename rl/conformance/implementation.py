@@ -36,6 +36,7 @@ TIERS = (
     "extract_answer",
     "pass_at_k",
     "distributed_trainer",
+    "micro_batched_trainer",
 )
 """The factory attributes that each bind one contract of the packaged suite."""
 
@@ -89,6 +90,9 @@ class Implementation:
       float`, like `rl.metrics.pass_at_k` (`rl.conformance.scoring_utilities`).
     - `distributed_trainer(artifacts, world_size)`: a `Trainer` whose `train_step` runs one step on `world_size`
       data-parallel ranks (`rl.conformance.ddp_trainer`), like `rl.conformance.ours.local_ddp_trainer`.
+    - `micro_batched_trainer(artifacts, micro_batch_size)`: a `Trainer` that back-propagates `micro_batch_size`
+      samples at a time and accumulates (`rl.conformance.micro_batch`), like
+      `rl.conformance.ours.micro_batched_trainer`.
     - `capabilities`: what the implementation claims (`Capabilities()`, the default, claims everything).
     - `algorithm`: the GRPO choices its advantages and loss make (`AlgorithmSpec()`, the default, is ours); the
       algorithm laws compute their reference from it.
@@ -118,6 +122,7 @@ class Implementation:
     extract_answer: Callable[[str], str | None] | None = None
     pass_at_k: Callable[[int, int, int], float] | None = None
     distributed_trainer: Callable[[Artifacts, int], Trainer] | None = None
+    micro_batched_trainer: Callable[[Artifacts, int], Trainer] | None = None
     capabilities: Capabilities = field(default_factory=Capabilities)
     algorithm: AlgorithmSpec = field(default_factory=AlgorithmSpec)
 

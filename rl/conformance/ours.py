@@ -217,6 +217,16 @@ class LocalDdpTrainer:
         return run_local_ddp(self.world_size, ddp_train_step, tiny_base_model(), root, batch, config)[0]
 
 
+def micro_batched_trainer(artifacts: Artifacts, micro_batch_size: int) -> PeftTrainer:
+    """`peft_trainer` back-propagating `micro_batch_size` samples per padded forward, for the gradient-accumulation
+    law."""
+    from rl.trainer.config import TrainerConfig
+    from rl.trainer.peft_trainer import PeftTrainer
+
+    config = TrainerConfig(lora_rank=4, lora_alpha=8, threads=1, micro_batch_size=micro_batch_size)
+    return PeftTrainer(tiny_base_model(), artifacts, config)
+
+
 def local_ddp_trainer(artifacts: Artifacts, world_size: int) -> LocalDdpTrainer:
     """`LocalDdpTrainer`: our data-parallel step on the tiny model, for the data-parallel train step's law."""
     return LocalDdpTrainer(artifacts, world_size)
@@ -239,6 +249,7 @@ REAL_CPU = Implementation(
     batch_loss=batch_loss,
     ddp_shard_step=ddp_shard_step,
     distributed_trainer=local_ddp_trainer,
+    micro_batched_trainer=micro_batched_trainer,
     volume_store=local_volume_store,
     rollout_buffer=local_rollout_buffer,
     extract_answer=extract_answer,

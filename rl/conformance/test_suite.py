@@ -159,6 +159,10 @@ class TestTrainer(_Bound, TrainerContract):
         return _factory(implementation, "distributed_trainer", "data-parallel train step")
 
     @pytest.fixture
+    def micro_batched_trainer(self, implementation: Implementation) -> Callable[[Artifacts, int], Trainer]:
+        return _factory(implementation, "micro_batched_trainer", "micro-batched train step")
+
+    @pytest.fixture
     def engine(self, implementation: Implementation, artifacts: Artifacts) -> RolloutEngine:
         if implementation.engine is None:
             pytest.skip(

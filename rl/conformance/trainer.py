@@ -12,6 +12,7 @@ import pytest
 from rl.conformance._base import ContractBase, Run, must_provide, tier
 from rl.conformance.capabilities import Capabilities, require
 from rl.conformance.ddp_trainer import DataParallelTrainerLaws
+from rl.conformance.micro_batch import MicroBatchTrainerLaws
 from rl.conformance.spec import AlgorithmSpec
 from rl.conformance.trainer_fidelity import TrainerRestoreLaws
 from rl.memory.artifacts import MemoryArtifacts
@@ -78,12 +79,13 @@ def trained_adapter(engine: RolloutEngine, trainer: Trainer, seed: int, run: Run
 
 
 @tier("trainer")
-class TrainerContract(TrainerRestoreLaws, DataParallelTrainerLaws, ContractBase):
+class TrainerContract(TrainerRestoreLaws, DataParallelTrainerLaws, MicroBatchTrainerLaws, ContractBase):
     """Laws of `rl.protocols.Trainer`: a seeded init and a step that is a pure function of its batch.
 
     Provide `trainer`, `another_trainer` (a new instance of it) and an `engine` that samples from its adapters (it
     builds the training batch), or override `training_rollouts` to build the batch's rollouts yourself. `artifacts`
-    defaults to an in-memory store. `rl.conformance.trainer_fidelity` holds the restore and staleness laws.
+    defaults to an in-memory store. `rl.conformance.trainer_fidelity` holds the restore and staleness laws,
+    `ddp_trainer` and `micro_batch` the data-parallel and gradient-accumulation laws.
     """
 
     @pytest.fixture

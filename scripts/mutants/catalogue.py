@@ -621,6 +621,16 @@ CATALOGUE: tuple[Mutant, ...] = (
         ("tests/test_ddp.py",),
     ),
     Mutant(
+        "trainer-micro-batch-mean-over-accumulation-steps",
+        "trainer",
+        "rl/trainer/batched_loss.py",
+        "            return rows.sum() * loss_scale\n",
+        "            return rows.mean() * loss_scale * len(indices) / math.ceil(len(indices) / size)\n",
+        "each micro-batch's own mean divided by the number of micro-batches (loss / gradient_accumulation_steps): "
+        "right for equal micro-batches, the short last one's samples over-weighted",
+        ("tests/test_peft_trainer.py",),
+    ),
+    Mutant(
         "ddp-train-step-scale-forgets-world-size",
         "ddp",
         "rl/trainer/ddp.py",
