@@ -173,8 +173,9 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(venv_backend="virtualenv")
 def readme(session: nox.Session) -> None:
-    """Every `rl ...` and `--local` line of README.md and docs/conformance.md's three commands, as written, with small
-    sizes (`.ci/readme_commands.py list` shows them). A virtualenv with pip, because the documents say `pip install`."""
+    """Every `rl ...` and `--local` line of README.md and docs/*.md, and docs/conformance.md's commands, as written,
+    with small sizes (`.ci/readme_commands.py list` shows them). A virtualenv with pip, because the documents say
+    `pip install`."""
     _install_cpu(session)
     session.run("python", ".ci/readme_commands.py", "run", "examples", "conformance", env=HYPOTHESIS_ENV)
 
