@@ -19,7 +19,7 @@ import nox
 from packaging.requirements import Requirement
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # nox does not put the noxfile's directory on sys.path
-from peers import record as peer_record  # noqa: E402  (standard library only)
+from peers import record as peer_record  # standard library only: it loads before any virtualenv exists
 
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["unit", "lint"]
@@ -425,8 +425,7 @@ def peers(session: nox.Session, peer: str) -> None:
                 differ.append(f"{impl}: newly failing {sorted(new)}, recorded but passing {sorted(fixed)}")
     if differ:
         session.error(
-            "the laws these bindings fail differ from their record in peers/expected.toml: "
-            + "; ".join(differ)
+            "the laws these bindings fail differ from their record in peers/expected.toml: " + "; ".join(differ)
         )
 
 
