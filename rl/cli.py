@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rl",
         description="GRPO + LoRA and durable agentic RL loops for Flyte 2: demos, chaos runs, benchmarks.",
         epilog="Exit status: 0 success, 1 a check failed, 2 bad input, 3-9 an rl.errors family, 10 the filesystem "
-        "refused, 70 a bug (README: Exit status).",
+        "refused, 70 a bug (docs/commands.md: Exit status).",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMAND_MODULES:

@@ -2,7 +2,7 @@
 
 `except rl.errors.RlError` catches every expected failure (bad input, a checkpoint or artifact that cannot be used, a
 damaged volume, a tier that broke its contract, a full disk is an `OSError` instead); anything else is a bug. Each
-family's `exit_code` is the `rl` command's exit status when that family ends it (the README's table):
+family's `exit_code` is the `rl` command's exit status when that family ends it (docs/commands.md's table):
 
 | exit | family | what went wrong |
 | --- | --- | --- |

@@ -16,7 +16,7 @@ import pytest
 import rl.errors
 from rl.cli import main
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+EXIT_TABLE = Path(__file__).resolve().parents[1] / "docs" / "commands.md"
 TINY_RUN = ["--iterations", "2", "--prompts", "2", "--samples", "2"]
 
 
@@ -79,12 +79,12 @@ def test_every_error_family_is_an_rl_error_and_keeps_its_builtin_base(module, na
     assert cls.exit_code in set(rl.errors.families().values())
 
 
-def test_each_family_exits_with_its_own_code_and_the_readme_lists_every_one():
-    """Distinct, non-zero, not 1 (a failed check) nor 70 (a bug); README's exit-status table says the same."""
+def test_each_family_exits_with_its_own_code_and_the_docs_list_every_one():
+    """Distinct, non-zero, not 1 (a failed check) nor 70 (a bug); docs/commands.md's exit-status table says the same."""
     codes = rl.errors.families()
     assert len(set(codes.values())) == len(codes)
     assert not {0, 1, 10, 70} & set(codes.values())
-    rows = dict(re.findall(r"^\| (\d+) \| `(\w+)`", README.read_text(), flags=re.M))
+    rows = dict(re.findall(r"^\| (\d+) \| `(\w+)`", EXIT_TABLE.read_text(), flags=re.M))
     assert {name: int(code) for code, name in rows.items() if name in codes} == codes
 
 

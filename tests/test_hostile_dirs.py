@@ -23,7 +23,7 @@ from rl.cli import main
 from rl.identity import content_digest
 
 EXAMPLES = int(os.environ.get("RL_FUZZ_EXAMPLES", "3"))
-# The documented exit statuses (README's table): success, a family's, argparse's usage error. 70 is a bug.
+# The documented exit statuses (docs/commands.md's table): success, a family's, argparse's usage error. 70 is a bug.
 DOCUMENTED = {0, 2, 3, 4, 5, 6, 7, 8, 9, 10}
 DEMO = ("--iterations", "2", "--prompts", "2", "--samples", "2", "--seed", "0")
 

@@ -1,5 +1,6 @@
-"""The commands the README shows are the commands CI runs (`.ci/readme_commands.py`); these checks fail in seconds where
-CI would fail in minutes: a flag renamed, a sub-command without an example, a session the README names but nox lacks."""
+"""The commands README.md and docs/ show are the commands CI runs (`.ci/readme_commands.py`); these checks fail in
+seconds where CI would fail in minutes: a flag renamed, a sub-command without an example, a session a document names
+but nox lacks."""
 
 from __future__ import annotations
 
@@ -70,18 +71,39 @@ def _nox_sessions() -> set[str]:
     return sessions
 
 
-def test_the_readme_sessions_table_lists_exactly_the_nox_sessions():
+def test_the_readme_sessions_list_names_exactly_the_nox_sessions():
+    """README keeps one short line per session; a session added or renamed without it fails here."""
     readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("## nox sessions") :]
-    table = table[: table.index("\n\n", table.index("| session"))]
-    listed = set(re.findall(r"^\| `([\w-]+)` \|", table, flags=re.M))
-    assert listed == _nox_sessions()
+    section = readme[readme.index("## nox sessions") :]
+    listed = re.findall(r"^- `([\w-]+)`: ", section, flags=re.M)
+    assert len(listed) == len(set(listed)) and set(listed) == _nox_sessions()
+
+
+def test_the_docs_sessions_table_lists_exactly_the_nox_sessions():
+    text = (ROOT / "docs" / "nox-sessions.md").read_text()
+    table = text[text.index("| session") :]
+    table = table[: table.index("\n\n")]
+    listed = re.findall(r"^\| `([\w-]+)` \|", table, flags=re.M)
+    assert len(listed) == len(set(listed)) and set(listed) == _nox_sessions()
 
 
 def test_every_nox_session_the_documents_name_exists():
-    text = (ROOT / "README.md").read_text() + (ROOT / "docs" / "conformance.md").read_text()
+    documents = readme_commands.example_sources()
+    text = "".join(path.read_text() for path in documents)
     named = set(re.findall(r"nox (?:-R )?-s ([\w-]+)", text))
     assert named and named <= _nox_sessions(), f"named but not in noxfile.py: {sorted(named - _nox_sessions())}"
+
+
+def test_command_lines_of_every_docs_page_run_and_a_line_shown_twice_runs_once(tmp_path):
+    """The commands that moved from README to docs/ pages are still the commands CI runs."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("## Set up\n```bash\nnox -s unit\n```\n```bash\nrl plan --gpu L4\n```\n")
+    (tmp_path / "docs" / "conformance.md").write_text("## Three commands\n```bash\npytest\n```\n")
+    local, remote = "flyte run --local rl/flyte/grpo.py train_rl   # local", "flyte run rl/flyte/grpo.py train_rl"
+    (tmp_path / "docs" / "flyte.md").write_text(f"# Cluster\n```bash\n{local}\n{remote}\n```\n")
+    (tmp_path / "docs" / "chaos.md").write_text("# Chaos\n```bash\nrl chaos --seeds 1000\nrl plan --gpu L4\n```\n")
+    examples = readme_commands.readme_blocks(tmp_path)["examples"].lines
+    assert examples == ("rl plan --gpu L4", "rl chaos --seeds 5", "flyte run --local rl/flyte/grpo.py train_rl")
 
 
 def test_shrinking_changes_sizes_only_and_fills_in_the_fork_placeholder():

@@ -49,7 +49,7 @@ def test_agentic_config_json_refuses_an_unknown_key():
 
 
 def test_the_readme_config_examples_still_parse():
-    """The README's `--config` lines: the agentic smoke without latency, a longer GRPO run."""
+    """docs/flyte.md's `--config` lines: the agentic smoke without latency, a longer GRPO run."""
     assert _flyte_cli(AgenticRunConfig, AGENTIC_SMOKE, {"tool_latency_s": 0.0}).tool_latency_s == 0.0
     grpo = {"grpo": {"iterations": 20, "prompts_per_iteration": 8, "group_size": 8}}
     assert _flyte_cli(GrpoRunConfig, smoke(), grpo).grpo.iterations == 20

@@ -1,7 +1,6 @@
 """A deterministic simulator of Flyte 2's durable execution, on a virtual clock: `DurableSimulator`.
 
-What it models, and which module of `rl.sim` holds each piece: docs/simulator.md (and README.md, "What the simulator
-models").
+What it models (and what Flyte's local mode does not), and which module of `rl.sim` holds each piece: docs/simulator.md.
 """
 
 from __future__ import annotations
