@@ -123,7 +123,7 @@ def _plant(path: Path, after: str, line: str) -> None:
 
 def test_the_tree_keeps_every_import_contract() -> None:
     """Law: every `rl` module imports only its own and lower layers, Flyte code and the simulator stay apart, the
-    drivers load no ML framework, nothing imports `fakes`, and the simulator's modules form no circle."""
+    drivers load no ML framework, nothing imports `fakes`, and the modules of rl.sim and of rl.flyte form no circle."""
     result = _lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 broken" in result.stdout
