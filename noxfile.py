@@ -156,11 +156,12 @@ def browser(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check, ruff format --check, mypy on rl/."""
+    """ruff check, ruff format --check, mypy on rl/, and lint-imports (rl's layers, pyproject.toml)."""
     _install_cpu(session, "lint")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")
+    session.run("lint-imports", "--no-cache")
 
 
 @nox.session

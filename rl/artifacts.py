@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 
 from rl.dead_writers import discard_if_dead, lock_fd, locked_new_dir
-from rl.errors import RlError
+from rl.errors import ArtifactError
 from rl.protocols import Artifacts
 from rl.safe_fs import Tree
 from rl.types import ArtifactRef
@@ -36,12 +36,6 @@ _HEX = re.compile(r"[0-9a-f]{64}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 # What a writer leaves in tmp/ while it works: a staging directory, a ref being written, a corrupt object being deleted.
 _TEMP = re.compile(r"(ref-|corrupt-)?[0-9a-f]{32}")
-
-
-class ArtifactError(RlError):
-    """Base of the artifact store's errors."""
-
-    exit_code = 4
 
 
 class ArtifactNotFound(ArtifactError, FileNotFoundError):

@@ -9,8 +9,8 @@ family's `exit_code` is the `rl` command's exit status when that family ends it 
 | 1 | (none) | a check failed: `rl chaos` found a violated invariant, `rl demo agentic` ended with a failed run |
 | 2 | `InputError` | a flag, config or reward name cannot work (also argparse's usage errors); nothing was started |
 | 3 | `CheckpointError` | the run directory's checkpoint cannot be resumed from |
-| 4 | `ArtifactError` (`rl.artifacts`) | a stored adapter, optimizer state or other artifact is missing or corrupt |
-| 5 | `VolumeError` (`rl.volumes.errors`) | the rollout buffer's volumes are damaged, locked or misused |
+| 4 | `ArtifactError` | a stored adapter, optimizer state or other artifact is missing or corrupt |
+| 5 | `VolumeError` | the rollout buffer's volumes are damaged, locked or misused |
 | 6 | `TrainerError` | a train step was given a malformed batch, adapter or optimizer state |
 | 7 | `TierError` | a rollout engine or scorer returned what the driver refuses (NaN rewards, stale or wrong rollouts) |
 | 8 | `LedgerError` | the agentic trainer refused a step (a second payload for it, out of order, other worlds) |
@@ -19,8 +19,9 @@ family's `exit_code` is the `rl` command's exit status when that family ends it 
 | 70 | anything else | a bug: the traceback is printed; please report it |
 
 Each family keeps the builtin base it had (`ValueError`, `RuntimeError`, `LookupError`, ...), so `except` clauses
-written against those still catch it. `ArtifactError` and `VolumeError` live with their stores and are re-exported
-here lazily, so importing this module stays free of everything but the standard library.
+written against those still catch it. This module is the ground floor: it imports nothing of `rl`, so every other
+module may import it (`ArtifactError`'s and `VolumeError`'s subclasses live with their stores, `rl.artifacts` and
+`rl.volumes.errors`, which re-export the bases).
 
 A fork's driver raises these (or subclasses) so that the same `except` clauses, and the same laws, hold for it:
 `rl.conformance`'s driver laws expect `NonFiniteRewardError` for a NaN reward, and a resume from a checkpoint that
@@ -29,11 +30,7 @@ cannot be resumed is a `CheckpointError` whose type says why. Each message says 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
-
-if TYPE_CHECKING:  # the lazy re-exports below, for type checkers and linters
-    from rl.artifacts import ArtifactError
-    from rl.volumes.errors import VolumeError
+from typing import ClassVar
 
 __all__ = [
     "ArtifactError",
@@ -178,6 +175,18 @@ class CheckpointError(RlError, RuntimeError):
     exit_code = 3
 
 
+class ArtifactError(RlError):
+    """Base of the artifact store's errors (`rl.artifacts` holds the subclasses)."""
+
+    exit_code = 4
+
+
+class VolumeError(RlError):
+    """Base class of every error the volume layer raises (`rl.volumes.errors` holds the subclasses)."""
+
+    exit_code = 5
+
+
 class CheckpointCorruptError(CheckpointError):
     """The blob is not a complete checkpoint (torn write, damaged storage, or not ours)."""
 
@@ -205,25 +214,13 @@ class RetriesExhaustedError(RlError, RuntimeError):
     """
 
 
-# Families defined next to their stores; imported on first use so `import rl.errors` needs only the standard library.
-_LAZY = {"ArtifactError": "rl.artifacts", "VolumeError": "rl.volumes.errors"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'rl.errors' has no attribute {name!r}")
-
-
 def families() -> dict[str, int]:
     """Each family's name and the exit status the `rl` command ends with when an error of that family stops it."""
     classes: list[type[RlError]] = [
         InputError,
         CheckpointError,
-        __getattr__("ArtifactError"),
-        __getattr__("VolumeError"),
+        ArtifactError,
+        VolumeError,
         TrainerError,
         TierError,
         LedgerError,

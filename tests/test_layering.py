@@ -1,38 +1,34 @@
 """The package boundary: the wheel ships one top-level package, `rl`, which never imports the test doubles in
 `fakes/`; and inside `rl` each layer imports only its own layer and those below it, so the production loop runs
-with neither the simulator nor the suite installed in its head."""
+with neither the simulator nor the suite installed in its head.
+
+The layers are declared once, as import-linter contracts in pyproject.toml (`[tool.importlinter]`); `nox -s lint`
+runs `lint-imports`, and so do these tests, on the tree and on a copy with planted violations. import-linter reads
+`import` statements at any depth, relative ones included; a string naming an rl module (an
+`importlib.import_module` target, a lazy table) is an import it cannot see, so `_dynamic_imports` holds those to
+the same declared layers."""
 
 from __future__ import annotations
 
 import ast
+import shutil
+import subprocess
+import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import setuptools
 
 ROOT = Path(__file__).resolve().parents[1]
-
-LAYERS: dict[str, int] = {
-    "rl.memory": 1,
-    "rl.sim": 1,
-    "rl.flyte": 1,
-    "rl.conformance": 2,
-    "rl.bench": 2,
-    "rl.commands": 3,
-    "rl.cli": 3,
-}
-"""Every other `rl` module is the core (layer 0): the domain code, protocols, drivers, engines and trainers. The
-simulator, the in-memory backends and the Flyte tasks (layer 1) build on the core; the suite (2) on them, and so do
-the benchmarks (2), since `rl bench` times the simulator's chaos scenarios beside the real stack; the command line (3)
-on everything."""
-
-FORBIDDEN_PAIRS = {("rl.flyte", "rl.sim"), ("rl.flyte", "rl.memory"), ("rl.sim", "rl.flyte"), ("rl.memory", "rl.flyte")}
-"""Within layer 1: production Flyte code never runs on the simulator's fakes, and the simulator never needs Flyte."""
+CONTRACTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+LAYERS = next(c for c in CONTRACTS if c["id"] == "layers")
+"""The `layers` contract: `LAYERS["layers"]` lists rl's children, highest layer first, siblings joined by `:`."""
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -46,14 +42,6 @@ def _imports(path: Path) -> list[tuple[int, str]]:
             found += [(node.lineno, node.module)]
             found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names if node.module == "rl"]
     return found
-
-
-def _group(module: str) -> str:
-    return next((g for g in LAYERS if module == g or module.startswith(g + ".")), "core")
-
-
-def _layer(module: str) -> int:
-    return LAYERS.get(_group(module), 0)
 
 
 def test_the_wheel_installs_rl_and_nothing_else_at_top_level() -> None:
@@ -81,23 +69,101 @@ def test_rl_never_imports_fakes(path: Path) -> None:
     assert not bad, f"{path.relative_to(ROOT)} imports the test doubles, which the wheel does not ship: {bad}"
 
 
-@pytest.mark.parametrize("path", RL_MODULES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_each_rl_layer_imports_only_its_own_and_lower_layers(path: Path) -> None:
-    """Law: the core never imports the simulator, the memory backends, Flyte tasks, the suite or the CLI; Flyte tasks
-    never import the simulator; the suite never imports the CLI."""
-    me = _module_name(path)
-    bad = [
-        f"line {line}: {name} (layer {_layer(name)} {_group(name)})"
-        for line, name in _imports(path)
-        if name.startswith("rl.")
-        and _group(name) != _group(me)
-        and (_layer(name) > _layer(me) or (_group(me), _group(name)) in FORBIDDEN_PAIRS)
+def _rl_modules(root: Path) -> set[str]:
+    return {_module_name(path, root) for path in (root / "rl").rglob("*.py")}
+
+
+def _layer(module: str) -> int:
+    """The index of `module`'s layer in the declared contract (0 is the top: the command line)."""
+    child = module.split(".")[1] if "." in module else module
+    for index, layer in enumerate(LAYERS["layers"]):
+        if child in (name.strip() for name in layer.split(":")):
+            return index
+    raise AssertionError(f"{module}: rl.{child} is in no layer of pyproject.toml's [tool.importlinter] contract")
+
+
+def _dynamic_imports(root: Path) -> Iterator[tuple[str, int, str]]:
+    """(importer, line, imported) for every string constant in rl/ that names an rl module, alone or as
+    `module:attribute`: what `importlib.import_module`, lazy `__getattr__` tables and pytest plugins import."""
+    modules = _rl_modules(root)
+    for path in sorted((root / "rl").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                name = node.value.partition(":")[0]
+                if name in modules and name != "rl":
+                    yield _module_name(path, root), node.lineno, name
+
+
+def _dynamic_violations(root: Path) -> list[str]:
+    return [
+        f"{importer} (line {line}) names {imported}, a layer above it"
+        for importer, line, imported in _dynamic_imports(root)
+        if importer.split(".")[:2] != imported.split(".")[:2] and _layer(imported) < _layer(importer)
     ]
-    assert not bad, f"{me} (layer {_layer(me)} {_group(me)}) imports from above it: {bad}"
 
 
-def test_the_layer_check_sees_a_violation() -> None:
-    """The check is live: a core module that imported the simulator would be caught."""
-    assert _layer("rl.sim.durable_sim") > _layer("rl.loop.grpo")
-    assert ("rl.flyte", "rl.sim") in FORBIDDEN_PAIRS and _group("rl.flyte.grpo") == "rl.flyte"
-    assert _layer("rl.bench.sim") > _layer("rl.sim.chaos") and _layer("rl.bench.cpu") > _layer("rl.loop.grpo")
+def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """import-linter's command line on the tree at `root` (its pyproject.toml and rl/), in a fresh interpreter so that
+    the `rl` it analyses is `root`'s and not the one this test process imported."""
+    command = [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()"]
+    return subprocess.run([*command, "--no-cache"], cwd=root, capture_output=True, text=True, timeout=600)
+
+
+def _copy_tree(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "rl", tmp_path / "rl", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
+
+
+def _plant(path: Path, after: str, line: str) -> None:
+    text = path.read_text()
+    assert after in text, f"{path}: the planting point {after!r} moved; update the test"
+    path.write_text(text.replace(after, f"{after}{line}\n", 1))
+
+
+def test_the_tree_keeps_every_import_contract() -> None:
+    """Law: every `rl` module imports only its own and lower layers, Flyte code and the simulator stay apart, the
+    drivers load no ML framework, nothing imports `fakes`, and the modules of rl.sim and of rl.flyte form no circle."""
+    result = _lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+def test_the_layer_check_sees_a_violation(tmp_path: Path) -> None:
+    """The check is live: in a copy of the tree, the driver importing the simulator by a relative import and the CPU
+    deployment (which loads torch) by an absolute one is refused, each named."""
+    root = _copy_tree(tmp_path)
+    grpo = root / "rl" / "loop" / "grpo.py"
+    _plant(grpo, "from __future__ import annotations\n", "from ..sim import swarm  # noqa")
+    _plant(grpo, "from __future__ import annotations\n", "import rl.local  # noqa")
+    result = _lint_imports(root)
+    assert result.returncode != 0, result.stdout
+    assert "rl.loop.grpo -> rl.sim.swarm" in result.stdout, result.stdout
+    assert "rl.loop.grpo -> rl.local" in result.stdout, result.stdout
+
+
+def test_the_flyte_check_sees_a_violation(tmp_path: Path) -> None:
+    """The forbidden contracts are live: a Flyte task module reaching for the simulator's fakes is refused, though
+    both sit in one layer."""
+    root = _copy_tree(tmp_path)
+    _plant(root / "rl" / "flyte" / "envs.py", "from __future__ import annotations\n", "import rl.memory.worlds  # noqa")
+    result = _lint_imports(root)
+    assert result.returncode != 0, result.stdout
+    assert "rl.flyte.envs -> rl.memory.worlds" in result.stdout, result.stdout
+
+
+def test_strings_naming_rl_modules_respect_the_layers() -> None:
+    """Law: a module named by a string (`importlib.import_module`, a lazy table) is in its namer's layer or below."""
+    assert list(_dynamic_imports(ROOT)), "no dynamic import found: the scanner no longer sees rl.cli's commands"
+    assert _dynamic_violations(ROOT) == []
+
+
+def test_the_string_check_sees_a_violation(tmp_path: Path) -> None:
+    """The string check is live: `importlib.import_module("rl.sim.swarm")` planted in rl/loss.py is refused."""
+    root = _copy_tree(tmp_path)
+    _plant(
+        root / "rl" / "loss.py",
+        "from __future__ import annotations\n",
+        'import importlib\n_S = importlib.import_module("rl.sim.swarm")',
+    )
+    assert _dynamic_violations(root) == ["rl.loss (line 19) names rl.sim.swarm, a layer above it"]

@@ -170,6 +170,7 @@ def test_an_unknown_reward_fails_before_the_grpo_driver_starts_a_task(monkeypatc
     import asyncio
 
     import rl.flyte.grpo as grpo
+    import rl.flyte.grpo_driver as grpo_driver
 
     started: list[str] = []
 
@@ -177,7 +178,7 @@ def test_an_unknown_reward_fails_before_the_grpo_driver_starts_a_task(monkeypatc
         started.append("build_base")
         raise AssertionError("a task started")
 
-    monkeypatch.setattr(grpo, "build_base", build_base)
+    monkeypatch.setattr(grpo_driver, "build_base", build_base)
     config = GrpoRunConfig.model_construct(**{**dict(smoke()), "reward": "bleu"})
     with pytest.raises(ValueError, match="unknown reward 'bleu'"):
         asyncio.run(grpo.run_driver(config, step_task=grpo.train_step, title="t"))

@@ -119,7 +119,7 @@ def test_a_task_out_of_retries_fails_the_run_naming_it_and_a_recover_rerun_reach
     failed = setup.run(retries=1)
     assert isinstance(failed.error, TaskFailed) and isinstance(failed.error, RetriesExhaustedError)
     assert failed.error.task == TRAIN and TRAIN in str(failed.error) and "recover=True" in str(failed.error)
-    committed = set(setup.sim._journals[failed.run_id])
+    committed = set(setup.sim.journal(failed.run_id))
     assert committed  # the rollouts and rewards of iteration 0 finished before the train step failed
     setup.sim.faults = plan.outage_over()
     resumed = setup.sim.rerun(failed, driver=setup.driver, recover=True)
@@ -134,7 +134,7 @@ def test_the_resume_check_catches_a_resume_that_re_executes_committed_work():
     plan = FaultPlan(seed=0, exhaust_p=1.0, exhaust_tasks=frozenset({TRAIN}))
     setup = grpo_sim(CHAOS_GRPO, seed=0, faults=plan)
     failed = setup.run()
-    committed = set(setup.sim._journals[failed.run_id])
+    committed = set(setup.sim.journal(failed.run_id))
     setup.sim.faults = plan.outage_over()
     fresh = setup.sim.rerun(failed, driver=setup.driver, recover=False)
     found = resume_violations(setup.sim.events, failed, fresh, committed)

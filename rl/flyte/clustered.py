@@ -34,7 +34,7 @@ from flyte.io import Dir
 from rl.flyte.bindings import DirArtifacts, local_base, quiet_transformers, ref_of, upload_dir
 from rl.flyte.config import GrpoRunConfig
 from rl.flyte.envs import CLUSTER_TIMEOUT, cluster_train_env, grpo_clustered_driver_env
-from rl.flyte.grpo import GrpoRunResult, run_driver
+from rl.flyte.grpo_driver import GrpoRunResult, run_driver
 from rl.flyte.grpo_tasks import TrainInput, TrainOutput
 from rl.identity import content_digest
 from rl.types import ArtifactRef

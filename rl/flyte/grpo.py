@@ -3,7 +3,8 @@ the tasks.
 
 - `train_rl` (driver, `report=True`): `rl.loop.grpo.run_grpo` over `grpo_tiers(...)`, whose methods await the tasks
   of `rl.flyte.grpo_tasks`; a `flyte.group` per iteration; checkpoint and resume through `flyte.ctx().checkpoint`.
-- `run_driver`: its body, shared with `rl.flyte.clustered.train_rl_clustered` (another train task, same driver).
+- `run_driver` (in `rl.flyte.grpo_driver`, re-exported here): its body, shared with
+  `rl.flyte.clustered.train_rl_clustered` (another train task, same driver).
 
 Run it: `flyte run rl/flyte/grpo.py train_rl` (the smoke profile), or `python -m rl.flyte.grpo --local` here.
 """
@@ -11,169 +12,17 @@ Run it: `flyte run rl/flyte/grpo.py train_rl` (the smoke profile), or `python -m
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from dataclasses import replace
+from typing import Any
 
 import flyte
-from flyte.io import Dir
 
-from rl.flyte.bindings import DirArtifacts, FlyteReporter, check_base, dir_of, ref_of
-from rl.flyte.checkpoint_store import CrashAfterCheckpoint, FlyteStateStore
-from rl.flyte.config import PROFILES, EngineSpec, FaultSpec, GrpoRunConfig, problem_set, smoke
+from rl.flyte.config import PROFILES, GrpoRunConfig, smoke
 from rl.flyte.envs import grpo_driver_env
-from rl.flyte.grpo_tasks import (
-    TrainInput,
-    TrainOutput,
-    add_rollouts,
-    buffer_ref,
-    buffer_version,
-    build_base,
-    evaluate,
-    generate,
-    init_adapter,
-    score_group,
-    train_step,
-)
-from rl.loop.grpo import GrpoTiers, run_grpo
-from rl.problems import constant_baseline_accuracy
-from rl.protocols import StateStore
-from rl.trainer.config import TrainerConfig
-from rl.types import ArtifactRef, EvalResult, IterationMetrics, Rollout, RolloutRequest, TrainBatch, TrainResult
+from rl.flyte.grpo_driver import GrpoRunResult, TrainTask, grpo_tiers, run_driver
+from rl.flyte.grpo_tasks import train_step
 
 __all__ = ["GrpoRunResult", "TrainTask", "grpo_driver_env", "grpo_tiers", "run_driver", "train_rl"]
-
-
-@dataclass(frozen=True)
-class GrpoRunResult:
-    """The driver's output: the final adapter and optimizer state, the report's history and the evaluations."""
-
-    adapter: Dir
-    optimizer_state: Dir
-    adapter_version: int
-    history: list[IterationMetrics] = field(default_factory=list)
-    evals: list[EvalResult] = field(default_factory=list)
-    resumed_from: int = -1
-    # The rollout buffer's last version (a Dir of iter-NNNNN.jsonl files) and its content digest; "" when not kept.
-    rollouts_uri: str = ""
-    rollouts_digest: str = ""
-
-
-# ------------------------------------------------------------------------------- the tiers, as awaits of the tasks
-
-
-class TrainTask(Protocol):
-    """The call shape of `train_step` and `rl.flyte.clustered.train_step_clustered`."""
-
-    async def __call__(self, base: Dir, adapter: Dir, optimizer_state: Dir, batch: TrainInput) -> TrainOutput: ...
-
-
-@dataclass(frozen=True)
-class _TaskEngine:
-    base: Dir
-    spec: EngineSpec
-
-    async def generate(self, request: RolloutRequest) -> list[Rollout]:
-        return await generate(self.base, dir_of(request.adapter), request, self.spec)
-
-
-@dataclass(frozen=True)
-class _TaskScorer:
-    reward: str
-
-    async def score_group(self, rollouts: Any) -> list[float]:
-        return await score_group(list(rollouts), self.reward)
-
-
-@dataclass(frozen=True)
-class _TaskTrainer:
-    base: Dir
-    config: TrainerConfig
-    step_task: TrainTask
-
-    async def init_adapter(self, seed: int) -> TrainResult:
-        return (await init_adapter(self.base, seed, self.config)).result()
-
-    async def train_step(self, batch: TrainBatch) -> TrainResult:
-        optimizer_state = dir_of(batch.optimizer_state) if batch.optimizer_state is not None else Dir.empty()
-        out = await self.step_task(self.base, dir_of(batch.adapter), optimizer_state, TrainInput.of(batch, self.config))
-        return out.result()
-
-
-@dataclass(frozen=True)
-class _TaskEvaluator:
-    base: Dir
-    config: GrpoRunConfig
-
-    async def evaluate(self, adapter: ArtifactRef, policy_version: int, k: int, seed: int) -> EvalResult:
-        config = self.config
-        return await evaluate(
-            self.base, dir_of(adapter), policy_version, k, seed, config.problems, config.grpo.max_tokens, config.engine
-        )
-
-
-@dataclass(frozen=True)
-class _TaskBuffer:
-    async def append(
-        self, iteration: int, rollouts: Sequence[Rollout], rewards: Sequence[float], parent: str | None
-    ) -> str:
-        parent_dir = dir_of(buffer_ref(parent)) if parent is not None else None
-        out = await add_rollouts(parent_dir, iteration, list(rollouts), list(rewards))
-        return buffer_version(ref_of(out))
-
-
-def grpo_tiers(config: GrpoRunConfig, base: Dir, *, step_task: TrainTask, title: str) -> GrpoTiers:
-    """The driver's tiers: each method awaits a task; artifacts are Dirs; one `flyte.group` per iteration."""
-    problems = problem_set(config.problems)
-    reporter = FlyteReporter(
-        title=title,
-        baseline_accuracy=constant_baseline_accuracy(problems.eval_prompts()),
-        notes=[
-            f"profile {config.profile} · model {config.model.uri or 'tiny (built offline)'} · engine "
-            f"{config.engine.kind} · {config.grpo.prompts_per_iteration} prompts x {config.grpo.group_size} samples · "
-            f"{'pipelined' if config.grpo.pipelined else 'sequential'}"
-        ],
-    )
-    return GrpoTiers(
-        engine=_TaskEngine(base, config.engine),
-        scorer=_TaskScorer(config.reward),
-        trainer=_TaskTrainer(base, config.trainer, step_task),
-        artifacts=DirArtifacts(),
-        prompts=problems,
-        evaluator=_TaskEvaluator(base, config) if config.grpo.evaluate else None,
-        reporter=reporter,
-        group=flyte.group,
-        buffer=_TaskBuffer() if config.keep_rollouts else None,
-        task_metrics=problems.metrics,
-    )
-
-
-async def run_driver(
-    config: GrpoRunConfig, *, step_task: TrainTask, title: str, faults: FaultSpec | None = None
-) -> GrpoRunResult:
-    """The body of every GRPO driver task: resolve the base model, bind the tiers, run (or resume) `run_grpo`. `faults`
-    (the failure-injected drivers of `rl.flyte.grpo_faults` only) wraps the checkpoint store to crash once."""
-    config.check()  # a config made without validation (`model_construct`) still fails before the first task
-    if faults is not None:
-        config.check_faults(faults)
-    base = Dir.from_existing_remote(config.model.uri) if config.model.uri else await build_base(config.model.tiny)
-    await check_base(base)  # every profile's model, prefetched or built: one line now, not a dead GPU task later
-    ctx = flyte.ctx()
-    store: StateStore = FlyteStateStore(ctx.checkpoint if ctx is not None else None)
-    if faults is not None and faults.crash_after_iteration >= 0:
-        store = CrashAfterCheckpoint(store, faults.crash_after_iteration, faults.crash_marker)
-    outcome = await run_grpo(config.grpo, grpo_tiers(config, base, step_task=step_task, title=title), store)
-    rollouts = buffer_ref(outcome.buffer_version) if outcome.buffer_version else ArtifactRef("", "")
-    return GrpoRunResult(
-        adapter=dir_of(outcome.adapter),
-        optimizer_state=dir_of(outcome.optimizer_state),
-        adapter_version=outcome.adapter_version,
-        history=list(outcome.history),
-        evals=list(outcome.evals),
-        resumed_from=outcome.resumed_from,
-        rollouts_uri=rollouts.uri,
-        rollouts_digest=rollouts.digest,
-    )
 
 
 SMOKE = smoke()

@@ -175,7 +175,7 @@ def _grpo_swarm_check(
         assert result.error is not None
         error = f"{type(result.error).__name__}: {result.error}"
         violations = exhaustion_violations(result.error, swarm.enabled)
-        committed = set(sim._journals[result.run_id])
+        committed = set(sim.journal(result.run_id))
         sim.faults = swarm.plan.outage_over()
         final = sim.rerun(result, driver=setup.driver, recover=True, retries=swarm.plan.max_driver_crashes + 1)
         violations += resume_violations(sim.events, result, final, committed)

@@ -5,18 +5,17 @@ What it models (and what Flyte's local mode does not), and which module of `rl.s
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from rl.seeding import derive_seed
-from rl.sim.attempts import CURRENT_DRIVER, DriverAttempt, Run, attempt_number
+from rl.sim.attempts import Run, attempt_number
 from rl.sim.checkpoint_store import SimStateStore
-from rl.sim.errors import SimUsageError
 from rl.sim.execution import SimTask, Tier
 from rl.sim.faults import FaultPlan
-from rl.sim.records import ActionRecord, Event, RunResult
-from rl.sim.replay import ReplayReport, check_replay
+from rl.sim.kernel import SimKernel
+from rl.sim.records import ActionRecord, RunResult
+from rl.sim.replay import ReplayReport, replay_report
 from rl.sim.supervisor import supervise
 from rl.sim.tracing import traced
 from rl.sim.virtual_loop import VirtualTimeLoop
@@ -24,8 +23,11 @@ from rl.sim.virtual_loop import VirtualTimeLoop
 T = TypeVar("T")
 
 
-class DurableSimulator:
-    """Runs async driver code under simulated Flyte durable semantics. One `seed` fixes every fault and interleaving."""
+class DurableSimulator(SimKernel):
+    """Runs async driver code under simulated Flyte durable semantics. One `seed` fixes every fault and interleaving.
+
+    The shared state (event log, journals, task cache, faults) and its interface are the kernel's (`rl.sim.kernel`);
+    this class declares tasks and runs drivers on it."""
 
     def __init__(
         self,
@@ -35,18 +37,12 @@ class DurableSimulator:
         atomic_checkpoints: bool = True,
         tie_break_seed: int | None = None,
     ) -> None:
+        super().__init__(faults if faults is not None else FaultPlan(seed=seed), atomic_checkpoints=atomic_checkpoints)
         self.seed = seed
-        self.faults = faults if faults is not None else FaultPlan(seed=seed)
-        self.atomic_checkpoints = atomic_checkpoints
         self.tie_break_seed = tie_break_seed
         """None: ready tasks run first-in first-out; an int: each run's ties are shuffled by a seed derived from it."""
-        self.fired: Counter[str] = Counter()
-        """Faults that fired, by kind (task_failure, task_hang, exhausted_task, driver_crash, torn_checkpoint)."""
-        self.events: list[Event] = []
-        self._cache: dict[tuple[str, str], Any] = {}
         self._runs = 0
         self._loop: VirtualTimeLoop | None = None
-        self._journals: dict[str, dict[str, Any]] = {}
 
     # -- declaring tasks -------------------------------------------------------------------------------------------
     def task(
@@ -70,7 +66,7 @@ class DurableSimulator:
 
         `sim.tier(engine, "rollout", generate={"retries": 2})` makes `generate` the task `rollout.generate`.
         """
-        return Tier(self, obj, name, methods)
+        return Tier(self.task, obj, name, methods)
 
     def trace(self, fn: Callable[..., Awaitable[T]] | None = None, *, name: str | None = None) -> Any:
         """Record a call's result inside a task attempt; a retry of that task replays it instead of calling again."""
@@ -121,12 +117,16 @@ class DurableSimulator:
         if unknown:
             raise ValueError(f"rerun got inputs the original run did not have: {sorted(unknown)}")
         inputs = {**previous.inputs, **changed}
-        journal = self._journals[previous.run_id] if recover else None
+        journal = self.journal(previous.run_id) if recover else None
         return self._start(driver, inputs, retries=retries, crash_at=None, recover_from=journal)
 
     def check_replay(self, recorded: RunResult, driver: Callable[..., Awaitable[Any]]) -> ReplayReport:
         """Run `driver` against `recorded`'s history without executing any task; report the first divergent action."""
-        return check_replay(self, recorded, driver)
+        journal = self.journal(recorded.run_id)
+        result = self._start(
+            driver, dict(recorded.inputs), retries=0, crash_at=None, preload=dict(journal), strict=recorded.history
+        )
+        return replay_report(result)
 
     def _start(
         self,
@@ -145,7 +145,7 @@ class DurableSimulator:
         run = Run(f"run-{self._runs:04d}", driver, inputs, loop, recover_from=recover_from, strict_history=strict)
         if preload is not None:
             run.journal.update(preload)
-        self._journals[run.run_id] = run.journal
+        self.add_journal(run.run_id, run.journal)
         schedule = [crash_at] if isinstance(crash_at, int) else list(crash_at or [])
         self._loop = loop
         try:
@@ -153,20 +153,3 @@ class DurableSimulator:
         finally:
             self._loop = None
             loop.close()
-
-    # -- crash points and the log ----------------------------------------------------------------------------------
-    def _require_driver(self, what: str) -> DriverAttempt:
-        driver = CURRENT_DRIVER.get()
-        if driver is None:
-            raise SimUsageError(f"{what} was used outside DurableSimulator.run(); start a run first")
-        return driver
-
-    def _log(self, driver: DriverAttempt, kind: str, task: str = "", action: str = "", detail: str = "") -> None:
-        self.events.append(Event(driver.run.loop.time(), driver.run.run_id, driver.number, kind, task, action, detail))
-
-    def log_lines(self) -> list[str]:
-        return [e.line() for e in self.events]
-
-    def count(self, kind: str, task: str | None = None, run: str | None = None) -> int:
-        """How many events of `kind` (optionally for one task and one run) the log holds."""
-        return sum(1 for e in self.events if e.kind == kind and task in (None, e.task) and run in (None, e.run))

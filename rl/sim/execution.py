@@ -18,7 +18,7 @@ from rl.sim.replay import ReplayDivergence
 from rl.sim.supervisor import await_point, diverge, retrieve
 
 if TYPE_CHECKING:
-    from rl.sim.durable_sim import DurableSimulator
+    from rl.sim.kernel import SimKernel
 
 FAULT_KIND = {"before": "task_failure", "after": "task_failure", "hang": "task_hang", "exhaust": "exhausted_task"}
 """A task fault as `DurableSimulator.fired` counts it."""
@@ -29,7 +29,7 @@ class SimTask:
 
     def __init__(
         self,
-        sim: DurableSimulator,
+        sim: SimKernel,
         fn: Callable[..., Awaitable[Any]],
         *,
         name: str,
@@ -73,22 +73,22 @@ class SimTask:
         driver.issued.append(issued)
 
         if action_id in run.failures:
-            sim._log(driver, "action.replayed", self.name, action_id, "failed")
+            sim.log(driver, "action.replayed", self.name, action_id, "failed")
             raise run.failures[action_id]
         if action_id in run.journal:
-            sim._log(driver, "action.replayed", self.name, action_id)
+            sim.log(driver, "action.replayed", self.name, action_id)
             record = run.journal[action_id]
         elif run.recover_from is not None and action_id in run.recover_from:
-            sim._log(driver, "action.recovered", self.name, action_id)
+            sim.log(driver, "action.recovered", self.name, action_id)
             record = run.journal[action_id] = run.recover_from[action_id]
-        elif self.cache and (self.name, digest) in sim._cache:
-            sim._log(driver, "action.cached", self.name, action_id)
-            record = run.journal[action_id] = sim._cache[(self.name, digest)]
+        elif self.cache and sim.has_cached(self.name, digest):
+            sim.log(driver, "action.cached", self.name, action_id)
+            record = run.journal[action_id] = sim.cached(self.name, digest)
         else:
             execution = run.inflight.get(action_id)
             if execution is not None:
                 # Remotely the retried driver re-submits the same action name, finds it running, and monitors it.
-                sim._log(driver, "action.attached", self.name, action_id)
+                sim.log(driver, "action.attached", self.name, action_id)
             else:
                 execution = run.loop.create_task(self._run_action(driver, action_id, digest, frozen_inputs))
                 execution.add_done_callback(retrieve)
@@ -110,21 +110,21 @@ class SimTask:
             run.inflight.pop(action_id, None)
         record = run.journal[action_id] = freeze(output)
         if self.cache:
-            sim._cache[(self.name, digest)] = record
-        sim._log(driver, "action.completed", self.name, action_id)
+            sim.cache_result(self.name, digest, record)
+        sim.log(driver, "action.completed", self.name, action_id)
         return record
 
     async def _execute(self, driver: DriverAttempt, action_id: str, inputs: bytes | Unpicklable) -> Any:
         sim = self.sim
         last: BaseException | None = None
         for attempt in range(self.retries + 1):
-            sim._log(driver, "action.start", self.name, action_id, f"attempt={attempt}")
+            sim.log(driver, "action.start", self.name, action_id, f"attempt={attempt}")
             fault = sim.faults.task_fault(self.name, action_id, attempt, self.retries)
             if fault == "hang" and self.timeout_s is None:
                 fault = None
             if fault is not None:
                 sim.fired[FAULT_KIND[fault]] += 1
-                sim._log(driver, "fault.task", self.name, action_id, f"attempt={attempt} {fault}")
+                sim.log(driver, "fault.task", self.name, action_id, f"attempt={attempt} {fault}")
             token = CURRENT_TASK.set(TaskAttempt(action_id, attempt))
             try:
                 if self.timeout_s is None:  # no deadline to arm: skip the context manager (~3% of a scenario)
@@ -134,14 +134,14 @@ class SimTask:
                     return await self._body(inputs, fault)
             except TimeoutError as exc:
                 last = exc
-                sim._log(driver, "action.timeout", self.name, action_id, f"attempt={attempt} after={self.timeout_s}s")
+                sim.log(driver, "action.timeout", self.name, action_id, f"attempt={attempt} after={self.timeout_s}s")
             except Exception as exc:
                 last = exc
-                sim._log(driver, "action.failed", self.name, action_id, f"attempt={attempt} {type(exc).__name__}")
+                sim.log(driver, "action.failed", self.name, action_id, f"attempt={attempt} {type(exc).__name__}")
             finally:
                 CURRENT_TASK.reset(token)
             if attempt < self.retries:
-                sim._log(driver, "action.retry", self.name, action_id, f"attempt={attempt + 1}")
+                sim.log(driver, "action.retry", self.name, action_id, f"attempt={attempt + 1}")
         assert last is not None
         raise TaskFailed(self.name, action_id, self.retries + 1, last) from last
 
@@ -162,10 +162,11 @@ class SimTask:
 class Tier:
     """A protocol object whose chosen methods are tasks named `<tier>.<method>`; other attributes pass through."""
 
-    def __init__(self, sim: DurableSimulator, obj: Any, name: str, methods: dict[str, dict[str, Any]]) -> None:
+    def __init__(self, task: Callable[..., SimTask], obj: Any, name: str, methods: dict[str, dict[str, Any]]) -> None:
+        """`task` is the simulator's `task` decorator: `task(fn, name=..., retries=...)` makes `fn` a task."""
         self._obj = obj
         for method, options in methods.items():
-            setattr(self, method, sim.task(getattr(obj, method), name=f"{name}.{method}", **options))
+            setattr(self, method, task(getattr(obj, method), name=f"{name}.{method}", **options))
 
     def __getattr__(self, item: str) -> Any:
         return getattr(self._obj, item)

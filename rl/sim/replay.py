@@ -3,14 +3,9 @@ the first action the new code issues that the history does not have."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from rl.sim.records import ActionRecord, RunResult
-
-if TYPE_CHECKING:
-    from rl.sim.durable_sim import DurableSimulator
 
 
 class ReplayDivergence(BaseException):
@@ -34,12 +29,8 @@ class ReplayReport:
     divergence: ReplayDivergence | None = None
 
 
-def check_replay(sim: DurableSimulator, recorded: RunResult, driver: Callable[..., Awaitable[Any]]) -> ReplayReport:
-    """Run `driver` against `recorded`'s history without executing any task; report the first divergent action."""
-    journal = sim._journals[recorded.run_id]
-    result = sim._start(
-        driver, dict(recorded.inputs), retries=0, crash_at=None, preload=dict(journal), strict=recorded.history
-    )
+def replay_report(result: RunResult) -> ReplayReport:
+    """What a strict replay's run (`DurableSimulator.check_replay`) found: ok, or the first divergent action."""
     if isinstance(result.error, ReplayDivergence):
         return ReplayReport(ok=False, matched=result.error.index, divergence=result.error)
     if result.error is not None:

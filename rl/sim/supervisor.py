@@ -16,17 +16,17 @@ from rl.sim.replay import ReplayDivergence
 from rl.sim.virtual_loop import VirtualTimeLoop
 
 if TYPE_CHECKING:
-    from rl.sim.durable_sim import DurableSimulator
+    from rl.sim.kernel import SimKernel
 
 
-async def supervise(sim: DurableSimulator, run: Run, retries: int, schedule: list[int]) -> RunResult:
+async def supervise(sim: SimKernel, run: Run, retries: int, schedule: list[int]) -> RunResult:
     me = asyncio.current_task()
     error: BaseException | None = None
     output: Any = None
     attempt = DriverAttempt(run, 0, None)
     for number in range(retries + 1):
         attempt = DriverAttempt(run, number, schedule[number] if number < len(schedule) else None, supervisor=me)
-        sim._log(attempt, "driver.start")
+        sim.log(attempt, "driver.start")
         token = CURRENT_DRIVER.set(attempt)
         main = asyncio.ensure_future(run.driver(**copy_value(run.inputs)))
         CURRENT_DRIVER.reset(token)
@@ -42,21 +42,21 @@ async def supervise(sim: DurableSimulator, run: Run, retries: int, schedule: lis
         if attempt.divergence is not None:
             error = attempt.divergence
         if error is None:
-            sim._log(attempt, "driver.done")
+            sim.log(attempt, "driver.done")
             break
         if isinstance(error, ReplayDivergence):
-            sim._log(attempt, "replay.diverged", error.task, error.action_id, f"index={error.index}")
+            sim.log(attempt, "replay.diverged", error.task, error.action_id, f"index={error.index}")
             break
         if attempt.crashed or isinstance(error, DriverCrash | asyncio.CancelledError):
             error = error if isinstance(error, DriverCrash) else DriverCrash("driver attempt killed")
             if number == retries:
                 error = DriverAttemptsExhausted(retries + 1, error)
                 sim.fired["exhausted_driver"] += 1
-                sim._log(attempt, "driver.exhausted", detail=f"attempts={retries + 1}")
+                sim.log(attempt, "driver.exhausted", detail=f"attempts={retries + 1}")
         else:
-            sim._log(attempt, "driver.failed", detail=f"{type(error).__name__}: {error}")
+            sim.log(attempt, "driver.failed", detail=f"{type(error).__name__}: {error}")
     for action_id in list(run.inflight):
-        sim._log(attempt, "action.aborted", detail=f"{action_id}: the run ended while it ran")
+        sim.log(attempt, "action.aborted", detail=f"{action_id}: the run ended while it ran")
     await reap(me)  # the run is over: its orphaned actions are aborted with it
     bury(run)
     return RunResult(
@@ -84,7 +84,7 @@ async def reap(supervisor: asyncio.Task[Any] | None, spare: Collection[asyncio.F
         await asyncio.gather(*leftovers, return_exceptions=True)
 
 
-def await_point(sim: DurableSimulator, driver: DriverAttempt, label: str) -> None:
+def await_point(sim: SimKernel, driver: DriverAttempt, label: str) -> None:
     if driver.crashed:
         dies_with_the_attempt(driver, asyncio.current_task())
         raise DriverCrash(f"driver attempt {driver.number} is dead")
@@ -97,9 +97,9 @@ def await_point(sim: DurableSimulator, driver: DriverAttempt, label: str) -> Non
         crash(sim, driver, f"injected at await point {index} ({label})")
 
 
-def crash(sim: DurableSimulator, driver: DriverAttempt, why: str) -> None:
+def crash(sim: SimKernel, driver: DriverAttempt, why: str) -> None:
     driver.run.crashes += 1
-    sim._log(driver, "driver.crash", detail=why)
+    sim.log(driver, "driver.crash", detail=why)
     kill(driver, DriverCrash(f"driver attempt {driver.number} killed {why}"))
 
 

@@ -11,18 +11,18 @@ from rl.sim.attempts import CURRENT_TASK
 from rl.sim.frozen import freeze, inputs_digest, signature_of, thaw
 
 if TYPE_CHECKING:
-    from rl.sim.durable_sim import DurableSimulator
+    from rl.sim.kernel import SimKernel
 
 T = TypeVar("T")
 
 
-def traced(sim: DurableSimulator, f: Callable[..., Awaitable[T]], trace_name: str) -> Callable[..., Awaitable[T]]:
+def traced(sim: SimKernel, f: Callable[..., Awaitable[T]], trace_name: str) -> Callable[..., Awaitable[T]]:
     """`f` recorded per (calling task attempt, inputs, occurrence) in its run, replayed on that task's retries."""
     signature = signature_of(f)[0]
 
     @functools.wraps(f)
     async def traced(*args: Any, **kwargs: Any) -> T:
-        driver = sim._require_driver(f"trace {trace_name}")
+        driver = sim.require_driver(f"trace {trace_name}")
         task = CURRENT_TASK.get()
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
@@ -32,11 +32,11 @@ def traced(sim: DurableSimulator, f: Callable[..., Awaitable[T]], trace_name: st
         counter[(trace_name, digest)] += 1
         key = (task.action_id if task is not None else "driver", trace_name, digest, occurrence)
         if key in driver.run.traces:
-            sim._log(driver, "trace.replayed", trace_name, key[0])
+            sim.log(driver, "trace.replayed", trace_name, key[0])
             return thaw(driver.run.traces[key])
         result = await f(*args, **kwargs)
         driver.run.traces[key] = freeze(result)
-        sim._log(driver, "trace.recorded", trace_name, key[0])
+        sim.log(driver, "trace.recorded", trace_name, key[0])
         return result
 
     return traced

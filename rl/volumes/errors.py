@@ -1,15 +1,21 @@
-"""The errors of the volume layer: one base class (`VolumeError`, exit code 5) and a subclass per way to misuse or
-damage a store."""
+"""The errors of the volume layer: a subclass of `rl.errors.VolumeError` (exit code 5, re-exported here) per way to
+misuse or damage a store."""
 
 from __future__ import annotations
 
-from rl.errors import RlError
+from rl.errors import VolumeError
 
-
-class VolumeError(RlError):
-    """Base class of every error the volume layer raises."""
-
-    exit_code = 5
+__all__ = [
+    "InvalidNameError",
+    "InvalidPathError",
+    "SharedFileModifiedError",
+    "UnsupportedFileError",
+    "VersionNotFoundError",
+    "VolumeCorruptedError",
+    "VolumeError",
+    "VolumeSealedError",
+    "WriterConflictError",
+]
 
 
 class InvalidNameError(VolumeError, ValueError):
