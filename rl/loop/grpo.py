@@ -40,7 +40,7 @@ from rl.protocols import (
     TaskMetrics,
     Trainer,
 )
-from rl.seeding import derive_seed, rollout_seed
+from rl.seeding import adapter_init_seed, eval_seed, prompt_draw_seed, rollout_seed
 from rl.types import (
     ArtifactRef,
     EvalResult,
@@ -139,7 +139,7 @@ class GrpoOutcome:
 
 def sample_prompts(config: GrpoConfig, prompts: Sequence[Prompt], iteration: int) -> list[Prompt]:
     """The iteration's prompts: a seeded draw without replacement, the same on every attempt."""
-    rng = random.Random(derive_seed(config.seed, "prompts", iteration))
+    rng = random.Random(prompt_draw_seed(config.seed, iteration))
     return rng.sample(list(prompts), config.prompts_per_iteration)
 
 
@@ -388,7 +388,7 @@ async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> G
         check_recording(state, buffered=tiers.buffer is not None)
     resumed_from = state.iteration if state is not None else -1
     if state is None:
-        init = await tiers.trainer.init_adapter(derive_seed(config.seed, "init"))
+        init = await tiers.trainer.init_adapter(adapter_init_seed(config.seed))
         state = replace(
             DriverState.initial(config.digest(), init.adapter, init.optimizer_state), config=canonical(config)
         )
@@ -462,7 +462,7 @@ def _launch_eval(
     if pending is None or tiers.evaluator is None or not config.evaluate:
         return None
     adapter, version = pending
-    seed = derive_seed(config.seed, "eval", version)
+    seed = eval_seed(config.seed, version)
     with tiers.scope(f"eval-v{version}"):
         return asyncio.ensure_future(_evaluate_timed(tiers.evaluator, adapter, version, config.eval_k, seed))
 

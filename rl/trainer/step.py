@@ -17,7 +17,6 @@ and optimizer state are byte-identical to the old ones.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -31,6 +30,7 @@ from rl.checks import check_staleness
 from rl.engines.decoding import teacher_forced_logprobs
 from rl.errors import BatchError
 from rl.loss import grpo_sample_loss
+from rl.seeding import dropout_seed
 from rl.trainer.adapter import adapter_files, load_policy, trainable_parameters
 from rl.trainer.batched_loss import batched_backward
 from rl.trainer.config import TrainerConfig
@@ -60,11 +60,6 @@ def pinned_threads(threads: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
-
-
-def _derived_seed(*parts: int) -> int:
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1  # torch.manual_seed takes a non-negative int64
 
 
 def check_batch(batch: TrainBatch, config: TrainerConfig) -> int:
@@ -122,8 +117,9 @@ def sample_loss_fns(
     `loss_scale` turns the per-sample losses into the batch objective: `1 / n_contributing` in one process gives the
     mean over samples; a DDP rank uses `world_size / n_contributing` because DDP averages gradients over ranks.
 
-    Dropout masks (if `lora_dropout > 0`) are seeded from (config seed, step, sample index), so a sample's gradient is
-    the same whichever rank or position computes it.
+    Dropout masks (if `lora_dropout > 0`) are seeded from (config seed, step, sample index) by `rl.seeding.dropout_seed`,
+    so a sample's gradient is the same whichever rank or position computes it, and the same as the batched path's at a
+    micro-batch size of 1.
 
     Shape: each closure returns a 0-d tensor; internally new/old/ref log-probs are [T_i] over sample i's completion.
     """
@@ -137,7 +133,7 @@ def sample_loss_fns(
         rollout = batch.rollouts[i]
 
         def loss_fn() -> torch.Tensor:
-            torch.manual_seed(_derived_seed(config.seed, batch.step, i))
+            torch.manual_seed(dropout_seed(config.seed, batch.step, i))
             new_logp = teacher_forced_logprobs(model, rollout.prompt_token_ids, rollout.token_ids)  # [T]
             old_logp = torch.tensor(rollout.logprobs, dtype=torch.float32, device=new_logp.device)  # [T]
             loss, stats = grpo_sample_loss(
