@@ -117,9 +117,9 @@ def sample_loss_fns(
     `loss_scale` turns the per-sample losses into the batch objective: `1 / n_contributing` in one process gives the
     mean over samples; a DDP rank uses `world_size / n_contributing` because DDP averages gradients over ranks.
 
-    Dropout masks (if `lora_dropout > 0`) are seeded from (config seed, step, sample index) by `rl.seeding.dropout_seed`,
-    so a sample's gradient is the same whichever rank or position computes it, and the same as the batched path's at a
-    micro-batch size of 1.
+    Dropout masks (if `lora_dropout > 0`) are seeded from (config seed, step, sample index) by
+    `rl.seeding.dropout_seed`, so a sample's gradient is the same whichever rank or position computes it, and the same
+    as the batched path's at a micro-batch size of 1.
 
     Shape: each closure returns a 0-d tensor; internally new/old/ref log-probs are [T_i] over sample i's completion.
     """
