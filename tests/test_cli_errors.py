@@ -53,7 +53,7 @@ FAMILY_MEMBERS = [
     ("rl.errors", "MissingAdapterError", RuntimeError),
     ("rl.flyte.config", "ConfigError", ValueError),
     ("rl.rewards", "UnknownRewardError", KeyError),
-    ("rl.loop.agentic", "AgenticInputError", ValueError),
+    ("rl.errors", "AgenticInputError", ValueError),
     ("rl.artifacts", "ArtifactNotFound", FileNotFoundError),
     ("rl.artifacts", "ArtifactCorrupt", Exception),
     ("rl.artifacts", "InvalidArtifact", ValueError),
