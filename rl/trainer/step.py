@@ -4,9 +4,11 @@ Everything a step needs comes in as artifact files and everything it produces go
 "pass weights and optimizer state in and out of the train task as flyte.io.Dir"), so a retried or replayed step
 recomputes the same bytes: the thread count is pinned and every random draw is seeded from (config seed, step, sample).
 
-The per-sample loss closures (`sample_loss_fns`) are the one implementation of the objective; the single-process step
-(`rl.trainer.peft_trainer`) and the multi-rank step (`rl.trainer.ddp`) both call them, differing only in which samples
-and what scale.
+The objective is `rl.loss`'s (`grpo_sample_loss` for one sample, `grpo_masked_row_losses` for a padded micro-batch). A
+step evaluates it along the path `TrainerConfig.loss_path` names: `batched` (`rl.trainer.batched_loss`, one padded
+forward per micro-batch; the default) or `per_sample` (`sample_loss_fns` here, one forward per sample: the reference the
+batched path is tested against). The single-process step (`rl.trainer.peft_trainer`) and the multi-rank step
+(`rl.trainer.ddp`) call either, differing only in which samples and what scale.
 
 Zero-advantage samples (all of a group that scored the same, or a sample scoring exactly its group's mean) are skipped
 entirely — surrogate *and* KL term — as the tutorial says ("a group where every completion scored the same gives no
