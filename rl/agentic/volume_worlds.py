@@ -1,5 +1,5 @@
-"""Where worlds live: a sealed version per world, and a private copy-on-write fork per trial (the agentic tutorial's
-volumes).
+"""Where worlds live on volumes: a sealed version per world, and a private copy-on-write fork per trial (the agentic
+tutorial's volumes). `rl.agentic.world` builds a world's files; this module stores them.
 
 The sandbox tier needs three things of a store, so that is the whole `WorldStore` protocol (in `rl.protocols`): seal a
 world's files into an immutable version, fork a version into a writable `Workspace` that only its trial writes, and read
