@@ -10,7 +10,7 @@ An artifact is a mapping of relative POSIX paths to bytes. Its digest is `sha256
 sorted order, the path, a NUL, the content length (8 bytes, big-endian) and the content: length-prefixing makes the
 encoding unambiguous, so two different mappings cannot share a preimage. Lookups go by digest, never by URI, so a ref
 stays valid wherever the same bytes are stored. Every read re-hashes what it read, so a file changed on disk after it
-was written raises `ArtifactCorrupt` instead of silently feeding a sampler or trainer the wrong weights.
+was written raises `ArtifactCorruptError` instead of silently feeding a sampler or trainer the wrong weights.
 
 Pure standard library: importable without torch.
 """
@@ -38,7 +38,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _TEMP = re.compile(r"(ref-|corrupt-)?[0-9a-f]{32}")
 
 
-class ArtifactNotFound(ArtifactError, FileNotFoundError):
+class ArtifactNotFoundError(ArtifactError, FileNotFoundError):
     """No artifact with the requested digest is stored here.
 
     A `FileNotFoundError`, like the in-memory fake's `MissingArtifactError`, so a driver handles a lost artifact the
@@ -46,11 +46,11 @@ class ArtifactNotFound(ArtifactError, FileNotFoundError):
     """
 
 
-class ArtifactCorrupt(ArtifactError):
+class ArtifactCorruptError(ArtifactError):
     """A stored artifact's files no longer hash to its digest (edited, truncated or partly deleted on disk)."""
 
 
-class InvalidArtifact(ArtifactError, ValueError):
+class InvalidArtifactError(ArtifactError, ValueError):
     """An artifact to store, or a ref to look up, is malformed (bad path, non-bytes content, bad digest or name)."""
 
 
@@ -63,7 +63,7 @@ def _check_rel_path(path: str) -> str:
         or "\0" in path
         or any(p in ("", ".", "..") for p in path.split("/"))
     ):
-        raise InvalidArtifact(
+        raise InvalidArtifactError(
             f"artifact path {path!r} is not a plain relative POSIX path; use names like 'adapter_model.safetensors' "
             "or 'sub/dir/file', without '..', '.', empty components, backslashes or a leading '/'"
         )
@@ -76,7 +76,7 @@ def validate_files(files: Mapping[str, bytes]) -> dict[str, bytes]:
     for path, content in files.items():
         _check_rel_path(path)
         if not isinstance(content, bytes | bytearray | memoryview):
-            raise InvalidArtifact(
+            raise InvalidArtifactError(
                 f"artifact file {path!r} holds a {type(content).__name__}, not bytes; encode it first "
                 "(e.g. json.dumps(...).encode())"
             )
@@ -85,7 +85,7 @@ def validate_files(files: Mapping[str, bytes]) -> dict[str, bytes]:
         parents = PurePosixPath(path).parents
         for parent in list(parents)[:-1]:  # the last parent is '.'
             if str(parent) in out:
-                raise InvalidArtifact(
+                raise InvalidArtifactError(
                     f"artifact path {str(parent)!r} is a file but {path!r} needs it to be a directory"
                 )
     return out
@@ -107,11 +107,13 @@ def read_dir(path: Path) -> dict[str, bytes]:
     """Every regular file under `path`, keyed by relative POSIX path. Symlinks are refused (they escape the tree)."""
     path = Path(path)
     if not path.is_dir():
-        raise InvalidArtifact(f"{path} is not a directory; pass the directory to store (e.g. a PEFT adapter's output)")
+        raise InvalidArtifactError(
+            f"{path} is not a directory; pass the directory to store (e.g. a PEFT adapter's output)"
+        )
     files: dict[str, bytes] = {}
     for p in sorted(path.rglob("*")):
         if p.is_symlink():
-            raise InvalidArtifact(f"{p} is a symlink; artifacts hold plain files only, copy the target in instead")
+            raise InvalidArtifactError(f"{p} is a symlink; artifacts hold plain files only, copy the target in instead")
         if p.is_file():
             files[p.relative_to(path).as_posix()] = p.read_bytes()
     return files
@@ -133,7 +135,7 @@ def _hex_of(ref: ArtifactRef) -> str:
     digest = ref.digest
     hex_digest = digest[len(DIGEST_PREFIX) :] if isinstance(digest, str) else ""
     if not (_HEX.fullmatch(hex_digest) and digest.startswith(DIGEST_PREFIX)):
-        raise InvalidArtifact(
+        raise InvalidArtifactError(
             f"artifact digest {digest!r} is not of the form 'sha256:<64 lowercase hex>'; "
             "pass a ref returned by LocalArtifacts.put or put_dir"
         )
@@ -145,8 +147,8 @@ class LocalArtifacts:
 
     Fault model: a crash mid-`put` leaves only a staging directory under `tmp/` (never a partial object), because an
     object appears by a single `rename`. Two writers putting the same content race harmlessly (one rename wins; the
-    other's bytes were identical). Files edited on disk are detected at read time (`ArtifactCorrupt`); `put` of the same
-    content repairs a corrupted object.
+    other's bytes were identical). Files edited on disk are detected at read time (`ArtifactCorruptError`); `put` of the
+    same content repairs a corrupted object.
     """
 
     def __init__(self, root: Path) -> None:
@@ -163,7 +165,7 @@ class LocalArtifacts:
                 self.fs.mkdir(d, parents=True, exist_ok=True)
             if self.fs.kind(d) == "symlink":
                 # Objects are read, refs written and tmp emptied through these: a link would take them elsewhere.
-                raise ArtifactCorrupt(
+                raise ArtifactCorruptError(
                     f"{d} is a symlink, so the artifact store would read, write and delete wherever it points; a "
                     "store's directories are its own. Remove the link (or use a store this tool built) and retry"
                 )
@@ -182,20 +184,20 @@ class LocalArtifacts:
         obj = self._object_dir(hex_digest)
         kind = self.fs.kind(obj)
         if kind == "symlink":
-            raise ArtifactCorrupt(
+            raise ArtifactCorruptError(
                 f"artifact {ref.digest} in {self.root} is a symlink to {self.fs.readlink(obj)}, so reading it could "
                 "read files outside the store; delete the link and put the artifact again (or rerun the step that "
                 "made it)"
             )
         if kind != "dir":
-            raise ArtifactNotFound(
+            raise ArtifactNotFoundError(
                 f"no artifact {ref.digest} in {self.root} (ref uri {ref.uri}); store it here with put/put_dir first, "
                 "or open the store that produced the ref"
             )
         files = self._read_object(obj)
         actual = compute_digest(files)
         if actual != ref.digest:
-            raise ArtifactCorrupt(
+            raise ArtifactCorruptError(
                 f"artifact {ref.digest} in {obj} now hashes to {actual}: its files were changed on disk. "
                 "Put the original content again to repair it, or regenerate the artifact (e.g. rerun the step that "
                 "produced it)"
@@ -205,7 +207,7 @@ class LocalArtifacts:
     async def put(self, files: Mapping[str, bytes], *, name: str) -> ArtifactRef:
         """Store `files` (relative POSIX path -> bytes) and return its ref; idempotent for equal content."""
         if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise InvalidArtifact(
+            raise InvalidArtifactError(
                 f"artifact name {name!r} must be 1-200 characters of letters, digits, '.', '_' or '-', "
                 "starting with a letter or digit (e.g. 'adapter-v3')"
             )
@@ -215,7 +217,7 @@ class LocalArtifacts:
         if self.fs.kind(obj) == "dir":
             try:
                 self._read_verified(ref)
-            except ArtifactCorrupt:
+            except ArtifactCorruptError:
                 self._replace(obj, checked)
         else:
             self._install(obj, checked)
@@ -240,7 +242,7 @@ class LocalArtifacts:
             if kind == "file":
                 files[rel] = self.fs.read_bytes(obj / rel)
             elif kind != "dir":
-                raise ArtifactCorrupt(
+                raise ArtifactCorruptError(
                     f"{obj / rel} is a {kind}; an artifact holds plain files only, and following a link could read "
                     "outside the store. Put the artifact again (or rerun the step that made it)"
                 )
@@ -303,7 +305,7 @@ class LocalArtifacts:
         """The ref last stored under `name` (for people and tools inspecting a store; loops pass refs, not names)."""
         path = self._refs / name
         if not _NAME.fullmatch(name) or self.fs.kind(path) != "file":
-            raise ArtifactNotFound(f"no artifact was stored under the name {name!r} in {self.root}")
+            raise ArtifactNotFoundError(f"no artifact was stored under the name {name!r} in {self.root}")
         try:
             digest = self.fs.read_bytes(path, limit=256).decode("ascii").strip()
         except (OverflowError, UnicodeDecodeError):

@@ -227,3 +227,10 @@ def families() -> dict[str, int]:
         RlError,
     ]
     return {cls.__name__: cls.exit_code for cls in classes}
+
+
+class AgenticInputError(InputError):
+    """The agentic run's shape cannot work (`rl.loop.agentic.AgenticConfig`); nothing was started."""
+
+
+__all__ += ["AgenticInputError"]

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rl.report import render_report
+from rl.run_layout import RunLayout
 from rl.safe_fs import Tree
 from rl.strict_json import flag_non_finite
 from rl.types import EvalResult, IterationMetrics
@@ -45,7 +46,7 @@ class FileReporter:
 
     @property
     def metrics_path(self) -> Path:
-        return self.out_dir / "metrics.jsonl"
+        return RunLayout(self.out_dir).metrics
 
     def _write_metrics(self, history: Sequence[IterationMetrics]) -> None:
         """Rewrite `metrics.jsonl`, or append only the new rows when the rows written last are still the history's
@@ -65,7 +66,7 @@ class FileReporter:
 
     @property
     def report_path(self) -> Path:
-        return self.out_dir / "report.html"
+        return RunLayout(self.out_dir).report
 
     async def publish(
         self, history: Sequence[IterationMetrics], *, status: str, evals: Sequence[EvalResult] = ()

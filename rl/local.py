@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from rl.models.tiny import TinyModelConfig, build_tiny_model
 from rl.problems import DigitSuccessor, constant_baseline_accuracy
 from rl.protocols import Reporter, RolloutEngine
 from rl.rewards import get_reward
-from rl.run_layout import claim, require_safe
+from rl.run_layout import RunLayout, claim, require_safe
 from rl.safe_fs import Tree
 from rl.scoring import RewardScorer, SamplingEvaluator
 from rl.trainer.config import TrainerConfig
@@ -55,9 +54,6 @@ class LocalDeployment:
     base_dir: Path
 
 
-_BASE_STAGING = re.compile(r"\.base-[0-9a-f]{12}\.staging-[0-9a-f]{32}")
-
-
 def base_model(root: Path, config: TinyModelConfig) -> Path:
     """The tiny base model for `config`, built once under `root` (the directory name carries the config's digest).
 
@@ -68,7 +64,7 @@ def base_model(root: Path, config: TinyModelConfig) -> Path:
     root = Path(os.path.abspath(root))
     root.mkdir(parents=True, exist_ok=True)
     fs = Tree(root)
-    target = root / f"base-{content_digest(config)[:12]}"
+    target = RunLayout(root).base_model(content_digest(config))
     names = [n for n in fs.listdir(target) if fs.kind(target / n) == "file"] if fs.kind(target) == "dir" else []
     try:
         check_model_listing(
@@ -78,7 +74,7 @@ def base_model(root: Path, config: TinyModelConfig) -> Path:
     except ModelDirError:
         pass  # absent, incomplete or not plain files: (re)build it
     fs.rmtree(target)
-    with locked_new_dir(lambda: root / f".{target.name}.staging-{uuid.uuid4().hex}", fs) as staging:
+    with locked_new_dir(lambda: RunLayout.base_staging(target), fs) as staging:
         # The builder (transformers, safetensors) writes by path into the directory this process just made and holds.
         try:
             build_tiny_model(staging, config)
@@ -111,7 +107,7 @@ def _as_os_error(exc: Exception, path: Path) -> OSError | None:
 def discard_abandoned_bases(root: Path) -> list[str]:
     """Delete base-model staging directories under `root` whose builder died (none a live builder holds)."""
     fs = Tree(root)
-    names = [n for n in fs.listdir(root) if _BASE_STAGING.fullmatch(n)]
+    names = [n for n in fs.listdir(root) if RunLayout.is_base_staging(n)]
     return [n for n in names if discard_if_dead(Path(fs.top) / n, fs)]
 
 
@@ -145,9 +141,10 @@ def refuse_other_model(out_dir: Path, model: TinyModelConfig, engine: str) -> No
     this one. A `GrpoInputError` naming what to pass instead; nothing is written."""
     from rl.errors import GrpoInputError
 
-    wanted = f"base-{content_digest(model)[:12]}"
-    others = sorted(p.name for p in out_dir.glob("base-*") if p.is_dir() and p.name != wanted)
-    if others and (out_dir / "checkpoint.json").exists() and not (out_dir / wanted).is_dir():
+    layout = RunLayout(out_dir)
+    wanted = layout.base_model(content_digest(model)).name
+    others = [name for name in layout.base_models() if name != wanted]
+    if others and layout.checkpoint.exists() and not (out_dir / wanted).is_dir():
         raise GrpoInputError(
             f"{out_dir} holds a run of another base model ({others[0]}), not the one --engine {engine} samples "
             f"({wanted}); resume it with the --engine it was started with, or pass --fresh or another --out"
@@ -190,11 +187,12 @@ def local_grpo(
     discard_abandoned_bases(out_dir)
     refuse_other_model(out_dir, model, engine)
     base = base_model(out_dir, model)
-    artifacts = LocalArtifacts(out_dir / "artifacts")
+    layout = RunLayout(out_dir)
+    artifacts = LocalArtifacts(layout.artifacts)
     artifacts.discard_abandoned()
-    state = FileStateStore(out_dir / "checkpoint.json")
+    state = FileStateStore(layout.checkpoint)
     state.discard_abandoned()
-    sink = VolumeRolloutSink(out_dir / "volumes") if buffer else None
+    sink = VolumeRolloutSink(layout.volumes) if buffer else None
     if sink is not None:
         sink.store.discard_abandoned()
     problems = DigitSuccessor()

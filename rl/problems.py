@@ -1,4 +1,5 @@
-"""Verifiable toy problems for the CPU stack. Pure Python: importable without torch.
+"""Verifiable problem sets: the digit successor for the CPU stack, seeded arithmetic for real models, and the registry
+a run's `problems` name selects from. Pure Python: importable without torch.
 
 Scoring (the contract between this module, the samplers and `rl.rewards.score`): a rollout is scored on its
 *completion only* — the text the policy generated after the prompt, decoded with special tokens (`<eos>`) skipped —
@@ -10,10 +11,12 @@ earns 1.2 (the format bonus), "45" earns 0.0 (the last number is 45) and "" earn
 
 from __future__ import annotations
 
+import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from rl.errors import InputError
 from rl.rewards import ANSWER_MARKER, is_correct
 from rl.types import Prompt, Rollout
 
@@ -63,3 +66,48 @@ def constant_baseline_accuracy(prompts: Sequence[Prompt]) -> float:
         raise ValueError("constant_baseline_accuracy needs at least one prompt; got an empty sequence")
     most_common = Counter(p.answer for p in prompts).most_common(1)[0][1]
     return most_common / len(prompts)
+
+
+@dataclass(frozen=True)
+class ArithmeticProblems:
+    """Seeded two-operand arithmetic for a real language model: `count` training and `held_out` evaluation problems.
+
+    The prompt asks for the answer after `####`, the marker the tutorial's reward gives its format bonus for.
+    """
+
+    count: int = 256
+    held_out: int = 32
+    seed: int = 0
+
+    def _problems(self, n: int, offset: int) -> list[Prompt]:
+        rng = random.Random(self.seed * 1_000_003 + offset)
+        out: list[Prompt] = []
+        for _ in range(n):
+            a, b = rng.randint(2, 99), rng.randint(2, 99)
+            op = rng.choice("+-*")
+            value = a + b if op == "+" else a - b if op == "-" else a * b
+            out.append(
+                Prompt(question=f"Compute {a} {op} {b}. End with the line '#### <answer>'.\n", answer=str(value))
+            )
+        return out
+
+    def train_prompts(self) -> Sequence[Prompt]:
+        return self._problems(self.count, 0)
+
+    def eval_prompts(self) -> Sequence[Prompt]:
+        return self._problems(self.held_out, 1)
+
+    def metrics(self, rollouts: Sequence[Rollout], rewards: Sequence[float]) -> dict[str, float]:
+        return marked_answer_metrics(rollouts, rewards)
+
+
+ProblemSet = DigitSuccessor | ArithmeticProblems  # a PromptSource with the task's own `metrics`
+PROBLEM_SETS: dict[str, Callable[[], ProblemSet]] = {"digits": DigitSuccessor, "arithmetic": ArithmeticProblems}
+
+
+def problem_set(name: str) -> ProblemSet:
+    """The named problem set (`digits`: the tiny model's digit successor; `arithmetic`: for real models)."""
+    try:
+        return PROBLEM_SETS[name]()
+    except KeyError:
+        raise InputError(f"unknown problem set {name!r}; choose one of {sorted(PROBLEM_SETS)}") from None

@@ -175,6 +175,39 @@ class VolumeStore(Protocol):
         ...
 
 
+@runtime_checkable
+class Workspace(Protocol):
+    """A trial's private writable copy of a world. Exactly one writer; `finalize` seals it, `abandon` drops it."""
+
+    @property
+    def name(self) -> str: ...
+
+    def read_text(self, relpath: str) -> str: ...
+
+    def write_text(self, relpath: str, text: str) -> None: ...
+
+    def finalize(self, message: str) -> str:
+        """Seal the fork; returns its version."""
+        ...
+
+    def abandon(self) -> None: ...
+
+
+@runtime_checkable
+class WorldStore(Protocol):
+    """Sealed world versions and their per-trial forks."""
+
+    def seal(self, name: str, files: Mapping[str, str], message: str) -> str:
+        """Write `files` into a new volume `name` and seal it; returns the version every trial will fork."""
+        ...
+
+    def fork(self, version: str, name: str) -> Workspace: ...
+
+    def read(self, version: str) -> dict[str, str]:
+        """Every file of a sealed version, by path."""
+        ...
+
+
 class AgenticTiers(Protocol):
     """What the agentic driver calls (the agentic tutorial). Each `async` method is one durable action; `driver_attempt`
     is FLYTE_ATTEMPT_NUMBER. Faults are injected by wrapping an implementation (`rl.agentic.faults`), never by an

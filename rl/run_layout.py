@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import os
 import re
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from rl.errors import FreshRefusedError, UnsafeRunDirError
 from rl.run_lock import LOCK_FILES
@@ -19,16 +22,89 @@ from rl.safe_fs import Tree
 
 MARKER = ".rl-run"
 MARKER_TEXT = "This directory was created by `rl demo grpo`; `--fresh` deletes only the entries it wrote here.\n"
-# Written by the run: checkpoint, report, stores, the base model; and the temp names of a writer killed mid-write.
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Where each entry of a run directory lives: the one place their names are written.
+
+    `rl demo grpo` (`rl.local`) writes these, `rl rescore` reads them, `--fresh` deletes only what `written_by_run`
+    recognises, and `require_safe` checks exactly those names for links.
+    """
+
+    root: Path
+
+    CHECKPOINT: ClassVar[str] = "checkpoint.json"
+    METRICS: ClassVar[str] = "metrics.jsonl"
+    REPORT: ClassVar[str] = "report.html"
+    ARTIFACTS: ClassVar[str] = "artifacts"
+    VOLUMES: ClassVar[str] = "volumes"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.root / self.CHECKPOINT
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / self.METRICS
+
+    @property
+    def report(self) -> Path:
+        return self.root / self.REPORT
+
+    @property
+    def artifacts(self) -> Path:
+        return self.root / self.ARTIFACTS
+
+    @property
+    def volumes(self) -> Path:
+        """The run's rollout buffer's volume store."""
+        return self.root / self.VOLUMES
+
+    def base_model(self, config_digest: str) -> Path:
+        """The tiny base model built from the model configuration of digest `config_digest` (its first 12 digits)."""
+        return self.root / f"base-{config_digest[:12]}"
+
+    def base_models(self) -> list[str]:
+        """The names of the base-model directories present (a run trains one; another `--engine`'s may sit beside)."""
+        return sorted(p.name for p in self.root.glob("base-*") if p.is_dir())
+
+    @staticmethod
+    def base_staging(base: Path) -> Path:
+        """A fresh name to build `base` under before it is published by one rename."""
+        return base.parent / f".{base.name}.staging-{uuid.uuid4().hex}"
+
+    @staticmethod
+    def is_base_staging(name: str) -> bool:
+        """Whether `name` is a base model's staging directory (`base_staging`)."""
+        return bool(_BASE_STAGING.fullmatch(name))
+
+    @staticmethod
+    def written_by_run(name: str) -> bool:
+        """Whether a run writes an entry called `name` at a run directory's top level."""
+        return bool(_ENTRY.fullmatch(name))
+
+
+_BASE = re.compile(r"base-[0-9a-f]{12}")
+_BASE_STAGING = re.compile(rf"\.{_BASE.pattern}\.staging-[0-9a-f]{{32}}")
+# Written by the run: checkpoint, report, stores, the base model; and the temp names of a writer killed mid-write
+# (the base model's staging directory, the checkpoint's `.checkpoint.json.XXXXXXXX`: `rl.checkpoint.file_store`).
 _ENTRY = re.compile(
-    r"checkpoint\.json|metrics\.jsonl|report\.html|artifacts|volumes|base-[0-9a-f]{12}"
-    r"|\.base-[0-9a-f]{12}\.staging-[0-9a-f]{32}|\.checkpoint\.json\.[A-Za-z0-9_]{8}"
+    "|".join(
+        [
+            *(re.escape(n) for n in (RunLayout.CHECKPOINT, RunLayout.METRICS, RunLayout.REPORT)),
+            *(re.escape(n) for n in (RunLayout.ARTIFACTS, RunLayout.VOLUMES)),
+            _BASE.pattern,
+            _BASE_STAGING.pattern,
+            rf"\.{re.escape(RunLayout.CHECKPOINT)}\.[A-Za-z0-9_]{{8}}",
+        ]
+    )
 )
 
 
 def written_by_run(name: str) -> bool:
-    """Whether a run writes an entry called `name` at a run directory's top level."""
-    return bool(_ENTRY.fullmatch(name))
+    """Whether a run writes an entry called `name` at a run directory's top level (`RunLayout.written_by_run`)."""
+    return RunLayout.written_by_run(name)
 
 
 def claim(run_dir: Path) -> None:

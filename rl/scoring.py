@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from rl.metrics import avg_at_k, pass_at_k
 from rl.protocols import BatchedRolloutEngine, RolloutEngine
 from rl.rewards import get_reward, is_correct
-from rl.seeding import derive_seed
+from rl.seeding import eval_problem_seed
 from rl.types import ArtifactRef, EvalResult, Prompt, Rollout, RolloutRequest
 
 
@@ -42,7 +42,7 @@ class SamplingEvaluator:
                 n=k,
                 adapter=adapter,
                 policy_version=policy_version,
-                seed=derive_seed(seed, "eval", i),
+                seed=eval_problem_seed(seed, i),
                 max_tokens=self.max_tokens,
             )
             for i, prompt in enumerate(self.prompts)

@@ -17,6 +17,14 @@ not pass these seeds as they are: it spaces them (`rl.engines.vllm.vllm_seed`: `
 distinct group seeds give disjoint per-sample seed ranges. The seeds here stay as they were: a recorded run's
 actions (and its rollouts' `seed` fields) keep their identity.
 
+One rule: a seed is a function of the run's seed and the seed's place in the run, derived here by `derive_seed` and
+nowhere else; each seed the GRPO loop and trainer use has its named function below. New seeds lead with a string that
+names their purpose (`derive_seed("reward", run_seed)`). Four seeds older than that convention put the run seed first
+and the purpose second (`prompt_draw_seed`, `adapter_init_seed`, `eval_seed`, `eval_problem_seed`); their encodings
+are kept, because flipping them would change every run's prompts, initial adapter and evaluation samples, so recorded
+runs and the demo's published figures would no longer reproduce. The encodings are still unambiguous: a purpose
+string in second place never encodes like one in first place.
+
 Pure Python: every tier derives its seed without torch.
 """
 
@@ -24,7 +32,16 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["SEED_BITS", "derive_seed", "rollout_seed"]
+__all__ = [
+    "SEED_BITS",
+    "adapter_init_seed",
+    "derive_seed",
+    "dropout_seed",
+    "eval_problem_seed",
+    "eval_seed",
+    "prompt_draw_seed",
+    "rollout_seed",
+]
 
 SEED_BITS = 31
 """Every derived seed lies in `0 .. 2**SEED_BITS - 1`."""
@@ -57,6 +74,33 @@ def rollout_seed(run_seed: int, iteration: int, group_id: int) -> int:
     stream on the torch sampler, one spaced seed per completion on vLLM: see the module docstring).
     """
     return derive_seed("rollout", run_seed, iteration, group_id)
+
+
+def prompt_draw_seed(run_seed: int, iteration: int) -> int:
+    """The seed of an iteration's draw of training prompts (run seed first: see the module docstring)."""
+    return derive_seed(run_seed, "prompts", iteration)
+
+
+def adapter_init_seed(run_seed: int) -> int:
+    """The seed the run's first adapter is initialised from (run seed first: see the module docstring)."""
+    return derive_seed(run_seed, "init")
+
+
+def eval_seed(run_seed: int, adapter_version: int) -> int:
+    """The seed of one evaluation of adapter `adapter_version` (run seed first: see the module docstring)."""
+    return derive_seed(run_seed, "eval", adapter_version)
+
+
+def eval_problem_seed(evaluation_seed: int, problem: int) -> int:
+    """The sampler seed of held-out problem `problem` within one evaluation seeded `evaluation_seed` (its seed first:
+    see the module docstring). The "eval" label keeps it apart from every training rollout's seed."""
+    return derive_seed(evaluation_seed, "eval", problem)
+
+
+def dropout_seed(trainer_seed: int, step: int, sample: int) -> int:
+    """The seed of the dropout masks of one forward of a train step, named by its first sample: per-sample, the sample;
+    batched, the micro-batch's first. So at a micro-batch size of 1 both loss paths draw the same masks."""
+    return derive_seed("dropout", trainer_seed, step, sample)
 
 
 def _encode(parts: tuple[int | str, ...]) -> bytes:

@@ -174,7 +174,7 @@ def test_domain_models_are_frozen():
 
 def test_the_agentic_domain_and_driver_import_no_flyte_torch_or_ray():
     """docs/guarantees.md: "Driver logic is plain async functions over protocols, with no flyte import"."""
-    modules = [f"rl.agentic.{m}" for m in ("types", "world", "worlds", "agent", "judge", "bandit", "tiers")]
+    modules = [f"rl.agentic.{m}" for m in ("types", "world", "volume_worlds", "agent", "judge", "bandit", "tiers")]
     modules += ["rl.agentic.ray_trainer", "rl.loop.agentic"]
     code = (
         f"import importlib, json, sys\nfor m in {modules!r}: importlib.import_module(m)\n"

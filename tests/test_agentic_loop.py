@@ -9,7 +9,7 @@ from conformance_selftest.broken_agentic import landing_order_driver
 from rl.agentic.bandit import StepPayloadConflictError
 from rl.agentic.faults import InjectedDriverCrash
 from rl.agentic.types import Rubric
-from rl.loop.agentic import AgenticInputError
+from rl.errors import AgenticInputError
 from rl.sim.agentic_sim import BUILD_WORLD, GENERATE, JUDGE, JUDGE_CALL, SETUP, TRAIN_STEP, AgenticSim
 from rl.sim.errors import TaskFailed
 from rl.sim.faults import FaultPlan

@@ -10,10 +10,11 @@ from rl.agentic.bandit import BanditTrainer
 from rl.agentic.judge import judge_score
 from rl.agentic.tiers import JudgeTier, LocalAgenticTiers, SandboxTier, TrainerTier
 from rl.agentic.types import Rubric, Trajectory
+from rl.agentic.volume_worlds import VolumeWorlds
 from rl.agentic.world import world_files
-from rl.agentic.worlds import VolumeWorlds, Workspace, WorldStore
 from rl.loop.agentic import AgenticConfig, run_agentic
 from rl.memory.worlds import MemoryWorlds, RetiredWorkspaceError, UnknownVersionError
+from rl.protocols import Workspace, WorldStore
 from rl.sim.agentic_sim import AgenticSim
 from rl.volumes import LocalVolumeStore
 

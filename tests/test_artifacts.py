@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from rl.artifacts import (
-    ArtifactCorrupt,
-    ArtifactNotFound,
-    InvalidArtifact,
+    ArtifactCorruptError,
+    ArtifactNotFoundError,
+    InvalidArtifactError,
     LocalArtifacts,
     compute_digest,
     materialize,
@@ -95,9 +95,9 @@ def test_missing_artifact_raises_not_found(tmp_path: Path) -> None:
     store = LocalArtifacts(tmp_path)
     ref = ArtifactRef(uri="file:///elsewhere", digest=compute_digest({"x": b"y"}))
     assert not run(store.exists(ref))
-    with pytest.raises(ArtifactNotFound, match="put"):
+    with pytest.raises(ArtifactNotFoundError, match="put"):
         run(store.get(ref))
-    with pytest.raises(ArtifactNotFound):
+    with pytest.raises(ArtifactNotFoundError):
         store.resolve("never-stored")
     with pytest.raises(FileNotFoundError):  # what the in-memory fake raises too
         run(store.get(ref))
@@ -117,9 +117,9 @@ def test_corruption_on_disk_is_detected_and_put_repairs_it(tmp_path: Path, damag
         target.unlink()
     else:
         (obj / "extra").write_bytes(b"")
-    with pytest.raises(ArtifactCorrupt, match="repair"):
+    with pytest.raises(ArtifactCorruptError, match="repair"):
         run(store.get(ref))
-    with pytest.raises(ArtifactCorrupt):
+    with pytest.raises(ArtifactCorruptError):
         run(store.materialize(ref, tmp_path / "out"))
     assert run(store.put(FILES, name="a")) == ref
     assert run(store.get(ref)) == FILES
@@ -127,19 +127,19 @@ def test_corruption_on_disk_is_detected_and_put_repairs_it(tmp_path: Path, damag
 
 @pytest.mark.parametrize("bad", ["", "/abs", "../up", "a/../b", "a//b", "./a", "a\\b", "a/"])
 def test_bad_paths_are_rejected(tmp_path: Path, bad: str) -> None:
-    with pytest.raises(InvalidArtifact, match="relative POSIX path"):
+    with pytest.raises(InvalidArtifactError, match="relative POSIX path"):
         run(LocalArtifacts(tmp_path).put({bad: b"x"}, name="a"))
 
 
 def test_bad_content_names_and_digests_are_rejected(tmp_path: Path) -> None:
     store = LocalArtifacts(tmp_path)
-    with pytest.raises(InvalidArtifact, match="not bytes"):
+    with pytest.raises(InvalidArtifactError, match="not bytes"):
         run(store.put({"f": "text"}, name="a"))  # type: ignore[dict-item]
-    with pytest.raises(InvalidArtifact, match="directory"):
+    with pytest.raises(InvalidArtifactError, match="directory"):
         run(store.put({"a": b"", "a/b": b""}, name="a"))
-    with pytest.raises(InvalidArtifact, match="name"):
+    with pytest.raises(InvalidArtifactError, match="name"):
         run(store.put({}, name="../escape"))
-    with pytest.raises(InvalidArtifact, match="sha256"):
+    with pytest.raises(InvalidArtifactError, match="sha256"):
         run(store.get(ArtifactRef(uri="", digest="md5:abc")))
 
 
@@ -161,5 +161,5 @@ def test_put_dir_refuses_symlinks(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
     (src / "link").symlink_to(tmp_path)
-    with pytest.raises(InvalidArtifact, match="symlink"):
+    with pytest.raises(InvalidArtifactError, match="symlink"):
         run(LocalArtifacts(tmp_path / "s").put_dir(src, "a"))

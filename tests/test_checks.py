@@ -15,6 +15,7 @@ from rl.checkpoint.format import DriverState
 from rl.checks import check_staleness, finite_rewards
 from rl.errors import BatchError, NonFiniteRewardError, StaleBatchError, TierError, TrainerError
 from rl.loop import grpo
+from rl.loop.phase_timing import Scored
 from rl.memory.artifacts import MemoryArtifacts
 from rl.problems import DigitSuccessor
 from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
@@ -98,5 +99,5 @@ def test_the_driver_refuses_rollouts_older_than_max_staleness_naming_the_iterati
     ahead = DriverState(state.config_digest, 2, init.adapter, 3, init.optimizer_state)
     rollouts = [_rollout(0, 3), _rollout(0, 1)]
     with pytest.raises(StaleBatchError, match=r"^iteration 3: rollout 1 was sampled from policy version 1"):
-        asyncio.run(grpo._train(config, tiers, ahead, 3, (rollouts, [0.0, 1.0], {})))
+        asyncio.run(grpo._train(config, tiers, ahead, 3, Scored(rollouts, [0.0, 1.0], {})))
     assert trainer.executions == []  # refused before the trainer saw it

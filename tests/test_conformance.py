@@ -439,3 +439,21 @@ def test_the_packaged_suite_without_rl_impl_fails_loudly(pytester):
 def test_the_readme_documents_the_fork_commands():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert "pytest --pyargs rl.conformance.test_suite --rl-impl" in readme
+
+
+def test_rl_conformance_exports_exactly_its_type_checking_imports_and_loads_them_lazily():
+    """`rl.conformance.__all__` is the names its `TYPE_CHECKING` block imports (the one list of them), each resolves to
+    the object of that name in its module, and any other name is an AttributeError."""
+    import ast
+    import importlib
+
+    import rl.conformance as conformance
+
+    tree = ast.parse(Path(conformance.__file__).read_text(encoding="utf-8"))
+    block = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
+    imported = {(a.name, n.module) for n in block.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert sorted(name for name, _ in imported) == conformance.__all__
+    for name, module in imported:
+        assert getattr(conformance, name) is getattr(importlib.import_module(module), name)
+    with pytest.raises(AttributeError, match="has no attribute 'NotAContract'"):
+        _ = conformance.NotAContract

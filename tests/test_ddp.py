@@ -197,4 +197,4 @@ def test_failures_surface_on_every_rank_instead_of_hanging(ddp_run: DdpRun) -> N
     """A stale batch raises StaleBatchError on every rank; one rank's unreadable input fails that rank with its own
     error and the other with PeerRankError (a rank that hung in a collective would end with gloo's timeout error)."""
     outcomes = ddp_run.results("failures")
-    assert outcomes == [["StaleBatchError", "PeerRankError"], ["StaleBatchError", "ArtifactNotFound"]]
+    assert outcomes == [["StaleBatchError", "PeerRankError"], ["StaleBatchError", "ArtifactNotFoundError"]]

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 from flyte_support import LocalFlyte, isolated_flyte
 
-from rl.artifacts import ArtifactCorrupt, ArtifactNotFound, compute_digest, read_dir
+from rl.artifacts import ArtifactCorruptError, ArtifactNotFoundError, compute_digest, read_dir
 from rl.checkpoint.format import decode_state
 from rl.flyte.bindings import DirArtifacts, dir_of, ref_of
 from rl.flyte.config import FaultSpec, GrpoRunConfig, smoke
@@ -179,12 +179,12 @@ async def _exercise_dir_artifacts() -> list[str]:
     gone = ArtifactRef(uri=ref.uri + "-gone", digest=ref.digest)
     try:
         await store.get(gone)
-    except ArtifactNotFound:
+    except ArtifactNotFoundError:
         seen.append("missing raises" if not await store.exists(gone) and await store.exists(ref) else "exists wrong")
     (Path(ref.uri) / "a.txt").write_bytes(b"tampered")
     try:
         await store.get(ref)
-    except ArtifactCorrupt:
+    except ArtifactCorruptError:
         seen.append("corruption detected")
     return seen
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +72,17 @@ def test_fresh_refuses_an_out_that_is_a_file(tmp_path):
     path.write_bytes(b"%PDF")
     assert _fresh_rc(str(path)) != 0
     assert path.read_bytes() == b"%PDF"
+
+
+def test_every_entry_a_run_layout_names_is_one_fresh_may_delete(tmp_path: Path) -> None:
+    """Each path `RunLayout` gives a run's writers (and a base model's staging name) is an entry `--fresh` recognises,
+    so a writer and `--fresh` cannot disagree on a name; a neighbour's file is not one."""
+    from rl.run_layout import RunLayout, written_by_run
+
+    layout = RunLayout(tmp_path)
+    base = layout.base_model("0123456789abcdef" * 4)
+    paths = [layout.checkpoint, layout.metrics, layout.report, layout.artifacts, layout.volumes, base]
+    assert all(p.parent == tmp_path and written_by_run(p.name) for p in paths)
+    staging = RunLayout.base_staging(base)
+    assert RunLayout.is_base_staging(staging.name) and written_by_run(staging.name)
+    assert not RunLayout.is_base_staging(base.name) and not written_by_run("notes.txt")

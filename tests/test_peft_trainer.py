@@ -350,3 +350,23 @@ def test_adapters_off_is_peft_disable_adapter_bit_for_bit(trainer: PeftTrainer, 
     assert torch.equal(got, want) and not torch.equal(got, adapted)
     assert torch.equal(after, adapted)
     assert all(p.requires_grad for _, p in trainable_parameters(model)) and trainable_parameters(model)
+
+
+def test_dropout_masks_agree_between_loss_paths_at_micro_batch_one(
+    tiny_model_dir: Path, rollouts: list, tmp_path: Path
+) -> None:
+    """With LoRA dropout on, the per-sample path and the batched path at a micro-batch size of 1 seed each forward's
+    masks by one rule (`rl.seeding.dropout_seed`), so they take the same step up to float rounding."""
+    from safetensors.torch import load as load_safetensors
+
+    adapters = []
+    dropout = dataclasses.replace(CONFIG, lora_dropout=0.5, micro_batch_size=1)
+    for config in (dataclasses.replace(dropout, loss_path="per_sample"), dropout):
+        t = PeftTrainer(tiny_model_dir, LocalArtifacts(tmp_path / config.loss_path), config)
+        init = run(t.init_adapter(seed=5))
+        result = run(t.train_step(make_batch(rollouts, varied_rewards(rollouts), init.adapter, init.optimizer_state)))
+        adapters.append(load_safetensors(run(t.artifacts.get(result.adapter))["adapter_model.safetensors"]))
+    per_sample, batched = adapters
+    assert per_sample.keys() == batched.keys()
+    for name in per_sample:
+        assert torch.allclose(per_sample[name], batched[name], atol=1e-5, rtol=1e-4), name

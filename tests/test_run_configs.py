@@ -183,3 +183,16 @@ def test_an_unknown_reward_fails_before_the_grpo_driver_starts_a_task(monkeypatc
     with pytest.raises(ValueError, match="unknown reward 'bleu'"):
         asyncio.run(grpo.run_driver(config, step_task=grpo.train_step, title="t"))
     assert started == []
+
+
+def test_every_registered_problem_set_serves_prompts_and_an_unknown_name_is_refused():
+    """Each name in `rl.problems.PROBLEM_SETS` builds a problem set with training and held-out prompts; another name is
+    an InputError listing the names there are."""
+    from rl.errors import InputError
+    from rl.problems import PROBLEM_SETS, problem_set
+
+    for name in PROBLEM_SETS:
+        problems = problem_set(name)
+        assert problems.train_prompts() and problems.eval_prompts()
+    with pytest.raises(InputError, match=r"unknown problem set 'poetry'; choose one of \['arithmetic', 'digits'\]"):
+        problem_set("poetry")

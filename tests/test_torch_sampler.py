@@ -9,10 +9,10 @@ import pytest
 import torch
 from fixtures_real import LORA_TARGETS, adapter_dirs, one_thread, refs, run, store, tiny_model_dir
 
-from rl.artifacts import ArtifactNotFound, LocalArtifacts
-from rl.engines.adapter_cache import NotAnAdapter
+from rl.artifacts import ArtifactNotFoundError, LocalArtifacts
+from rl.engines.adapter_cache import NotAnAdapterError
 from rl.engines.decoding import (
-    InvalidRolloutRequest,
+    InvalidRolloutRequestError,
     batched_teacher_forced_logprobs,
     sample_group,
     teacher_forced_logprobs,
@@ -189,13 +189,13 @@ def test_adapters_are_cached_by_digest_and_evicted_least_recently_used(
 
 def test_an_artifact_that_is_not_an_adapter_is_refused(sampler: TorchSampler, store: LocalArtifacts) -> None:
     junk = run(store.put({"weights.bin": b"\x00"}, name="junk"))
-    with pytest.raises(NotAnAdapter, match=r"adapter_config\.json"):
+    with pytest.raises(NotAnAdapterError, match=r"adapter_config\.json"):
         run(sampler.generate(request(junk)))
 
 
 def test_a_missing_adapter_raises_not_found(sampler: TorchSampler) -> None:
     missing = ArtifactRef(uri="file:///nowhere", digest="sha256:" + "0" * 64)
-    with pytest.raises(ArtifactNotFound):
+    with pytest.raises(ArtifactNotFoundError):
         run(sampler.generate(request(missing)))
 
 
@@ -206,7 +206,7 @@ def test_a_missing_adapter_raises_not_found(sampler: TorchSampler) -> None:
 def test_bad_requests_raise_a_typed_error(
     sampler: TorchSampler, refs: dict[str, ArtifactRef], overrides: dict[str, object], match: str
 ) -> None:
-    with pytest.raises(InvalidRolloutRequest, match=match):
+    with pytest.raises(InvalidRolloutRequestError, match=match):
         run(sampler.generate(request(refs["v0"], **overrides)))
 
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rl.artifacts import ArtifactCorrupt, LocalArtifacts, compute_digest
+from rl.artifacts import ArtifactCorruptError, LocalArtifacts, compute_digest
 from rl.cli import main
 from rl.errors import UnsafeRunDirError
 from rl.types import ArtifactRef, Rollout
@@ -190,7 +190,7 @@ async def test_an_artifact_object_that_links_elsewhere_is_not_read(tmp_path):
     store = LocalArtifacts(tmp_path / "artifacts")
     ref = ArtifactRef(uri="", digest=compute_digest(files))
     os.symlink(outside, store.root / "objects" / ref.digest.removeprefix("sha256:"))
-    with pytest.raises(ArtifactCorrupt, match="symlink"):
+    with pytest.raises(ArtifactCorruptError, match="symlink"):
         await store.get(ref)
 
 

@@ -29,7 +29,7 @@ from rl.engines.vllm import (
     VLLM_SEED_STRIDE,
     EngineOutputError,
     VLLMEngine,
-    VLLMUnavailable,
+    VLLMUnavailableError,
     rollouts_from_request_output,
     sampling_params_kwargs,
     vllm_seed,
@@ -80,7 +80,7 @@ def test_importing_the_adapter_imports_neither_vllm_nor_torch() -> None:
 def test_without_vllm_installed_the_engine_says_what_to_do(tiny_model_dir: Path, store: LocalArtifacts) -> None:
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed here")
-    with pytest.raises(VLLMUnavailable, match="TorchSampler"):
+    with pytest.raises(VLLMUnavailableError, match="TorchSampler"):
         _ = VLLMEngine(tiny_model_dir, store).llm
 
 

@@ -2,7 +2,7 @@
 
 - `types`: Weights, WorldRef, TrialSpec, Turn, Trajectory, Rubric, Reward, StepResult, TrainerInfo (frozen pydantic)
 - `world`: the world of N_DOCS documents, one holding the hashed secret, deterministic from (seed, world id)
-- `worlds`: the WorldStore / Workspace protocols and `VolumeWorlds` over copy-on-write volumes
+- `volume_worlds`: `VolumeWorlds`, the `WorldStore` (rl.protocols) over copy-on-write volumes
 - `agent`: one trial — the policy-driven agent loop in a private fork, seeded by trial id
 - `judge`: the deterministic verifier, the rubric formula with seeded noise, the reward
 - `bandit`: the bandit update and `BanditTrainer`, exactly-once by its applied-steps ledger

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from rl.agentic.types import Trajectory, TrialSpec, Turn, Weights
 from rl.agentic.world import ANSWER_FILE, N_DOCS, SCRATCH_FILE, SECRET_MARKER, doc_path
-from rl.agentic.worlds import Workspace
+from rl.protocols import Workspace
 from rl.seeding import derive_seed
 
 UNTIDY_P = 0.3

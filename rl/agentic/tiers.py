@@ -17,7 +17,7 @@ from rl.agentic.bandit import PolicyTrainer, step_result
 from rl.agentic.judge import make_reward, verify
 from rl.agentic.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
 from rl.agentic.world import world_files
-from rl.agentic.worlds import WorldStore
+from rl.protocols import WorldStore
 
 
 def _no_run_name() -> str:

@@ -76,8 +76,8 @@ def plan_profile(config: Any, gpu_name: str, model_config: str | None = None) ->
     """The trainer's (one rank) and the rollout engine's plan for a `GrpoRunConfig` on `gpu_name`."""
     from dataclasses import replace
 
-    from rl.flyte.config import problem_set
     from rl.memory_plan import trainer_plan
+    from rl.problems import problem_set
 
     device = gpu(gpu_name)
     arch, positions = _arch(config, model_config)

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rl.errors import IncompleteBufferError, InputError
     from rl.rewards import get_reward
-    from rl.run_layout import require_safe
+    from rl.run_layout import RunLayout, require_safe
     from rl.run_lock import run_lock
     from rl.types import Rollout
     from rl.volumes.buffer import RolloutBuffer
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     reward = get_reward(args.reward)  # an unknown name is refused before anything is read
     require_safe(args.run_dir)  # a run directory someone sent: volumes/ must not lead elsewhere
-    volumes = args.run_dir / "volumes"
+    volumes = RunLayout(args.run_dir).volumes
     if not volumes.is_dir():
         raise InputError(
             f"{args.run_dir} has no rollout buffer (no volumes/ directory); run `rl demo grpo --out "
@@ -97,9 +97,10 @@ def _trained_through(run_dir: Path, held: list[int]) -> tuple[int, str]:
     from rl.checkpoint.file_store import MAX_CHECKPOINT_BYTES
     from rl.checkpoint.format import decode_state
     from rl.errors import CheckpointCorruptError, CheckpointError
+    from rl.run_layout import RunLayout
     from rl.safe_fs import Tree
 
-    path = run_dir / "checkpoint.json"
+    path = RunLayout(run_dir).checkpoint
     fs = Tree(run_dir)
     if fs.kind(path) == "file":
         try:

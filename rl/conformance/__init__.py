@@ -6,94 +6,56 @@ Two ways to run it against your implementation:
 - bind an `Implementation` and run the packaged suite:
   `pytest --pyargs rl.conformance.test_suite --rl-impl my_pkg.my_module:IMPL`.
 
-Public API (names are stable): `AdvantageContract`, `LossContract`, `ArtifactsContract`, `StateStoreContract`,
-`RolloutEngineContract`, `ScorerContract`, `TrainerContract`, `GrpoDriverContract`, `DriverReplayContract`,
-`AgenticContract`, `LoopContract` (all of these), `DdpShardStepContract` (spawns ranks; not in `LoopContract`),
-`VolumeStoreContract`, `RolloutBufferContract` (storage, not in `LoopContract`),
-`trained_adapter`, `Capabilities`, `AlgorithmSpec` (the algorithm choices an implementation declares),
-`sample_loss_as_batch_loss`, `Implementation`, `load_implementation`, `RecordedHistory`, `load_history`,
-`record_history`.
+Public API (names are stable): the contracts of each tier and of the drivers (`LoopContract` gathers the loop's; the
+multi-rank `DdpShardStepContract` and the storage contracts stand apart), `Implementation` and the helpers to bind and
+record one. `__all__` lists them, read from the imports under `TYPE_CHECKING` below: the one place they are written.
 Attributes load lazily, so the pytest plugin that imports this package stays cheap.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from rl.conformance.advantage_laws import AdvantageContract
-    from rl.conformance.agentic import AgenticContract
-    from rl.conformance.artifacts import ArtifactsContract
-    from rl.conformance.capabilities import Capabilities
-    from rl.conformance.ddp import DdpShardStepContract
-    from rl.conformance.driver import GrpoDriverContract
-    from rl.conformance.history import DriverReplayContract, RecordedHistory, load_history, record_history
-    from rl.conformance.implementation import Implementation, load_implementation
-    from rl.conformance.loop import LoopContract
-    from rl.conformance.loss_laws import LossContract, sample_loss_as_batch_loss
-    from rl.conformance.rollout_buffer import RolloutBufferContract
-    from rl.conformance.rollout_engine import RolloutEngineContract
-    from rl.conformance.scorer import ScorerContract
-    from rl.conformance.scoring_utilities import ScoringUtilitiesContract
-    from rl.conformance.spec import AlgorithmSpec
-    from rl.conformance.state_store import StateStoreContract
-    from rl.conformance.trainer import TrainerContract, trained_adapter
-    from rl.conformance.volumes import VolumeStoreContract
+if TYPE_CHECKING:  # `X as X`: an explicit re-export, for strict type checkers
+    from rl.conformance.advantage_laws import AdvantageContract as AdvantageContract
+    from rl.conformance.agentic import AgenticContract as AgenticContract
+    from rl.conformance.artifacts import ArtifactsContract as ArtifactsContract
+    from rl.conformance.capabilities import Capabilities as Capabilities
+    from rl.conformance.ddp import DdpShardStepContract as DdpShardStepContract
+    from rl.conformance.driver import GrpoDriverContract as GrpoDriverContract
+    from rl.conformance.history import DriverReplayContract as DriverReplayContract
+    from rl.conformance.history import RecordedHistory as RecordedHistory
+    from rl.conformance.history import load_history as load_history
+    from rl.conformance.history import record_history as record_history
+    from rl.conformance.implementation import Implementation as Implementation
+    from rl.conformance.implementation import load_implementation as load_implementation
+    from rl.conformance.loop import LoopContract as LoopContract
+    from rl.conformance.loss_laws import LossContract as LossContract
+    from rl.conformance.loss_laws import sample_loss_as_batch_loss as sample_loss_as_batch_loss
+    from rl.conformance.rollout_buffer import RolloutBufferContract as RolloutBufferContract
+    from rl.conformance.rollout_engine import RolloutEngineContract as RolloutEngineContract
+    from rl.conformance.scorer import ScorerContract as ScorerContract
+    from rl.conformance.scoring_utilities import ScoringUtilitiesContract as ScoringUtilitiesContract
+    from rl.conformance.spec import AlgorithmSpec as AlgorithmSpec
+    from rl.conformance.state_store import StateStoreContract as StateStoreContract
+    from rl.conformance.trainer import TrainerContract as TrainerContract
+    from rl.conformance.trainer import trained_adapter as trained_adapter
+    from rl.conformance.volumes import VolumeStoreContract as VolumeStoreContract
 
-_EXPORTS = {
-    "AdvantageContract": "rl.conformance.advantage_laws",
-    "LossContract": "rl.conformance.loss_laws",
-    "sample_loss_as_batch_loss": "rl.conformance.loss_laws",
-    "AlgorithmSpec": "rl.conformance.spec",
-    "AgenticContract": "rl.conformance.agentic",
-    "DdpShardStepContract": "rl.conformance.ddp",
-    "trained_adapter": "rl.conformance.trainer",
-    "Capabilities": "rl.conformance.capabilities",
-    "Implementation": "rl.conformance.implementation",
-    "load_implementation": "rl.conformance.implementation",
-    "ArtifactsContract": "rl.conformance.artifacts",
-    "StateStoreContract": "rl.conformance.state_store",
-    "RolloutEngineContract": "rl.conformance.rollout_engine",
-    "ScorerContract": "rl.conformance.scorer",
-    "ScoringUtilitiesContract": "rl.conformance.scoring_utilities",
-    "TrainerContract": "rl.conformance.trainer",
-    "GrpoDriverContract": "rl.conformance.driver",
-    "DriverReplayContract": "rl.conformance.history",
-    "RecordedHistory": "rl.conformance.history",
-    "load_history": "rl.conformance.history",
-    "record_history": "rl.conformance.history",
-    "LoopContract": "rl.conformance.loop",
-    "VolumeStoreContract": "rl.conformance.volumes",
-    "RolloutBufferContract": "rl.conformance.rollout_buffer",
-}
 
-__all__ = [
-    "AdvantageContract",
-    "AgenticContract",
-    "AlgorithmSpec",
-    "ArtifactsContract",
-    "Capabilities",
-    "DdpShardStepContract",
-    "DriverReplayContract",
-    "GrpoDriverContract",
-    "Implementation",
-    "LoopContract",
-    "LossContract",
-    "RecordedHistory",
-    "RolloutBufferContract",
-    "RolloutEngineContract",
-    "ScorerContract",
-    "ScoringUtilitiesContract",
-    "StateStoreContract",
-    "TrainerContract",
-    "VolumeStoreContract",
-    "load_history",
-    "load_implementation",
-    "record_history",
-    "sample_loss_as_batch_loss",
-    "trained_adapter",
-]
+def _exports() -> dict[str, str]:
+    """Each public name and the module it lives in, read from the `TYPE_CHECKING` imports above (type checkers read the
+    same lines), so the names are written once and still load lazily."""
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    block = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
+    return {a.name: n.module for n in block.body if isinstance(n, ast.ImportFrom) and n.module for a in n.names}
+
+
+_EXPORTS = _exports()
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:

@@ -48,7 +48,6 @@ _CONTRACT_MODULES = (
     "rl.conformance.trainer",
     "rl.conformance.driver",
     "rl.conformance.history",
-    "rl.conformance.algorithm",
     "rl.conformance.advantage_support",
     "rl.conformance.advantage_laws",
     "rl.conformance.loss_laws_ratio",

@@ -20,7 +20,7 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 
 
-class NotAnAdapter(ValueError):
+class NotAnAdapterError(ValueError):
     """The requested adapter artifact is not a PEFT LoRA adapter directory."""
 
 
@@ -64,7 +64,7 @@ class AdapterCache:
         adapter_dir = Path(adapter_dir)
         present = {p.name for p in adapter_dir.iterdir()} if adapter_dir.is_dir() else set()
         if ADAPTER_CONFIG not in present or not present & set(ADAPTER_WEIGHTS):
-            raise NotAnAdapter(
+            raise NotAnAdapterError(
                 f"{adapter_dir} is not a PEFT LoRA adapter directory (it holds {sorted(present) or 'nothing'}; "
                 f"expected {ADAPTER_CONFIG} and one of {', '.join(ADAPTER_WEIGHTS)}); pass the adapter a trainer's "
                 "init_adapter/train_step returned"

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 
-class InvalidRolloutRequest(ValueError):
+class InvalidRolloutRequestError(ValueError):
     """A request the engine cannot serve as asked (bad `n`, `max_tokens`, or a prompt too long for the model)."""
 
 
@@ -93,15 +93,15 @@ def sample_groups(
     Shape: G prompts [P] (one P) -> G lists of n_g sequences of length T_i <= max_tokens.
     """
     if len(prompts) != len(ns) or len(prompts) != len(seeds):
-        raise InvalidRolloutRequest(f"got {len(prompts)} prompts, {len(ns)} group sizes and {len(seeds)} seeds")
+        raise InvalidRolloutRequestError(f"got {len(prompts)} prompts, {len(ns)} group sizes and {len(seeds)} seeds")
     if any(n < 1 for n in ns):
-        raise InvalidRolloutRequest(f"n must be >= 1 (the group size), got {list(ns)}")
+        raise InvalidRolloutRequestError(f"n must be >= 1 (the group size), got {list(ns)}")
     if max_tokens < 1:
-        raise InvalidRolloutRequest(f"max_tokens must be >= 1, got {max_tokens}")
+        raise InvalidRolloutRequestError(f"max_tokens must be >= 1, got {max_tokens}")
     if any(not p for p in prompts):
-        raise InvalidRolloutRequest("the prompt encodes to no tokens; the tokenizer should at least prepend <bos>")
+        raise InvalidRolloutRequestError("the prompt encodes to no tokens; the tokenizer should at least prepend <bos>")
     if len({len(p) for p in prompts}) != 1:
-        raise InvalidRolloutRequest(
+        raise InvalidRolloutRequestError(
             f"sample_groups takes prompts of one length, got {sorted({len(p) for p in prompts})}"
         )
     generators = [torch.Generator(device="cpu").manual_seed(seed) for seed in seeds]

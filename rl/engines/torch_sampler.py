@@ -22,7 +22,7 @@ from torch import nn
 
 from rl.artifacts import materialize
 from rl.engines.adapter_cache import ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdapterCache
-from rl.engines.decoding import InvalidRolloutRequest, sample_groups
+from rl.engines.decoding import InvalidRolloutRequestError, sample_groups
 from rl.engines.lora_merge import LoraWeights, MergedBase, UnsupportedLora, parse_lora
 from rl.models import load_tokenizer
 from rl.protocols import Artifacts
@@ -145,7 +145,7 @@ class TorchSampler:
         encoded = [self.encode_prompt(r.prompt.question) for r in requests]
         for request, prompt_ids in zip(requests, encoded, strict=True):
             if len(prompt_ids) + request.max_tokens > self.max_position:
-                raise InvalidRolloutRequest(
+                raise InvalidRolloutRequestError(
                     f"prompt ({len(prompt_ids)} tokens) + max_tokens ({request.max_tokens}) exceeds the model's "
                     f"{self.max_position} positions; shorten the prompt, lower max_tokens, or build a model with a "
                     "larger max_position"

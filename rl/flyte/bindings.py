@@ -26,7 +26,14 @@ import flyte.report
 from flyte.io import Dir
 from flyte.models import TaskContext
 
-from rl.artifacts import ArtifactCorrupt, ArtifactNotFound, compute_digest, read_dir, validate_files, write_files
+from rl.artifacts import (
+    ArtifactCorruptError,
+    ArtifactNotFoundError,
+    compute_digest,
+    read_dir,
+    validate_files,
+    write_files,
+)
 from rl.report import render_report
 from rl.types import ArtifactRef, EvalResult, IterationMetrics
 
@@ -89,7 +96,9 @@ class DirArtifacts:
     async def get(self, ref: ArtifactRef) -> dict[str, bytes]:
         directory = Dir.from_existing_remote(ref.uri)
         if not await directory.exists():
-            raise ArtifactNotFound(f"no artifact at {ref.uri} (digest {ref.digest}); it was deleted or never written")
+            raise ArtifactNotFoundError(
+                f"no artifact at {ref.uri} (digest {ref.digest}); it was deleted or never written"
+            )
         local = Path(await directory.download())
         try:
             files = read_dir(local)
@@ -98,7 +107,7 @@ class DirArtifacts:
                 shutil.rmtree(local, ignore_errors=True)
         actual = compute_digest(files)
         if actual != ref.digest:
-            raise ArtifactCorrupt(f"artifact at {ref.uri} hashes to {actual}, not {ref.digest}: it was changed")
+            raise ArtifactCorruptError(f"artifact at {ref.uri} hashes to {actual}, not {ref.digest}: it was changed")
         return files
 
     async def exists(self, ref: ArtifactRef) -> bool:

@@ -16,8 +16,7 @@ Profiles:
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -27,9 +26,8 @@ from rl.engines.vllm import VLLM_MAX_LORA_RANKS
 from rl.flyte.strict import ConfigError, StrictConfig
 from rl.loop.grpo import GrpoConfig
 from rl.models.tiny import TinyModelConfig
-from rl.problems import DigitSuccessor, marked_answer_metrics
+from rl.problems import PROBLEM_SETS, problem_set
 from rl.trainer.config import TrainerConfig
-from rl.types import Prompt, Rollout
 
 ENGINES = ("torch", "vllm")
 # How the GPU profiles hold their base model for training (the CPU profiles keep TrainerConfig's defaults, which the
@@ -241,48 +239,3 @@ def gpu_smoke(**changes: object) -> GrpoRunConfig:
 
 
 PROFILES: dict[str, Callable[..., GrpoRunConfig]] = {"smoke": smoke, "gpu-smoke": gpu_smoke, "stress": stress}
-
-
-@dataclass(frozen=True)
-class ArithmeticProblems:
-    """Seeded two-operand arithmetic for a real language model: `count` training and `held_out` evaluation problems.
-
-    The prompt asks for the answer after `####`, the marker the tutorial's reward gives its format bonus for.
-    """
-
-    count: int = 256
-    held_out: int = 32
-    seed: int = 0
-
-    def _problems(self, n: int, offset: int) -> list[Prompt]:
-        rng = random.Random(self.seed * 1_000_003 + offset)
-        out: list[Prompt] = []
-        for _ in range(n):
-            a, b = rng.randint(2, 99), rng.randint(2, 99)
-            op = rng.choice("+-*")
-            value = a + b if op == "+" else a - b if op == "-" else a * b
-            out.append(
-                Prompt(question=f"Compute {a} {op} {b}. End with the line '#### <answer>'.\n", answer=str(value))
-            )
-        return out
-
-    def train_prompts(self) -> Sequence[Prompt]:
-        return self._problems(self.count, 0)
-
-    def eval_prompts(self) -> Sequence[Prompt]:
-        return self._problems(self.held_out, 1)
-
-    def metrics(self, rollouts: Sequence[Rollout], rewards: Sequence[float]) -> dict[str, float]:
-        return marked_answer_metrics(rollouts, rewards)
-
-
-ProblemSet = DigitSuccessor | ArithmeticProblems  # a PromptSource with the task's own `metrics`
-PROBLEM_SETS: dict[str, Callable[[], ProblemSet]] = {"digits": DigitSuccessor, "arithmetic": ArithmeticProblems}
-
-
-def problem_set(name: str) -> ProblemSet:
-    """The named problem set (`digits`: the tiny model's digit successor; `arithmetic`: for real models)."""
-    try:
-        return PROBLEM_SETS[name]()
-    except KeyError:
-        raise ConfigError(f"unknown problem set {name!r}; choose one of {sorted(PROBLEM_SETS)}") from None

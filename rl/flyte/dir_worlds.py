@@ -9,9 +9,9 @@ from pathlib import Path
 
 from flyte.io import Dir
 
-from rl.agentic.worlds import Workspace
 from rl.artifacts import compute_digest, read_dir
 from rl.flyte.bindings import task_context
+from rl.protocols import Workspace
 
 
 class _DirWorkspace:

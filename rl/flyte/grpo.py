@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.local:
         result = run.outputs()[0]
         for row in result.history:
-            task = "".join(f" {name} {value:.3f}" for name, value in sorted(row.task_metrics.items()))
-            print(f"iteration {row.iteration}: mean reward {row.mean_reward:.3f}{task}")
+            metrics = "".join(f" {name} {value:.3f}" for name, value in sorted(row.task_metrics.items()))
+            print(f"iteration {row.iteration}: mean reward {row.mean_reward:.3f}{metrics}")
     return 0
 
 

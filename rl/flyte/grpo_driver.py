@@ -16,7 +16,7 @@ from flyte.io import Dir
 
 from rl.flyte.bindings import DirArtifacts, FlyteReporter, check_base, dir_of, ref_of
 from rl.flyte.checkpoint_store import CrashAfterCheckpoint, FlyteStateStore
-from rl.flyte.config import EngineSpec, FaultSpec, GrpoRunConfig, problem_set
+from rl.flyte.config import EngineSpec, FaultSpec, GrpoRunConfig
 from rl.flyte.grpo_tasks import (
     TrainInput,
     TrainOutput,
@@ -30,7 +30,7 @@ from rl.flyte.grpo_tasks import (
     score_group,
 )
 from rl.loop.grpo import GrpoTiers, run_grpo
-from rl.problems import constant_baseline_accuracy
+from rl.problems import constant_baseline_accuracy, problem_set
 from rl.protocols import StateStore
 from rl.trainer.config import TrainerConfig
 from rl.types import ArtifactRef, EvalResult, IterationMetrics, Rollout, RolloutRequest, TrainBatch, TrainResult

@@ -25,7 +25,7 @@ from pathlib import Path
 from flyte.io import Dir
 
 from rl.flyte.bindings import DirArtifacts, dir_of, local_base, quiet_transformers, ref_of, upload_dir
-from rl.flyte.config import EngineSpec, problem_set
+from rl.flyte.config import EngineSpec
 from rl.flyte.envs import (
     BUFFER_TIMEOUT,
     REWARD_TIMEOUT,
@@ -38,6 +38,7 @@ from rl.flyte.envs import (
 )
 from rl.identity import content_digest
 from rl.models.tiny import TinyModelConfig
+from rl.problems import problem_set
 from rl.protocols import RolloutEngine
 from rl.trainer.config import TrainerConfig
 from rl.types import ArtifactRef, EvalResult, Rollout, RolloutRequest, StepMetrics, TrainBatch, TrainResult

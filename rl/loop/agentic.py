@@ -18,17 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rl.agentic.types import Reward, Rubric, StepResult, TrialSpec, Weights, WorldRef
-from rl.errors import InputError
+from rl.errors import AgenticInputError
 from rl.loop.groups import Group, scope
 from rl.protocols import AgenticTiers
 
 T = TypeVar("T")
 
 PROMPT = "find the secret"
-
-
-class AgenticInputError(InputError):
-    """The run's shape cannot work; nothing was started."""
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from rl.checks import check_staleness, finite_rewards
 from rl.errors import EngineContractError, GrpoInputError
 from rl.identity import canonical, content_digest
 from rl.loop.groups import scope
+from rl.loop.phase_timing import Scored, timed, timed_generation, with_eval_time
 from rl.metrics import finite_mean
 from rl.protocols import (
     Artifacts,
@@ -40,7 +41,7 @@ from rl.protocols import (
     TaskMetrics,
     Trainer,
 )
-from rl.seeding import derive_seed, rollout_seed
+from rl.seeding import adapter_init_seed, eval_seed, prompt_draw_seed, rollout_seed
 from rl.types import (
     ArtifactRef,
     EvalResult,
@@ -139,7 +140,7 @@ class GrpoOutcome:
 
 def sample_prompts(config: GrpoConfig, prompts: Sequence[Prompt], iteration: int) -> list[Prompt]:
     """The iteration's prompts: a seeded draw without replacement, the same on every attempt."""
-    rng = random.Random(derive_seed(config.seed, "prompts", iteration))
+    rng = random.Random(prompt_draw_seed(config.seed, iteration))
     return rng.sample(list(prompts), config.prompts_per_iteration)
 
 
@@ -262,48 +263,15 @@ def iteration_metrics(
     )
 
 
-def _now() -> float:
-    # The event loop's clock: virtual under the simulator, so phase timings never depend on the machine running a test.
-    return asyncio.get_running_loop().time()
-
-
-class _LandingClock:
-    """The engine, noting when each group lands: the split between generating and the scoring left after it."""
-
-    def __init__(self, inner: RolloutEngine) -> None:
-        self.inner = inner
-        self.last_landed: float | None = None
-
-    async def generate(self, request: RolloutRequest) -> list[Rollout]:
-        group = await self.inner.generate(request)
-        self.last_landed = _now()
-        return group
-
-
-class _BatchLandingClock(_LandingClock):
-    inner: BatchedRolloutEngine
-
-    async def generate_groups(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
-        groups = await self.inner.generate_groups(requests)
-        self.last_landed = _now()
-        return groups
-
-
 async def _generate_and_score_timed(
     config: GrpoConfig, tiers: GrpoTiers, iteration: int, adapter: ArtifactRef, version: int
-) -> tuple[list[Rollout], list[float], dict[str, float]]:
-    """`generate_and_score` and its phase seconds; timing the engine from outside keeps that function's shape, which
-    forks and tests substitute."""
-    engine = (
-        _BatchLandingClock(tiers.engine)
-        if isinstance(tiers.engine, BatchedRolloutEngine)
-        else _LandingClock(tiers.engine)
+) -> Scored:
+    """`generate_and_score` (looked up here at each call, so a fork or test that substitutes it is timed too) and its
+    phase seconds."""
+    return await timed_generation(
+        tiers.engine,
+        lambda engine: generate_and_score(config, replace(tiers, engine=engine), iteration, adapter, version),
     )
-    start = _now()
-    rollouts, rewards = await generate_and_score(config, replace(tiers, engine=engine), iteration, adapter, version)
-    end = _now()
-    landed = engine.last_landed if engine.last_landed is not None else end
-    return rollouts, rewards, {"generate": landed - start, "score": end - landed}
 
 
 async def _train(
@@ -311,9 +279,9 @@ async def _train(
     tiers: GrpoTiers,
     state: DriverState,
     iteration: int,
-    scored: tuple[list[Rollout], list[float], dict[str, float]],
+    scored: Scored,
 ) -> DriverState:
-    rollouts, rewards, phase_s = scored
+    rollouts, rewards = scored.rollouts, scored.rewards
     new_version = state.adapter_version + 1
     worst = max(
         check_staleness(i, r.policy_version, state.adapter_version, config.max_staleness, f"iteration {iteration}: ")
@@ -327,9 +295,7 @@ async def _train(
         optimizer_state=state.optimizer_state,
         new_version=new_version,
     )
-    started = _now()
-    result = await tiers.trainer.train_step(batch)
-    train_s = _now() - started
+    result, train_s = await timed(lambda: tiers.trainer.train_step(batch))
     if result.version != new_version:
         raise EngineContractError(
             f"trainer returned adapter v{result.version} for step {iteration}; expected v{new_version}"
@@ -342,7 +308,7 @@ async def _train(
         result.metrics,
         max_staleness=worst,
         task_metrics=tiers.task_metrics(rollouts, rewards) if tiers.task_metrics is not None else {},
-        phase_s={**phase_s, "train": train_s},
+        phase_s={**scored.phase_s, "train": train_s},
     )
     return replace(
         state,
@@ -356,28 +322,57 @@ async def _train(
     )
 
 
-def _start_append(
-    tiers: GrpoTiers, iteration: int, scored: tuple[list[Rollout], list[float], dict[str, float]], parent: str | None
-) -> asyncio.Future[str] | None:
+def _start_append(tiers: GrpoTiers, iteration: int, scored: Scored, parent: str | None) -> asyncio.Future[str] | None:
     """The iteration's rollouts on their way to the buffer while the step trains on them (a volume version is mostly
     fsyncs, which a thread overlaps with the step's compute). The checkpoint still follows both. A step that fails
     leaves the append behind; the resume repeats it, and a buffer answers a repeated append with the same version."""
     if tiers.buffer is None:
         return None
-    rollouts, rewards, _ = scored
-    return asyncio.ensure_future(tiers.buffer.append(iteration, rollouts, rewards, parent))
+    return asyncio.ensure_future(tiers.buffer.append(iteration, scored.rollouts, scored.rewards, parent))
 
 
-def _with_eval_time(state: DriverState, finished: tuple[EvalResult, float]) -> DriverState:
-    """The state with the evaluation appended and its seconds noted on the row of the adapter it evaluated."""
-    result, seconds = finished
-    history = [
-        replace(row, phase_s={**row.phase_s, "evaluate": seconds})
-        if row.adapter_version == result.policy_version
-        else row
-        for row in state.history
-    ]
-    return replace(state, history=history, evals=[*state.evals, result])
+class _BatchSchedule:
+    """Where each iteration's batch comes from: the pipelining schedule, in one place.
+
+    Sequential, iteration N's batch is generated and scored when N starts, by the adapter trained at N-1. Pipelined,
+    it was launched one iteration ahead (inside its own `iter-<N>` group while N-1 trained), by the adapter before:
+    one step stale. Built before the loop, it launches the first iteration's batch when pipelined: on a resume, that
+    batch comes from the checkpoint's previous adapter, the one that generated it the first time.
+    """
+
+    def __init__(self, config: GrpoConfig, tiers: GrpoTiers, state: DriverState) -> None:
+        self.config, self.tiers = config, tiers
+        self.pending: asyncio.Future[Scored] | None = None
+        first = state.iteration + 1
+        if config.pipelined and first < config.iterations:
+            adapter, version = (
+                (state.previous_adapter, state.previous_version)
+                if state.previous_adapter is not None
+                else (state.adapter, state.adapter_version)
+            )
+            self._launch(first, adapter, version)
+
+    async def take(self, iteration: int, state: DriverState) -> Scored:
+        """Iteration `iteration`'s batch; pipelined, iteration + 1's is launched (by `state`'s adapter) first."""
+        if not self.config.pipelined:
+            return await _generate_and_score_timed(
+                self.config, self.tiers, iteration, state.adapter, state.adapter_version
+            )
+        assert self.pending is not None
+        scored = await self.pending
+        if iteration + 1 < self.config.iterations:
+            self._launch(iteration + 1, state.adapter, state.adapter_version)
+        return scored
+
+    def _launch(self, iteration: int, adapter: ArtifactRef, version: int) -> None:
+        with self.tiers.scope(f"iter-{iteration}"):
+            self.pending = asyncio.ensure_future(
+                _generate_and_score_timed(self.config, self.tiers, iteration, adapter, version)
+            )
+
+    def cancel(self) -> None:
+        if self.pending is not None:
+            self.pending.cancel()
 
 
 async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> GrpoOutcome:
@@ -388,38 +383,19 @@ async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> G
         check_recording(state, buffered=tiers.buffer is not None)
     resumed_from = state.iteration if state is not None else -1
     if state is None:
-        init = await tiers.trainer.init_adapter(derive_seed(config.seed, "init"))
+        init = await tiers.trainer.init_adapter(adapter_init_seed(config.seed))
         state = replace(
             DriverState.initial(config.digest(), init.adapter, init.optimizer_state), config=canonical(config)
         )
     await _publish(tiers, state, "running")
 
     evaluating = _launch_eval(config, tiers, state.pending_eval)
-    start = state.iteration + 1
-    pending = None
+    batches = _BatchSchedule(config, tiers, state)
     appending: asyncio.Future[str] | None = None
-    if config.pipelined and start < config.iterations:
-        # The batch for `start` was (or will be) generated by the adapter before the last trained one: one step stale.
-        gen_adapter, gen_version = (
-            (state.previous_adapter, state.previous_version)
-            if state.previous_adapter is not None
-            else (state.adapter, state.adapter_version)
-        )
-        with tiers.scope(f"iter-{start}"):
-            pending = asyncio.ensure_future(_generate_and_score_timed(config, tiers, start, gen_adapter, gen_version))
     try:
-        for it in range(start, config.iterations):
+        for it in range(state.iteration + 1, config.iterations):
             with tiers.scope(f"iter-{it}"):
-                if config.pipelined:
-                    assert pending is not None
-                    scored = await pending
-                    if it + 1 < config.iterations:
-                        with tiers.scope(f"iter-{it + 1}"):
-                            pending = asyncio.ensure_future(
-                                _generate_and_score_timed(config, tiers, it + 1, state.adapter, state.adapter_version)
-                            )
-                else:
-                    scored = await _generate_and_score_timed(config, tiers, it, state.adapter, state.adapter_version)
+                scored = await batches.take(it, state)
                 appending = _start_append(tiers, it, scored, state.buffer_version)
                 if appending is not None:
                     await asyncio.sleep(0)  # let the append start, so its writes overlap the step's compute
@@ -428,7 +404,7 @@ async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> G
                 state = replace(state, buffer_version=await appending)
             # Evaluation of step N runs while step N+1 generates and trains; it is awaited only after N+1.
             if evaluating is not None:
-                state = _with_eval_time(state, await evaluating)
+                state = with_eval_time(state, await evaluating)
             state = replace(
                 state,
                 pending_eval=(state.adapter, state.adapter_version)
@@ -439,9 +415,10 @@ async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> G
             await _publish(tiers, state, "running")
             await save_state(store, state)
         if evaluating is not None:
-            state = replace(_with_eval_time(state, await evaluating), pending_eval=None)
+            state = replace(with_eval_time(state, await evaluating), pending_eval=None)
     finally:
-        for fut in (pending, evaluating, appending):
+        batches.cancel()
+        for fut in (evaluating, appending):
             if fut is not None:
                 fut.cancel()
     await _publish(tiers, state, "complete")
@@ -462,17 +439,10 @@ def _launch_eval(
     if pending is None or tiers.evaluator is None or not config.evaluate:
         return None
     adapter, version = pending
-    seed = derive_seed(config.seed, "eval", version)
+    seed = eval_seed(config.seed, version)
+    evaluator = tiers.evaluator
     with tiers.scope(f"eval-v{version}"):
-        return asyncio.ensure_future(_evaluate_timed(tiers.evaluator, adapter, version, config.eval_k, seed))
-
-
-async def _evaluate_timed(
-    evaluator: Evaluator, adapter: ArtifactRef, version: int, k: int, seed: int
-) -> tuple[EvalResult, float]:
-    started = _now()
-    result = await evaluator.evaluate(adapter, version, k, seed)
-    return result, _now() - started
+        return asyncio.ensure_future(timed(lambda: evaluator.evaluate(adapter, version, config.eval_k, seed)))
 
 
 async def _publish(tiers: GrpoTiers, state: DriverState, status: str) -> None:

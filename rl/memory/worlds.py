@@ -1,4 +1,4 @@
-"""An in-memory `WorldStore` (rl.agentic.worlds) for the simulator: copy-on-write forks as overlays on a frozen parent.
+"""An in-memory `WorldStore` (rl.protocols) for the simulator: copy-on-write forks as overlays on a frozen parent.
 
 Fault model: none of its own; it models the guarantees the agentic loop relies on, and refuses what breaks them.
 - A sealed version is a read-only mapping and never changes; `seal` is content-addressed, so re-sealing the same files

@@ -39,10 +39,9 @@ from rl.agentic.faults import (
 from rl.agentic.judge import judge_score
 from rl.agentic.tiers import JudgeTier, SandboxTier, TrainerTier
 from rl.agentic.types import Rubric, Trajectory, TrialSpec, Weights, WorldRef
-from rl.agentic.worlds import WorldStore
 from rl.loop.agentic import AgenticConfig, AgenticOutcome, run_agentic
 from rl.memory.worlds import MemoryWorlds
-from rl.protocols import AgenticTiers
+from rl.protocols import AgenticTiers, WorldStore
 from rl.sim.attempts import attempt_number, run_name
 from rl.sim.durable_sim import DurableSimulator
 from rl.sim.faults import FaultPlan

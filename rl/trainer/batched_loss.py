@@ -20,7 +20,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 
 from rl.engines.decoding import batched_teacher_forced_logprobs
 from rl.loss import grpo_masked_row_losses
-from rl.seeding import derive_seed
+from rl.seeding import dropout_seed
 from rl.trainer.config import TrainerConfig
 from rl.types import TrainBatch
 
@@ -66,7 +66,8 @@ def batched_loss_fns(
     reference and policy forwards and returns `loss_scale * sum_i loss_i` over it (0-d), extending `stats_out`'s
     lists with each sample's unscaled loss, kl and clip_frac. The single-process step and a DDP rank both call these.
 
-    Dropout masks (if `lora_dropout > 0`) are seeded per micro-batch from (config seed, step, its first sample).
+    Dropout masks (if `lora_dropout > 0`) are seeded per micro-batch from (config seed, step, its first sample) by
+    `rl.seeding.dropout_seed`, the per-sample path's rule.
 
     Shape: per micro-batch of B samples, new/old/ref log-probs and the mask are `[B, T_max]`, advantages `[B]`.
     """
@@ -78,7 +79,7 @@ def batched_loss_fns(
             completions = [batch.rollouts[i].token_ids for i in chunk]
             with torch.no_grad(), adapters_off(model):
                 ref_logp, mask = batched_teacher_forced_logprobs(model, prompts, completions, _PAD_ID)  # [B, T]
-            torch.manual_seed(derive_seed("dropout", config.seed, batch.step, chunk[0]))
+            torch.manual_seed(dropout_seed(config.seed, batch.step, chunk[0]))
             new_logp, _ = batched_teacher_forced_logprobs(model, prompts, completions, _PAD_ID)  # [B, T]
             width = new_logp.shape[1]
             old_logp = torch.tensor(

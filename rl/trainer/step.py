@@ -4,9 +4,11 @@ Everything a step needs comes in as artifact files and everything it produces go
 "pass weights and optimizer state in and out of the train task as flyte.io.Dir"), so a retried or replayed step
 recomputes the same bytes: the thread count is pinned and every random draw is seeded from (config seed, step, sample).
 
-The per-sample loss closures (`sample_loss_fns`) are the one implementation of the objective; the single-process step
-(`rl.trainer.peft_trainer`) and the multi-rank step (`rl.trainer.ddp`) both call them, differing only in which samples
-and what scale.
+The objective is `rl.loss`'s (`grpo_sample_loss` for one sample, `grpo_masked_row_losses` for a padded micro-batch). A
+step evaluates it along the path `TrainerConfig.loss_path` names: `batched` (`rl.trainer.batched_loss`, one padded
+forward per micro-batch; the default) or `per_sample` (`sample_loss_fns` here, one forward per sample: the reference the
+batched path is tested against). The single-process step (`rl.trainer.peft_trainer`) and the multi-rank step
+(`rl.trainer.ddp`) call either, differing only in which samples and what scale.
 
 Zero-advantage samples (all of a group that scored the same, or a sample scoring exactly its group's mean) are skipped
 entirely — surrogate *and* KL term — as the tutorial says ("a group where every completion scored the same gives no
@@ -17,7 +19,6 @@ and optimizer state are byte-identical to the old ones.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -31,6 +32,7 @@ from rl.checks import check_staleness
 from rl.engines.decoding import teacher_forced_logprobs
 from rl.errors import BatchError
 from rl.loss import grpo_sample_loss
+from rl.seeding import dropout_seed
 from rl.trainer.adapter import adapter_files, load_policy, trainable_parameters
 from rl.trainer.batched_loss import batched_backward
 from rl.trainer.config import TrainerConfig
@@ -60,11 +62,6 @@ def pinned_threads(threads: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
-
-
-def _derived_seed(*parts: int) -> int:
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1  # torch.manual_seed takes a non-negative int64
 
 
 def check_batch(batch: TrainBatch, config: TrainerConfig) -> int:
@@ -122,8 +119,9 @@ def sample_loss_fns(
     `loss_scale` turns the per-sample losses into the batch objective: `1 / n_contributing` in one process gives the
     mean over samples; a DDP rank uses `world_size / n_contributing` because DDP averages gradients over ranks.
 
-    Dropout masks (if `lora_dropout > 0`) are seeded from (config seed, step, sample index), so a sample's gradient is
-    the same whichever rank or position computes it.
+    Dropout masks (if `lora_dropout > 0`) are seeded from (config seed, step, sample index) by
+    `rl.seeding.dropout_seed`, so a sample's gradient is the same whichever rank or position computes it, and the same
+    as the batched path's at a micro-batch size of 1.
 
     Shape: each closure returns a 0-d tensor; internally new/old/ref log-probs are [T_i] over sample i's completion.
     """
@@ -137,7 +135,7 @@ def sample_loss_fns(
         rollout = batch.rollouts[i]
 
         def loss_fn() -> torch.Tensor:
-            torch.manual_seed(_derived_seed(config.seed, batch.step, i))
+            torch.manual_seed(dropout_seed(config.seed, batch.step, i))
             new_logp = teacher_forced_logprobs(model, rollout.prompt_token_ids, rollout.token_ids)  # [T]
             old_logp = torch.tensor(rollout.logprobs, dtype=torch.float32, device=new_logp.device)  # [T]
             loss, stats = grpo_sample_loss(

@@ -1,9 +1,9 @@
-"""Where worlds live: a sealed version per world, and a private copy-on-write fork per trial (the agentic tutorial's
-volumes).
+"""Where worlds live on volumes: a sealed version per world, and a private copy-on-write fork per trial (the agentic
+tutorial's volumes). `rl.agentic.world` builds a world's files; this module stores them.
 
-The sandbox tier needs three things of a store, so that is the whole `WorldStore` protocol: seal a world's files into an
-immutable version, fork a version into a writable `Workspace` that only its trial writes, and read a version back. The
-parent never changes: a trial writes only into its fork.
+The sandbox tier needs three things of a store, so that is the whole `WorldStore` protocol (in `rl.protocols`): seal a
+world's files into an immutable version, fork a version into a writable `Workspace` that only its trial writes, and read
+a version back. The parent never changes: a trial writes only into its fork.
 
 Two implementations:
 - `VolumeWorlds` (here) over any volume store shaped like `rl.protocols.VolumeVersion` / `WritableVolume` — the local
@@ -15,42 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
-from rl.protocols import VolumeVersion, WritableVolume
-
-
-@runtime_checkable
-class Workspace(Protocol):
-    """A trial's private writable copy of a world. Exactly one writer; `finalize` seals it, `abandon` drops it."""
-
-    @property
-    def name(self) -> str: ...
-
-    def read_text(self, relpath: str) -> str: ...
-
-    def write_text(self, relpath: str, text: str) -> None: ...
-
-    def finalize(self, message: str) -> str:
-        """Seal the fork; returns its version."""
-        ...
-
-    def abandon(self) -> None: ...
-
-
-@runtime_checkable
-class WorldStore(Protocol):
-    """Sealed world versions and their per-trial forks."""
-
-    def seal(self, name: str, files: Mapping[str, str], message: str) -> str:
-        """Write `files` into a new volume `name` and seal it; returns the version every trial will fork."""
-        ...
-
-    def fork(self, version: str, name: str) -> Workspace: ...
-
-    def read(self, version: str) -> dict[str, str]:
-        """Every file of a sealed version, by path."""
-        ...
+from rl.protocols import VolumeVersion, Workspace, WritableVolume
 
 
 class VolumeStoreLike(Protocol):
