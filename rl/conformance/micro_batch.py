@@ -5,7 +5,8 @@ Accumulation is where a loss scale goes wrong without any single function being 
 as its own mean and divided by the number of micro-batches (`loss / gradient_accumulation_steps`) weighs every sample
 equally only when the micro-batches are equal, so the law splits the batch unevenly. The advantage and loss laws see
 one function on one batch and cannot notice. Bind `micro_batched_trainer`, `(artifacts, micro_batch_size) -> Trainer`,
-the trainer under test back-propagating `micro_batch_size` samples at a time.
+the trainer under test back-propagating `micro_batch_size` samples at a time. Its marker is `rl_accumulation`, not
+`rl_trainer`: a trainer that does not micro-batch (a fake) has nothing here to bind, and its trainer laws still run whole.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ REL_TOLERANCE = 1e-4
 ~1e-7 relative; a mis-weighted sample moves them by percents."""
 
 
-@tier("trainer")
+@tier("accumulation")
 class MicroBatchTrainerLaws:
     """Needs `trainer`, `train_batch`, `artifacts`, `micro_batched_trainer` and `rl_run`."""
 

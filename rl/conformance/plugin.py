@@ -32,6 +32,7 @@ TIER_MARKERS = {
     "rl_advantages": "the group-relative advantage laws",
     "rl_loss": "the GRPO loss laws (REINFORCE at ratio 1, clipped ratio, KL penalty, padding, aggregation)",
     "rl_ddp": "the multi-rank shard-step laws (spawned gloo ranks)",
+    "rl_accumulation": "the gradient-accumulation law (micro-batched steps against the whole batch's, real trainers)",
     "rl_agentic": "the agentic loop laws (skipped trials, memoised judge, canonical inputs, exactly-once steps)",
     "rl_volumes": "the versioned copy-on-write volume laws (fork isolation, immutable versions, one writer per name)",
     "rl_buffer": "the rollout buffer laws (immutable versions, exact rows, rescoring changes only rewards)",
