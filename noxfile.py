@@ -125,9 +125,12 @@ def unit(session: nox.Session) -> None:
 
 @nox.session
 def slow(session: nox.Session) -> None:
-    """Multi-process DDP on gloo and the learning test: minutes, not seconds."""
+    """Multi-process DDP on gloo, torchrun, the conformance self-test's broken implementations and the learning test:
+    minutes, not seconds. Two pytest-xdist workers: most of these tests wait on processes they spawn, and one worker
+    left a second core idle for ~20 minutes; more would crowd the gloo ranks past their short collective timeouts."""
     _install_cpu(session)
-    session.run("pytest", "-m", "slow", *session.posargs, env=HYPOTHESIS_ENV)
+    workers = ("-n", "2", "--dist", "worksteal")
+    session.run("pytest", *workers, "-m", "slow", *session.posargs, env=HYPOTHESIS_ENV)
 
 
 @nox.session
@@ -203,7 +206,8 @@ def chaos(session: nox.Session) -> None:
     aimed = ("--iterations", "6", "--kills", "2", "--seed", "0", "--sequential", "--at", points)
     session.run("python", "-m", "fakes.process_kills", *aimed, env=HYPOTHESIS_ENV)
     # Hostile run directories: a real run mutated (files, links, types, sizes, encodings), then resumed and re-scored.
-    fuzz = {**HYPOTHESIS_ENV, "RL_FUZZ_EXAMPLES": "150"}
+    # 60 directories (~2 s each on 2 cores); RL_FUZZ_EXAMPLES=500 nox -s chaos searches further.
+    fuzz = {**HYPOTHESIS_ENV, "RL_FUZZ_EXAMPLES": os.environ.get("RL_FUZZ_EXAMPLES", "60")}
     session.run("pytest", "tests/test_hostile_dirs.py", "-n", "0", "-q", "--hypothesis-show-statistics", env=fuzz)
 
 
