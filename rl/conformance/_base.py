@@ -105,3 +105,13 @@ def must_provide(contract: str, fixture: str, what: str) -> NotImplementedError:
     return NotImplementedError(
         f"{contract} needs the `{fixture}` fixture: override it in your test class to return {what}"
     )
+
+
+def assert_same_step(
+    expected: Any, got: Any, rel_tolerance: float, why: Callable[[str, float, float, str], str]
+) -> None:
+    """Assert that `got`'s loss and pre-clip gradient norm (two `StepMetrics`) equal `expected`'s within `rel_tolerance`
+    relative; `why(what, got, expected, ratio)` is the failure's message, `ratio` already formatted."""
+    for what, one, other in (("loss", expected.loss, got.loss), ("gradient norm", expected.grad_norm, got.grad_norm)):
+        ratio = f"{other / one if one else float('nan'):.6g}"
+        assert abs(other - one) <= rel_tolerance * max(abs(one), 1e-12), why(what, other, one, ratio)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from rl.conformance._base import Run, tier
+from rl.conformance._base import Run, assert_same_step, tier
 from rl.protocols import Artifacts, Trainer
 from rl.types import TrainBatch
 
@@ -47,13 +47,14 @@ class DataParallelTrainerLaws:
         per-rank scale makes the all-reduced gradient the full batch's, as the trainer's aggregation declares."""
         single = rl_run(trainer.train_step(train_batch)).metrics
         multi = rl_run(distributed_trainer(artifacts, WORLD_SIZE).train_step(train_batch)).metrics
-        for what, one, many in (
-            ("loss", single.loss, multi.loss),
-            ("gradient norm", single.grad_norm, multi.grad_norm),
-        ):
-            assert abs(many - one) <= REL_TOLERANCE * max(abs(one), 1e-12), (
+        assert_same_step(
+            single,
+            multi,
+            REL_TOLERANCE,
+            lambda what, many, one, ratio: (
                 f"the step on {WORLD_SIZE} ranks reported {what} {many!r}, the same step in one process {one!r} "
-                f"(ratio {many / one if one else float('nan'):.6g}): the data-parallel step scales each rank's loss "
-                f"so that the all-reduced gradient is not the full batch's. Scale each sample's loss by "
-                f"world_size / (samples in the batch), DDP's average over ranks then gives the batch's mean"
-            )
+                f"(ratio {ratio}): the data-parallel step scales each rank's loss so that the all-reduced gradient is "
+                f"not the full batch's. Scale each sample's loss by world_size / (samples in the batch), DDP's average "
+                f"over ranks then gives the batch's mean"
+            ),
+        )

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from rl.conformance._base import Run, tier
+from rl.conformance._base import Run, assert_same_step, tier
 from rl.protocols import Artifacts, Trainer
 from rl.types import TrainBatch
 
@@ -57,14 +57,15 @@ class MicroBatchTrainerLaws:
         assert len(train_batch.rollouts) % MICRO_BATCH_SIZES[-1] != 0, "the law's batch must split unevenly"
         whole = rl_run(trainer.train_step(train_batch)).metrics
         split = rl_run(micro_batched_trainer(artifacts, micro_batch_size).train_step(train_batch)).metrics
-        for what, one, many in (
-            ("loss", whole.loss, split.loss),
-            ("gradient norm", whole.grad_norm, split.grad_norm),
-        ):
-            assert abs(many - one) <= REL_TOLERANCE * max(abs(one), 1e-12), (
+        assert_same_step(
+            whole,
+            split,
+            REL_TOLERANCE,
+            lambda what, many, one, ratio: (
                 f"the step accumulated over micro-batches of {micro_batch_size} (of {len(train_batch.rollouts)} "
-                f"samples) reported {what} {many!r}, the step over the whole batch {one!r} "
-                f"(ratio {many / one if one else float('nan'):.6g}): the micro-batches' losses are not weighted as "
-                f"the batch's samples are. Scale each micro-batch's summed loss by 1 / (samples in the batch), not "
-                f"its own mean by 1 / (number of micro-batches), which is right only when the micro-batches are equal"
-            )
+                f"samples) reported {what} {many!r}, the step over the whole batch {one!r} (ratio {ratio}): the "
+                f"micro-batches' losses are not weighted as the batch's samples are. Scale each micro-batch's summed "
+                f"loss by 1 / (samples in the batch), not its own mean by 1 / (number of micro-batches), which is "
+                f"right only when the micro-batches are equal"
+            ),
+        )
