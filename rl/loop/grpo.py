@@ -340,10 +340,9 @@ class _BatchSchedule:
     batch comes from the checkpoint's previous adapter, the one that generated it the first time.
     """
 
-    def __init__(self, config: GrpoConfig, tiers: GrpoTiers, state: DriverState) -> None:
+    def __init__(self, config: GrpoConfig, tiers: GrpoTiers, state: DriverState, first: int) -> None:
         self.config, self.tiers = config, tiers
         self.pending: asyncio.Future[Scored] | None = None
-        first = state.iteration + 1
         if config.pipelined and first < config.iterations:
             adapter, version = (
                 (state.previous_adapter, state.previous_version)
@@ -390,10 +389,11 @@ async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> G
     await _publish(tiers, state, "running")
 
     evaluating = _launch_eval(config, tiers, state.pending_eval)
-    batches = _BatchSchedule(config, tiers, state)
+    start = state.iteration + 1
+    batches = _BatchSchedule(config, tiers, state, start)
     appending: asyncio.Future[str] | None = None
     try:
-        for it in range(state.iteration + 1, config.iterations):
+        for it in range(start, config.iterations):
             with tiers.scope(f"iter-{it}"):
                 scored = await batches.take(it, state)
                 appending = _start_append(tiers, it, scored, state.buffer_version)

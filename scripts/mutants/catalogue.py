@@ -456,7 +456,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "grpo-prompts-unseeded",
         "grpo-driver",
         "rl/loop/grpo.py",
-        '    rng = random.Random(derive_seed(config.seed, "prompts", iteration))\n',
+        "    rng = random.Random(prompt_draw_seed(config.seed, iteration))\n",
         "    rng = random.Random()\n",
         "the iteration's prompts drawn unseeded: a retried or resumed iteration trains on other prompts",
         ("tests/test_grpo_driver.py",),
@@ -465,8 +465,10 @@ CATALOGUE: tuple[Mutant, ...] = (
         "grpo-pipelined-resume-fresh-adapter",
         "grpo-driver",
         "rl/loop/grpo.py",
-        "            if state.previous_adapter is not None\n            else (state.adapter, state.adapter_version)",
-        "            if state.previous_adapter is None\n            else (state.adapter, state.adapter_version)",
+        "                if state.previous_adapter is not None\n"
+        "                else (state.adapter, state.adapter_version)",
+        "                if state.previous_adapter is None\n"
+        "                else (state.adapter, state.adapter_version)",
         "pipelined resume generates the next batch with the newest adapter, not the one an uninterrupted run used",
         ("tests/test_grpo_driver.py",),
     ),
