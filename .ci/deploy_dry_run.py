@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import flyte
 
@@ -19,8 +20,13 @@ def main(config: str) -> int:
     import rl.flyte.grpo_faults  # noqa: F401  (the same for the GRPO drivers' failure-injected twins)
     from rl.flyte.agentic import agentic_driver_env
     from rl.flyte.clustered import grpo_clustered_driver_env
+    from rl.flyte.envs import PYPROJECT
     from rl.flyte.grpo import grpo_driver_env
 
+    # The image spec installs the project PYPROJECT names: it must be the directory deployed from (nox -s
+    # deploy-dry-run deploys a clean copy, with PYTHONPATH pointing there).
+    if PYPROJECT.parent != Path.cwd().resolve():
+        sys.exit(f"rl was imported from {PYPROJECT.parent}, but the deploy runs in {Path.cwd()}: set PYTHONPATH")
     flyte.init_from_config(config)
     drivers = (grpo_driver_env, grpo_clustered_driver_env, agentic_driver_env)
     deployments = flyte.deploy(*drivers, dry_run=True)
