@@ -142,12 +142,12 @@ def refuse_other_model(out_dir: Path, model: TinyModelConfig, engine: str) -> No
     from rl.errors import GrpoInputError
 
     layout = RunLayout(out_dir)
-    wanted = layout.base_model(content_digest(model)).name
-    others = [name for name in layout.base_models() if name != wanted]
-    if others and layout.checkpoint.exists() and not (out_dir / wanted).is_dir():
+    wanted = layout.base_model(content_digest(model))
+    others = [name for name in layout.base_models() if name != wanted.name]
+    if others and layout.checkpoint.exists() and not wanted.is_dir():
         raise GrpoInputError(
             f"{out_dir} holds a run of another base model ({others[0]}), not the one --engine {engine} samples "
-            f"({wanted}); resume it with the --engine it was started with, or pass --fresh or another --out"
+            f"({wanted.name}); resume it with the --engine it was started with, or pass --fresh or another --out"
         )
 
 

@@ -79,11 +79,6 @@ class RunLayout:
         """Whether `name` is a base model's staging directory (`base_staging`)."""
         return bool(_BASE_STAGING.fullmatch(name))
 
-    @staticmethod
-    def written_by_run(name: str) -> bool:
-        """Whether a run writes an entry called `name` at a run directory's top level."""
-        return bool(_ENTRY.fullmatch(name))
-
 
 _BASE = re.compile(r"base-[0-9a-f]{12}")
 _BASE_STAGING = re.compile(rf"\.{_BASE.pattern}\.staging-[0-9a-f]{{32}}")
@@ -103,8 +98,8 @@ _ENTRY = re.compile(
 
 
 def written_by_run(name: str) -> bool:
-    """Whether a run writes an entry called `name` at a run directory's top level (`RunLayout.written_by_run`)."""
-    return RunLayout.written_by_run(name)
+    """Whether a run writes an entry called `name` at a run directory's top level (one `RunLayout` names)."""
+    return bool(_ENTRY.fullmatch(name))
 
 
 def claim(run_dir: Path) -> None:
