@@ -206,3 +206,20 @@ def test_the_production_drivers_take_no_fault_knob_and_their_failure_injected_tw
         assert list(task.native_interface.inputs) == ["config"], task.name
     for task in (train_rl_with_faults, train_rl_clustered_with_faults):
         assert list(task.native_interface.inputs) == ["config", "faults"], task.name
+
+
+def test_a_run_after_its_cached_files_were_deleted_rebuilds_them_and_trains_the_same_adapter(
+    flyte_local: LocalFlyte, reference
+):
+    """Local mode keeps Dirs under the raw-data path (/tmp) and its cache under ~/.flyte, so a reboot deletes the one
+    and not the other. The next run used to reuse cached results naming deleted files: the driver died at "model
+    directory ... does not exist", and later tasks returned adapters that were gone. Each cached result that names a
+    file is checked, and a stale one is run again; after a second wipe, the rerun's own cache entry is stepped past."""
+    import shutil
+
+    for wipe in range(3):
+        result: GrpoRunResult = flyte_local.run(train_rl, config=CONFIG).output
+        assert _digest(result.adapter.path) == result.adapter.hash == reference.adapter.digest, f"after wipe {wipe}"
+        assert _digest(result.optimizer_state.path) == reference.optimizer_state.digest
+        assert result.history == reference.history
+        shutil.rmtree(flyte_local.raw_data_path)  # every Dir and the checkpoint; the cache in HOME stays

@@ -28,6 +28,7 @@ from rl.agentic.tiers import JudgeTier, SandboxTier
 from rl.agentic.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
 from rl.flyte.agentic_report import render_agentic_report
 from rl.flyte.bindings import attempt_number, is_local, task_context
+from rl.flyte.cached_outputs import call_cached
 from rl.flyte.dir_worlds import DirWorlds
 from rl.flyte.envs import agentic_driver_env, agentic_trainer_env, judge_env, sandbox_env
 from rl.flyte.strict import ConfigError, StrictConfig
@@ -232,7 +233,7 @@ class FlyteAgenticTiers:
         return attempt_number()
 
     async def build_world(self, world_id: str, seed: int) -> WorldRef:
-        return await build_world(world_id, seed)
+        return await call_cached(build_world, world_id, seed, names=lambda world: [world.version])
 
     async def setup_trainer(self, world_ids: list[str]) -> Weights:
         self.weights = await setup_trainer(world_ids)

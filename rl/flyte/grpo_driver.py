@@ -15,6 +15,7 @@ import flyte
 from flyte.io import Dir
 
 from rl.flyte.bindings import DirArtifacts, FlyteReporter, check_base, dir_of, ref_of
+from rl.flyte.cached_outputs import call_cached
 from rl.flyte.checkpoint_store import CrashAfterCheckpoint, FlyteStateStore
 from rl.flyte.config import EngineSpec, FaultSpec, GrpoRunConfig
 from rl.flyte.grpo_tasks import (
@@ -57,7 +58,8 @@ class GrpoRunResult:
 
 
 class TrainTask(Protocol):
-    """The call shape of `train_step` and `rl.flyte.clustered.train_step_clustered`."""
+    """The call shape of `train_step` and `rl.flyte.clustered.train_step_clustered`: Flyte tasks, whose `name`, `cache`
+    and `override` `call_cached` uses too."""
 
     async def __call__(self, base: Dir, adapter: Dir, optimizer_state: Dir, batch: TrainInput) -> TrainOutput: ...
 
@@ -86,12 +88,19 @@ class _TaskTrainer:
     step_task: TrainTask
 
     async def init_adapter(self, seed: int) -> TrainResult:
-        return (await init_adapter(self.base, seed, self.config)).result()
+        return (await call_cached(init_adapter, self.base, seed, self.config, names=_written)).result()
 
     async def train_step(self, batch: TrainBatch) -> TrainResult:
         optimizer_state = dir_of(batch.optimizer_state) if batch.optimizer_state is not None else Dir.empty()
-        out = await self.step_task(self.base, dir_of(batch.adapter), optimizer_state, TrainInput.of(batch, self.config))
+        step_input = TrainInput.of(batch, self.config)
+        out = await call_cached(
+            self.step_task, self.base, dir_of(batch.adapter), optimizer_state, step_input, names=_written
+        )
         return out.result()
+
+
+def _written(out: TrainOutput) -> list[str]:
+    return [out.adapter.path, out.optimizer_state.path]
 
 
 @dataclass(frozen=True)
@@ -150,7 +159,10 @@ async def run_driver(
     config.check()  # a config made without validation (`model_construct`) still fails before the first task
     if faults is not None:
         config.check_faults(faults)
-    base = Dir.from_existing_remote(config.model.uri) if config.model.uri else await build_base(config.model.tiny)
+    if config.model.uri:
+        base = Dir.from_existing_remote(config.model.uri)
+    else:
+        base = await call_cached(build_base, config.model.tiny, names=lambda built: [built.path])
     await check_base(base)  # every profile's model, prefetched or built: one line now, not a dead GPU task later
     ctx = flyte.ctx()
     store: StateStore = FlyteStateStore(ctx.checkpoint if ctx is not None else None)
