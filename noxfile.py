@@ -117,7 +117,7 @@ def unit(session: nox.Session) -> None:
     """
     _install_cpu(session)
     args = list(session.posargs)
-    skipped = ["gpu", "slow", "ray", "browser"] + ([] if "--with-flyte" in args else ["flyte"])
+    skipped = ["gpu", "slow", "heavy", "fuzz", "ray", "browser"] + ([] if "--with-flyte" in args else ["flyte"])
     args = [a for a in args if a != "--with-flyte"]
     workers = ("-n", "auto", "--maxprocesses", "4", "--dist", "worksteal")
     session.run("pytest", *workers, "-m", " and ".join(f"not {m}" for m in skipped), *args, env=HYPOTHESIS_ENV)
@@ -125,12 +125,14 @@ def unit(session: nox.Session) -> None:
 
 @nox.session
 def slow(session: nox.Session) -> None:
-    """Multi-process DDP on gloo, torchrun, the conformance self-test's broken implementations and the learning test:
+    """Multi-process DDP on gloo, torchrun, the conformance self-test's broken implementations and the learning test
+    (`slow`), and every one-process test over ~0.5 s on a quiet core (`heavy`: whole demo and CLI runs, real-model
+    steps, report charts, the self-test's reference runs), kept out of `unit` so that it answers in about a minute:
     minutes, not seconds. Two pytest-xdist workers: most of these tests wait on processes they spawn, and one worker
     left a second core idle for ~20 minutes; more would crowd the gloo ranks past their short collective timeouts."""
     _install_cpu(session)
     workers = ("-n", "2", "--dist", "worksteal")
-    session.run("pytest", *workers, "-m", "slow", *session.posargs, env=HYPOTHESIS_ENV)
+    session.run("pytest", *workers, "-m", "slow or heavy", *session.posargs, env=HYPOTHESIS_ENV)
 
 
 @nox.session
@@ -275,7 +277,7 @@ def mindeps(session: nox.Session) -> None:
     source = (*_cpu_torch_source(session), *_uv_compile(session))
     session.install(*CPU_CONSTRAINTS, *source, "--resolution", "lowest-direct", "-e", ".[test]")
     _check_cpu_torch(session)
-    skipped = ("gpu", "slow", "ray", "browser", "flyte")
+    skipped = ("gpu", "slow", "heavy", "fuzz", "ray", "browser", "flyte")
     workers = ("-n", "auto", "--maxprocesses", "4", "--dist", "worksteal")
     session.run(
         "pytest", *workers, "-m", " and ".join(f"not {m}" for m in skipped), *session.posargs, env=HYPOTHESIS_ENV

@@ -11,6 +11,7 @@ import math
 from collections import OrderedDict
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
@@ -93,6 +94,7 @@ def _containers(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 _values = st.recursive(_scalars, _containers, max_leaves=20)
 
 
+@pytest.mark.heavy
 @settings(max_examples=500)
 @given(st.data())
 def test_the_canonical_form_is_the_first_versions_key_order_and_types_included(data):

@@ -12,6 +12,7 @@ import math
 from dataclasses import asdict, replace
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -86,6 +87,7 @@ def _same(a: Any, b: Any) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
+@pytest.mark.heavy
 @settings(max_examples=200)
 @given(st.data())
 def test_the_checkpoint_bytes_are_the_formulas_and_decode_back(data):

@@ -34,6 +34,7 @@ def _json_tail(out: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.heavy
 def test_rl_chaos_json_reports_scenarios_failures_rate_and_crash_points(capsys):
     """`rl chaos --json` ends with an object holding the public keys; exit 0 when all invariants hold."""
     assert main(["chaos", "--loop", "grpo-pipelined", "--seeds", "3", "--json"]) == 0
@@ -57,6 +58,7 @@ def test_rl_chaos_reports_per_fault_kind_coverage_and_a_trace_explains_one_seed(
     assert "--seed" in capsys.readouterr().err
 
 
+@pytest.mark.heavy
 def test_rl_chaos_in_two_processes_reports_what_one_process_does(capsys):
     """Scenarios are seeded and independent: `--jobs 2` changes the speed, never the reports."""
     summaries = []
@@ -81,6 +83,7 @@ def test_rl_chaos_failure_prints_the_seed_and_the_reproducing_command(capsys, mo
     assert "reproduce: rl chaos --loop grpo --seed 7" in out
 
 
+@pytest.mark.heavy
 def test_rl_bench_json_has_the_public_figures(capsys, monkeypatch):
     import rl.bench.sim as bench
 
@@ -104,6 +107,7 @@ def test_rl_bench_refuses_an_unknown_section(capsys):
     assert "unknown section" in capsys.readouterr().err
 
 
+@pytest.mark.heavy
 def test_cpu_bench_measures_sampler_ceiling_and_train_step():
     """The CPU section reports the sampler's tokens/s against its teacher-forced ceiling and a full train step."""
     from rl.bench.cpu import cpu_stack_bench
@@ -117,6 +121,7 @@ def test_cpu_bench_measures_sampler_ceiling_and_train_step():
     assert figures["train_step_s"] > 0 and figures["train_step_samples"] == 4
 
 
+@pytest.mark.heavy
 def test_cpu_bench_repeats_each_figure_and_reports_its_median_and_spread():
     """Every timed figure is measured `repeats` times: the median under its name, the min-max beside it; the sampler's
     tokens per CPU-second is reported beside its wall rate."""

@@ -91,6 +91,7 @@ def test_each_family_exits_with_its_own_code_and_the_docs_list_every_one():
 # ---------------------------------------------------------------------------------------- one line per failure
 
 
+@pytest.mark.heavy
 def test_a_corrupt_adapter_ends_in_one_line_and_the_artifact_exit_code(tmp_path, capsys):
     """Resuming a run whose adapter file was damaged names the artifact and how to repair it; no traceback."""
     out = tmp_path / "run"
@@ -103,6 +104,7 @@ def test_a_corrupt_adapter_ends_in_one_line_and_the_artifact_exit_code(tmp_path,
     _assert_one_line(capsys.readouterr().err, "rl demo grpo", adapter, "repair")
 
 
+@pytest.mark.heavy
 def test_a_damaged_volume_manifest_ends_in_one_line_and_the_volume_exit_code(tiny_run, tmp_path, capsys):
     """`rl rescore` of a run whose buffer manifest is not JSON says which file and what to do."""
     run = tmp_path / "run"

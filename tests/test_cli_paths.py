@@ -40,6 +40,7 @@ def test_every_path_the_cli_parses_is_absolute(argv, tmp_path, monkeypatch):
     assert path.is_absolute() and "~" not in path.parts
 
 
+@pytest.mark.heavy
 def test_the_readme_demo_runs_with_its_default_out_and_resumes_and_rescores_from_other_directories(
     tmp_path, monkeypatch, capsys
 ):

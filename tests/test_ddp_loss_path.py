@@ -42,6 +42,7 @@ def one_rank_group() -> Iterator[None]:
         dist.destroy_process_group()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("loss_path", ["batched", "per_sample"])
 def test_a_ddp_step_runs_the_configured_loss_path(
     loss_path: str, tiny_model_dir: Path, tmp_path: Path, one_rank_group: None

@@ -11,6 +11,7 @@ from rl.cli import main
 from rl.types import IterationMetrics
 
 
+@pytest.mark.heavy
 def test_demo_writes_metrics_jsonl_report_html_and_a_json_summary(tmp_path, capsys):
     """`rl demo grpo --json`: one IterationMetrics per line, a report with charts, the summary's public keys."""
     out = tmp_path / "demo"
@@ -36,6 +37,7 @@ def test_demo_writes_metrics_jsonl_report_html_and_a_json_summary(tmp_path, caps
     assert page.count("<svg") == 9 and "format rate" not in page
 
 
+@pytest.mark.heavy
 def test_demo_resumes_a_finished_run_without_training_again(tmp_path, capsys):
     """A second `rl demo grpo` in the same directory resumes from its checkpoint instead of starting over."""
     args = ["demo", "grpo", "--iterations", "2", "--prompts", "2", "--samples", "2", "--out", str(tmp_path), "--json"]
@@ -47,6 +49,7 @@ def test_demo_resumes_a_finished_run_without_training_again(tmp_path, capsys):
     assert second["accuracy_last"] == first["accuracy_last"]
 
 
+@pytest.mark.heavy
 def test_demo_refuses_to_resume_a_run_of_another_configuration_and_says_what_to_do(tmp_path, capsys):
     """A different --samples in the same --out is a clear error (exit 3, `CheckpointError`'s family), not a
     traceback or a silent restart."""

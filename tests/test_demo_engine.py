@@ -38,6 +38,7 @@ def test_the_vllm_demo_model_has_a_head_dim_vllms_cpu_attention_serves() -> None
     assert VLLM_DEMO_MODEL.hidden_size // VLLM_DEMO_MODEL.heads == 64
 
 
+@pytest.mark.heavy
 def test_a_run_of_the_torch_model_is_not_resumed_on_the_vllm_model(tmp_path, capsys) -> None:
     """A checkpointed run of the default engine, resumed with `--engine vllm`: refused, naming the flag, nothing
     written (its adapters cannot load on the other base model)."""

@@ -39,6 +39,7 @@ def test_fresh_refuses_a_folder_of_someone_elses_files(tmp_path, monkeypatch, sp
     ]
 
 
+@pytest.mark.heavy
 def test_fresh_deletes_only_what_the_run_wrote_and_starts_over(tmp_path, capsys):
     """In a run directory this tool made, `--fresh` restarts the run and keeps a file the user put there."""
     out = tmp_path / "run"

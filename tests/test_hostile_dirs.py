@@ -197,6 +197,7 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
     return rc, capsys.readouterr().err
 
 
+@pytest.mark.fuzz
 @settings(
     max_examples=EXAMPLES,
     deadline=None,

@@ -135,6 +135,7 @@ def test_the_report_escapes_every_value_whatever_its_type():
     assert "&lt;script&gt;" in page
 
 
+@pytest.mark.heavy
 def test_a_task_metric_named_with_mathtext_is_drawn_literally():
     """`$\\foo{$` as a task-metric name (from a crafted row) is a title, not a matplotlib mathtext parse error."""
     history = [replace(r, task_metrics={"$\\foo{$": 0.5, "a$b": 0.1}) for r in rows(3)]

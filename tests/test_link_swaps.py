@@ -159,6 +159,7 @@ async def test_an_artifact_folder_swapped_for_a_link_is_refused(tmp_path, outsid
         assert snapshot(outside) == before
 
 
+@pytest.mark.heavy
 @pytest.mark.asyncio
 async def test_metrics_and_checkpoint_swapped_for_links_are_neither_written_nor_read(tmp_path, outside):
     """`metrics.jsonl` linked out after the reporter wrote it once: the next publication refuses it (today's main

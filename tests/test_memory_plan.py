@@ -88,6 +88,7 @@ QWEN3_SMALL_VOCAB = Qwen3Shape(seed=1, vocab_size=64)
 ATTENTION_ONLY = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     "config",
     [

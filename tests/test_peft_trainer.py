@@ -77,6 +77,7 @@ def test_init_optimizer_state_is_empty(trainer: PeftTrainer) -> None:
     assert len(saved["param_names"]) > 0
 
 
+@pytest.mark.heavy
 def test_a_step_changes_the_adapter_and_reports_on_policy_metrics(trainer: PeftTrainer, rollouts: list) -> None:
     """One step moves the adapter; on-policy samples have ratio 1, so nothing is clipped and the loss starts at 0."""
     init = run(trainer.init_adapter(seed=5))
@@ -116,6 +117,7 @@ def test_a_replayed_step_is_bitwise_identical(trainer: PeftTrainer, rollouts: li
     assert replayed.metrics == second.metrics
 
 
+@pytest.mark.heavy
 def test_zero_advantage_groups_are_skipped_entirely(trainer: PeftTrainer, rollouts: list) -> None:
     """A no-signal group is counted and contributes nothing, KL included: appending one leaves the update unchanged."""
     init = run(trainer.init_adapter(seed=5))
@@ -143,6 +145,7 @@ def test_a_batch_without_signal_takes_no_step(trainer: PeftTrainer, rollouts: li
     assert _files(trainer, result) == _files(trainer, moved)
 
 
+@pytest.mark.heavy
 def test_the_loss_falls_on_a_fixed_batch(trainer: PeftTrainer, rollouts: list) -> None:
     """Training repeatedly on one batch (fixed sampling log-probs) lowers the loss each step.
 
@@ -201,6 +204,7 @@ def test_optimizer_state_round_trips_exactly_through_the_artifact(trainer: PeftT
     assert len(state) == len(params) and all(float(s["step"]) == 1.0 for s in state.values())
 
 
+@pytest.mark.heavy
 def test_an_optimizer_state_from_another_adapter_layout_is_refused(trainer: PeftTrainer, rollouts: list) -> None:
     init = run(trainer.init_adapter(seed=5))
     narrow = PeftTrainer(trainer.base_dir, trainer.artifacts, dataclasses.replace(CONFIG, target_modules=("q_proj",)))
@@ -227,6 +231,7 @@ def test_the_adapter_config_is_written_canonically(trainer: PeftTrainer) -> None
     assert str(trainer.base_dir) not in files["adapter_config.json"].decode()
 
 
+@pytest.mark.heavy
 def test_a_warm_trainer_writes_the_bytes_a_cold_one_writes(
     tiny_model_dir: Path, rollouts: list, tmp_path: Path
 ) -> None:
@@ -272,6 +277,7 @@ def test_a_batch_naming_other_artifacts_or_following_a_failure_loads_cold(traine
     assert trainer.cold_loads == 3
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("micro_batch_size", [1, 5])
 def test_batched_and_per_sample_losses_agree(
     tiny_model_dir: Path, rollouts: list, tmp_path: Path, micro_batch_size: int
@@ -352,6 +358,7 @@ def test_adapters_off_is_peft_disable_adapter_bit_for_bit(trainer: PeftTrainer, 
     assert all(p.requires_grad for _, p in trainable_parameters(model)) and trainable_parameters(model)
 
 
+@pytest.mark.heavy
 def test_dropout_masks_agree_between_loss_paths_at_micro_batch_one(
     tiny_model_dir: Path, rollouts: list, tmp_path: Path
 ) -> None:

@@ -22,6 +22,7 @@ def first(tmp_path_factory):
     return _run(tmp_path_factory.mktemp("first"))
 
 
+@pytest.mark.heavy
 def test_two_three_iteration_runs_with_pinned_threads_give_bitwise_identical_adapters(first, tmp_path):
     """Two 3-iteration runs with the thread count pinned end with the same adapter, optimizer state and history."""
     second = _run(tmp_path / "b")
@@ -31,6 +32,7 @@ def test_two_three_iteration_runs_with_pinned_threads_give_bitwise_identical_ada
     assert [row.adapter_version for row in first.history] == [1, 2, 3]
 
 
+@pytest.mark.heavy
 def test_a_different_run_seed_gives_a_different_adapter(first, tmp_path):
     """The equality above is not vacuous: another seed samples other rollouts and trains another adapter."""
     from dataclasses import replace
@@ -54,6 +56,7 @@ class _RecordingTrainer:
         return result
 
 
+@pytest.mark.heavy
 def test_each_rows_kl_and_clip_fraction_are_the_peft_steps_own(tmp_path):
     """Pipelined on the real stack (stale samples, a moving adapter), each row's KL to the base, clip fraction and
     gradient norm are exactly what that iteration's PEFT step computed from `rl.loss`, and they are not all zero."""

@@ -25,6 +25,7 @@ def _figures(page: str) -> list[str]:
     return re.findall(r'<figure class="panel" data-panel="([^"]+)">', page)
 
 
+@pytest.mark.heavy
 def test_the_digit_task_gets_an_accuracy_chart_and_no_format_rate_chart():
     """The digit task defines accuracy only, so the page draws accuracy and never mentions a format rate."""
     history = rows(12)
@@ -35,6 +36,7 @@ def test_the_digit_task_gets_an_accuracy_chart_and_no_format_rate_chart():
     assert page.count("<svg") == len(_figures(page))  # one SVG per panel, not one wide figure
 
 
+@pytest.mark.heavy
 def test_a_task_that_defines_a_format_rate_gets_its_chart_and_status():
     history = rows(12, task=MARKED_TASK)
     assert "task:format_rate" in _keys(history)
@@ -72,6 +74,7 @@ def test_phase_chart_draws_each_phase_where_rows_have_it_and_is_left_out_without
     assert "phase_s" not in _keys(rows(12, phases=False))
 
 
+@pytest.mark.heavy
 def test_the_sample_table_shows_the_latest_iterations_newest_first_one_sample_each():
     """Not iteration 0 as "the best": the last RECENT_SAMPLES iterations, each with its own sample and reward."""
     history = rows(RECENT_SAMPLES + 5)
@@ -84,12 +87,14 @@ def test_the_sample_table_shows_the_latest_iterations_newest_first_one_sample_ea
     assert "<code>q0=c0</code>" not in page
 
 
+@pytest.mark.heavy
 def test_samples_are_escaped_and_long_completions_cut():
     page = render_report(rows(2, completion="<b>" + "x" * 2000), status="running")
     assert "<code>q1=&lt;b&gt;xxx" in page and "<b>x" not in page
     assert "x" * 700 not in page and "xxx …</code>" in page
 
 
+@pytest.mark.heavy
 def test_status_line_has_the_latest_rows_trainer_statistics_and_phase_seconds():
     history = rows(3)
     page = render_report(history, status="running", evals=evals(10, every=2)[:1])
@@ -112,6 +117,7 @@ def test_an_empty_history_renders_a_page_without_charts():
     assert "no iteration yet" in page and "<svg" not in page and "</h2>" in page
 
 
+@pytest.mark.heavy
 def test_file_reporter_writes_one_row_per_line_with_task_metrics_and_phase_seconds(tmp_path):
     reporter = FileReporter(tmp_path, min_interval_s=0.0)
     history = rows(3, task=MARKED_TASK)
@@ -123,12 +129,14 @@ def test_file_reporter_writes_one_row_per_line_with_task_metrics_and_phase_secon
     assert 'data-panel="task:format_rate"' in reporter.report_path.read_text()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("n", [1, 2])
 def test_a_run_of_one_or_two_iterations_still_draws_every_chart(n):
     page = render_report(rows(n), status="running")
     assert page.count("<svg") == len(_figures(page)) == len(_keys(rows(n)))
 
 
+@pytest.mark.heavy
 def test_trainer_charts_leave_out_iterations_that_took_no_step_and_the_status_says_so():
     """With no contributing sample the trainer measured nothing: its zeros must not be drawn as a KL or loss of 0."""
     history = rows(5)
@@ -142,6 +150,7 @@ def test_trainer_charts_leave_out_iterations_that_took_no_step_and_the_status_sa
     assert "no step (no group had signal)" in status and "KL" not in status
 
 
+@pytest.mark.heavy
 def test_trainer_charts_are_drawn_empty_before_the_first_step():
     """A run whose groups all had equal rewards so far keeps its loss and KL charts (empty), not a shorter page."""
     history = [replace(row, contributing=0) for row in rows(3)]
@@ -151,6 +160,7 @@ def test_trainer_charts_are_drawn_empty_before_the_first_step():
     assert page.count("<svg") == len(keys)
 
 
+@pytest.mark.heavy
 def test_rendering_while_running_stays_under_its_share_of_the_run_and_completion_always_renders(tmp_path, monkeypatch):
     """A render that took 1 s (on a fake clock) holds the next one back 1 / max_render_share = 20 s, whatever the
     interval; completion renders at once. The JSONL is written on every publication regardless."""
@@ -177,6 +187,7 @@ def test_rendering_while_running_stays_under_its_share_of_the_run_and_completion
         FileReporter(tmp_path, max_render_share=0.0)
 
 
+@pytest.mark.heavy
 def test_metrics_file_appends_new_rows_and_rewrites_when_an_earlier_row_changed(tmp_path):
     """Appending keeps the file equal to a full rewrite: after new rows, and after the driver replaced an earlier row
     (an evaluation's seconds added to it), which forces a rewrite."""

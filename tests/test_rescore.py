@@ -23,6 +23,7 @@ def demo_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.heavy
 def test_the_demo_keeps_one_buffer_version_per_iteration_readable_by_pandas(demo_run):
     """The training-loop tutorial: "Store them on a volume that each iteration forks and adds to"; every version stays
     addressable."""

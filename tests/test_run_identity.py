@@ -76,6 +76,7 @@ def _crashed_run(*, buffered: bool, crash_at: int) -> tuple[MemoryArtifacts, Mem
     return artifacts, store, sink
 
 
+@pytest.mark.heavy
 @settings(max_examples=6, deadline=None)
 @given(data=st.data())
 def test_a_resume_that_switches_the_buffer_on_or_off_is_refused_naming_the_field(data):
@@ -108,6 +109,7 @@ def test_a_configuration_mismatch_names_the_fields_that_differ():
     assert "iterations" not in str(refused.value).split("(")[1]  # only the differing fields are listed
 
 
+@pytest.mark.heavy
 def test_the_demo_refuses_to_resume_with_no_buffer_and_says_to_use_the_original_flags(tmp_path, capsys):
     """`rl demo grpo --no-buffer` on a run that kept a buffer exits non-zero before training, naming the flag."""
     out = tmp_path / "run"

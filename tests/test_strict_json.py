@@ -108,6 +108,7 @@ def test_rescoring_huge_rewards_reports_finite_means(tmp_path):
     _strict_loads(dumps(stats.to_dict()))
 
 
+@pytest.mark.heavy
 def test_metrics_jsonl_is_strict_json_with_non_finite_fields_null_and_named(tmp_path):
     """A diverged step's infinite grad norm and NaN loss: null in the row, named in `non_finite`, restored on load."""
     reporter = FileReporter(tmp_path, min_interval_s=3600.0)

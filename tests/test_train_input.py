@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+import pytest
 from flyte.io import Dir
 from flyte.types import TypeEngine
 from hypothesis import given, settings
@@ -34,6 +35,7 @@ def _rollouts(data: st.DataObject) -> list[Rollout]:
     ]
 
 
+@pytest.mark.heavy
 @settings(max_examples=25, deadline=None)
 @given(st.data())
 def test_a_batch_crosses_the_train_task_boundary_intact(data):

@@ -102,6 +102,7 @@ def test_an_engine_removes_the_adapter_directory_it_made_and_a_refused_one_makes
     assert (tmp_path / "mine").is_dir()
 
 
+@pytest.mark.heavy
 def test_sampling_params_and_lora_request_are_passed_as_the_seed_specifies(
     engine: VLLMEngine, refs: dict[str, ArtifactRef], store: LocalArtifacts, tiny_model_dir: Path
 ) -> None:
@@ -122,6 +123,7 @@ def test_sampling_params_and_lora_request_are_passed_as_the_seed_specifies(
     assert read_dir(Path(lora.lora_path)) == run(store.get(refs["trained"]))
 
 
+@pytest.mark.heavy
 def test_with_the_models_tokenizer_prompts_go_as_token_ids_and_text_is_decoded_locally(
     tiny_model_dir: Path, store: LocalArtifacts, refs: dict[str, ArtifactRef], tmp_path: Path
 ) -> None:
@@ -158,6 +160,7 @@ def test_outputs_become_rollouts_with_the_requests_version_and_the_policys_logpr
         torch.testing.assert_close(torch.tensor(r.logprobs), forced, rtol=0, atol=1e-5)
 
 
+@pytest.mark.heavy
 def test_translation_loses_nothing_the_torch_sampler_records(
     engine: VLLMEngine, refs: dict[str, ArtifactRef], tiny_model_dir: Path, store: LocalArtifacts
 ) -> None:
@@ -167,6 +170,7 @@ def test_translation_loses_nothing_the_torch_sampler_records(
     assert run(engine.generate(req)) == per_sample_seeded(TorchSampler(tiny_model_dir, store), req)
 
 
+@pytest.mark.heavy
 def test_each_adapter_is_written_and_loaded_once(engine: VLLMEngine, refs: dict[str, ArtifactRef]) -> None:
     for seed in range(3):
         run(engine.generate(request(refs["trained"], seed=seed)))
@@ -174,6 +178,7 @@ def test_each_adapter_is_written_and_loaded_once(engine: VLLMEngine, refs: dict[
     assert len([p for p in engine.adapter_root.iterdir() if not p.name.startswith(".")]) == 1
 
 
+@pytest.mark.heavy
 def test_one_warm_engine_serves_two_runs_each_from_its_own_adapters(
     engine: VLLMEngine,
     refs: dict[str, ArtifactRef],

@@ -125,6 +125,7 @@ def test_a_broken_algorithm_fails_exactly_the_laws_it_breaks(
         assert f"--rl-impl broken_algorithm:{attr}" in report, f"{name}'s report has no reproduce line"
 
 
+@pytest.mark.heavy
 def test_the_reference_passes_every_algorithm_law(pytester: pytest.Pytester) -> None:
     run = run_algorithm_laws(pytester, "broken_algorithm", "REFERENCE")
     assert not run.failed, "\n".join(f"--- {name}\n{text}" for name, text in run.reports.items())

@@ -328,6 +328,7 @@ def test_the_suite_fails_a_broken_implementation_on_the_law_it_breaks(pytester, 
     assert f"--rl-impl {impl}" in report, f"{law}'s report has no reproduce line:\n{report}"
 
 
+@pytest.mark.heavy
 def test_the_reference_passes_every_law_these_cases_run(pytester):
     run = run_suite(
         pytester,

@@ -101,6 +101,7 @@ def test_a_declared_choice_passes_and_undeclared_fails_only_its_choice_laws(
         )
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(("attr", "skipped"), OURS, ids=[attr for attr, _ in OURS])
 def test_our_functions_pass_under_each_declaration_they_support(
     pytester: pytest.Pytester, attr: str, skipped: set[str]

@@ -83,6 +83,7 @@ def test_a_real_librarys_choice_passes_declared_and_undeclared_names_its_declara
         )
 
 
+@pytest.mark.heavy
 def test_a_kl_term_that_should_be_ratio_weighted_and_is_not_fails_the_estimator_law(pytester: pytest.Pytester) -> None:
     """NeMo-RL's KL (k3's value, k2's gradient at every ratio) declared as TRL's k3_ratio: identical at ratio 1, so
     only the KL laws' ratios away from 1 catch it. The message prints the loss fields only, not the declared

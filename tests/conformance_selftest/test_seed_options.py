@@ -34,6 +34,7 @@ def test_rl_examples_runs_that_many_draws(pytester):
     assert len(set(many)) > 2 * len(set(few))
 
 
+@pytest.mark.heavy
 def test_a_seeded_run_leaves_the_laws_derandomized_for_the_next_run(pytester):
     before = drawn(pytester)
     drawn(pytester, "--rl-seed", "3", "--rl-examples", "5")
