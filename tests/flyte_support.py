@@ -8,7 +8,9 @@ What needs isolating, as measured on flyte 2.12.1:
 - the checkpoint paths are `<raw_data_path>/checkpoint` and `<raw_data_path>/prev_checkpoint` for the whole run, so a
   test gets its own `raw_data_path`;
 - each run's metadata (inputs, outputs, `report.html`) goes to `/tmp/flyte/metadata/<run name>`; it is removed after
-  the test.
+  the test;
+- every download and upload leaves an empty `flyte-tmp-*` directory in the temp directory (`flyte.storage`'s
+  `get_random_local_path` never removes its `mkdtemp`): a test gets its own temp directory, removed with `tmp_path`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -77,6 +80,9 @@ class LocalFlyte:
 def isolated_flyte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalFlyte]:
     """A `LocalFlyte` with its own HOME (task cache) and raw-data path (checkpoint, Dirs); wrap it in a fixture."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     reset_local_cache_connection()
     local = LocalFlyte(tmp_path)
