@@ -442,8 +442,9 @@ def test_the_readme_documents_the_fork_commands():
 
 
 def test_rl_conformance_exports_exactly_its_type_checking_imports_and_loads_them_lazily():
-    """`rl.conformance.__all__` is the names its `TYPE_CHECKING` block imports (the one list of them), each resolves to
-    the object of that name in its module, and any other name is an AttributeError."""
+    """`rl.conformance.__all__` is exactly the names its `TYPE_CHECKING` block imports and its `_HOMES` table loads,
+    each resolves to the object of that name in the module both name, importing the package loads none of those
+    modules, and any other name is an AttributeError."""
     import ast
     import importlib
 
@@ -452,8 +453,14 @@ def test_rl_conformance_exports_exactly_its_type_checking_imports_and_loads_them
     tree = ast.parse(Path(conformance.__file__).read_text(encoding="utf-8"))
     block = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
     imported = {(a.name, n.module) for n in block.body if isinstance(n, ast.ImportFrom) for a in n.names}
-    assert sorted(name for name, _ in imported) == conformance.__all__
+    assert sorted(name for name, _ in imported) == sorted(conformance.__all__)
+    assert len(set(conformance.__all__)) == len(conformance.__all__)
+    assert imported == {(name, f"rl.conformance.{home}") for name, home in conformance._HOMES.items()}
     for name, module in imported:
         assert getattr(conformance, name) is getattr(importlib.import_module(module), name)
     with pytest.raises(AttributeError, match="has no attribute 'NotAContract'"):
         _ = conformance.NotAContract
+    homes = sorted({f"rl.conformance.{home}" for home in conformance._HOMES.values()})
+    code = f"import sys, rl.conformance; print([m for m in {homes!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
