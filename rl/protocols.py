@@ -9,8 +9,23 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from rl.agentic.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
-from rl.types import ArtifactRef, EvalResult, IterationMetrics, Prompt, Rollout, RolloutRequest, TrainBatch, TrainResult
+from rl.types import (
+    ArtifactRef,
+    EvalResult,
+    IterationMetrics,
+    Prompt,
+    Reward,
+    Rollout,
+    RolloutRequest,
+    Rubric,
+    StepResult,
+    TrainBatch,
+    TrainResult,
+    Trajectory,
+    TrialSpec,
+    Weights,
+    WorldRef,
+)
 
 
 @runtime_checkable

@@ -18,10 +18,10 @@ from rl.agentic.agent import doc_order, run_trial
 from rl.agentic.bandit import bandit_update, initial_weights
 from rl.agentic.faults import FlakyTrials, SandboxFailure, judge_flakes
 from rl.agentic.judge import judge_score, make_reward, verify
-from rl.agentic.types import Reward, Rubric, Trajectory, TrialSpec, Turn, Weights, WorldRef
 from rl.agentic.world import N_DOCS, SECRET_MARKER, doc_path, secret_digest, world_files, world_secret
 from rl.memory.worlds import MemoryWorlds
 from rl.sim.virtual_loop import VirtualTimeLoop
+from rl.types import Reward, Rubric, Trajectory, TrialSpec, Turn, Weights, WorldRef
 
 T = TypeVar("T")
 
@@ -182,3 +182,16 @@ def test_the_agentic_domain_and_driver_import_no_flyte_torch_or_ray():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == []
+
+
+def test_the_agentic_types_stay_importable_from_rl_agentic_types_as_the_classes_of_rl_types():
+    """`rl.agentic.types` still exports each agentic model, and each is the class `rl.types` defines (one home)."""
+    import rl.agentic.types
+    import rl.types
+
+    for name in rl.agentic.types.__all__:
+        assert getattr(rl.agentic.types, name) is getattr(rl.types, name)
+        assert getattr(rl.types, name).__module__ == "rl.types"
+    assert sorted(rl.agentic.types.__all__) == sorted(
+        ["Reward", "Rubric", "StepResult", "TrainerInfo", "Trajectory", "TrialSpec", "Turn", "Weights", "WorldRef"]
+    )

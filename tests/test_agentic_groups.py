@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from rl.agentic.bandit import BanditTrainer
 from rl.agentic.judge import judge_score
 from rl.agentic.tiers import JudgeTier, LocalAgenticTiers, SandboxTier, TrainerTier
-from rl.agentic.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
 from rl.loop.agentic import AgenticConfig, run_agentic
 from rl.memory.worlds import MemoryWorlds
+from rl.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
 
 _GROUP: contextvars.ContextVar[str | None] = contextvars.ContextVar("group", default=None)
 SMALL = AgenticConfig(n_steps=2, n_worlds=2, prompts_per_step=2, n_samples=2)

@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from rl.agentic.bandit import StepPayloadConflictError, TrainerMismatchError
-from rl.agentic.types import Reward
+from rl.types import Reward
 
 pytestmark = pytest.mark.ray
 
@@ -26,7 +26,7 @@ import asyncio, json, os, sys
 import ray
 from rl.agentic.ray_trainer import attach_ray_trainer
 from rl.agentic.tiers import TrainerTier
-from rl.agentic.types import Reward
+from rl.types import Reward
 
 address, name, namespace, steps, crash = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), sys.argv[5]
 ray.init(address=address, include_dashboard=False, log_to_driver=False)

@@ -17,7 +17,7 @@ from rl.agentic.bandit import (
     bandit_update,
     initial_weights,
 )
-from rl.agentic.types import Reward
+from rl.types import Reward
 
 WORLDS = ["w0", "w1"]
 

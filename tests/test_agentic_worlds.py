@@ -9,13 +9,13 @@ import pytest
 from rl.agentic.bandit import BanditTrainer
 from rl.agentic.judge import judge_score
 from rl.agentic.tiers import JudgeTier, LocalAgenticTiers, SandboxTier, TrainerTier
-from rl.agentic.types import Rubric, Trajectory
 from rl.agentic.volume_worlds import VolumeWorlds
 from rl.agentic.world import world_files
 from rl.loop.agentic import AgenticConfig, run_agentic
 from rl.memory.worlds import MemoryWorlds, RetiredWorkspaceError, UnknownVersionError
 from rl.protocols import Workspace, WorldStore
 from rl.sim.agentic_sim import AgenticSim
+from rl.types import Rubric, Trajectory
 from rl.volumes import LocalVolumeStore
 
 SMALL = {"n_steps": 2, "n_worlds": 2, "prompts_per_step": 2, "n_samples": 2}

@@ -13,11 +13,11 @@ import pytest
 from flyte_support import LocalFlyte, isolated_flyte
 
 from rl.agentic.faults import AgenticFaults
-from rl.agentic.types import Rubric
 from rl.flyte import agentic
 from rl.flyte.agentic import SMOKE, AgenticRunResult, RemoteOnlyError, fork, train
 from rl.flyte.agentic_faults import AgenticFaultSpec, train_with_faults
 from rl.sim.agentic_sim import AgenticSim
+from rl.types import Rubric
 
 pytestmark = pytest.mark.flyte
 

@@ -123,7 +123,8 @@ def _plant(path: Path, after: str, line: str) -> None:
 
 def test_the_tree_keeps_every_import_contract() -> None:
     """Law: every `rl` module imports only its own and lower layers, Flyte code and the simulator stay apart, the
-    drivers load no ML framework, nothing imports `fakes`, and the modules of rl.sim and of rl.flyte form no circle."""
+    drivers load no ML framework, nothing imports `fakes`, the modules of rl.sim and of rl.flyte form no circle, and the
+    tier protocols never import the agentic domain."""
     result = _lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 broken" in result.stdout
@@ -131,13 +132,16 @@ def test_the_tree_keeps_every_import_contract() -> None:
 
 def test_the_layer_check_sees_a_violation(tmp_path: Path) -> None:
     """The check is live: in a copy of the tree, the driver importing the simulator by a relative import and the CPU
-    deployment (which loads torch) by an absolute one is refused, each named."""
+    deployment (which loads torch) by an absolute one is refused, each named, and so is the tier protocols importing
+    the agentic domain (one layer of the main contract, so only its own contract orders them)."""
     root = _copy_tree(tmp_path)
     grpo = root / "rl" / "loop" / "grpo.py"
     _plant(grpo, "from __future__ import annotations\n", "from ..sim import swarm  # noqa")
     _plant(grpo, "from __future__ import annotations\n", "import rl.local  # noqa")
+    _plant(root / "rl" / "protocols.py", "from __future__ import annotations\n", "import rl.agentic.world  # noqa")
     result = _lint_imports(root)
     assert result.returncode != 0, result.stdout
+    assert "rl.protocols -> rl.agentic.world" in result.stdout, result.stdout
     assert "rl.loop.grpo -> rl.sim.swarm" in result.stdout, result.stdout
     assert "rl.loop.grpo -> rl.local" in result.stdout, result.stdout
 

@@ -1,6 +1,7 @@
 """The agentic tutorial's RL domain: pure code plus the bodies of its tiers, importable without flyte or ray.
 
-- `types`: Weights, WorldRef, TrialSpec, Turn, Trajectory, Rubric, Reward, StepResult, TrainerInfo (frozen pydantic)
+- `types`: Weights, WorldRef, TrialSpec, Turn, Trajectory, Rubric, Reward, StepResult, TrainerInfo (frozen pydantic),
+  defined in `rl.types` beside the GRPO data and re-exported here
 - `world`: the world of N_DOCS documents, one holding the hashed secret, deterministic from (seed, world id)
 - `volume_worlds`: `VolumeWorlds`, the `WorldStore` (rl.protocols) over copy-on-write volumes
 - `agent`: one trial — the policy-driven agent loop in a private fork, seeded by trial id

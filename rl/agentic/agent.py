@@ -14,10 +14,10 @@ import asyncio
 import random
 from collections.abc import Sequence
 
-from rl.agentic.types import Trajectory, TrialSpec, Turn, Weights
 from rl.agentic.world import ANSWER_FILE, N_DOCS, SCRATCH_FILE, SECRET_MARKER, doc_path
 from rl.protocols import Workspace
 from rl.seeding import derive_seed
+from rl.types import Trajectory, TrialSpec, Turn, Weights
 
 UNTIDY_P = 0.3
 """Probability that an agent leaves `scratch.tmp` behind (the judge's tidiness term cares)."""

@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from rl.agentic.types import Reward, StepResult, TrainerInfo, Weights
 from rl.agentic.world import N_DOCS
 from rl.errors import LedgerError
 from rl.identity import content_digest
+from rl.types import Reward, StepResult, TrainerInfo, Weights
 
 
 class TrainerLedgerError(LedgerError):

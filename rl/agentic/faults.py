@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rl.agentic.agent import sandbox_coin
-from rl.agentic.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
 from rl.errors import InputError
 from rl.protocols import AgenticTiers
 from rl.seeding import derive_seed
+from rl.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
 
 
 class SandboxFailure(RuntimeError):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import random
 
-from rl.agentic.types import Reward, Rubric, Trajectory
 from rl.agentic.world import ANSWER_FILE, N_DOCS, secret_digest
 from rl.seeding import derive_seed
+from rl.types import Reward, Rubric, Trajectory
 
 JUDGE_NOISE = 0.05
 """Half-width of the judge's uniform noise: two judges never agree to the third decimal."""

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rl.agentic.bandit import BanditTrainer, TrainerLedgerError
-from rl.agentic.types import Reward, TrainerInfo, Weights
+from rl.types import Reward, TrainerInfo, Weights
 
 POLICY_ACTOR = "agentic-policy-trainer"
 RAY_NAMESPACE = "flyte-rl-agentic"

@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from rl.agentic.agent import run_trial
 from rl.agentic.bandit import PolicyTrainer, step_result
 from rl.agentic.judge import make_reward, verify
-from rl.agentic.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
 from rl.agentic.world import world_files
 from rl.protocols import WorldStore
+from rl.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
 
 
 def _no_run_name() -> str:

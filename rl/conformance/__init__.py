@@ -8,15 +8,14 @@ Two ways to run it against your implementation:
 
 Public API (names are stable): the contracts of each tier and of the drivers (`LoopContract` gathers the loop's; the
 multi-rank `DdpShardStepContract` and the storage contracts stand apart), `Implementation` and the helpers to bind and
-record one. `__all__` lists them, read from the imports under `TYPE_CHECKING` below: the one place they are written.
-Attributes load lazily, so the pytest plugin that imports this package stays cheap.
+record one. `__all__` lists them; `_HOMES` says which module each loads from, on first use, so the pytest plugin that
+imports this package stays cheap. The `TYPE_CHECKING` imports give type checkers the same names (a test holds the three
+in step).
 """
 
 from __future__ import annotations
 
-import ast
 import importlib
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # `X as X`: an explicit re-export, for strict type checkers
@@ -45,24 +44,67 @@ if TYPE_CHECKING:  # `X as X`: an explicit re-export, for strict type checkers
     from rl.conformance.trainer import trained_adapter as trained_adapter
     from rl.conformance.volumes import VolumeStoreContract as VolumeStoreContract
 
+__all__ = [
+    "AdvantageContract",
+    "AgenticContract",
+    "AlgorithmSpec",
+    "ArtifactsContract",
+    "Capabilities",
+    "DdpShardStepContract",
+    "DriverReplayContract",
+    "GrpoDriverContract",
+    "Implementation",
+    "LoopContract",
+    "LossContract",
+    "RecordedHistory",
+    "RolloutBufferContract",
+    "RolloutEngineContract",
+    "ScorerContract",
+    "ScoringUtilitiesContract",
+    "StateStoreContract",
+    "TrainerContract",
+    "VolumeStoreContract",
+    "load_history",
+    "load_implementation",
+    "record_history",
+    "sample_loss_as_batch_loss",
+    "trained_adapter",
+]
 
-def _exports() -> dict[str, str]:
-    """Each public name and the module it lives in, read from the `TYPE_CHECKING` imports above (type checkers read the
-    same lines), so the names are written once and still load lazily."""
-    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
-    block = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
-    return {a.name: n.module for n in block.body if isinstance(n, ast.ImportFrom) and n.module for a in n.names}
-
-
-_EXPORTS = _exports()
-__all__ = sorted(_EXPORTS)
+# The module under rl.conformance that each public name loads from.
+_HOMES = {
+    "AdvantageContract": "advantage_laws",
+    "AgenticContract": "agentic",
+    "AlgorithmSpec": "spec",
+    "ArtifactsContract": "artifacts",
+    "Capabilities": "capabilities",
+    "DdpShardStepContract": "ddp",
+    "DriverReplayContract": "history",
+    "GrpoDriverContract": "driver",
+    "Implementation": "implementation",
+    "LoopContract": "loop",
+    "LossContract": "loss_laws",
+    "RecordedHistory": "history",
+    "RolloutBufferContract": "rollout_buffer",
+    "RolloutEngineContract": "rollout_engine",
+    "ScorerContract": "scorer",
+    "ScoringUtilitiesContract": "scoring_utilities",
+    "StateStoreContract": "state_store",
+    "TrainerContract": "trainer",
+    "VolumeStoreContract": "volumes",
+    "load_history": "history",
+    "load_implementation": "implementation",
+    "record_history": "history",
+    "sample_loss_as_batch_loss": "loss_laws",
+    "trained_adapter": "trainer",
+}
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
+    module = _HOMES.get(name)
     if module is None:
         raise AttributeError(f"module 'rl.conformance' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
 def __dir__() -> list[str]:

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from rl.agentic.types import Reward, Rubric, TrainerInfo, Weights
 from rl.conformance._base import ContractBase, tier
 from rl.loop.agentic import AgenticOutcome, run_agentic
 from rl.sim.agentic_sim import (
@@ -34,6 +33,7 @@ from rl.sim.agentic_sim import (
 )
 from rl.sim.chaos_agentic import SEED_FAILURES, agentic_sweep, all_trial_ids
 from rl.sim.faults import FaultPlan
+from rl.types import Reward, Rubric, TrainerInfo, Weights
 
 __all__ = ["AgenticContract"]
 

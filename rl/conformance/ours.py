@@ -1,7 +1,7 @@
 """Our own implementations, bound for the conformance suite (`--rl-impl rl.conformance.ours:FAKES`).
 
 - `FAKES`: the deterministic fakes of every tier, our drivers (GRPO and agentic), our advantages and loss, and our
-  local volumes and rollout buffer (fast; what `tests/test_conformance.py` checks).
+  local volumes and rollout buffer (fast; what `tests/test_conformance_ours.py` checks).
 - `REAL_CPU`: the real CPU stack on a tiny model built into a temporary directory on first use: `LocalArtifacts`,
   `FileStateStore`, the torch sampler, the PEFT trainer, `RewardScorer`, our advantages, the padded batch form of our
   loss (`grpo_masked_loss`, what the trainer runs), the DDP shard step (two spawned gloo ranks), and our local volumes

@@ -25,7 +25,6 @@ from rl.agentic.bandit import bandit_update, initial_weights, step_result
 from rl.agentic.faults import AgenticFaults, FaultInputError
 from rl.agentic.judge import judge_score
 from rl.agentic.tiers import JudgeTier, SandboxTier
-from rl.agentic.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
 from rl.flyte.agentic_report import render_agentic_report
 from rl.flyte.bindings import attempt_number, is_local, task_context
 from rl.flyte.cached_outputs import call_cached
@@ -34,6 +33,7 @@ from rl.flyte.envs import agentic_driver_env, agentic_trainer_env, judge_env, sa
 from rl.flyte.strict import ConfigError, StrictConfig
 from rl.loop.agentic import AgenticConfig, SkippedTrial, run_agentic
 from rl.protocols import AgenticTiers
+from rl.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
 
 __all__ = [
     "AgenticRunConfig",

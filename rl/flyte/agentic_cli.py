@@ -6,9 +6,9 @@ import argparse
 
 import flyte
 
-from rl.agentic.types import Rubric
 from rl.flyte.agentic import SMOKE, STRESS, fork, train
 from rl.flyte.agentic_faults import AgenticFaultSpec, train_with_faults
+from rl.types import Rubric
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,6 @@ import functools
 
 from rl.agentic.faults import AgenticFaults, FlakyJudging, FlakyTrials, with_driver_crash
 from rl.agentic.tiers import JudgeTier
-from rl.agentic.types import Reward, Rubric, Trajectory, TrialSpec, Weights, WorldRef
 from rl.flyte.agentic import (
     DEFAULT_RUBRIC,
     GENERATE_TIMEOUT,
@@ -30,6 +29,7 @@ from rl.flyte.agentic import (
 from rl.flyte.bindings import attempt_number, is_local
 from rl.flyte.envs import agentic_driver_env, judge_env, sandbox_env
 from rl.flyte.strict import StrictConfig
+from rl.types import Reward, Rubric, Trajectory, TrialSpec, Weights, WorldRef
 
 
 class AgenticFaultSpec(StrictConfig):

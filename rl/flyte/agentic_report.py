@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import html
 
-from rl.agentic.types import StepResult
 from rl.flyte.bindings import attempt_number
 from rl.loop.agentic import AgenticConfig, SkippedTrial
+from rl.types import StepResult
 
 
 def render_agentic_report(

@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from rl.agentic.types import Reward, Rubric, StepResult, TrialSpec, Weights, WorldRef
 from rl.errors import AgenticInputError
 from rl.loop.groups import Group, scope
 from rl.protocols import AgenticTiers
+from rl.types import Reward, Rubric, StepResult, TrialSpec, Weights, WorldRef
 
 T = TypeVar("T")
 

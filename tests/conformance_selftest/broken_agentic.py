@@ -9,10 +9,10 @@ from typing import Any
 from rl.agentic.bandit import BanditTrainer, bandit_update
 from rl.agentic.faults import ForwardingTiers
 from rl.agentic.tiers import JudgeTier
-from rl.agentic.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
 from rl.conformance import Implementation
 from rl.loop.agentic import AgenticConfig, AgenticOutcome, run_agentic
 from rl.protocols import AgenticTiers
+from rl.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
 
 
 def untraced_judge_tier(judge: Any, trace: Any) -> JudgeTier:

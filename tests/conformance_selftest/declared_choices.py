@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
-from declared_algorithm import _per_group
+from declared_algorithm import _k3, _per_group
 from torch import Tensor
 
 from rl.advantages import group_normalized_advantages
@@ -74,11 +74,6 @@ def floor_advantages(group_ids: Sequence[int], rewards: Sequence[float]) -> list
 
 
 # -- losses ------------------------------------------------------------------------------------------------------------
-
-
-def _k3(new: Tensor, ref: Tensor) -> Tensor:
-    delta = ref - new
-    return torch.exp(delta) - delta - 1
 
 
 def _sequence_mean(per_token: Tensor, mask: Tensor) -> Tensor:

@@ -1,0 +1,95 @@
+"""The conformance suite passes on our own implementations.
+
+`TestFakes` runs every law on the fakes the way a fork would (by subclassing `LoopContract`); `TestOurBatchLoss` and
+`TestTrainerConfigAlgorithms` hold our batch loss and the trainer's advantages to our declaration; `TestLocalArtifacts`
+binds one tier.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from rl.advantages import group_normalized_advantages
+from rl.artifacts import LocalArtifacts
+from rl.checkpoint.memory_store import MemoryStateStore
+from rl.conformance import (
+    AdvantageContract,
+    ArtifactsContract,
+    LoopContract,
+    LossContract,
+)
+from rl.conformance.ours import batch_loss as our_batch_loss
+from rl.conformance.ours import trainer_algorithm
+from rl.loss import grpo_sample_loss
+from rl.memory.artifacts import MemoryArtifacts
+from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
+from rl.trainer.config import TrainerConfig
+
+
+class TestFakes(LoopContract):
+    """Every law of every tier on the fakes, written the way a fork writes its own: fixtures only."""
+
+    @pytest.fixture
+    def artifacts(self):
+        return MemoryArtifacts()
+
+    @pytest.fixture
+    def state_store(self):
+        return MemoryStateStore()
+
+    @pytest.fixture
+    def engine(self, artifacts):
+        return FakeEngine(artifacts)
+
+    @pytest.fixture
+    def scorer(self):
+        return FakeScorer()
+
+    @pytest.fixture
+    def trainer(self, artifacts):
+        return FakeTrainer(artifacts)
+
+    @pytest.fixture
+    def another_trainer(self, artifacts):
+        return FakeTrainer(artifacts)
+
+    @pytest.fixture
+    def advantages(self):
+        return group_normalized_advantages
+
+    @pytest.fixture
+    def sample_loss(self):
+        return grpo_sample_loss
+
+
+class TestOurBatchLoss(LossContract):
+    """`rl.loss.grpo_masked_loss`, the padded `[B, T]` form the trainer runs (as TRL-style trainers do): the loss laws
+    under our declaration, through the `batch_loss` fixture."""
+
+    @pytest.fixture
+    def batch_loss(self):
+        return our_batch_loss
+
+
+class TestTrainerConfigAlgorithms(AdvantageContract):
+    """Our advantages as the trainer calls them under `TrainerConfig(advantage_scale="none")`, checked against the
+    declaration `trainer_algorithm` derives from that config (Dr. GRPO: no scale)."""
+
+    @pytest.fixture
+    def advantages(self):
+        config = TrainerConfig(advantage_scale="none")
+        return functools.partial(group_normalized_advantages, scale=config.advantage_scale, eps=config.advantage_eps)
+
+    @pytest.fixture
+    def algorithm(self):
+        return trainer_algorithm(TrainerConfig(advantage_scale="none"))
+
+
+class TestLocalArtifacts(ArtifactsContract):
+    """One tier on its own: the filesystem artifact store (no torch needed)."""
+
+    @pytest.fixture
+    def artifacts(self, tmp_path):
+        return LocalArtifacts(tmp_path / "artifacts")
