@@ -117,3 +117,18 @@ def test_the_production_tasks_take_no_fault_knob_and_the_failure_injected_run_do
         inputs = set(task.native_interface.inputs)
         assert not inputs & knobs, f"{task.name} takes fault knobs {sorted(inputs & knobs)}"
     assert "faults" in train_with_faults.native_interface.inputs
+
+
+def test_a_run_after_its_worlds_were_deleted_builds_them_again(flyte_local: LocalFlyte):
+    """build_world is cached and its result names the world's files; local mode keeps those under /tmp and the cache
+    under ~/.flyte. After the files went, a run whose trials were not all cached (another lr: steps 1 and 2 run new
+    trials) forked a world that no longer existed. Each cached world is checked and a deleted one built again."""
+    import shutil
+
+    flyte_local.run(train, config=CONFIG)
+    shutil.rmtree(flyte_local.raw_data_path)  # every Dir; the task cache in HOME stays
+    config = CONFIG.replace(lr=1.0)
+    result: AgenticRunResult = flyte_local.run(train, config=config).output
+    simulated = AgenticSim(seed=config.seed).run(retries=0, n_steps=config.n_steps, lr=config.lr).output
+    assert [h.n_trials for h in result.history] == [6, 6, 6] and result.skipped == []
+    assert [h.weights for h in result.history] == [h.weights for h in simulated.history]
