@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -50,17 +51,23 @@ def test_every_fault_kind_is_exercised_by_some_scenario_and_the_count_is_reporte
 # -- interleavings --------------------------------------------------------------------------------------------------
 
 
-def _finish_order(tie_break_seed: int | None) -> list[int]:
+def _finish_order(
+    tie_break_seed: int | None, *, debug: bool = False, workers: int = 8, twice: bool = False
+) -> list[int]:
     order: list[int] = []
 
     async def worker(i: int) -> None:
         await asyncio.sleep(1.0)  # every worker wakes at the same virtual instant
         order.append(i)
+        if twice:
+            await asyncio.sleep(0)  # and steps again, in the next batch of ready callbacks
+            order.append(-i)
 
     async def main() -> None:
-        await asyncio.gather(*(worker(i) for i in range(8)))
+        await asyncio.gather(*(worker(i) for i in range(workers)))
 
     loop = VirtualTimeLoop(tie_break_seed)
+    loop.set_debug(debug)
     try:
         loop.run_until_complete(main())
     finally:
@@ -77,6 +84,16 @@ def test_ties_among_ready_tasks_are_broken_by_the_seed():
     orders = {tuple(_finish_order(seed)) for seed in range(6)}
     assert len(orders) > 3
     assert _finish_order(1) != fixed
+
+
+@pytest.mark.parametrize("tie_break_seed", [None, 0, 1, 7, 12345])
+def test_the_loops_fast_iteration_interleaves_exactly_as_asyncios_own(tie_break_seed):
+    """The virtual loop's own `_run_once` and `call_soon` (debug off) run callbacks in the order asyncio's (debug on,
+    the shuffle drawn by `_ShuffledReady.popleft` with `randrange`) runs them, for every seed and batch size."""
+    for workers in (1, 2, 3, 8, 33):
+        fast = _finish_order(tie_break_seed, workers=workers, twice=True)
+        assert fast == _finish_order(tie_break_seed, debug=True, workers=workers, twice=True)
+        assert sorted(fast) == sorted([*range(workers), *(-i for i in range(workers))])
 
 
 def _log(tie_break_seed: int) -> list[str]:
