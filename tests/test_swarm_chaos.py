@@ -88,7 +88,8 @@ def test_ties_among_ready_tasks_are_broken_by_the_seed():
 
 @pytest.mark.parametrize("tie_break_seed", [None, 0, 1, 7, 12345])
 def test_the_loops_fast_iteration_interleaves_exactly_as_asyncios_own(tie_break_seed):
-    """The virtual loop's own `_run_once` and `call_soon` (debug off) run callbacks in the order asyncio's (debug on,
+    """The virtual loop's fast paths (debug off: `_run_once`, `call_soon`, `call_later`, `create_task`) run callbacks in
+    the order asyncio's own (debug on,
     the shuffle drawn by `_ShuffledReady.popleft` with `randrange`) runs them, for every seed and batch size."""
     for workers in (1, 2, 3, 8, 33):
         fast = _finish_order(tie_break_seed, workers=workers, twice=True)

@@ -116,7 +116,11 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._tasks_made = 0
 
     def create_task(self, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
-        task = super().create_task(coro, **kwargs)
+        this: Any = self
+        if this._debug or this._closed or this._task_factory is not None:
+            task = super().create_task(coro, **kwargs)
+        else:  # asyncio's create_task, less the checks that cannot fire with debug off and no task factory
+            task = asyncio.Task(coro, loop=self, **kwargs)
         self._created[task] = self._tasks_made
         self._tasks_made += 1
         return task
@@ -138,6 +142,17 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._virtual_now
+
+    def call_later(self, delay: float, callback: Any, *args: Any, context: Any = None) -> asyncio.TimerHandle:
+        """asyncio's `call_later` (`call_at(time() + delay)`) in one step when debug is off: the same timer, pushed
+        on the same heap. Every `asyncio.sleep` of a fake's latency comes through here."""
+        this: Any = self
+        if this._debug or this._closed or delay is None:
+            return super().call_later(delay, callback, *args, context=context)
+        timer = asyncio.TimerHandle(self._virtual_now + delay, callback, args, self, context)
+        heapq.heappush(this._scheduled, timer)
+        timer._scheduled = True  # type: ignore[attr-defined]  # asyncio's private flag, as call_at sets it
+        return timer
 
     def call_soon(self, callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:
         """asyncio's `call_soon` without its debug-mode checks when debug is off: the same handle, queued in the same
