@@ -19,7 +19,11 @@ import heapq
 import random
 import selectors
 from asyncio import base_events
-from typing import Any
+from collections.abc import Callable
+from contextvars import Context
+from typing import Any, TypeVarTuple
+
+_Ts = TypeVarTuple("_Ts")
 
 
 class SimulationDeadlock(RuntimeError):
@@ -143,7 +147,13 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._virtual_now
 
-    def call_later(self, delay: float, callback: Any, *args: Any, context: Any = None) -> asyncio.TimerHandle:
+    def call_later(
+        self,
+        delay: float,
+        callback: Callable[[*_Ts], object],
+        *args: *_Ts,
+        context: Context | None = None,
+    ) -> asyncio.TimerHandle:
         """asyncio's `call_later` (`call_at(time() + delay)`) in one step when debug is off: the same timer, pushed
         on the same heap. Every `asyncio.sleep` of a fake's latency comes through here."""
         this: Any = self
@@ -154,7 +164,9 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         timer._scheduled = True  # type: ignore[attr-defined]  # asyncio's private flag, as call_at sets it
         return timer
 
-    def call_soon(self, callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:
+    def call_soon(
+        self, callback: Callable[[*_Ts], object], *args: *_Ts, context: Context | None = None
+    ) -> asyncio.Handle:
         """asyncio's `call_soon` without its debug-mode checks when debug is off: the same handle, queued in the same
         place. Every task step, wake-up and done callback goes through here (a few hundred per chaos scenario)."""
         this: Any = self  # asyncio's private loop state, typed in no stub
