@@ -246,3 +246,24 @@ def test_hypothesis_fault_plans_keep_every_agentic_invariant(data):
     result = harness.run(retries=plan.max_driver_crashes + 2, **shape, **knobs)
     reference = _reference(0, frozenset(), {**default_inputs(0), **shape})
     assert check_agentic_run(harness, result, reference) == []
+
+
+@pytest.mark.parametrize("loop", ["grpo", "grpo-pipelined", "agentic"])
+def test_seeds_are_grouped_so_that_each_reference_run_is_computed_in_one_process(loop):
+    """`rl chaos --jobs N` hands a process whole groups: every seed in exactly one group, and a group's scenarios,
+    run on a cold cache, compute exactly one reference run between them (and no other group needs it)."""
+    from rl.sim import chaos, chaos_agentic
+    from rl.sim.scenarios import grouped_by_reference, reference_key, scenarios_in_worker
+
+    seeds = list(range(48))
+    groups = grouped_by_reference(loop, seeds)
+    assert sorted(s for group in groups for s in group) == seeds
+    assert all(group == sorted(group) for group in groups)
+    assert len({reference_key(loop, group[0]) for group in groups}) == len(groups)
+    if loop != "agentic":
+        assert len(groups) <= chaos.RUN_SEEDS < len(seeds)  # 32 references, not one per seed
+    cache = chaos_agentic._cached_reference if loop == "agentic" else chaos._grpo_reference
+    group = min((g for g in groups if len(g) > 1), key=len)
+    cache.cache_clear()
+    assert all(report.ok for report in scenarios_in_worker(loop, group))
+    assert cache.cache_info().currsize == 1

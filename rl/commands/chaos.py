@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import itertools
 import json
 import multiprocessing
 import multiprocessing.pool
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from rl.sim.chaos import ScenarioReport
 
 from rl.argtypes import non_negative_int, positive_int
-from rl.sim.scenarios import LOOPS, scenario_and_sweep, scenario_in_worker
+from rl.sim.scenarios import LOOPS, grouped_by_reference, scenario_and_sweep, scenarios_in_worker
 from rl.strict_json import flag_non_finite
 
 
@@ -71,21 +72,25 @@ def run(args: argparse.Namespace) -> int:
         return 2
     scenario, sweep = scenario_and_sweep(args.loop, args.trace)
     seeds = [args.seed] if args.seed is not None else list(range(args.seeds))
-    failures: list[tuple[int, list[str]]] = []
     reports: list[ScenarioReport] = []
     start = time.perf_counter()
     with _pool(args.jobs if len(seeds) > 1 else 1) as pool:
+        # Seeds sharing a reference run go to one process (`grouped_by_reference`); reports come back in any order
+        # and are put back in seed order below, so the output does not depend on --jobs.
         results = (
-            pool.imap(functools.partial(scenario_in_worker, args.loop), seeds, chunksize=8)
+            itertools.chain.from_iterable(
+                pool.imap_unordered(
+                    functools.partial(scenarios_in_worker, args.loop), grouped_by_reference(args.loop, seeds)
+                )
+            )
             if pool
             else map(scenario, seeds)
         )
-        for report in track(
-            results, total=len(seeds), description=f"chaos {args.loop}", console=console, disable=len(seeds) < 2
-        ):
-            reports.append(report)
-            if report.violations:
-                failures.append((report.seed, report.violations))
+        reports.extend(
+            track(results, total=len(seeds), description=f"chaos {args.loop}", console=console, disable=len(seeds) < 2)
+        )
+    reports.sort(key=lambda r: r.seed)  # `seeds` ascend
+    failures: list[tuple[int, list[str]]] = [(r.seed, r.violations) for r in reports if r.violations]
     scenario_s = time.perf_counter() - start
     sweep_points, sweep_violations = (0, []) if args.no_sweep or args.seed is not None else sweep()
     for line in reports[0].trace if args.trace else []:
