@@ -12,7 +12,6 @@ import contextlib
 import functools
 import itertools
 import json
-import multiprocessing
 import multiprocessing.pool
 import sys
 import time
@@ -23,7 +22,7 @@ if TYPE_CHECKING:
     from rl.sim.chaos import ScenarioReport
 
 from rl.argtypes import non_negative_int, positive_int
-from rl.sim.scenarios import LOOPS, grouped_by_reference, scenario_and_sweep, scenarios_in_worker
+from rl.sim.scenarios import LOOPS, grouped_by_reference, scenario_and_sweep, scenario_pool, scenarios_in_worker
 from rl.strict_json import flag_non_finite
 
 
@@ -55,8 +54,7 @@ def _pool(jobs: int) -> Iterator[multiprocessing.pool.Pool | None]:
     if jobs == 1:
         yield None
         return
-    # spawn, not fork: a forked child inherits its parent's threads and pipes (a pytest-xdist worker's channel, say).
-    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+    with scenario_pool(jobs) as pool:
         yield pool
 
 

@@ -4,6 +4,8 @@ process runs for one scenario."""
 from __future__ import annotations
 
 import functools
+import multiprocessing
+import multiprocessing.pool
 from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING
 
@@ -33,6 +35,25 @@ def scenario_and_sweep(loop: str, trace: bool) -> tuple[Callable[[int], Scenario
         return len(reports), [f"kill at await point {r.seed}: {v}" for r in reports for v in r.violations]
 
     return grpo_random(pipelined, trace=trace), sweep
+
+
+WORKER_MODULES = ("rl.cli", "rl.sim.chaos", "rl.sim.chaos_agentic")
+"""What a scenario process imports (`rl.cli` too: a worker of the `rl` script re-runs that script as its main)."""
+
+
+def scenario_pool(jobs: int) -> multiprocessing.pool.Pool:
+    """A pool of `jobs` processes for scenarios.
+
+    forkserver where the platform has it: its server is a fresh process (not a fork of this one, so it inherits no
+    threads or pipes, a pytest-xdist worker's channel say), imports `WORKER_MODULES` once and forks every worker from
+    itself, so a worker starts with the simulator imported. Under spawn each worker imported it anew (~0.5 s of CPU
+    each), a fixed cost per process that a short `rl chaos --jobs N` run never earned back. spawn elsewhere.
+    """
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(list(WORKER_MODULES))  # ignored if this process's server already runs
+        return context.Pool(jobs)
+    return multiprocessing.get_context("spawn").Pool(jobs)
 
 
 @functools.cache
