@@ -37,8 +37,9 @@ def scenario_and_sweep(loop: str, trace: bool) -> tuple[Callable[[int], Scenario
     return grpo_random(pipelined, trace=trace), sweep
 
 
-WORKER_MODULES = ("rl.cli", "rl.sim.chaos", "rl.sim.chaos_agentic")
-"""What a scenario process imports (`rl.cli` too: a worker of the `rl` script re-runs that script as its main)."""
+WORKER_MODULES = ("__main__", "rl.sim.chaos", "rl.sim.chaos_agentic")
+"""What a scenario process imports. "__main__": the server imports the caller's main script once (the `rl` script,
+so `rl.cli`), and a worker forked from it does not re-run that script as spawn made it do."""
 
 
 def scenario_pool(jobs: int) -> multiprocessing.pool.Pool:
