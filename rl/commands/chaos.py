@@ -75,15 +75,13 @@ def run(args: argparse.Namespace) -> int:
     with _pool(args.jobs if len(seeds) > 1 else 1) as pool:
         # Seeds sharing a reference run go to one process (`grouped_by_reference`); reports come back in any order
         # and are put back in seed order below, so the output does not depend on --jobs.
-        results = (
-            itertools.chain.from_iterable(
-                pool.imap_unordered(
-                    functools.partial(scenarios_in_worker, args.loop), grouped_by_reference(args.loop, seeds)
-                )
-            )
-            if pool
-            else map(scenario, seeds)
-        )
+        results: Iterator[ScenarioReport] = map(scenario, seeds)
+        if pool:
+            groups = grouped_by_reference(args.loop, seeds)
+            # The agentic loop's references rarely repeat (~1 seed a group): a few groups a message, ~4 per process.
+            run = functools.partial(scenarios_in_worker, args.loop)
+            chunk = max(1, len(groups) // (4 * args.jobs))
+            results = itertools.chain.from_iterable(pool.imap_unordered(run, groups, chunksize=chunk))
         reports.extend(
             track(results, total=len(seeds), description=f"chaos {args.loop}", console=console, disable=len(seeds) < 2)
         )
