@@ -30,6 +30,7 @@ Pure Python: every tier derives its seed without torch.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 __all__ = [
@@ -61,6 +62,18 @@ def derive_seed(*parts: int | str) -> int:
         ValueError: no parts.
         TypeError: a part that is not an `int` or `str` (a `bool` included: it is far more likely a bug than a seed).
     """
+    try:
+        return _derived(*parts)
+    except TypeError:
+        _encode(parts)  # an unhashable part (a list) fails the cache's key first: say what was wrong instead
+        raise
+
+
+@functools.lru_cache(maxsize=1 << 16, typed=True)
+def _derived(*parts: int | str) -> int:
+    """`derive_seed`'s value, memoised: a chaos scenario asks for the same few dozen seeds its reference and every
+    rerun asked for (the encoding and hash were ~2% of one). `typed=True` keeps `True` apart from `1`, so a bool part
+    still reaches `_encode`'s TypeError (errors are never cached)."""
     if not parts:
         raise ValueError("derive_seed needs at least one part")
     digest = hashlib.blake2b(_encode(parts), digest_size=8, person=_PERSON).digest()

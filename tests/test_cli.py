@@ -173,3 +173,23 @@ def test_the_parallel_scenario_rate_runs_every_invariant_on_each_process():
     figures = parallel_scenario_speed(scenarios=3, jobs=2)
     assert figures["parallel_scenario_failures"] == 0
     assert figures["scenarios_per_s_2_jobs"] > 0 and figures["agentic_scenarios_per_s_2_jobs"] > 0
+
+
+def _imported_simulator(_: int) -> bool:
+    import sys
+
+    return all(name in sys.modules for name in ("rl.sim.chaos", "rl.sim.chaos_agentic"))
+
+
+@pytest.mark.slow
+def test_a_scenario_pools_workers_start_with_the_simulator_already_imported():
+    """`rl chaos --jobs N` workers fork from a server that imported the simulator once (where forkserver exists),
+    instead of each importing it again on start."""
+    import multiprocessing
+
+    from rl.sim.scenarios import scenario_pool
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no forkserver on this platform: workers are spawned and import the simulator themselves")
+    with scenario_pool(2) as pool:
+        assert pool.map(_imported_simulator, range(2)) == [True, True]

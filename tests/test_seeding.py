@@ -129,3 +129,12 @@ def test_bad_seed_parts_raise(parts, error):
     """No parts raises ValueError; a bool or float part raises TypeError."""
     with pytest.raises(error):
         derive_seed(*parts)
+
+
+@pytest.mark.parametrize("twin", [True, 1.0, [1]])
+def test_a_bad_part_is_refused_even_after_its_equal_int_was_derived(twin):
+    """derive_seed is memoised: a bool or float equal to an int already derived, or an unhashable part, still raises
+    the TypeError naming the part, never the int's cached seed."""
+    derive_seed("twin", 1)
+    with pytest.raises(TypeError, match="must be an int or str"):
+        derive_seed("twin", twin)

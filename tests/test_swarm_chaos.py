@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -50,17 +51,23 @@ def test_every_fault_kind_is_exercised_by_some_scenario_and_the_count_is_reporte
 # -- interleavings --------------------------------------------------------------------------------------------------
 
 
-def _finish_order(tie_break_seed: int | None) -> list[int]:
+def _finish_order(
+    tie_break_seed: int | None, *, debug: bool = False, workers: int = 8, twice: bool = False
+) -> list[int]:
     order: list[int] = []
 
     async def worker(i: int) -> None:
         await asyncio.sleep(1.0)  # every worker wakes at the same virtual instant
         order.append(i)
+        if twice:
+            await asyncio.sleep(0)  # and steps again, in the next batch of ready callbacks
+            order.append(-i)
 
     async def main() -> None:
-        await asyncio.gather(*(worker(i) for i in range(8)))
+        await asyncio.gather(*(worker(i) for i in range(workers)))
 
     loop = VirtualTimeLoop(tie_break_seed)
+    loop.set_debug(debug)
     try:
         loop.run_until_complete(main())
     finally:
@@ -77,6 +84,17 @@ def test_ties_among_ready_tasks_are_broken_by_the_seed():
     orders = {tuple(_finish_order(seed)) for seed in range(6)}
     assert len(orders) > 3
     assert _finish_order(1) != fixed
+
+
+@pytest.mark.parametrize("tie_break_seed", [None, 0, 1, 7, 12345])
+def test_the_loops_fast_iteration_interleaves_exactly_as_asyncios_own(tie_break_seed):
+    """The virtual loop's fast paths (debug off: `_run_once`, `call_soon`, `call_later`, `create_task`) run callbacks in
+    the order asyncio's own (debug on,
+    the shuffle drawn by `_ShuffledReady.popleft` with `randrange`) runs them, for every seed and batch size."""
+    for workers in (1, 2, 3, 8, 33):
+        fast = _finish_order(tie_break_seed, workers=workers, twice=True)
+        assert fast == _finish_order(tie_break_seed, debug=True, workers=workers, twice=True)
+        assert sorted(fast) == sorted([*range(workers), *(-i for i in range(workers))])
 
 
 def _log(tie_break_seed: int) -> list[str]:
@@ -228,3 +246,24 @@ def test_hypothesis_fault_plans_keep_every_agentic_invariant(data):
     result = harness.run(retries=plan.max_driver_crashes + 2, **shape, **knobs)
     reference = _reference(0, frozenset(), {**default_inputs(0), **shape})
     assert check_agentic_run(harness, result, reference) == []
+
+
+@pytest.mark.parametrize("loop", ["grpo", "grpo-pipelined", "agentic"])
+def test_seeds_are_grouped_so_that_each_reference_run_is_computed_in_one_process(loop):
+    """`rl chaos --jobs N` hands a process whole groups: every seed in exactly one group, and a group's scenarios,
+    run on a cold cache, compute exactly one reference run between them (and no other group needs it)."""
+    from rl.sim import chaos, chaos_agentic
+    from rl.sim.scenarios import grouped_by_reference, reference_key, scenarios_in_worker
+
+    seeds = list(range(48))
+    groups = grouped_by_reference(loop, seeds)
+    assert sorted(s for group in groups for s in group) == seeds
+    assert all(group == sorted(group) for group in groups)
+    assert len({reference_key(loop, group[0]) for group in groups}) == len(groups)
+    if loop != "agentic":
+        assert len(groups) <= chaos.RUN_SEEDS < len(seeds)  # 32 references, not one per seed
+    cache = chaos_agentic._cached_reference if loop == "agentic" else chaos._grpo_reference
+    group = min((g for g in groups if len(g) > 1), key=len)
+    cache.cache_clear()
+    assert all(report.ok for report in scenarios_in_worker(loop, group))
+    assert cache.cache_info().currsize == 1

@@ -71,15 +71,14 @@ def parallel_scenario_speed(scenarios: int = 400, jobs: int | None = None) -> di
     every core). Each process warms its own references on a first pass of `scenarios` seeds; the second pass is timed.
     """
     import functools
-    import multiprocessing
     import os
 
-    from rl.sim.scenarios import scenario_in_worker
+    from rl.sim.scenarios import scenario_in_worker, scenario_pool
 
     jobs = jobs or os.cpu_count() or 1
     rates: dict[str, float] = {}
     failures = 0
-    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+    with scenario_pool(jobs) as pool:
         for loop, key in (("grpo", "scenarios_per_s"), ("agentic", "agentic_scenarios_per_s")):
             run = functools.partial(scenario_in_worker, loop)
             pool.map(run, range(scenarios), chunksize=8)

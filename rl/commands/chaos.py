@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import itertools
 import json
-import multiprocessing
 import multiprocessing.pool
 import sys
 import time
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from rl.sim.chaos import ScenarioReport
 
 from rl.argtypes import non_negative_int, positive_int
-from rl.sim.scenarios import LOOPS, scenario_and_sweep, scenario_in_worker
+from rl.sim.scenarios import LOOPS, grouped_by_reference, scenario_and_sweep, scenario_pool, scenarios_in_worker
 from rl.strict_json import flag_non_finite
 
 
@@ -54,8 +54,7 @@ def _pool(jobs: int) -> Iterator[multiprocessing.pool.Pool | None]:
     if jobs == 1:
         yield None
         return
-    # spawn, not fork: a forked child inherits its parent's threads and pipes (a pytest-xdist worker's channel, say).
-    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+    with scenario_pool(jobs) as pool:
         yield pool
 
 
@@ -71,21 +70,23 @@ def run(args: argparse.Namespace) -> int:
         return 2
     scenario, sweep = scenario_and_sweep(args.loop, args.trace)
     seeds = [args.seed] if args.seed is not None else list(range(args.seeds))
-    failures: list[tuple[int, list[str]]] = []
     reports: list[ScenarioReport] = []
     start = time.perf_counter()
     with _pool(args.jobs if len(seeds) > 1 else 1) as pool:
-        results = (
-            pool.imap(functools.partial(scenario_in_worker, args.loop), seeds, chunksize=8)
-            if pool
-            else map(scenario, seeds)
+        # Seeds sharing a reference run go to one process (`grouped_by_reference`); reports come back in any order
+        # and are put back in seed order below, so the output does not depend on --jobs.
+        results: Iterator[ScenarioReport] = map(scenario, seeds)
+        if pool:
+            groups = grouped_by_reference(args.loop, seeds)
+            # The agentic loop's references rarely repeat (~1 seed a group): a few groups a message, ~4 per process.
+            run = functools.partial(scenarios_in_worker, args.loop)
+            chunk = max(1, len(groups) // (4 * args.jobs))
+            results = itertools.chain.from_iterable(pool.imap_unordered(run, groups, chunksize=chunk))
+        reports.extend(
+            track(results, total=len(seeds), description=f"chaos {args.loop}", console=console, disable=len(seeds) < 2)
         )
-        for report in track(
-            results, total=len(seeds), description=f"chaos {args.loop}", console=console, disable=len(seeds) < 2
-        ):
-            reports.append(report)
-            if report.violations:
-                failures.append((report.seed, report.violations))
+    reports.sort(key=lambda r: r.seed)  # `seeds` ascend
+    failures: list[tuple[int, list[str]]] = [(r.seed, r.violations) for r in reports if r.violations]
     scenario_s = time.perf_counter() - start
     sweep_points, sweep_violations = (0, []) if args.no_sweep or args.seed is not None else sweep()
     for line in reports[0].trace if args.trace else []:

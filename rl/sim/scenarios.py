@@ -4,7 +4,9 @@ process runs for one scenario."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import multiprocessing
+import multiprocessing.pool
+from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -35,6 +37,26 @@ def scenario_and_sweep(loop: str, trace: bool) -> tuple[Callable[[int], Scenario
     return grpo_random(pipelined, trace=trace), sweep
 
 
+WORKER_MODULES = ("__main__", "rl.sim.chaos", "rl.sim.chaos_agentic")
+"""What a scenario process imports. "__main__": the server imports the caller's main script once (the `rl` script,
+so `rl.cli`), and a worker forked from it does not re-run that script as spawn made it do."""
+
+
+def scenario_pool(jobs: int) -> multiprocessing.pool.Pool:
+    """A pool of `jobs` processes for scenarios.
+
+    forkserver where the platform has it: its server is a fresh process (not a fork of this one, so it inherits no
+    threads or pipes, a pytest-xdist worker's channel say), imports `WORKER_MODULES` once and forks every worker from
+    itself, so a worker starts with the simulator imported. Under spawn each worker imported it anew (~0.5 s of CPU
+    each), a fixed cost per process that a short `rl chaos --jobs N` run never earned back. spawn elsewhere.
+    """
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(list(WORKER_MODULES))  # ignored if this process's server already runs
+        return context.Pool(jobs)
+    return multiprocessing.get_context("spawn").Pool(jobs)
+
+
 @functools.cache
 def _cached_scenario(loop: str) -> Callable[[int], ScenarioReport]:
     return scenario_and_sweep(loop, False)[0]
@@ -43,3 +65,37 @@ def _cached_scenario(loop: str) -> Callable[[int], ScenarioReport]:
 def scenario_in_worker(loop: str, seed: int) -> ScenarioReport:
     """One scenario in a pool process: each process caches its own uninterrupted references."""
     return _cached_scenario(loop)(seed)
+
+
+def scenarios_in_worker(loop: str, seeds: list[int]) -> list[ScenarioReport]:
+    """Several scenarios in a pool process, in order: a group of `grouped_by_reference`."""
+    scenario = _cached_scenario(loop)
+    return [scenario(seed) for seed in seeds]
+
+
+def reference_key(loop: str, seed: int) -> Hashable:
+    """What the uninterrupted reference run that scenario `seed` of `loop` is checked against depends on (the cache
+    key each loop computes it under): equal keys, one reference."""
+    if loop not in LOOPS:
+        raise ValueError(f"unknown loop {loop!r}: expected one of {', '.join(LOOPS)}")
+    if loop == "agentic":
+        from rl.sim.chaos_agentic import SHAPE, agentic_swarm
+
+        swarm, inputs, dead = agentic_swarm(seed)
+        return swarm.run_seed, dead, tuple(inputs[k] for k in SHAPE)
+    from rl.sim.chaos import grpo_swarm
+
+    return grpo_swarm(seed).run_seed
+
+
+def grouped_by_reference(loop: str, seeds: Iterable[int]) -> list[list[int]]:
+    """`seeds` in groups that share a reference run, largest first, each in seed order.
+
+    A pool process computes each reference its scenarios need once (32 GRPO run seeds): handing out seeds in plain
+    chunks made every process compute nearly all of them, so N processes repeated that fixed cost N times and
+    `rl chaos --jobs 2` barely beat one process. Grouped, N processes compute each reference once between them.
+    """
+    groups: dict[Hashable, list[int]] = {}
+    for seed in seeds:
+        groups.setdefault(reference_key(loop, seed), []).append(seed)
+    return sorted(groups.values(), key=len, reverse=True)  # the big groups first, so the tail stays short

@@ -19,7 +19,11 @@ import heapq
 import random
 import selectors
 from asyncio import base_events
-from typing import Any
+from collections.abc import Callable
+from contextvars import Context
+from typing import Any, TypeVarTuple
+
+_Ts = TypeVarTuple("_Ts")
 
 
 class SimulationDeadlock(RuntimeError):
@@ -116,7 +120,11 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._tasks_made = 0
 
     def create_task(self, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
-        task = super().create_task(coro, **kwargs)
+        this: Any = self
+        if this._debug or this._closed or this._task_factory is not None:
+            task = super().create_task(coro, **kwargs)
+        else:  # asyncio's create_task, less the checks that cannot fire with debug off and no task factory
+            task = asyncio.Task(coro, loop=self, **kwargs)
         self._created[task] = self._tasks_made
         self._tasks_made += 1
         return task
@@ -138,6 +146,35 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._virtual_now
+
+    def call_later(
+        self,
+        delay: float,
+        callback: Callable[[*_Ts], object],
+        *args: *_Ts,
+        context: Context | None = None,
+    ) -> asyncio.TimerHandle:
+        """asyncio's `call_later` (`call_at(time() + delay)`) in one step when debug is off: the same timer, pushed
+        on the same heap. Every `asyncio.sleep` of a fake's latency comes through here."""
+        this: Any = self
+        if this._debug or this._closed or delay is None:
+            return super().call_later(delay, callback, *args, context=context)
+        timer = asyncio.TimerHandle(self._virtual_now + delay, callback, args, self, context)
+        heapq.heappush(this._scheduled, timer)
+        timer._scheduled = True  # type: ignore[attr-defined]  # asyncio's private flag, as call_at sets it
+        return timer
+
+    def call_soon(
+        self, callback: Callable[[*_Ts], object], *args: *_Ts, context: Context | None = None
+    ) -> asyncio.Handle:
+        """asyncio's `call_soon` without its debug-mode checks when debug is off: the same handle, queued in the same
+        place. Every task step, wake-up and done callback goes through here (a few hundred per chaos scenario)."""
+        this: Any = self  # asyncio's private loop state, typed in no stub
+        if this._debug or this._closed:
+            return super().call_soon(callback, *args, context=context)
+        handle = asyncio.Handle(callback, args, self, context)
+        this._ready.append(handle)
+        return handle
 
     def advance(self, seconds: float) -> None:
         self._virtual_now += seconds
@@ -191,10 +228,17 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         todo = len(ready)
         if isinstance(ready, _ShuffledReady):
             ready.new_batch()
-            pick = ready._rng.randrange
+            # `Random.randrange(left)`, inlined: for an int left > 0 it is `_randbelow(left)`, the fewest getrandbits
+            # of bit_length(left) bits below left, so the same stream gives the same picks (two calls fewer each).
+            bits = ready._rng.getrandbits
             popleft = collections.deque.popleft
             for left in range(todo, 0, -1):
-                index = pick(left) if left > 1 else 0
+                index = 0
+                if left > 1:
+                    width = left.bit_length()
+                    index = bits(width)
+                    while index >= left:
+                        index = bits(width)
                 if index == 0:
                     handle = popleft(ready)
                 else:
