@@ -202,6 +202,14 @@ def agentic_swarm(seed: int) -> tuple[Swarm, dict[str, Any], frozenset[str]]:
     return replace(swarm, enabled=swarm.enabled | own, knobs=knobs), inputs, dead
 
 
+def reference_key(
+    swarm: Swarm, inputs: dict[str, Any], dead: frozenset[str]
+) -> tuple[int, frozenset[str], tuple[int, ...]]:
+    """What scenario `agentic_swarm(seed)`'s uninterrupted reference run depends on: `_cached_reference`'s arguments
+    (`rl.sim.scenarios.grouped_by_reference` groups seeds by it)."""
+    return swarm.run_seed, dead, tuple(inputs[k] for k in SHAPE)
+
+
 def agentic_report(seed: int, *, trace: bool = False) -> ScenarioReport:
     """Run one seeded swarm scenario and check every invariant (safety, then liveness after an exhausted run)."""
     swarm, inputs, dead = agentic_swarm(seed)
@@ -210,7 +218,7 @@ def agentic_report(seed: int, *, trace: bool = False) -> ScenarioReport:
     if "crash_at_step" in swarm.enabled and swarm.driver_retries == 0:
         swarm = replace(swarm, driver_retries=1)  # the scripted crash needs a second attempt to be a crash, not an end
     knobs = {k: v for k, v in swarm.knobs.items() if k != "dead_trials"}
-    reference = _cached_reference(run_seed, dead, tuple(inputs[k] for k in SHAPE))
+    reference = _cached_reference(*reference_key(swarm, inputs, dead))
     jitter = swarm.jitter_scale
 
     def trial_delay_s(trial_id: str) -> float:

@@ -79,10 +79,9 @@ def reference_key(loop: str, seed: int) -> Hashable:
     if loop not in LOOPS:
         raise ValueError(f"unknown loop {loop!r}: expected one of {', '.join(LOOPS)}")
     if loop == "agentic":
-        from rl.sim.chaos_agentic import SHAPE, agentic_swarm
+        from rl.sim.chaos_agentic import agentic_swarm, reference_key
 
-        swarm, inputs, dead = agentic_swarm(seed)
-        return swarm.run_seed, dead, tuple(inputs[k] for k in SHAPE)
+        return reference_key(*agentic_swarm(seed))
     from rl.sim.chaos import grpo_swarm
 
     return grpo_swarm(seed).run_seed
