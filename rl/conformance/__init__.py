@@ -8,9 +8,9 @@ Two ways to run it against your implementation:
 
 Public API (names are stable): the contracts of each tier and of the drivers (`LoopContract` gathers the loop's; the
 multi-rank `DdpShardStepContract` and the storage contracts stand apart), `Implementation` and the helpers to bind and
-record one. `__all__` lists them; `_HOMES` says which module each loads from, on first use, so the pytest plugin that
-imports this package stays cheap. The `TYPE_CHECKING` imports give type checkers the same names (a test holds the three
-in step).
+record one. `_HOMES` lists them (`__all__` is its keys) with the module each loads from, on first use, so the pytest
+plugin that imports this package stays cheap. The `TYPE_CHECKING` imports give type checkers the same names (a test
+holds the two in step).
 """
 
 from __future__ import annotations
@@ -44,32 +44,6 @@ if TYPE_CHECKING:  # `X as X`: an explicit re-export, for strict type checkers
     from rl.conformance.trainer import trained_adapter as trained_adapter
     from rl.conformance.volumes import VolumeStoreContract as VolumeStoreContract
 
-__all__ = [
-    "AdvantageContract",
-    "AgenticContract",
-    "AlgorithmSpec",
-    "ArtifactsContract",
-    "Capabilities",
-    "DdpShardStepContract",
-    "DriverReplayContract",
-    "GrpoDriverContract",
-    "Implementation",
-    "LoopContract",
-    "LossContract",
-    "RecordedHistory",
-    "RolloutBufferContract",
-    "RolloutEngineContract",
-    "ScorerContract",
-    "ScoringUtilitiesContract",
-    "StateStoreContract",
-    "TrainerContract",
-    "VolumeStoreContract",
-    "load_history",
-    "load_implementation",
-    "record_history",
-    "sample_loss_as_batch_loss",
-    "trained_adapter",
-]
 
 # The module under rl.conformance that each public name loads from.
 _HOMES = {
@@ -98,6 +72,7 @@ _HOMES = {
     "sample_loss_as_batch_loss": "loss_laws",
     "trained_adapter": "trainer",
 }
+__all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str) -> Any:
