@@ -17,17 +17,13 @@ flag threaded through one method.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 __all__ = [
-    "LossSample",
     "clip_fraction",
     "clipped_surrogate",
-    "grpo_batch_loss",
     "grpo_masked_loss",
     "grpo_masked_row_losses",
     "grpo_sample_loss",
@@ -132,57 +128,6 @@ def grpo_sample_loss(
     return loss, stats
 
 
-class LossSample(NamedTuple):
-    """One completion's inputs to the loss: its per-token log-probs under the three policies and its advantage.
-
-    Shape: `new_logp`, `old_logp`, `ref_logp`: `[T_i]`; the length may differ between samples.
-    """
-
-    new_logp: Tensor
-    old_logp: Tensor
-    ref_logp: Tensor
-    advantage: float
-
-
-def grpo_batch_loss(
-    samples: Sequence[LossSample],
-    clip_eps: float = 0.2,
-    kl_beta: float = 0.03,
-    clip_eps_high: float | None = None,
-) -> tuple[Tensor, dict[str, float]]:
-    """The loss of a batch of completions: each completion's token-mean loss, then the mean over completions.
-
-    Every completion weighs the same whatever its length, as in the tutorial and GRPO's `1/G sum_i 1/|o_i| sum_t`. A
-    trainer that back-propagates `grpo_sample_loss(...)[0] / len(samples)` one sample at a time (to free each graph)
-    accumulates the same gradient.
-
-    Shape: each sample's tensors `[T_i]` -> loss `[]`.
-
-    Returns:
-        `(loss, stats)`: the scalar mean loss and the per-sample stats of `grpo_sample_loss` averaged over samples with
-        the same weights as the loss (`loss` is the batch loss itself).
-
-    Raises:
-        ValueError: an empty batch, or any sample `grpo_sample_loss` rejects (the message names its index).
-    """
-    if len(samples) == 0:
-        raise ValueError("grpo_batch_loss needs at least one sample")
-    losses: list[Tensor] = []
-    sums = {"ratio": 0.0, "kl": 0.0, "clip_frac": 0.0}
-    for i, sample in enumerate(samples):
-        new_logp, old_logp, ref_logp, advantage = sample
-        try:
-            loss, stats = grpo_sample_loss(new_logp, old_logp, ref_logp, advantage, clip_eps, kl_beta, clip_eps_high)
-        except ValueError as err:
-            raise ValueError(f"samples[{i}]: {err}") from None
-        losses.append(loss)
-        for key in sums:
-            sums[key] += stats[key]
-    batch_loss = torch.stack(losses).mean()
-    n = len(samples)
-    return batch_loss, {"loss": float(batch_loss.detach()), **{key: total / n for key, total in sums.items()}}
-
-
 def grpo_masked_row_losses(
     new_logp: Tensor,
     old_logp: Tensor,
@@ -249,10 +194,18 @@ def grpo_masked_loss(
     kl_beta: float = 0.03,
     clip_eps_high: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """`grpo_batch_loss` on a right-padded batch: the mean over rows of `grpo_masked_row_losses`, and the per-row
-    stats averaged with the same weights. The padded form the conformance suite's `batch_loss` binding takes.
+    """The loss of a right-padded batch of completions: each completion's token-mean loss (`grpo_masked_row_losses`),
+    then the mean over completions, and the per-row stats averaged with the same weights. The form the conformance
+    suite's `batch_loss` binding takes.
+
+    Every completion weighs the same whatever its length, as in the tutorial and GRPO's `1/G sum_i 1/|o_i| sum_t`. A
+    trainer that back-propagates `grpo_sample_loss(...)[0] / B` one completion at a time (to free each graph)
+    accumulates the same gradient.
 
     Shape: `[B, T]` log-probs and mask, `[B]` advantages -> loss `[]`.
+
+    Raises:
+        ValueError: what `grpo_masked_row_losses` refuses, an empty batch (B = 0) included.
     """
     rows, stats = grpo_masked_row_losses(
         new_logp, old_logp, ref_logp, advantages, mask, clip_eps=clip_eps, kl_beta=kl_beta, clip_eps_high=clip_eps_high
@@ -279,6 +232,8 @@ def _check_masked(new_logp: object, old_logp: object, ref_logp: object, advantag
         raise ValueError(f"advantages must have shape [B] = [{new_logp.shape[0]}], got {tuple(advantages.shape)}")
     if not bool(torch.isfinite(advantages).all()):
         raise ValueError(f"advantages must be finite, got {advantages.tolist()}")
+    if new_logp.shape[0] == 0:
+        raise ValueError("an empty batch (B = 0): a loss needs at least one completion")
     keep = mask.bool() if mask.dtype == torch.bool else mask > 0
     empty = (~keep.any(dim=1)).nonzero().flatten().tolist()
     if empty:

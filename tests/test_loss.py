@@ -10,7 +10,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from strategies import advantages, logprob_tensors
 
-from rl.loss import LossSample, clip_fraction, grpo_batch_loss, grpo_sample_loss, k3_kl
+from rl.loss import clip_fraction, grpo_masked_loss, grpo_masked_row_losses, grpo_sample_loss, k3_kl
 
 CLIP_EPS = st.floats(min_value=0.05, max_value=0.4)
 CLIP_EPS_HIGH = st.one_of(st.none(), st.floats(min_value=0.05, max_value=0.5))
@@ -197,48 +197,53 @@ def test_clip_fraction_counts_tokens_outside_the_band():
 
 
 def test_batch_loss_matches_a_hand_computed_case():
-    """Two samples of different lengths: the batch loss is the mean of per-sample token means, worked by hand."""
+    """Two completions of different lengths, padded to one [2, 2] batch: the batch loss is the mean of per-completion
+    token means, worked by hand."""
     ln2 = math.log(2.0)
-    # Sample 1: T=2, new = old = ref, A = 1. Ratio 1, k3 0, surrogate mean 1  ->  loss_1 = -1.
-    new1 = _leaf(_t([-1.0, -2.0], torch.float64))
-    s1 = LossSample(new1, _t([-1.0, -2.0], torch.float64), _t([-1.0, -2.0], torch.float64), 1.0)
-    # Sample 2: T=1, new - old = ln 2 (ratio 2), ref - new = ln 2, A = -0.5, eps 0.2, beta 0.1.
-    #   unclipped 2 * -0.5 = -1.0, clipped 1.2 * -0.5 = -0.6, min = -1.0
-    #   k3 = e^ln2 - ln2 - 1 = 1 - ln2 ~ 0.3068528
-    #   loss_2 = -(-1.0 - 0.1 * (1 - ln2)) = 1 + 0.1 * (1 - ln2) ~ 1.0306853
-    new2 = _leaf(_t([-2.0 + ln2], torch.float64))
-    s2 = LossSample(new2, _t([-2.0], torch.float64), _t([-2.0 + 2 * ln2], torch.float64), -0.5)
-    loss, stats = grpo_batch_loss([s1, s2], clip_eps=0.2, kl_beta=0.1)
-    # Batch: (loss_1 + loss_2) / 2 = 0.1 * (1 - ln2) / 2 ~ 0.0153426. A token mean over all three tokens would instead
-    # give (-1 - 1 + 1.0306853) / 3 ~ -0.3231: the aggregation weighs samples, not tokens.
+    # Row 0: T=2, new = old = ref, A = 1. Ratio 1, k3 0, surrogate mean 1  ->  loss_0 = -1.
+    # Row 1: T=1 (its second position is padding), new - old = ln 2 (ratio 2), ref - new = ln 2, A = -0.5, eps 0.2,
+    #   beta 0.1: unclipped 2 * -0.5 = -1.0, clipped 1.2 * -0.5 = -0.6, min = -1.0; k3 = e^ln2 - ln2 - 1 = 1 - ln2;
+    #   loss_1 = -(-1.0 - 0.1 * (1 - ln2)) = 1 + 0.1 * (1 - ln2) ~ 1.0306853
+    new = _leaf(_t([[-1.0, -2.0], [-2.0 + ln2, 7.0]], torch.float64))
+    old = _t([[-1.0, -2.0], [-2.0, -9.0]], torch.float64)
+    ref = _t([[-1.0, -2.0], [-2.0 + 2 * ln2, 3.0]], torch.float64)
+    mask = torch.tensor([[True, True], [True, False]])
+    loss, stats = grpo_masked_loss(new, old, ref, _t([1.0, -0.5], torch.float64), mask, clip_eps=0.2, kl_beta=0.1)
+    # Batch: (loss_0 + loss_1) / 2 = 0.1 * (1 - ln2) / 2 ~ 0.0153426. A token mean over all three tokens would instead
+    # give (-1 - 1 + 1.0306853) / 3 ~ -0.3231: the aggregation weighs completions, not tokens.
     assert math.isclose(float(loss), 0.1 * (1 - ln2) / 2, rel_tol=1e-12)
     assert math.isclose(stats["loss"], 0.1 * (1 - ln2) / 2, rel_tol=1e-12)
     assert math.isclose(stats["ratio"], (1.0 + 2.0) / 2, rel_tol=1e-12)
     assert math.isclose(stats["kl"], (0.0 + (1 - ln2)) / 2, rel_tol=1e-12)
-    assert stats["clip_frac"] == (0.0 + 1.0) / 2  # |2 - 1| > 0.2 on sample 2's only token
+    assert stats["clip_frac"] == (0.0 + 1.0) / 2  # |2 - 1| > 0.2 on row 1's only token
     loss.backward()
-    # Sample 1: d/dnew of -(mean_t r_t * 1) at r = 1 is -1/T = -1/2 per token, halved by the batch mean: -0.25.
-    assert torch.allclose(new1.grad, _t([-0.25, -0.25], torch.float64), rtol=1e-12)
-    # Sample 2: the unclipped term is the min, so d(-r A)/dnew = -A r = 1.0; d(beta k3)/dnew = beta (1 - e^ln2) = -0.1;
-    # (1.0 - 0.1) / T=1, halved by the batch mean: 0.45.
-    assert math.isclose(float(new2.grad[0]), 0.45, rel_tol=1e-12)
+    # Row 0: d/dnew of -(mean_t r_t * 1) at r = 1 is -1/T = -1/2 per token, halved by the batch mean: -0.25.
+    assert torch.allclose(new.grad[0], _t([-0.25, -0.25], torch.float64), rtol=1e-12)
+    # Row 1: the unclipped term is the min, so d(-r A)/dnew = -A r = 1.0; d(beta k3)/dnew = beta (1 - e^ln2) = -0.1;
+    # (1.0 - 0.1) / T=1, halved by the batch mean: 0.45. Its padded position gets nothing.
+    assert math.isclose(float(new.grad[1, 0]), 0.45, rel_tol=1e-12)
+    assert float(new.grad[1, 1]) == 0.0
 
 
 @given(data=st.data())
 def test_batch_loss_is_the_mean_of_sample_losses(data):
-    """The batch loss and its gradient equal the mean of the per-sample losses and their gradients."""
+    """Law: the padded batch loss and its gradient equal the mean of the per-completion losses and their gradients,
+    so a trainer may take one batched backward or accumulate one completion at a time."""
     n = data.draw(st.integers(min_value=1, max_value=4))
     raw = [(*data.draw(logprob_tensors()), data.draw(advantages())) for _ in range(n)]
-    batch = [LossSample(_leaf(new), old, ref, a) for new, old, ref, a in raw]
-    single = [LossSample(_leaf(new), old, ref, a) for new, old, ref, a in raw]
-    loss, _ = grpo_batch_loss(batch)
+    new, mask = _padded([r[0] for r in raw], 0.0)
+    old, _ = _padded([r[1] for r in raw], 0.0)
+    ref, _ = _padded([r[2] for r in raw], 0.0)
+    new = _leaf(new)
+    loss, _ = grpo_masked_loss(new, old, ref, _t([r[3] for r in raw], torch.float64), mask)
     loss.backward()
-    sample_losses = [grpo_sample_loss(*s)[0] for s in single]
+    singles = [_leaf(r[0]) for r in raw]
+    sample_losses = [grpo_sample_loss(leaf, o, ref_b, a)[0] for leaf, (_, o, ref_b, a) in zip(singles, raw, strict=True)]
     for sample_loss in sample_losses:
         (sample_loss / n).backward()
     assert math.isclose(float(loss), math.fsum(float(x) for x in sample_losses) / n, rel_tol=1e-12, abs_tol=1e-12)
-    for b, s in zip(batch, single, strict=True):
-        assert torch.allclose(b.new_logp.grad, s.new_logp.grad, rtol=1e-12, atol=1e-15)
+    for b, leaf in enumerate(singles):
+        assert torch.allclose(new.grad[b, : len(leaf)], leaf.grad, rtol=1e-12, atol=1e-15)
 
 
 @pytest.mark.parametrize(
@@ -274,16 +279,6 @@ def test_negative_or_infinite_constants_raise(kwargs, message):
         grpo_sample_loss(_t([-1.0]), _t([-1.0]), _t([-1.0]), 1.0, **kwargs)
 
 
-def test_batch_errors_name_the_offending_sample_and_empty_batches_raise():
-    """A malformed sample is reported with its index in the batch; an empty batch raises."""
-    good = LossSample(_t([-1.0]), _t([-1.0]), _t([-1.0]), 1.0)
-    bad = LossSample(_t([-1.0, -2.0]), _t([-1.0]), _t([-1.0]), 1.0)
-    with pytest.raises(ValueError, match=r"samples\[1\]: .*one length"):
-        grpo_batch_loss([good, bad])
-    with pytest.raises(ValueError, match="at least one sample"):
-        grpo_batch_loss([])
-
-
 def _padded(rows, pad_value):
     """Right-pad 1-D tensors to one `[B, T_max]` tensor holding `pad_value` past each row's end, and its mask."""
     t_max = max(len(r) for r in rows)
@@ -300,8 +295,6 @@ def test_masked_batch_loss_equals_the_sample_loss_row_by_row(data):
     """Law: the padded [B, T] loss the trainer back-propagates from one batched forward gives each row the value,
     stats and gradient `grpo_sample_loss` gives that row's unpadded tokens, whatever the padding holds (float rounding
     only)."""
-    from rl.loss import grpo_masked_loss, grpo_masked_row_losses
-
     n = data.draw(st.integers(min_value=1, max_value=5))
     raw = [(*data.draw(logprob_tensors(dtype=torch.float32)), data.draw(advantages())) for _ in range(n)]
     eps, eps_high, beta = data.draw(CLIP_EPS), data.draw(CLIP_EPS_HIGH), data.draw(KL_BETA)
@@ -337,12 +330,15 @@ def test_masked_batch_loss_equals_the_sample_loss_row_by_row(data):
         ({"advantages": torch.tensor([1.0])}, r"advantages must have shape \[B\] = \[2\]"),
         ({"old_logp": torch.zeros(2, 4)}, "must share one"),
         ({"new_logp": torch.zeros(3)}, r"new_logp must be a 2-D floating-point tensor"),
+        (
+            {k: torch.zeros(0, 3) for k in ("new_logp", "old_logp", "ref_logp", "mask")} | {"advantages": torch.zeros(0)},
+            r"an empty batch \(B = 0\)",
+        ),
     ],
 )
 def test_masked_loss_refuses_malformed_batches(change, message):
-    """A padded batch whose shapes disagree, an empty row or a NaN advantage raise ValueError saying which."""
-    from rl.loss import grpo_masked_loss
-
+    """A padded batch whose shapes disagree, an empty row, an empty batch or a NaN advantage raise ValueError saying
+    which (an empty batch's mean would be NaN)."""
     args = {
         "new_logp": torch.zeros(2, 3),
         "old_logp": torch.zeros(2, 3),
