@@ -238,7 +238,7 @@ def test_batch_loss_is_the_mean_of_sample_losses(data):
     loss, _ = grpo_masked_loss(new, old, ref, _t([r[3] for r in raw], torch.float64), mask)
     loss.backward()
     singles = [_leaf(r[0]) for r in raw]
-    sample_losses = [grpo_sample_loss(leaf, o, ref_b, a)[0] for leaf, (_, o, ref_b, a) in zip(singles, raw, strict=True)]
+    sample_losses = [grpo_sample_loss(leaf, *r[1:])[0] for leaf, r in zip(singles, raw, strict=True)]
     for sample_loss in sample_losses:
         (sample_loss / n).backward()
     assert math.isclose(float(loss), math.fsum(float(x) for x in sample_losses) / n, rel_tol=1e-12, abs_tol=1e-12)
@@ -331,7 +331,10 @@ def test_masked_batch_loss_equals_the_sample_loss_row_by_row(data):
         ({"old_logp": torch.zeros(2, 4)}, "must share one"),
         ({"new_logp": torch.zeros(3)}, r"new_logp must be a 2-D floating-point tensor"),
         (
-            {k: torch.zeros(0, 3) for k in ("new_logp", "old_logp", "ref_logp", "mask")} | {"advantages": torch.zeros(0)},
+            {
+                **dict.fromkeys(("new_logp", "old_logp", "ref_logp", "mask"), torch.zeros(0, 3)),
+                "advantages": torch.zeros(0),
+            },
             r"an empty batch \(B = 0\)",
         ),
     ],
