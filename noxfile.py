@@ -26,7 +26,14 @@ nox.options.sessions = ["unit", "lint"]
 nox.options.default_venv_backend = "uv|virtualenv"
 
 CPU_CONSTRAINTS = ("-c", "constraints/cpu.txt")
-HYPOTHESIS_ENV = {"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "dev"), "HF_HUB_OFFLINE": "1"}
+SESSION_ENV = {
+    "HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "dev"),
+    "HF_HUB_OFFLINE": "1",
+    # Empty, so Python caches our own modules' bytecode and pytest its rewritten tests (in the git-ignored
+    # __pycache__ directories), as on a machine without the variable. With it set, every worker of every run compiled
+    # rl/ and re-rewrote tests/ again: `nox -R -s unit` took 81 and 88 s here with it, 71 and 79 s without.
+    "PYTHONDONTWRITEBYTECODE": "",
+}
 TORCH_CPU_INDEX = os.environ.get("RL_TORCH_CPU_INDEX", "https://download.pytorch.org/whl/cpu")
 """Where the pinned CPU torch comes from when no local find-links directory holds it (PyPI's Linux torch is the CUDA
 build); `RL_TORCH_CPU_INDEX=` (empty) adds no index, for a mirror already configured in pip or uv."""
@@ -120,7 +127,7 @@ def unit(session: nox.Session) -> None:
     skipped = ["gpu", "slow", "heavy", "fuzz", "ray", "browser"] + ([] if "--with-flyte" in args else ["flyte"])
     args = [a for a in args if a != "--with-flyte"]
     workers = ("-n", "auto", "--maxprocesses", "4", "--dist", "worksteal")
-    session.run("pytest", *workers, "-m", " and ".join(f"not {m}" for m in skipped), *args, env=HYPOTHESIS_ENV)
+    session.run("pytest", *workers, "-m", " and ".join(f"not {m}" for m in skipped), *args, env=SESSION_ENV)
 
 
 @nox.session
@@ -132,21 +139,21 @@ def slow(session: nox.Session) -> None:
     left a second core idle for ~20 minutes; more would crowd the gloo ranks past their short collective timeouts."""
     _install_cpu(session)
     workers = ("-n", "2", "--dist", "worksteal")
-    session.run("pytest", *workers, "-m", "slow or heavy", *session.posargs, env=HYPOTHESIS_ENV)
+    session.run("pytest", *workers, "-m", "slow or heavy", *session.posargs, env=SESSION_ENV)
 
 
 @nox.session
 def integration(session: nox.Session) -> None:
     """The Flyte tasks in Flyte's real local mode (`flyte`-marked tests): both loops end to end on the tiny model."""
     _install_cpu(session)
-    session.run("pytest", "-m", "flyte", *session.posargs, env=HYPOTHESIS_ENV)
+    session.run("pytest", "-m", "flyte", *session.posargs, env=SESSION_ENV)
 
 
 @nox.session
 def ray(session: nox.Session) -> None:
     """The detached Ray trainer actor against a real local Ray (`ray.init` on this machine)."""
     _install_cpu(session, "ray")
-    session.run("pytest", "-m", "ray", *session.posargs, env=HYPOTHESIS_ENV)
+    session.run("pytest", "-m", "ray", *session.posargs, env=SESSION_ENV)
 
 
 @nox.session
@@ -156,7 +163,7 @@ def browser(session: nox.Session) -> None:
     Needs `/usr/bin/chromium` (`apt-get install chromium`); without it the tests fail, saying so, rather than skip.
     """
     _install_cpu(session, "browser")
-    session.run("pytest", "-m", "browser", *session.posargs, env=HYPOTHESIS_ENV)
+    session.run("pytest", "-m", "browser", *session.posargs, env=SESSION_ENV)
 
 
 @nox.session
@@ -174,7 +181,7 @@ def demo(session: nox.Session) -> None:
     """The GRPO demo, `rl demo grpo --fresh` plus any flags after `--`: a tiny offline model learns a prompt-dependent
     task on the CPU (~1-2 min); the report lands in runs/demo-grpo/."""
     _install_cpu(session)
-    session.run("rl", "demo", "grpo", "--fresh", *session.posargs, env=HYPOTHESIS_ENV)
+    session.run("rl", "demo", "grpo", "--fresh", *session.posargs, env=SESSION_ENV)
 
 
 @nox.session(venv_backend="virtualenv")
@@ -183,7 +190,7 @@ def readme(session: nox.Session) -> None:
     with small sizes (`.ci/readme_commands.py list` shows them). A virtualenv with pip, because the documents say
     `pip install`."""
     _install_cpu(session)
-    session.run("python", ".ci/readme_commands.py", "run", "examples", "conformance", env=HYPOTHESIS_ENV)
+    session.run("python", ".ci/readme_commands.py", "run", "examples", "conformance", env=SESSION_ENV)
 
 
 @nox.session
@@ -196,20 +203,20 @@ def chaos(session: nox.Session) -> None:
     seeds = session.posargs[0] if session.posargs else "1000"
     jobs = str(min(os.cpu_count() or 1, 4))
     for loop in ("grpo", "grpo-pipelined", "agentic"):
-        session.run("rl", "chaos", "--loop", loop, "--seeds", seeds, "--jobs", jobs, env=HYPOTHESIS_ENV)
+        session.run("rl", "chaos", "--loop", loop, "--seeds", seeds, "--jobs", jobs, env=SESSION_ENV)
     # 12 iterations: the loop runs ~0.03 s each, so with 3 most kills landed in start-up rather than in the loop.
     kills = ("--iterations", "12", "--kills", "4", "--seed", "0")
-    session.run("python", "-m", "fakes.process_kills", *kills, env=HYPOTHESIS_ENV)
+    session.run("python", "-m", "fakes.process_kills", *kills, env=SESSION_ENV)
     # Kills counted from the run directory appearing, so some land in the base model's build (published by rename).
-    session.run("python", "-m", "fakes.process_kills", *kills, "--base-build", env=HYPOTHESIS_ENV)
+    session.run("python", "-m", "fakes.process_kills", *kills, "--base-build", env=SESSION_ENV)
     # Kills aimed inside single writes (a volume version staged or just published, a checkpoint, an artifact, its name),
     # which a random delay rarely hits: each at a seeded call of that write.
     points = "volume-staged,volume-published,checkpoint,artifact-staged,artifact-ref"
     aimed = ("--iterations", "6", "--kills", "2", "--seed", "0", "--sequential", "--at", points)
-    session.run("python", "-m", "fakes.process_kills", *aimed, env=HYPOTHESIS_ENV)
+    session.run("python", "-m", "fakes.process_kills", *aimed, env=SESSION_ENV)
     # Hostile run directories: a real run mutated (files, links, types, sizes, encodings), then resumed and re-scored.
     # 60 directories (~2 s each on 2 cores); RL_FUZZ_EXAMPLES=500 nox -s chaos searches further.
-    fuzz = {**HYPOTHESIS_ENV, "RL_FUZZ_EXAMPLES": os.environ.get("RL_FUZZ_EXAMPLES", "60")}
+    fuzz = {**SESSION_ENV, "RL_FUZZ_EXAMPLES": os.environ.get("RL_FUZZ_EXAMPLES", "60")}
     session.run("pytest", "tests/test_hostile_dirs.py", "-n", "0", "-q", "--hypothesis-show-statistics", env=fuzz)
 
 
@@ -229,7 +236,7 @@ def conformance(session: nox.Session) -> None:
         session.run("python", "-c", _NOT_INSTALLED.format(name="fakes"))
         for impl in ("rl.conformance.ours:FAKES", "rl.conformance.ours:REAL_CPU"):
             suite = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", impl, "-p", "no:cacheprovider")
-            session.run("pytest", *suite, *session.posargs, env=HYPOTHESIS_ENV)
+            session.run("pytest", *suite, *session.posargs, env=SESSION_ENV)
 
 
 @nox.session
@@ -238,14 +245,14 @@ def mutants(session: nox.Session) -> None:
     conformance suite (FAKES, REAL_CPU) catch, and the suite's kill rate over what tests/ kills (docs/mutants.md). Slow
     (minutes per mutant that tests/ misses); `-- --only ID,ID` measures a few, `-- --check` only checks they apply."""
     _install_cpu(session)
-    session.run("python", "scripts/mutants/run.py", *session.posargs, env=HYPOTHESIS_ENV)
+    session.run("python", "scripts/mutants/run.py", *session.posargs, env=SESSION_ENV)
 
 
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks printed side by side: simulator replay, chaos scenario rate, pipelining on the virtual clock."""
     _install_cpu(session)
-    session.run("rl", "bench", *session.posargs, env=HYPOTHESIS_ENV)
+    session.run("rl", "bench", *session.posargs, env=SESSION_ENV)
 
 
 @nox.session(venv_backend="uv")
@@ -260,7 +267,7 @@ def gpu(session: nox.Session) -> None:
     nothing), and so does a run in which no NCCL test fits the GPUs; fewer GPUs than a test needs otherwise skips it.
     """
     session.run_install(*GPU_SYNC, env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location}, external=True)
-    env = {**HYPOTHESIS_ENV, "RL_GPU_STRICT": "1"}
+    env = {**SESSION_ENV, "RL_GPU_STRICT": "1"}
     session.run("pytest", "gpu_tests", "-m", "gpu", *session.posargs, env=env)
 
 
@@ -280,7 +287,7 @@ def mindeps(session: nox.Session) -> None:
     skipped = ("gpu", "slow", "heavy", "fuzz", "ray", "browser", "flyte")
     workers = ("-n", "auto", "--maxprocesses", "4", "--dist", "worksteal")
     session.run(
-        "pytest", *workers, "-m", " and ".join(f"not {m}" for m in skipped), *session.posargs, env=HYPOTHESIS_ENV
+        "pytest", *workers, "-m", " and ".join(f"not {m}" for m in skipped), *session.posargs, env=SESSION_ENV
     )
 
 
@@ -416,7 +423,7 @@ def peers(session: nox.Session, peer: str) -> None:
     differ = []
     with _outside_repo(session, f"rl-peers-{peer}-") as tmp:
         shutil.copytree(peers_dir, os.path.join(tmp, "path", "peers"))
-        env = {**HYPOTHESIS_ENV, "PYTHONPATH": os.path.join(tmp, "path")}
+        env = {**SESSION_ENV, "PYTHONPATH": os.path.join(tmp, "path")}
         for binding, recorded in dict(spec["fails"]).items():
             impl = f"peers.{peer}_grpo:{binding}"
             report = os.path.join(tmp, f"{binding}.xml")
@@ -454,7 +461,7 @@ def bench_peers(session: nox.Session) -> None:
     accuracy, each ours/TRL. About 2 minutes of runs on a quiet 2-core machine with the defaults (93 s measured),
     plus the install."""
     _install_cpu(session, with_=(str(PEERS["trl"]["pin"]),))
-    session.run("python", "-m", "peers.bench_trl", *session.posargs, env=HYPOTHESIS_ENV)
+    session.run("python", "-m", "peers.bench_trl", *session.posargs, env=SESSION_ENV)
 
 
 # Where a Mac resolves from the registry alone: PyPI's torch 2.13 has a macOS wheel for arm64 (macOS 14 and later)
