@@ -286,9 +286,7 @@ def mindeps(session: nox.Session) -> None:
     _check_cpu_torch(session)
     skipped = ("gpu", "slow", "heavy", "fuzz", "ray", "browser", "flyte")
     workers = ("-n", "auto", "--maxprocesses", "4", "--dist", "worksteal")
-    session.run(
-        "pytest", *workers, "-m", " and ".join(f"not {m}" for m in skipped), *session.posargs, env=SESSION_ENV
-    )
+    session.run("pytest", *workers, "-m", " and ".join(f"not {m}" for m in skipped), *session.posargs, env=SESSION_ENV)
 
 
 @nox.session(name="deploy-dry-run")
