@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True)
-class Event:
-    """One line of the event log. `t` is virtual seconds since the run started."""
+class Event(NamedTuple):
+    """One line of the event log. `t` is virtual seconds since the run started.
+
+    A named tuple, not a frozen dataclass: a scenario logs a few hundred, and a frozen dataclass sets each field
+    through `object.__setattr__`."""
 
     t: float
     run: str
@@ -23,9 +25,8 @@ class Event:
         return text.rstrip()
 
 
-@dataclass(frozen=True)
-class ActionRecord:
-    """An action as issued by the driver: its identity and its task."""
+class ActionRecord(NamedTuple):
+    """An action as issued by the driver: its identity and its task (a named tuple, as `Event`)."""
 
     action_id: str
     task: str
