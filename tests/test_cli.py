@@ -7,6 +7,7 @@ import pytest
 
 from rl import platform
 from rl.cli import main
+from rl.errors import InputError
 
 
 def test_rl_help_lists_usage(capsys):
@@ -87,7 +88,7 @@ def test_rl_chaos_failure_prints_the_seed_and_the_reproducing_command(capsys, mo
 def test_rl_bench_json_has_the_public_figures(capsys, monkeypatch):
     import rl.bench.sim as bench
 
-    monkeypatch.setattr(bench, "scenario_speed", lambda: {"scenarios_per_s": 1.0})
+    monkeypatch.setattr(bench, "scenario_speed", lambda **_: {"scenarios_per_s": 1.0})
     monkeypatch.setattr(bench, "parallel_scenario_speed", lambda: {"scenarios_per_s_2_jobs": 2.0})
     assert main(["bench", "--sections", "sim", "--json"]) == 0
     figures = _json_tail(capsys.readouterr().out)
@@ -100,6 +101,30 @@ def test_rl_bench_json_has_the_public_figures(capsys, monkeypatch):
     ):
         assert key in figures
     assert figures["pipelined_over_max_gen_train"] <= 1.02
+
+
+def test_the_one_process_chaos_rate_is_repeated_on_seeds_no_earlier_pass_ran(monkeypatch):
+    """`rl bench --repeats N`: N timed passes after a warm-up, each on new seeds (a seed run twice would find its
+    agentic reference cached and time less work), reported as median and spread; every failing scenario counts."""
+    import types
+
+    import rl.bench.sim as bench
+
+    seen: dict[str, list[int]] = {"grpo": [], "agentic": []}
+
+    def report(loop: str, seed: int) -> types.SimpleNamespace:
+        seen[loop].append(seed)
+        return types.SimpleNamespace(ok=seed != 7)
+
+    monkeypatch.setattr(bench, "grpo_random", lambda pipelined: lambda seed: report("grpo", seed))
+    monkeypatch.setattr(bench, "agentic_report", lambda seed: report("agentic", seed))
+    figures = bench.scenario_speed(scenarios=3, repeats=2)
+    assert seen == {"grpo": list(range(9)), "agentic": list(range(9))}  # warm-up 0-2, then 3-5 and 6-8
+    for key in ("scenarios_per_s", "agentic_scenarios_per_s"):
+        assert figures[f"{key}_min"] <= figures[key] <= figures[f"{key}_max"]
+    assert figures["scenario_failures"] == 2 and figures["scenario_repeats"] == 2  # seed 7, once per loop
+    with pytest.raises(InputError, match="repeats must be >= 1"):
+        bench.scenario_speed(scenarios=1, repeats=0)
 
 
 def test_rl_bench_refuses_an_unknown_section(capsys):

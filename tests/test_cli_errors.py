@@ -194,7 +194,7 @@ def test_a_bug_prints_its_traceback_and_exits_70(capsys, monkeypatch):
     """An exception outside the hierarchy is not an expected failure: the traceback shows, with a request to report."""
     import rl.bench.sim
 
-    def broken():
+    def broken(**_):
         raise ZeroDivisionError("division by zero")
 
     monkeypatch.setattr(rl.bench.sim, "simulator_bench", broken)

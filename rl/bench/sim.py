@@ -7,6 +7,8 @@ import statistics
 import time
 from typing import Any
 
+from rl.bench.figures import spread
+from rl.errors import InputError
 from rl.loop.grpo import GrpoConfig
 from rl.sim.chaos import grpo_random
 from rl.sim.chaos_agentic import agentic_report
@@ -43,30 +45,32 @@ def replay_speed(actions: int = 2000) -> dict[str, float]:
     return {"replay_ms_per_action": 1000 * elapsed / actions, "replayed_actions_per_s": actions / elapsed}
 
 
-def scenario_speed(scenarios: int = 100) -> dict[str, float]:
-    """Swarm fault scenarios of the GRPO and agentic loops on fakes, every invariant checked, in this one process.
+def scenario_speed(scenarios: int = 100, repeats: int = 1) -> dict[str, Any]:
+    """Swarm fault scenarios of the GRPO and agentic loops on fakes, every invariant checked, in this one process:
+    `repeats` timed passes of `scenarios` new seeds each, as the median rate and its spread (`_min`, `_max`).
 
     Each loop first runs `scenarios` other seeds, which warms what a long `rl chaos` run has warmed: GRPO's
     uninterrupted references (one per run seed, 32 in all) and the caches. An agentic reference depends on the
     scenario's shape and dead trials as well, so nearly every timed agentic seed computes its own (98 distinct among
-    seeds 100-199; 2,733 among the first 5,000), as most seeds of a long run do: the agentic rate includes them.
+    seeds 100-199; 2,733 among the first 5,000), as most seeds of a long run do: the agentic rate includes them. Each
+    pass takes seeds no earlier pass ran, so repeating does not warm them either.
     """
-    check = grpo_random(pipelined=False)
-    for seed in range(scenarios):
-        check(seed)  # warms the uninterrupted references of every run seed
-    start = time.perf_counter()
-    failures = sum(not check(seed).ok for seed in range(scenarios, 2 * scenarios))
-    grpo_s = time.perf_counter() - start
-    for seed in range(scenarios):
-        agentic_report(seed)
-    start = time.perf_counter()
-    failures += sum(not agentic_report(seed).ok for seed in range(scenarios, 2 * scenarios))
-    agentic_s = time.perf_counter() - start
-    return {
-        "scenarios_per_s": scenarios / grpo_s,
-        "agentic_scenarios_per_s": scenarios / agentic_s,
-        "scenario_failures": failures,
-    }
+    if repeats < 1:
+        raise InputError(f"repeats must be >= 1, got {repeats}")
+    grpo = grpo_random(pipelined=False)
+    failures = 0
+    rates: dict[str, list[float]] = {}
+    for key, check in (("scenarios_per_s", grpo), ("agentic_scenarios_per_s", agentic_report)):
+        for seed in range(scenarios):
+            check(seed)
+        for n in range(1, repeats + 1):
+            start = time.perf_counter()
+            failures += sum(not check(seed).ok for seed in range(n * scenarios, (n + 1) * scenarios))
+            rates.setdefault(key, []).append(scenarios / (time.perf_counter() - start))
+    figures: dict[str, Any] = {}
+    for key, values in rates.items():
+        figures.update(spread(key, values))
+    return {**figures, "scenario_failures": failures, "scenario_repeats": repeats}
 
 
 def parallel_scenario_speed(scenarios: int = 400, jobs: int | None = None) -> dict[str, float]:
@@ -120,5 +124,11 @@ def pipeline_overlap() -> dict[str, float]:
     }
 
 
-def simulator_bench() -> dict[str, Any]:
-    return {**replay_speed(), **scenario_speed(), **parallel_scenario_speed(), **pipeline_overlap()}
+def simulator_bench(repeats: int = 1) -> dict[str, Any]:
+    """`repeats`: timed passes of the one-process scenario rates (the other figures are measured once)."""
+    return {
+        **replay_speed(),
+        **scenario_speed(repeats=repeats),
+        **parallel_scenario_speed(),
+        **pipeline_overlap(),
+    }
