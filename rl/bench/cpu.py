@@ -17,10 +17,9 @@ from typing import Any
 import torch
 
 from rl.artifacts import LocalArtifacts
-from rl.bench.figures import spread
+from rl.bench.figures import check_repeats, spread
 from rl.engines.decoding import batched_teacher_forced_logprobs
 from rl.engines.torch_sampler import TorchSampler
-from rl.errors import InputError
 from rl.local import DEMO_MODEL, DEMO_TRAINER, base_model
 from rl.loop.grpo import GrpoConfig, GrpoTiers, generate_and_score
 from rl.problems import DigitSuccessor
@@ -83,7 +82,6 @@ def cpu_stack_bench(groups: int = 8, group_size: int = 8, max_tokens: int = 8, r
     """Each figure measured `repeats` times on the same work: its median under its own name, its spread as `_min` and
     `_max`. The sampler's figure is given per wall second and per CPU second (`time.process_time`), the one a loaded
     machine disturbs least."""
-    if repeats < 1:
-        raise InputError(f"repeats must be >= 1, got {repeats}")
+    check_repeats(repeats)
     with tempfile.TemporaryDirectory(prefix="rl-bench-") as tmp:
         return asyncio.run(_measure(Path(tmp), groups, group_size, max_tokens, repeats))

@@ -6,6 +6,14 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from rl.errors import InputError
+
+
+def check_repeats(repeats: int) -> None:
+    """Refuses a repeat count below one before any work is timed (`spread` of no values has no median)."""
+    if repeats < 1:
+        raise InputError(f"repeats must be >= 1, got {repeats}")
+
 
 def spread(name: str, values: Sequence[float]) -> dict[str, float]:
     """`{name: median, name_min: ..., name_max: ...}` of one figure's repeats."""

@@ -7,8 +7,7 @@ import statistics
 import time
 from typing import Any
 
-from rl.bench.figures import spread
-from rl.errors import InputError
+from rl.bench.figures import check_repeats, spread
 from rl.loop.grpo import GrpoConfig
 from rl.sim.chaos import grpo_random
 from rl.sim.chaos_agentic import agentic_report
@@ -55,21 +54,18 @@ def scenario_speed(scenarios: int = 100, repeats: int = 1) -> dict[str, Any]:
     seeds 100-199; 2,733 among the first 5,000), as most seeds of a long run do: the agentic rate includes them. Each
     pass takes seeds no earlier pass ran, so repeating does not warm them either.
     """
-    if repeats < 1:
-        raise InputError(f"repeats must be >= 1, got {repeats}")
-    grpo = grpo_random(pipelined=False)
+    check_repeats(repeats)
+    figures: dict[str, Any] = {}
     failures = 0
-    rates: dict[str, list[float]] = {}
-    for key, check in (("scenarios_per_s", grpo), ("agentic_scenarios_per_s", agentic_report)):
+    for key, check in (("scenarios_per_s", grpo_random(pipelined=False)), ("agentic_scenarios_per_s", agentic_report)):
         for seed in range(scenarios):
             check(seed)
+        rates = []
         for n in range(1, repeats + 1):
             start = time.perf_counter()
             failures += sum(not check(seed).ok for seed in range(n * scenarios, (n + 1) * scenarios))
-            rates.setdefault(key, []).append(scenarios / (time.perf_counter() - start))
-    figures: dict[str, Any] = {}
-    for key, values in rates.items():
-        figures.update(spread(key, values))
+            rates.append(scenarios / (time.perf_counter() - start))
+        figures.update(spread(key, rates))
     return {**figures, "scenario_failures": failures, "scenario_repeats": repeats}
 
 
