@@ -51,6 +51,13 @@ class BatchedRolloutEngine(RolloutEngine, Protocol):
     async def generate_groups(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]: ...
 
 
+def is_batched(engine: object) -> bool:
+    """`isinstance(engine, BatchedRolloutEngine)`, as `runtime_checkable` decides it (each member is an attribute that
+    is not None), without its walk over the protocol's members: the driver asks it twice an iteration and the evaluator
+    once a call, and on Python 3.11 the walk was a twentieth of a simulated GRPO run."""
+    return getattr(engine, "generate_groups", None) is not None and getattr(engine, "generate", None) is not None
+
+
 @runtime_checkable
 class Scorer(Protocol):
     """Scores one group of rollouts; returns one finite reward per rollout, in the same order."""

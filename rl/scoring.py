@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rl.metrics import avg_at_k, pass_at_k
-from rl.protocols import BatchedRolloutEngine, RolloutEngine
+from rl.protocols import RolloutEngine, is_batched
 from rl.rewards import get_reward, is_correct
 from rl.seeding import eval_problem_seed
 from rl.types import ArtifactRef, EvalResult, Prompt, Rollout, RolloutRequest
@@ -47,7 +47,7 @@ class SamplingEvaluator:
             )
             for i, prompt in enumerate(self.prompts)
         ]
-        if isinstance(self.engine, BatchedRolloutEngine):
+        if is_batched(self.engine):
             groups = await self.engine.generate_groups(requests)  # one batch for every held-out problem
         else:
             groups = [await self.engine.generate(request) for request in requests]

@@ -30,7 +30,6 @@ from rl.loop.phase_timing import Scored, timed, timed_generation, with_eval_time
 from rl.metrics import finite_mean
 from rl.protocols import (
     Artifacts,
-    BatchedRolloutEngine,
     Evaluator,
     PromptSource,
     Reporter,
@@ -40,6 +39,7 @@ from rl.protocols import (
     StateStore,
     TaskMetrics,
     Trainer,
+    is_batched,
 )
 from rl.seeding import adapter_init_seed, eval_seed, prompt_draw_seed, rollout_seed
 from rl.types import (
@@ -171,7 +171,7 @@ async def generate_and_score(
         scoring[gid] = asyncio.ensure_future(tiers.scorer.score_group(group))
 
     try:
-        if isinstance(tiers.engine, BatchedRolloutEngine):
+        if is_batched(tiers.engine):
             # One call for every group (one batch on an engine that batches); scoring starts when it returns.
             for group in await tiers.engine.generate_groups(requests):
                 landed(group)

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import NamedTuple, TypeVar
 
 from rl.checkpoint.format import DriverState
-from rl.protocols import BatchedRolloutEngine, RolloutEngine
+from rl.protocols import BatchedRolloutEngine, RolloutEngine, is_batched
 from rl.types import EvalResult, Rollout, RolloutRequest
 
 T = TypeVar("T")
@@ -48,7 +48,7 @@ async def timed_generation(
     """`generate_and_score(engine)`, with `engine` wrapped to note when each group lands: the split between generating
     and the scoring left after it. Timing the engine from outside keeps the wrapped function's shape, which forks and
     tests substitute."""
-    clock = _BatchLandingClock(engine) if isinstance(engine, BatchedRolloutEngine) else _LandingClock(engine)
+    clock = _BatchLandingClock(engine) if is_batched(engine) else _LandingClock(engine)
     start = now()
     rollouts, rewards = await generate_and_score(clock)
     end = now()

@@ -93,8 +93,7 @@ class SimTask:
                 execution = run.loop.create_task(self._run_action(driver, action_id, digest, frozen_inputs))
                 execution.add_done_callback(retrieve)
                 run.inflight[action_id] = execution
-            # The action outlives a dead driver: cancelling this caller must not cancel the action.
-            record = await asyncio.shield(execution)
+            record = await _outlived(execution)
         await_point(sim, driver, f"return {self.name}")
         return thaw(record)
 
@@ -157,6 +156,32 @@ class SimTask:
         if fault == "after":
             raise InjectedTaskFailure(f"injected failure after {self.name} ran, before its result was recorded")
         return output
+
+
+def _outlived(execution: asyncio.Future[Any]) -> asyncio.Future[Any]:
+    """What the driver awaits for an action: `asyncio.shield(execution)`, so cancelling the driver (its death) cancels
+    only its wait and the action runs on.
+
+    asyncio's shield also gives its waiter a done callback, which runs a loop turn of its own after every action only
+    to find the action finished; the action's outcome reaches the waiter here through one callback, and a cancelled
+    waiter leaves the action's failure to `retrieve`.
+    """
+    if execution.done():
+        return execution
+    waiter = execution.get_loop().create_future()
+    execution.add_done_callback(functools.partial(_relay, waiter))
+    return waiter
+
+
+def _relay(waiter: asyncio.Future[Any], execution: asyncio.Future[Any]) -> None:
+    if waiter.done():  # the driver that waited died first
+        return
+    if execution.cancelled():
+        waiter.cancel()
+    elif (exc := execution.exception()) is not None:
+        waiter.set_exception(exc)
+    else:
+        waiter.set_result(execution.result())
 
 
 class Tier:
