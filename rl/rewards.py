@@ -9,6 +9,7 @@ Pure Python: the reward tier runs on a CPU without torch.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from decimal import Decimal
@@ -116,13 +117,16 @@ def get_reward(name: str) -> RewardFn:
         raise UnknownRewardError(name, sorted(REWARDS)) from None
 
 
+@functools.lru_cache(maxsize=4096)
 def _canonical(number: str) -> str:
+    # Memoised: numbers are short and repeat (every answer of every group is canonicalised twice), Decimal is slow.
     value = Decimal(number.replace(",", ""))
     if value == value.to_integral_value():
         return str(int(value))
     return format(value.normalize(), "f")
 
 
+@functools.lru_cache(maxsize=4096)
 def _canonical_reference(answer: str) -> str:
     text = answer.strip()
     return _canonical(text) if _NUMBER.fullmatch(text) else text

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from rl.sim.attempts import CURRENT_DRIVER, CURRENT_TASK, DriverAttempt, TaskAttempt
 from rl.sim.errors import SimUsageError, TaskFailed
 from rl.sim.faults import InjectedTaskFailure
-from rl.sim.frozen import Unpicklable, action_identity, freeze, inputs_digest, signature_of, thaw
+from rl.sim.frozen import Record, action_identity, freeze, inputs_digest, signature_of, thaw
 from rl.sim.records import ActionRecord
 from rl.sim.replay import ReplayDivergence
 from rl.sim.supervisor import await_point, diverge, retrieve
@@ -97,7 +97,7 @@ class SimTask:
         await_point(sim, driver, f"return {self.name}")
         return thaw(record)
 
-    async def _run_action(self, driver: DriverAttempt, action_id: str, digest: str, inputs: bytes | Unpicklable) -> Any:
+    async def _run_action(self, driver: DriverAttempt, action_id: str, digest: str, inputs: Record) -> Any:
         """One action's execution, independent of the driver attempt that launched it; records its outcome."""
         sim, run = self.sim, driver.run
         try:
@@ -113,7 +113,7 @@ class SimTask:
         sim.log(driver, "action.completed", self.name, action_id)
         return record
 
-    async def _execute(self, driver: DriverAttempt, action_id: str, inputs: bytes | Unpicklable) -> Any:
+    async def _execute(self, driver: DriverAttempt, action_id: str, inputs: Record) -> Any:
         sim = self.sim
         last: BaseException | None = None
         for attempt in range(self.retries + 1):
@@ -144,7 +144,7 @@ class SimTask:
         assert last is not None
         raise TaskFailed(self.name, action_id, self.retries + 1, last) from last
 
-    async def _body(self, inputs: bytes | Unpicklable, fault: str | None) -> Any:
+    async def _body(self, inputs: Record, fault: str | None) -> Any:
         if fault == "exhaust":
             raise InjectedTaskFailure(f"injected outage: {self.name} cannot run on any attempt (exhausts its retries)")
         if fault == "before":

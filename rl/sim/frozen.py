@@ -25,16 +25,92 @@ class Unpicklable:
         self.value = copy.deepcopy(value)
 
 
-def freeze(value: Any) -> bytes | Unpicklable:
+class Shared:
+    """A record of a value nothing can change (`immutable`): every thaw is the value itself, which is what a copy would
+    be, without the pickle's cost of naming each class it holds (most of a small record's)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class SharedItems:
+    """A record of a list or dict whose items are `immutable`: each thaw is a new container of the same items."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: list[Any] | dict[str, Any]) -> None:
+        self.value = value.copy()
+
+
+Record = bytes | Unpicklable | Shared | SharedItems
+
+_SCALARS = frozenset({type(None), bool, int, float, complex, str, bytes})
+_NOT_FROZEN = object()
+_FROZEN_KINDS: dict[type, bool] = {}
+
+
+def _frozen_kind(kind: type) -> bool:
+    """Instances of `kind` cannot be rebound: a class itself declared a frozen dataclass (a subclass that is not may
+    set attributes of its own), or a frozen pydantic model that keeps no extra or private attributes."""
+    frozen = _FROZEN_KINDS.get(kind)
+    if frozen is None:
+        own = vars(kind)
+        params = own.get("__dataclass_params__")
+        config = getattr(kind, "model_config", None)
+        frozen = _FROZEN_KINDS[kind] = "__slots__" not in own and (
+            (params is not None and params.frozen)
+            or (
+                isinstance(config, dict)
+                and config.get("frozen") is True
+                and config.get("extra") in (None, "forbid", "ignore")
+                and not getattr(kind, "__private_attributes__", None)
+            )
+        )
+    return frozen
+
+
+def immutable(value: Any) -> bool:
+    """Whether nothing can change `value` in place: a scalar of exactly a builtin type, or a tuple, frozenset, frozen
+    dataclass or frozen pydantic model of such values all the way down (`object.__setattr__` aside, which no tier
+    calls). A subclass of a builtin (an enum, numpy's float64) is not taken on trust."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return True
+    if kind is tuple or kind is frozenset:
+        return all(immutable(v) for v in value)
+    if not _frozen_kind(kind):
+        return False
+    return all(type(v) in _SCALARS or immutable(v) for v in vars(value).values())
+
+
+def freeze(value: Any) -> Record:
     """The durable record of a value, which no later mutation of the original can reach (pickle is ~5x deepcopy)."""
+    kind = type(value)
+    if kind is list or kind is dict:
+        if all(type(v) in _SCALARS or immutable(v) for v in (value if kind is list else value.values())):
+            return SharedItems(value)
+    elif immutable(value):
+        return Shared(value)
+    return _pickled(value)
+
+
+def _pickled(value: Any) -> bytes | Unpicklable:
     try:
         return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, AttributeError, TypeError):
         return Unpicklable(value)
 
 
-def thaw(record: bytes | Unpicklable) -> Any:
-    return copy.deepcopy(record.value) if isinstance(record, Unpicklable) else pickle.loads(record)
+def thaw(record: Record) -> Any:
+    if isinstance(record, bytes):
+        return pickle.loads(record)
+    if isinstance(record, Shared):
+        return record.value
+    if isinstance(record, SharedItems):
+        return record.value.copy()
+    return copy.deepcopy(record.value)
 
 
 def copy_value(value: T) -> T:
@@ -44,24 +120,27 @@ def copy_value(value: T) -> T:
 _DIGESTS: dict[bytes, str] = {}
 
 
-def inputs_digest(task: str, inputs: dict[str, Any]) -> tuple[str, bytes | Unpicklable]:
-    """`content_digest(task, inputs)`, memoised process-wide by the inputs' pickle; and that frozen record of them.
+def inputs_digest(task: str, inputs: dict[str, Any]) -> tuple[str, Record]:
+    """`content_digest(task, inputs)`, memoised process-wide by the inputs' pickle; and the frozen record of them.
 
     The canonical JSON digest was a fifth of a chaos scenario, and replays, reruns and same-seed scenarios ask it for
     the same inputs again and again. Equal pickles are equal values, so a hit returns the digest the canonical form
     would; equal values that pickle differently (another dict order) merely miss and compute it. The pickle is also
-    the inputs' durable record, which each attempt thaws into its own copy.
+    the inputs' durable record, which each attempt thaws into its own copy, unless every input is `immutable`: then
+    each attempt gets a new dict of the same values.
     """
-    record = freeze(inputs)
-    if isinstance(record, Unpicklable):
-        return content_digest(task, inputs), record
-    key = hashlib.blake2b(task.encode() + b"\x00" + record, digest_size=16).digest()
+    pickled = _pickled(inputs)
+    if isinstance(pickled, Unpicklable):
+        return content_digest(task, inputs), pickled
+    key = hashlib.blake2b(task.encode() + b"\x00" + pickled, digest_size=16).digest()
     digest = _DIGESTS.get(key)
     if digest is None:
         if len(_DIGESTS) >= 1 << 16:
             _DIGESTS.clear()
         digest = _DIGESTS[key] = content_digest(task, inputs)
-    return digest, record
+    if all(type(v) in _SCALARS or immutable(v) for v in inputs.values()):
+        return digest, SharedItems(inputs)
+    return digest, pickled
 
 
 @functools.lru_cache(maxsize=1 << 16)
