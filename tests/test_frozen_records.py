@@ -63,6 +63,18 @@ class Flt(float):
     pass
 
 
+@dataclass(frozen=True)
+class DeclaredList:
+    """Declared a list: never taken as immutable, even holding a tuple (a declaration is read once, not trusted more)."""
+
+    items: list[int] | None
+
+
+@dataclass(frozen=True)
+class HoldsLoose:
+    inner: Loose
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
@@ -88,6 +100,8 @@ class Flt(float):
         (OpenModel(name="a", more=[1]), False),
         (Mutable(name="a"), False),
         (Weights(version=1, doc_prior={"w": [0.5]}), False),
+        (DeclaredList((1, 2)), False),  # type: ignore[arg-type]
+        (HoldsLoose(Loose(1)), False),
     ],
 )
 def test_immutable_takes_only_what_nothing_can_change(value: object, expected: bool) -> None:

@@ -4,10 +4,12 @@ object), and an action's identity is a digest of its scope, task, inputs and occ
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import hashlib
 import inspect
 import pickle
+import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -47,19 +49,20 @@ class SharedItems:
 Record = bytes | Unpicklable | Shared | SharedItems
 
 _SCALARS = frozenset({type(None), bool, int, float, complex, str, bytes})
-_NOT_FROZEN = object()
 _FROZEN_KINDS: dict[type, bool] = {}
+_MUTABLE_CONTAINERS = (list, dict, set, bytearray)
 
 
 def _frozen_kind(kind: type) -> bool:
-    """Instances of `kind` cannot be rebound: a class itself declared a frozen dataclass (a subclass that is not may
-    set attributes of its own), or a frozen pydantic model that keeps no extra or private attributes."""
+    """Instances of `kind` may be `immutable`: a class itself declared a frozen dataclass (a subclass that is not may
+    set attributes of its own), or a frozen pydantic model that keeps no extra or private attributes; and no field is
+    declared a list, dict or set (such instances never are, and `immutable` would walk them to find out)."""
     frozen = _FROZEN_KINDS.get(kind)
     if frozen is None:
         own = vars(kind)
         params = own.get("__dataclass_params__")
         config = getattr(kind, "model_config", None)
-        frozen = _FROZEN_KINDS[kind] = "__slots__" not in own and (
+        frozen = "__slots__" not in own and (
             (params is not None and params.frozen)
             or (
                 isinstance(config, dict)
@@ -68,7 +71,29 @@ def _frozen_kind(kind: type) -> bool:
                 and not getattr(kind, "__private_attributes__", None)
             )
         )
+        _FROZEN_KINDS[kind] = False  # while its fields are read: a field of its own type is taken as mutable
+        frozen = _FROZEN_KINDS[kind] = frozen and not any(_mutable(t) for t in _declared_types(kind))
     return frozen
+
+
+def _declared_types(kind: type) -> list[Any]:
+    fields = getattr(kind, "model_fields", None)
+    if isinstance(fields, dict):
+        return [f.annotation for f in fields.values()]
+    try:
+        return list(typing.get_type_hints(kind).values())
+    except Exception:  # an annotation that does not resolve: the values are walked instead
+        return []
+
+
+def _mutable(declared: Any) -> bool:
+    """A type that is, or may be (a union that admits one), a mutable container, or a dataclass or pydantic model
+    whose instances never are `immutable`."""
+    if declared in _MUTABLE_CONTAINERS or typing.get_origin(declared) in _MUTABLE_CONTAINERS:
+        return True
+    if isinstance(declared, type) and (dataclasses.is_dataclass(declared) or hasattr(declared, "model_fields")):
+        return not _frozen_kind(declared)
+    return any(_mutable(t) for t in typing.get_args(declared) if typing.get_origin(declared) is not None)
 
 
 def immutable(value: Any) -> bool:
