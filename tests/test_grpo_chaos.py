@@ -51,3 +51,32 @@ def test_a_broken_driver_is_caught_by_the_sweep(monkeypatch):
     monkeypatch.setattr(grpo, "load_state", forgetful_load)
     reports = grpo_sweep(pipelined=False)
     assert any(r.violations for r in reports)
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_the_direct_binding_reaches_the_simulated_runs_outcome_without_issuing_a_task(pipelined):
+    """`grpo_sim(tasks=False)`, `rl bench`'s floor: the same driver on the same fakes, called directly, ends where the
+    simulated run ends (a fault-free run's outcome does not depend on the task semantics), and issues no action."""
+    from dataclasses import replace
+
+    from rl.sim.chaos import CHAOS_GRPO
+    from rl.sim.grpo_sim import grpo_sim, outcome_violations
+
+    config = replace(CHAOS_GRPO, pipelined=pipelined, seed=5)
+    simulated = grpo_sim(config, seed=5).run()
+    setup = grpo_sim(config, seed=5, tasks=False)
+    direct = setup.run()
+    assert simulated.ok and direct.ok
+    assert outcome_violations(simulated.output, direct.output) == []
+    assert direct.history == () and setup.sim.count("action.start") == 0
+    assert simulated.virtual_time_s == direct.virtual_time_s
+
+
+def test_the_simulator_floor_times_both_bindings_and_refuses_runs_that_disagree(monkeypatch):
+    import rl.bench.sim as bench
+
+    figures = bench.simulator_floor(runs=2, repeats=2)
+    assert figures["grpo_run_ms"] > 0 and figures["grpo_direct_run_ms"] > 0 and figures["grpo_direct_share"] > 0
+    monkeypatch.setattr(bench, "outcome_violations", lambda reference, outcome: ["final adapter differs"])
+    with pytest.raises(RuntimeError, match="run seed 0: the direct run's outcome differs"):
+        bench.simulator_floor(runs=2)

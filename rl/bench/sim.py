@@ -5,14 +5,15 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
+from dataclasses import replace
 from typing import Any
 
 from rl.bench.figures import check_repeats, spread
 from rl.loop.grpo import GrpoConfig
-from rl.sim.chaos import grpo_random
+from rl.sim.chaos import CHAOS_GRPO, grpo_random
 from rl.sim.chaos_agentic import agentic_report
 from rl.sim.durable_sim import DurableSimulator
-from rl.sim.grpo_sim import Latencies, grpo_sim
+from rl.sim.grpo_sim import Latencies, grpo_sim, outcome_violations
 from rl.sim.grpo_tiers import LatencyModel
 
 # The training-loop tutorial's measured loop: 434 s per iteration sequential, 298 s pipelined (Qwen3-8B, two nodes of
@@ -67,6 +68,37 @@ def scenario_speed(scenarios: int = 100, repeats: int = 1) -> dict[str, Any]:
             rates.append(scenarios / (time.perf_counter() - start))
         figures.update(spread(key, rates))
     return {**figures, "scenario_failures": failures, "scenario_repeats": repeats}
+
+
+def simulator_floor(runs: int = 32, repeats: int = 1) -> dict[str, float]:
+    """What the simulator costs over the code it runs: an uninterrupted run of the chaos scenarios' GRPO shape
+    (`CHAOS_GRPO`, run seeds 0..`runs`-1) on the simulator, and the same runs with the driver calling the same fakes
+    directly (`grpo_sim(tasks=False)`: no records, copies, journal or faults), timed alternately `repeats` times.
+
+    The direct run is a floor no speed-up of the simulator can pass: a chaos scenario is at least one such run (about
+    1.3 on average, with its faults' retries, crashes and replays), so `1000 / grpo_direct_run_ms / 1.3` bounds the
+    GRPO scenario rate on this machine. Both must finish with the same outcome, or nothing is printed.
+    """
+    check_repeats(repeats)
+    configs = [(replace(CHAOS_GRPO, seed=seed), seed) for seed in range(runs)]
+    for config, seed in configs:  # warms the fakes' process-wide memos for both, and checks they agree
+        simulated, direct = (grpo_sim(config, seed=seed, tasks=tasks).run() for tasks in (True, False))
+        if not (simulated.ok and direct.ok) or outcome_violations(simulated.output, direct.output):
+            raise RuntimeError(f"run seed {seed}: the direct run's outcome differs from the simulated run's")
+    simulated_ms: list[float] = []
+    direct_ms: list[float] = []
+    for _ in range(repeats):
+        for tasks, times in ((True, simulated_ms), (False, direct_ms)):
+            start = time.perf_counter()
+            for config, seed in configs:
+                grpo_sim(config, seed=seed, tasks=tasks).run()
+            times.append(1000 * (time.perf_counter() - start) / runs)
+    shares = [d / s for d, s in zip(direct_ms, simulated_ms, strict=True)]
+    return {
+        "grpo_run_ms": statistics.median(simulated_ms),
+        "grpo_direct_run_ms": statistics.median(direct_ms),
+        "grpo_direct_share": statistics.median(shares),
+    }
 
 
 def parallel_scenario_speed(scenarios: int = 400, jobs: int | None = None) -> dict[str, float]:
@@ -125,6 +157,7 @@ def simulator_bench(repeats: int = 1) -> dict[str, Any]:
     return {
         **replay_speed(),
         **scenario_speed(repeats=repeats),
+        **simulator_floor(repeats=repeats),
         **parallel_scenario_speed(),
         **pipeline_overlap(),
     }

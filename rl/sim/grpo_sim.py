@@ -74,13 +74,19 @@ def grpo_sim(
     driver: GrpoDriver = run_grpo,
     retries: dict[str, int] | None = None,
     tie_break_seed: int | None = None,
+    tasks: bool = True,
 ) -> GrpoSim:
-    """`retries` overrides tasks' retry budgets by name (`{"train.train_step": 0}`); `tie_break_seed` shuffles ties."""
+    """`retries` overrides tasks' retry budgets by name (`{"train.train_step": 0}`); `tie_break_seed` shuffles ties.
+
+    `tasks=False` binds the fakes to the driver directly, not as simulator tasks: no records, copies, journal or task
+    faults, only the driver's checkpoint and the virtual clock. `rl bench` times it as the floor under a simulated run.
+    """
     budget = {**TASK_RETRIES, **(retries or {})}
     unknown = set(budget) - set(TASK_RETRIES)
     if unknown:
         raise ValueError(f"grpo_sim retries names unknown tasks {sorted(unknown)}; known: {sorted(TASK_RETRIES)}")
     sim = DurableSimulator(seed=seed, faults=faults, tie_break_seed=tie_break_seed)
+    bind = sim.tier if tasks else _direct
     artifacts = MemoryArtifacts()
     prompts = DigitSuccessor()
     engine = FakeEngine(artifacts, latency=latencies.generate)
@@ -92,14 +98,12 @@ def grpo_sim(
     )
     reporter = RecordingReporter()
     tiers = GrpoTiers(
-        engine=sim.tier(engine, "rollout", generate={"retries": budget[GENERATE], "timeout_s": 600.0}),
-        scorer=sim.tier(FakeScorer(latency=latencies.score), "reward", score_group={"retries": budget[SCORE]}),
-        trainer=sim.tier(
-            trainer, "train", init_adapter={"retries": budget[INIT]}, train_step={"retries": budget[TRAIN]}
-        ),
+        engine=bind(engine, "rollout", generate={"retries": budget[GENERATE], "timeout_s": 600.0}),
+        scorer=bind(FakeScorer(latency=latencies.score), "reward", score_group={"retries": budget[SCORE]}),
+        trainer=bind(trainer, "train", init_adapter={"retries": budget[INIT]}, train_step={"retries": budget[TRAIN]}),
         artifacts=artifacts,
         prompts=prompts,
-        evaluator=sim.tier(
+        evaluator=bind(
             FakeEvaluator(artifacts, prompts.eval_prompts(), latency=latencies.evaluate),
             "eval",
             evaluate={"retries": budget[EVALUATE]},
@@ -108,6 +112,10 @@ def grpo_sim(
         task_metrics=marked_answer_metrics,  # the fake engine answers "####<digit>"
     )
     return GrpoSim(sim, config, tiers, artifacts, trainer, reporter, driver)
+
+
+def _direct(obj: T, name: str, **methods: dict[str, Any]) -> T:
+    return obj
 
 
 def lineage_violations(config: GrpoConfig, setup: GrpoSim, outcome: GrpoOutcome) -> list[str]:
