@@ -123,3 +123,19 @@ def test_is_correct_compares_canonical_answers(completion, answer, expected):
     from rl.rewards import is_correct
 
     assert is_correct(completion, answer) is expected
+
+
+@pytest.mark.parametrize("name", sorted(REWARDS))
+def test_the_scorer_returns_each_rollouts_reward_in_the_rollouts_order(name):
+    """`RewardScorer.score_group`: reward i belongs to rollout i (a group's rewards sorted, reversed or deduplicated
+    would no longer follow their rollouts, and the advantages would credit the wrong samples)."""
+    import asyncio
+
+    from rl.scoring import RewardScorer
+    from rl.types import Rollout
+
+    completions = ["#### 7", "no answer", "#### 3", "the answer is 7", "####7"]
+    group = [Rollout(0, "6=", "7", c, [6], [1], [-0.5], 0, 1) for c in completions]
+    rewards = asyncio.run(RewardScorer(name).score_group(group))
+    assert rewards == [float(get_reward(name)(c, "7")) for c in completions]
+    assert len(set(rewards)) > 1 and rewards != sorted(rewards)
