@@ -124,6 +124,21 @@ def test_any_rows_round_trip_through_read_and_pandas(data):
         os.chmod(Path(tmp) / "versions", 0o755)  # TemporaryDirectory removes it as its owner, sealed or not
 
 
+@given(data=st.data())
+def test_a_row_holds_its_rollout_and_reward_exactly(data):
+    """`rollout_rows`, the `RolloutSink`'s row builder: each row is its rollout's fields, the iteration and the reward,
+    every float bit for bit (a row builder that rounded rewards would round-trip its own rounded rows)."""
+    iteration = data.draw(st.integers(0, 99_999))
+    rs = data.draw(st.lists(rollouts(), min_size=1, max_size=4))
+    rewards = data.draw(st.lists(finite, min_size=len(rs), max_size=len(rs)))
+    rows = rollout_rows(iteration, rs, rewards)
+    assert [row["reward"] for row in rows] == rewards
+    assert [{k: v for k, v in row.items() if k not in ("iteration", "reward")} for row in rows] == [
+        r.to_dict() for r in rs
+    ]
+    assert {row["iteration"] for row in rows} == {iteration}
+
+
 def test_each_append_forks_the_previous_version_and_shares_its_files(buffer):
     """Version n holds iterations 1..n; version n-1 is unchanged, and the files they share are not copied."""
     v1 = buffer.append(1, iteration_rows(1))
