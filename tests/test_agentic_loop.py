@@ -9,7 +9,7 @@ from conformance_selftest.broken_agentic import landing_order_driver
 from rl.agentic.bandit import StepPayloadConflictError
 from rl.agentic.faults import InjectedDriverCrash
 from rl.errors import AgenticInputError
-from rl.sim.agentic_sim import BUILD_WORLD, GENERATE, JUDGE, JUDGE_CALL, SETUP, TRAIN_STEP, AgenticSim
+from rl.sim.agentic_sim import BUILD_WORLD, GENERATE, JUDGE, JUDGE_CALL, SETUP, TASK_RETRIES, TRAIN_STEP, AgenticSim
 from rl.sim.errors import TaskFailed
 from rl.sim.faults import FaultPlan
 from rl.types import Rubric
@@ -48,6 +48,20 @@ def test_a_trial_that_fails_after_its_retries_is_skipped_and_counted_never_fatal
     assert [h.n_trials for h in result.output.history] == [5, 6, 5]
     assert all(s.stage == "generate" and "dead trial" in s.reason for s in result.output.skipped)
     assert harness.sim.count("action.failed", GENERATE) >= 4  # both attempts of both dead trials
+
+
+def test_a_judging_that_fails_after_its_retries_is_skipped_and_counted_never_fatal():
+    """The same rule for the judge: a trial whose judging fails on every attempt (an outage of that action) is skipped
+    at "verify_and_judge" and counted; the step trains on the others and the run finishes."""
+    harness = AgenticSim(0, FaultPlan(seed=0, exhaust_p=0.2, exhaust_tasks=frozenset({JUDGE})))
+    result = harness.run()
+    assert result.ok, result.error
+    skipped = result.output.skipped
+    assert [s.trial_id for s in skipped] == ["s0-p1-n0", "s0-p1-n1", "s1-p0-n0"]
+    assert all(s.stage == "verify_and_judge" and "injected outage" in s.reason for s in skipped)
+    assert [h.n_trials for h in result.output.history] == [4, 5, 6]
+    assert harness.sim.fired["exhausted_task"] == 3 * (TASK_RETRIES[JUDGE] + 1)
+    assert harness.report(result).trials_skipped == 3
 
 
 def test_the_judge_is_billed_once_per_trial_and_rubric_however_often_judging_retries():
