@@ -65,7 +65,7 @@ class Flt(float):
 
 @dataclass(frozen=True)
 class DeclaredList:
-    """Declared a list: never taken as immutable, even holding a tuple (a declaration is read once, not trusted more)."""
+    """Declared a list: never taken as immutable, even holding a tuple (the declaration is read once per class)."""
 
     items: list[int] | None
 
@@ -116,6 +116,24 @@ def test_a_list_of_scalars_is_a_new_list_on_every_thaw_and_the_record_ignores_la
     assert first == second == [1.0, 2.0]
     first.append(9.0)
     assert thaw(record) == [1.0, 2.0] and first is not second
+
+
+class Key:
+    """Hashable, yet changeable in place."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def __hash__(self) -> int:
+        return 1
+
+
+def test_a_dict_whose_keys_can_change_is_copied_deeply() -> None:
+    key = Key()
+    record = freeze({key: 1})
+    key.seen.append(1)
+    (copied,) = thaw(record)
+    assert copied is not key and copied.seen == []
 
 
 def test_an_immutable_value_is_handed_on_as_it_is() -> None:

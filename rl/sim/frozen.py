@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import hashlib
 import inspect
+import itertools
 import pickle
 import typing
 from collections.abc import Callable
@@ -114,7 +115,8 @@ def freeze(value: Any) -> Record:
     """The durable record of a value, which no later mutation of the original can reach (pickle is ~5x deepcopy)."""
     kind = type(value)
     if kind is list or kind is dict:
-        if all(type(v) in _SCALARS or immutable(v) for v in (value if kind is list else value.values())):
+        items = value if kind is list else itertools.chain(value, value.values())  # a dict's keys are shared too
+        if all(type(v) in _SCALARS or immutable(v) for v in items):
             return SharedItems(value)
     elif immutable(value):
         return Shared(value)
