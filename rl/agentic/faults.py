@@ -33,6 +33,10 @@ class JudgeFlake(RuntimeError):
     """A post-judge failure (say, the reward's upload) injected on attempt 0; the retry must not re-call the judge."""
 
 
+class JudgeOutage(RuntimeError):
+    """The judging of a trial fails on every attempt (its judge is down for it): the driver must skip the trial."""
+
+
 class InjectedDriverCrash(RuntimeError):
     """The tutorial's `crash_driver_at_step`: driver attempt 0 dies right after that step; the retry must replay it."""
 

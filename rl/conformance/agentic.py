@@ -116,6 +116,28 @@ class AgenticContract(ContractBase):
                 f"step {h.step} trained on {h.n_trials} trials; want {per_step - lost} ({lost} skipped)"
             )
 
+    def test_agentic_judgings_that_fail_every_retry_are_skipped_and_counted(
+        self, agentic_harness: Callable[..., AgenticSim], rl_seed: int
+    ) -> None:
+        """A trial whose judging fails on every attempt is skipped at "verify_and_judge" and listed, never fatal to its
+        step; the step trains on the trials that were judged."""
+        inputs = {**default_inputs(rl_seed), **LAW_SHAPE}
+        trials = all_trial_ids(inputs)
+        dead = frozenset({trials[0], trials[-2]})
+        outcome = _finished(
+            agentic_harness(rl_seed, dead_judgings=dead).run(**LAW_SHAPE), f"judgings of {sorted(dead)} failing"
+        )
+        skipped = {s.trial_id: s.stage for s in outcome.skipped}
+        assert skipped == dict.fromkeys(sorted(dead), "verify_and_judge"), (
+            f"skipped {skipped}; the trials whose judging always fails are {sorted(dead)}, at stage verify_and_judge"
+        )
+        per_step = LAW_SHAPE["prompts_per_step"] * LAW_SHAPE["n_samples"]
+        for h in outcome.history:
+            lost = sum(1 for t in dead if t.startswith(f"s{h.step}-"))
+            assert h.n_trials == per_step - lost, (
+                f"step {h.step} trained on {h.n_trials} trials; want {per_step - lost} ({lost} not judged)"
+            )
+
     def test_agentic_judge_is_billed_once_per_trial_and_rubric(
         self, agentic_harness: Callable[..., AgenticSim], rl_seed: int
     ) -> None:

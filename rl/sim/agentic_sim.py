@@ -11,6 +11,8 @@ Fault model, each injector seeded and documented:
   faults (`rl.agentic.faults.AgenticFaults`), injected by wrapping the tiers of that run.
 - `dead_trials`: these trials' sandboxes die on every attempt, so their generate fails after its retries and the driver
   must skip them.
+- `dead_judgings`: these trials' judging fails on every attempt (before the vendor is called), so the driver must skip
+  them at `verify_and_judge`.
 - a `FaultPlan`: task failures (before or after the body), hung sandboxes past their timeout, driver crashes.
 
 The trainer lives on a run-scoped "cluster" (`RunScopedCluster`): created once per run by name, surviving driver
@@ -32,6 +34,7 @@ from rl.agentic.faults import (
     FlakyJudging,
     FlakyTrials,
     Judge,
+    JudgeOutage,
     Sandbox,
     SandboxFailure,
     with_driver_crash,
@@ -45,7 +48,7 @@ from rl.sim.attempts import attempt_number, run_name
 from rl.sim.durable_sim import DurableSimulator
 from rl.sim.faults import FaultPlan
 from rl.sim.records import RunResult
-from rl.types import Rubric, Trajectory, TrialSpec, Weights, WorldRef
+from rl.types import Reward, Rubric, Trajectory, TrialSpec, Weights, WorldRef
 
 GENERATE = "sandbox.generate"
 BUILD_WORLD = "sandbox.build_world"
@@ -149,6 +152,19 @@ class DeadAndSlowTrials:
         return await self.inner.generate(spec, weights, world)
 
 
+class DeadJudgings:
+    """A judge tier whose judging of `dead` trials fails on every attempt, before the vendor is called (nothing is
+    billed); otherwise `inner`'s."""
+
+    def __init__(self, inner: Judge, dead: frozenset[str]) -> None:
+        self.inner, self.dead = inner, dead
+
+    async def verify_and_judge(self, traj: Trajectory, rubric: Rubric) -> Reward:
+        if traj.trial_id in self.dead:
+            raise JudgeOutage(f"judging {traj.trial_id} failed on attempt {attempt_number()} (a dead judging)")
+        return await self.inner.verify_and_judge(traj, rubric)
+
+
 class SimAgenticTiers:
     """The `rl.protocols.AgenticTiers` of one simulator run: each method a task with the tutorial's options.
 
@@ -215,6 +231,7 @@ class AgenticSim:
         *,
         worlds: WorldStore | None = None,
         dead_trials: Iterable[str] = (),
+        dead_judgings: Iterable[str] = (),
         tool_latency_s: float = 0.2,
         judge_latency_s: float = 0.5,
         trial_delay_s: Callable[[str], float] | None = None,
@@ -232,6 +249,7 @@ class AgenticSim:
         self.driver_fn = driver
         self.sandbox = SandboxTier(self.worlds, run_name=run_name, tool_latency_s=tool_latency_s)
         self.dead_trials = frozenset(dead_trials)
+        self.dead_judgings = frozenset(dead_judgings)
         self.tool_latency_s, self.trial_delay_s = tool_latency_s, trial_delay_s
         self.judge_tier = judge_tier(self.judge, lambda fn: self.sim.trace(fn, name=JUDGE_CALL))
         self.trainer = TrainerTier(self.cluster.attach)
@@ -248,7 +266,9 @@ class AgenticSim:
             tool_latency_s=self.tool_latency_s,
             trial_delay_s=self.trial_delay_s,
         )
-        judge = FlakyJudging(self.judge_tier, faults.judge_flake_rate, attempt_number)
+        judge: Judge = FlakyJudging(self.judge_tier, faults.judge_flake_rate, attempt_number)
+        if self.dead_judgings:
+            judge = DeadJudgings(judge, self.dead_judgings)
         tiers = SimAgenticTiers(self.sim, sandbox, judge, self.trainer, self.retries)
         return with_driver_crash(tiers, faults)
 

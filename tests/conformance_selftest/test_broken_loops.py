@@ -297,7 +297,10 @@ CASES = [
         "rl_agentic",
         "test_agentic_trials_that_fail_every_retry_are_skipped_and_counted",
         "the run failed: RuntimeError: trial s0-p0-n1 failed",
-        {"test_agentic_trials_that_fail_every_retry_are_skipped_and_counted"},
+        {
+            "test_agentic_trials_that_fail_every_retry_are_skipped_and_counted",
+            "test_agentic_judgings_that_fail_every_retry_are_skipped_and_counted",
+        },
         id="failed trial is fatal",
     ),
 ]
