@@ -120,6 +120,11 @@ def iteration_rows(draw: st.DrawFn, iteration: int) -> list[Row]:
 
 def hazard_rows(iteration: int) -> list[Row]:
     """Every hazardous float and text, each in some row of one iteration."""
+    return rollout_rows(iteration, *hazard_sources())
+
+
+def hazard_sources() -> tuple[list[Rollout], list[float]]:
+    """The rollouts and rewards `hazard_rows` builds its rows from."""
     rs = [
         Rollout(
             group_id=i % 3,
@@ -134,7 +139,19 @@ def hazard_rows(iteration: int) -> list[Row]:
         )
         for i, text in enumerate(HAZARDOUS_TEXTS)
     ]
-    return rollout_rows(iteration, rs, [HAZARDOUS_FLOATS[i % len(HAZARDOUS_FLOATS)] for i in range(len(rs))])
+    return rs, [HAZARDOUS_FLOATS[i % len(HAZARDOUS_FLOATS)] for i in range(len(rs))]
+
+
+@st.composite
+def sourced_rows(draw: st.DrawFn, iteration: int) -> tuple[list[Rollout], list[float]]:
+    """The rollouts and rewards of one iteration, as the loop hands them to its rollout sink."""
+    rs = [draw(rollouts(group_id=g)) for g in range(draw(st.integers(1, 4))) for _ in range(draw(st.integers(1, 3)))]
+    return rs, draw(st.lists(finite, min_size=len(rs), max_size=len(rs)))
+
+
+def _row_of(iteration: int, rollout: Rollout, reward: float) -> Row:
+    """What a row is (this module's docstring): the rollout's fields, its iteration and its reward, as they are."""
+    return {"iteration": iteration, **rollout.to_dict(), "reward": reward}
 
 
 def simple_rows(iteration: int, n: int = 4) -> list[Row]:
@@ -219,12 +236,15 @@ class RolloutBufferContract(ContractBase):
         )
 
     @law_settings(max_examples=15)
-    @explicit_examples((7, hazard_rows(7)))
-    @given(case=st.integers(0, 99_999).flatmap(lambda it: st.tuples(st.just(it), iteration_rows(it))))
+    @explicit_examples((7, hazard_sources()))
+    @given(case=st.integers(0, 99_999).flatmap(lambda it: st.tuples(st.just(it), sourced_rows(it))))
     def test_buffer_rows_round_trip_bit_for_bit(self, rollout_buffer_factory: BufferFactory, case: Any) -> None:
         """`read` returns every appended row exactly: floats to the bit (1/3, 5e-324, -0.0, 1.8e308), integers
-        beyond 2^53, non-ASCII text, JSON escapes and Unicode line separators included."""
-        iteration, rows = case
+        beyond 2^53, non-ASCII text, JSON escapes and Unicode line separators included; and each row
+        (`rl.volumes.rollout_rows`) holds its rollout and reward exactly as the loop handed them over."""
+        iteration, (rs, rewards) = case
+        rows = rollout_rows(iteration, rs, rewards)
+        _assert_rows([_row_of(iteration, r, w) for r, w in zip(rs, rewards, strict=True)], rows, "rollout_rows' rows")
         buffer = rollout_buffer_factory()
         version = buffer.append(iteration, rows)
         _assert_rows(rows, buffer.read(version), f"iteration {iteration} read back")
