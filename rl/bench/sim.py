@@ -76,7 +76,7 @@ def simulator_floor(runs: int = 32, repeats: int = 1) -> dict[str, float]:
     directly (`grpo_sim(tasks=False)`: no records, copies, journal or faults), timed alternately `repeats` times.
 
     The direct run is a floor no speed-up of the simulator can pass: a chaos scenario is at least one such run (about
-    1.3 on average, with its faults' retries, crashes and replays), so `1000 / grpo_direct_run_ms / 1.3` bounds the
+    1.45 on average, with its faults' retries, crashes and replays), so `1000 / grpo_direct_run_ms / 1.45` bounds the
     GRPO scenario rate on this machine. Both must finish with the same outcome, or nothing is printed.
     """
     check_repeats(repeats)

@@ -70,6 +70,16 @@ def _finished(result: Any, what: str) -> AgenticOutcome:
     return result.output
 
 
+def _assert_each_step_trains_on_the_rest(outcome: AgenticOutcome, lost: frozenset[str], why: str) -> None:
+    """Each step of a `LAW_SHAPE` run trained on all of its trials but the `lost` ones."""
+    per_step = LAW_SHAPE["prompts_per_step"] * LAW_SHAPE["n_samples"]
+    for h in outcome.history:
+        n = sum(1 for t in lost if t.startswith(f"s{h.step}-"))
+        assert h.n_trials == per_step - n, (
+            f"step {h.step} trained on {h.n_trials} trials; want {per_step - n} ({n} {why})"
+        )
+
+
 @tier("agentic")
 class AgenticContract(ContractBase):
     """Laws of the durable agentic loop: skipped trials, a judge billed once, re-scoring that re-judges, canonical step
@@ -109,12 +119,7 @@ class AgenticContract(ContractBase):
         outcome = _finished(agentic_harness(rl_seed, dead_trials=dead).run(**LAW_SHAPE), f"dead trials {sorted(dead)}")
         skipped = sorted(s.trial_id for s in outcome.skipped)
         assert skipped == sorted(dead), f"skipped {skipped}; the trials that always fail are {sorted(dead)}"
-        per_step = LAW_SHAPE["prompts_per_step"] * LAW_SHAPE["n_samples"]
-        for h in outcome.history:
-            lost = sum(1 for t in dead if t.startswith(f"s{h.step}-"))
-            assert h.n_trials == per_step - lost, (
-                f"step {h.step} trained on {h.n_trials} trials; want {per_step - lost} ({lost} skipped)"
-            )
+        _assert_each_step_trains_on_the_rest(outcome, dead, "skipped")
 
     def test_agentic_judgings_that_fail_every_retry_are_skipped_and_counted(
         self, agentic_harness: Callable[..., AgenticSim], rl_seed: int
@@ -131,12 +136,7 @@ class AgenticContract(ContractBase):
         assert skipped == dict.fromkeys(sorted(dead), "verify_and_judge"), (
             f"skipped {skipped}; the trials whose judging always fails are {sorted(dead)}, at stage verify_and_judge"
         )
-        per_step = LAW_SHAPE["prompts_per_step"] * LAW_SHAPE["n_samples"]
-        for h in outcome.history:
-            lost = sum(1 for t in dead if t.startswith(f"s{h.step}-"))
-            assert h.n_trials == per_step - lost, (
-                f"step {h.step} trained on {h.n_trials} trials; want {per_step - lost} ({lost} not judged)"
-            )
+        _assert_each_step_trains_on_the_rest(outcome, dead, "not judged")
 
     def test_agentic_judge_is_billed_once_per_trial_and_rubric(
         self, agentic_harness: Callable[..., AgenticSim], rl_seed: int

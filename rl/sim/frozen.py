@@ -115,12 +115,18 @@ def freeze(value: Any) -> Record:
     """The durable record of a value, which no later mutation of the original can reach (pickle is ~5x deepcopy)."""
     kind = type(value)
     if kind is list or kind is dict:
-        items = value if kind is list else itertools.chain(value, value.values())  # a dict's keys are shared too
-        if all(type(v) in _SCALARS or immutable(v) for v in items):
-            return SharedItems(value)
+        shared = _shared_items(value)
+        if shared is not None:
+            return shared
     elif immutable(value):
         return Shared(value)
     return _pickled(value)
+
+
+def _shared_items(container: list[Any] | dict[Any, Any]) -> SharedItems | None:
+    """The record of a list or dict whose items (and a dict's keys) are all `immutable`; None otherwise."""
+    items = itertools.chain(container, container.values()) if isinstance(container, dict) else container
+    return SharedItems(container) if all(type(v) in _SCALARS or immutable(v) for v in items) else None
 
 
 def _pickled(value: Any) -> bytes | Unpicklable:
@@ -165,9 +171,8 @@ def inputs_digest(task: str, inputs: dict[str, Any]) -> tuple[str, Record]:
         if len(_DIGESTS) >= 1 << 16:
             _DIGESTS.clear()
         digest = _DIGESTS[key] = content_digest(task, inputs)
-    if all(type(v) in _SCALARS or immutable(v) for v in inputs.values()):
-        return digest, SharedItems(inputs)
-    return digest, pickled
+    shared = _shared_items(inputs)
+    return digest, shared if shared is not None else pickled
 
 
 @functools.lru_cache(maxsize=1 << 16)
