@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rl.errors import AgenticInputError
+from rl.loop.awaiting import results_in_order
 from rl.loop.groups import Group, scope
 from rl.protocols import AgenticTiers
 from rl.types import Reward, Rubric, StepResult, TrialSpec, Weights, WorldRef
@@ -139,7 +140,7 @@ async def run_step(
             continue
         judges.append(_launch(trial_id, functools.partial(tiers.verify_and_judge, traj, rubric)))
     rewards: list[Reward] = []
-    for trial_id, reward in await asyncio.gather(*judges):
+    for trial_id, reward in await results_in_order(judges):
         if isinstance(reward, Exception):
             skipped.append(SkippedTrial(trial_id=trial_id, stage="verify_and_judge", reason=repr(reward)))
         else:

@@ -25,6 +25,7 @@ from rl.checkpoint.resume import check_recording, load_state, save_state
 from rl.checks import check_staleness, finite_rewards
 from rl.errors import EngineContractError, GrpoInputError
 from rl.identity import canonical, content_digest
+from rl.loop.awaiting import results_in_order
 from rl.loop.groups import scope
 from rl.loop.phase_timing import Scored, timed, timed_generation, with_eval_time
 from rl.metrics import finite_mean
@@ -181,7 +182,7 @@ async def generate_and_score(
                 landed(await finished)
         if len(groups) != len(requests):
             raise EngineContractError(f"the engine returned {len(groups)} distinct groups for {len(requests)} requests")
-        await asyncio.gather(*scoring.values())
+        await results_in_order(list(scoring.values()))
     finally:
         for fut in generating:
             fut.cancel()

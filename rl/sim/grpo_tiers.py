@@ -56,7 +56,9 @@ def _row(question: str, rows: int) -> int:
 def _softmax(logits: Sequence[float]) -> list[float]:
     top = max(logits)
     exps = [math.exp(x - top) for x in logits]
-    total = sum(exps)
+    total = 0.0
+    for e in exps:  # left to right, as sum() did before 3.12 compensated it: the same bits on every Python
+        total += e
     return [e / total for e in exps]
 
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import heapq
+import inspect
 import random
 import selectors
 from asyncio import base_events
@@ -28,6 +30,43 @@ _Ts = TypeVarTuple("_Ts")
 
 class SimulationDeadlock(RuntimeError):
     """Every task is waiting and no timer is pending: nothing can ever make progress."""
+
+
+class UnsupportedAsyncio(RuntimeError):
+    """This Python's asyncio loop iteration is one the virtual loop cannot drive."""
+
+
+COPIED_RUN_ONCE = {
+    "26970ce6b0d67ef5": "CPython 3.11",
+    "22aebfb8172a0741": "CPython 3.13 (min/max written as if/elif; the same steps)",
+}
+"""sha256 prefixes of the `BaseEventLoop._run_once` sources `VirtualTimeLoop._run_once` was checked against."""
+
+
+def run_once_digest(run_once: object) -> str | None:
+    """The sha256 prefix of a `_run_once`'s source; None when its source cannot be read."""
+    try:
+        return hashlib.sha256(inspect.getsource(run_once).encode()).hexdigest()[:16]  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return None
+
+
+def loop_path(run_once: object) -> str:
+    """ "copied": our fast copy of `run_once` applies; "asyncio": run asyncio's own (slower, same order), which only
+    needs it to select once per iteration and pop `_ready` from the left; else an `UnsupportedAsyncio` reason."""
+    if run_once_digest(run_once) in COPIED_RUN_ONCE:
+        return "copied"
+    names = getattr(getattr(run_once, "__code__", None), "co_names", ())
+    if {"_selector", "select", "_ready", "popleft", "_scheduled"} <= set(names):
+        return "asyncio"
+    return (
+        "this Python's asyncio loop iteration no longer selects once and pops _ready: "
+        "the simulator's virtual loop cannot drive it; run it on Python 3.11-3.13"
+    )
+
+
+LOOP_PATH = loop_path(base_events.BaseEventLoop._run_once)  # type: ignore[attr-defined]
+"""Which `_run_once` this Python runs: decided once, at import."""
 
 
 class _VirtualSelector(selectors.BaseSelector):
@@ -107,7 +146,13 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     callbacks in the order that seed draws.
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> VirtualTimeLoop:
+        if LOOP_PATH not in ("copied", "asyncio"):  # refused before a loop exists, so no half-made loop is collected
+            raise UnsupportedAsyncio(LOOP_PATH)
+        return super().__new__(cls)
+
     def __init__(self, tie_break_seed: int | None = None) -> None:
+        self._fast = LOOP_PATH == "copied"
         self._virtual_now = 0.0
         selector = _VirtualSelector()
         super().__init__(selector)
@@ -121,7 +166,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def create_task(self, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
         this: Any = self
-        if this._debug or this._closed or this._task_factory is not None:
+        if not self._fast or this._debug or this._closed or this._task_factory is not None:
             task = super().create_task(coro, **kwargs)
         else:  # asyncio's create_task, less the checks that cannot fire with debug off and no task factory
             task = asyncio.Task(coro, loop=self, **kwargs)
@@ -157,7 +202,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         """asyncio's `call_later` (`call_at(time() + delay)`) in one step when debug is off: the same timer, pushed
         on the same heap. Every `asyncio.sleep` of a fake's latency comes through here."""
         this: Any = self
-        if this._debug or this._closed or delay is None:
+        if not self._fast or this._debug or this._closed or delay is None:
             return super().call_later(delay, callback, *args, context=context)
         timer = asyncio.TimerHandle(self._virtual_now + delay, callback, args, self, context)
         heapq.heappush(this._scheduled, timer)
@@ -170,7 +215,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         """asyncio's `call_soon` without its debug-mode checks when debug is off: the same handle, queued in the same
         place. Every task step, wake-up and done callback goes through here (a few hundred per chaos scenario)."""
         this: Any = self  # asyncio's private loop state, typed in no stub
-        if this._debug or this._closed:
+        if not self._fast or this._debug or this._closed:
             return super().call_soon(callback, *args, context=context)
         handle = asyncio.Handle(callback, args, self, context)
         this._ready.append(handle)
@@ -180,16 +225,17 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._virtual_now += seconds
 
     def _run_once(self) -> None:
-        """asyncio's loop iteration (`BaseEventLoop._run_once`, Python 3.11), step for step on the virtual clock.
+        """asyncio's loop iteration (a `BaseEventLoop._run_once` of `COPIED_RUN_ONCE`), step for step, virtually.
 
         The same steps in the same order, so the same callbacks run at the same virtual instants; what it saves is
         the work a simulated loop doesn't need: a selector call and an event list per iteration, a Python-level pop
         per callback (the seeded shuffle is drawn here, one `randrange` per pick exactly as `_ShuffledReady` draws
-        it). Asyncio's per-iteration bookkeeping was a sixth of a simulated scenario. Debug mode takes asyncio's own.
+        it). Asyncio's per-iteration bookkeeping was a sixth of a simulated scenario. Debug mode, and a Python whose
+        `_run_once` is not in `COPIED_RUN_ONCE`, take asyncio's own.
         """
         this: Any = self  # asyncio's private loop state, typed in no stub
         events: Any = base_events
-        if this._debug:
+        if this._debug or not self._fast:
             super()._run_once()  # type: ignore[misc]  # asyncio's own, private in the stubs
             return
         scheduled: list[Any] = this._scheduled
