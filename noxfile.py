@@ -123,11 +123,28 @@ def unit(session: nox.Session) -> None:
     `nox -s integration` runs on its own).
     """
     _install_cpu(session)
+    _run_unit(session)
+
+
+def _run_unit(session: nox.Session) -> None:
     args = list(session.posargs)
     skipped = ["gpu", "slow", "heavy", "fuzz", "ray", "browser"] + ([] if "--with-flyte" in args else ["flyte"])
     args = [a for a in args if a != "--with-flyte"]
     workers = ("-n", "auto", "--maxprocesses", "4", "--dist", "worksteal")
     session.run("pytest", *workers, "-m", " and ".join(f"not {m}" for m in skipped), *args, env=SESSION_ENV)
+
+
+@nox.session(name="unit-py313", python="3.13", venv_backend="uv")
+def unit_313(session: nox.Session) -> None:
+    """`unit` on Python 3.13 (`.ci/python313` fetches Debian's where the machine has none). torch is PyPI's
+    torch==2.13.0, which for cp313 on Linux is the CUDA build with its CUDA libraries (about 4.6 GB installed; the
+    CPU index's `+cpu` wheel is used instead where a find-links directory holds it): it imports and runs on a CPU."""
+    cpu_wheel = f"torch-{_cpu_torch_pin()}-cp313-*.whl"
+    links = [d for d in os.environ.get("PIP_FIND_LINKS", "").split() if any(Path(d).glob(cpu_wheel))]
+    pypi = f"torch=={_cpu_torch_pin().split('+')[0]}"
+    torch = ("-c", CPU_CONSTRAINTS[1], "--find-links", links[0]) if links else (pypi,)
+    session.install(*_uv_compile(session), *torch, "-e", ".[test]")
+    _run_unit(session)
 
 
 @nox.session
@@ -464,34 +481,41 @@ def bench_peers(session: nox.Session) -> None:
 
 # Where a Mac resolves from the registry alone: PyPI's torch 2.13 has a macOS wheel for arm64 (macOS 14 and later)
 # only; PyTorch publishes no Intel-Mac wheel since 2.2.2, below our torch>=2.4, so x86_64-apple-darwin cannot resolve.
-# Linux aarch64's CPU torch (`+cpu`) is on PyTorch's CPU index only, which CI cannot reach.
-MAC_TARGETS = {"aarch64-apple-darwin": "14.0"}
+# Linux's CPU torch (`+cpu`) is on PyTorch's CPU index only, which CI cannot reach: Linux resolves with PyPI's torch of
+# the same version in its place (the CPU index mirrors its requirements), so every other requirement is checked there.
+PLATFORM_TARGETS = {"aarch64-apple-darwin": "14.0", "x86_64-unknown-linux-gnu": None}
+PLATFORM_PYTHONS = ("3.11", "3.12", "3.13")
 
 
 @nox.session(python=False)
 def platforms(session: nox.Session) -> None:
-    """`uv pip compile` of every CPU session's requirements (constraints/cpu.txt included) for each macOS target
-    that PyPI can serve, from the registry alone: the CPU sessions install there. ~1 min with uv's cache warm."""
+    """`uv pip compile` of every CPU session's requirements (constraints/cpu.txt included) for macOS arm64 and Linux
+    x86_64, on Python 3.11, 3.12 and 3.13, from the registry alone: the CPU sessions install there."""
     sets: dict[str, tuple[list[str], list[str]]] = {
         "test": (["test"], []),  # unit, slow, integration, demo, chaos, conformance, bench, ...
         "lint": (["test", "lint"], []),
         "ray": (["test", "ray"], []),
         "browser": (["test", "browser"], []),
-        **{f"peers-{name}": (["test"], [str(spec["pin"])]) for name, spec in PEERS.items()},
+        **{f"peers-{name}": (["test"], [str(spec["pin"])]) for name, spec in PEERS.items() if spec["pin"]},
         "vllm-api": (["test"], list(VLLM_PURE_DEPS)),
     }
     with tempfile.TemporaryDirectory(prefix="rl-platforms-") as tmp:
-        for target, macos in MAC_TARGETS.items():
-            env = {"MACOSX_DEPLOYMENT_TARGET": macos}
-            common = ["--python-platform", target, "--python-version", "3.11", "-q", *CPU_CONSTRAINTS]
-            for name, (extras, pins) in sets.items():
-                reqs = Path(tmp) / f"{name}.in"
-                reqs.write_text("".join(f"{pin}\n" for pin in pins))
-                extra_args = [arg for extra in extras for arg in ("--extra", extra)]
-                out = str(Path(tmp) / f"{target}-{name}.txt")
-                session.log(f"{target} (macOS {macos}): {name}")
-                cmd = ["uv", "pip", "compile", "pyproject.toml", str(reqs), *extra_args, *common, "-o", out]
-                session.run(*cmd, env=env, external=True)
-            session.log(f"{target}: mindeps (lowest-direct)")
-            lowest = ["--resolution", "lowest-direct", "--extra", "test", "-o", str(Path(tmp) / "mindeps.txt")]
-            session.run("uv", "pip", "compile", "pyproject.toml", *lowest, *common, env=env, external=True)
+        linux_constraints = Path(tmp) / "linux-cpu.txt"
+        linux_constraints.write_text(f"torch=={_cpu_torch_pin().split('+')[0]}\n")
+        for target, macos in PLATFORM_TARGETS.items():
+            # Never fetch an interpreter for --python-version (uv tries, and waits on retries where it cannot).
+            env = {"UV_PYTHON_DOWNLOADS": "never", **({"MACOSX_DEPLOYMENT_TARGET": macos} if macos else {})}
+            constraints = CPU_CONSTRAINTS if macos else ("-c", str(linux_constraints))
+            for python in PLATFORM_PYTHONS:
+                common = ["--python-platform", target, "--python-version", python, "-q", *constraints]
+                for name, (extras, pins) in sets.items():
+                    reqs = Path(tmp) / f"{name}.in"
+                    reqs.write_text("".join(f"{pin}\n" for pin in pins))
+                    extra_args = [arg for extra in extras for arg in ("--extra", extra)]
+                    out = str(Path(tmp) / f"{target}-{python}-{name}.txt")
+                    session.log(f"{target}{f' (macOS {macos})' if macos else ''}, Python {python}: {name}")
+                    cmd = ["uv", "pip", "compile", "pyproject.toml", str(reqs), *extra_args, *common, "-o", out]
+                    session.run(*cmd, env=env, external=True, silent=True)
+                session.log(f"{target}, Python {python}: mindeps (lowest-direct)")
+                lowest = ["--resolution", "lowest-direct", "--extra", "test", "-o", str(Path(tmp) / "mindeps.txt")]
+                session.run("uv", "pip", "compile", "pyproject.toml", *lowest, *common, env=env, external=True)

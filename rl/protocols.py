@@ -52,9 +52,9 @@ class BatchedRolloutEngine(RolloutEngine, Protocol):
 
 
 def is_batched(engine: object) -> TypeGuard[BatchedRolloutEngine]:
-    """`isinstance(engine, BatchedRolloutEngine)`, as `runtime_checkable` decides it (each member is an attribute that
-    is not None), without its walk over the protocol's members: the driver asks it twice an iteration and the evaluator
-    once a call, and on Python 3.11 the walk was a twentieth of a simulated GRPO run."""
+    """`isinstance(engine, BatchedRolloutEngine)` as 3.11 decides it (each member is an attribute that is not None,
+    forwarded ones included: 3.12's static lookup misses the simulator's tier wrappers), without its walk over the
+    protocol's members: the driver asks it twice an iteration, and on 3.11 the walk was a twentieth of a GRPO run."""
     return getattr(engine, "generate_groups", None) is not None and getattr(engine, "generate", None) is not None
 
 

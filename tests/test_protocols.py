@@ -1,14 +1,17 @@
 """`rl.protocols.is_batched` decides what `isinstance(engine, BatchedRolloutEngine)` decides, for every engine shape the
-driver meets: plain, batched, a member set to None, and the simulator's tier wrapper (which forwards attributes)."""
+driver meets: plain, batched, a member set to None, and the simulator's tier wrapper (which forwards attributes, and
+which `isinstance` sees through only up to Python 3.11: from 3.12 it looks members up statically)."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
 
 from rl.protocols import BatchedRolloutEngine, is_batched
 from rl.sim.durable_sim import DurableSimulator
+from rl.sim.execution import Tier
 
 
 class Plain:
@@ -35,12 +38,24 @@ def _tier(engine: object) -> object:
 
 
 @pytest.mark.parametrize(
-    "engine",
-    [Plain(), Batched(), GroupsOnly(), NoneMember(), object(), _tier(Plain()), _tier(Batched())],
+    ("engine", "batched"),
+    [
+        (Plain(), False),
+        (Batched(), True),
+        (GroupsOnly(), False),
+        (NoneMember(), False),
+        (object(), False),
+        (_tier(Plain()), False),
+        (_tier(Batched()), True),
+    ],
     ids=["plain", "batched", "groups-only", "none-member", "object", "tier-plain", "tier-batched"],
 )
-def test_is_batched_agrees_with_the_runtime_checkable_protocol(engine: object) -> None:
-    assert is_batched(engine) is isinstance(engine, BatchedRolloutEngine)
+def test_is_batched_agrees_with_the_runtime_checkable_protocol(engine: object, batched: bool) -> None:
+    """As `isinstance` decides it for engines that define their members, and as 3.11's did for forwarded ones: the
+    simulator's wrapper of a batched engine is driven as the batched engine it wraps, on every Python."""
+    assert is_batched(engine) is batched
+    if not isinstance(engine, Tier) or sys.version_info < (3, 12):
+        assert is_batched(engine) is isinstance(engine, BatchedRolloutEngine)
 
 
 def test_a_batched_engine_is_batched_and_a_plain_one_is_not() -> None:

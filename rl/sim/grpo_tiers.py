@@ -18,9 +18,9 @@ import json
 import math
 import pickle
 import random
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from rl.advantages import group_normalized_advantages
 from rl.checks import check_staleness
@@ -265,7 +265,19 @@ class FakeTrainer:
         return encode_table(table, lineage=lineage), encode_table(velocity), metrics
 
 
+T = TypeVar("T")
 _EVALUATIONS: dict[tuple[object, ...], EvalResult] = {}
+
+
+def _without_yielding(coro: Coroutine[Any, Any, T]) -> T:
+    """`coro`'s result, run here and now; it may only yield bare (`asyncio.sleep(0)`), never wait on a future."""
+    try:
+        while True:
+            if coro.send(None) is not None:
+                coro.close()
+                raise RuntimeError("a latency-free fake awaited a future: it cannot be run without the loop")
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
 
 
 class FakeEvaluator(SamplingEvaluator):
@@ -292,7 +304,9 @@ class FakeEvaluator(SamplingEvaluator):
         if result is None:
             if len(_EVALUATIONS) >= 4096:
                 _EVALUATIONS.clear()
-            result = _EVALUATIONS[key] = await super().evaluate(adapter, policy_version, k, seed)
+            # Run to its end without yielding to the loop, so a miss takes the same loop turns as a hit: the first
+            # scenario in a process had otherwise another interleaving than the same seed run later.
+            result = _EVALUATIONS[key] = _without_yielding(super().evaluate(adapter, policy_version, k, seed))
         await asyncio.sleep(self.latency.seconds(len(self.prompts) * k, (policy_version, seed)))
         return result
 
