@@ -51,7 +51,8 @@ def _poisson_binomial_tail(probs: Sequence[float], at_least: int) -> float:
 def coincidence_tail(a: Sequence[Rollout], b: Sequence[Rollout]) -> tuple[float, int, int]:
     """The least likely alignment of `b` against `a`: over offsets k, completion i of `b` against completion i + k of
     `a`, the chance that independent draws match as often as these do (a draw of `b` equals `a`'s completion with the
-    probability `a` recorded for it, exp of its log-probs' sum). Returns (chance, offset, matches) at the worst offset."""
+    probability `a` recorded for it, exp of its log-probs' sum). Returns (chance, offset, matches) at the worst
+    offset."""
     worst = (1.0, 0, 0)
     for k in range(-(len(b) - 1), len(a)):
         pairs = [(i, i + k) for i in range(len(b)) if 0 <= i + k < len(a)]
@@ -122,9 +123,7 @@ class EngineLifetimeLaws:
         tests = SEED_PAIRS * (2 * SEED_N - 1)
         for p in range(SEED_PAIRS):
             s = derive_seed("conformance.engine.adjacent-seeds", rollout_request.seed, p)
-            a, b = (
-                rl_run(engine.generate(replace(rollout_request, group_id=k, n=SEED_N, seed=s + k))) for k in (0, 1)
-            )
+            a, b = (rl_run(engine.generate(replace(rollout_request, group_id=k, n=SEED_N, seed=s + k))) for k in (0, 1))
             tail, offset, matches = coincidence_tail(a, b)
             assert tail * tests >= FALSE_ALARM, (
                 f"groups seeded {s} and {s + 1} share {matches} samples at offset {offset} (sample i of one is sample "
@@ -142,7 +141,10 @@ class EngineLifetimeLaws:
         close = getattr(engine, "close", None)
         if not callable(close):
             pytest.skip(f"{type(engine).__name__} has no close(), so there is no lifetime past close to check")
-        requests = (rollout_request, replace(rollout_request, group_id=rollout_request.group_id + 1, adapter=other_adapter))
+        requests = (
+            rollout_request,
+            replace(rollout_request, group_id=rollout_request.group_id + 1, adapter=other_adapter),
+        )
         before = [rl_run(engine.generate(r)) for r in requests]
         _close(close, rl_run)
         for request, earlier in zip(requests, before, strict=True):
