@@ -17,7 +17,7 @@ import pytest
 
 from rl.conformance._base import Run, assert_same_step, tier
 from rl.protocols import Artifacts, Trainer
-from rl.types import TrainBatch
+from rl.types import Rollout, TrainBatch
 
 __all__ = ["DataParallelTrainerLaws"]
 
@@ -81,7 +81,8 @@ class DataParallelTrainerLaws:
         gradient norm. Each sample weighs 1 / (samples in the batch) whichever rank holds it; a rank that divides by its
         own shard's size (equal to the right scale on even shards) weighs its samples 1/3 and 1/2, and fails here."""
         group_ids = list(dict.fromkeys(r.group_id for r in train_batch.rollouts))
-        rollouts, rewards = [], []
+        rollouts: list[Rollout] = []
+        rewards: list[float] = []
         for group, group_rewards in UNEVEN_GROUPS:
             members = [r for r in train_batch.rollouts if r.group_id == group_ids[group]]
             rollouts += members[: len(group_rewards)]
