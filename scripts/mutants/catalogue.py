@@ -253,18 +253,6 @@ CATALOGUE: tuple[Mutant, ...] = (
         ("tests/test_torch_sampler.py",),
     ),
     Mutant(
-        "engine-fake-per-sample-seed-plus-index",
-        "engine",
-        "rl/sim/grpo_tiers.py",
-        "            digits = [rng.choices(range(DIGITS), weights=probs, k=1)[0] for _ in range(request.n)]\n",
-        "            digits = [\n"
-        "                random.Random(request.seed + i).choices(range(DIGITS), weights=probs, k=1)[0]\n"
-        "                for i in range(request.n)\n"
-        "            ]\n",
-        "the fake engine draws sample i from a stream seeded seed + i: neighbouring groups' samples coincide",
-        ("tests/test_grpo_groups.py",),
-    ),
-    Mutant(
         "engine-vllm-seed-stride-one",
         "engine",
         "rl/engines/vllm.py",
