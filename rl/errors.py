@@ -40,6 +40,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointSchemaError",
     "CheckpointSealError",
+    "EngineClosedError",
     "EngineContractError",
     "FreshRefusedError",
     "GrpoInputError",
@@ -167,6 +168,10 @@ class StaleBatchError(TierError, BatchError):
 
 class EngineContractError(TierError, RuntimeError):
     """A rollout engine returned something the protocol forbids (wrong count, version or group)."""
+
+
+class EngineClosedError(TierError, RuntimeError):
+    """A rollout engine that cannot be used again after `close` refused a request (ours start again instead)."""
 
 
 class CheckpointError(RlError, RuntimeError):

@@ -25,6 +25,7 @@ from rl.volumes import (
     RowSchemaError,
     rollout_rows,
 )
+from rl.volumes.buffer import encode_rows, iteration_file
 
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
 
@@ -195,6 +196,20 @@ def test_a_reward_function_returning_nan_publishes_nothing(buffer):
     with pytest.raises(RowSchemaError, match="nan_reward returned nan"):
         buffer.rescore(v, lambda r: float("nan"), reward_name="nan_reward")
     assert buffer.versions() == [v]
+
+
+@pytest.mark.parametrize("reward", ["1e999", "-1e999"])
+def test_a_stored_row_with_an_infinite_reward_is_refused_on_read(buffer, reward):
+    """A version whose file holds a reward that parses to infinity (`1e999` is valid JSON; only the schema refuses it),
+    written past `append`'s check, reads as a `RowSchemaError` naming the field, never as rows to train on."""
+    good = encode_rows(0, iteration_rows(0)).decode().splitlines()
+    planted = good[0].replace('"reward": 1.0', f'"reward": {reward}')
+    assert planted != good[0]
+    with buffer.store.new(buffer.name) as rw:
+        rw.write_bytes(iteration_file(0), "".join(f"{line}\n" for line in [planted, *good[1:]]).encode())
+        version = rw.finalize("a row past append's check")
+    with pytest.raises(RowSchemaError, match="reward"):
+        buffer.read(version)
 
 
 def test_a_retried_append_returns_the_same_version_and_a_different_one_is_refused(buffer):

@@ -54,8 +54,9 @@ def test_the_packaged_suite_binds_rl_impl_skips_missing_tiers_and_prints_the_rep
         "not rl_driver",
     )
     outcomes = result.parseoutcomes()
-    # An engine deaf to the seed also fails the frequency law: its 64 seeded groups of draws are one group 64 times.
-    assert outcomes.get("failed") == 2, result.stdout.str()
+    # An engine deaf to the seed also fails the frequency law (its 64 seeded groups of draws are one group 64 times)
+    # and the adjacent-seeds law (groups seeded s and s + 1 are the same group).
+    assert outcomes.get("failed") == 3, result.stdout.str()
     result.stdout.fnmatch_lines(
         [
             "rl-conformance: seed=3 impl=broken_impl:IMPL",
@@ -65,6 +66,7 @@ def test_the_packaged_suite_binds_rl_impl_skips_missing_tiers_and_prints_the_rep
         ]
     )
     result.stdout.fnmatch_lines(["FAILED*TestRolloutEngine::test_engine_recorded_logprobs_are_those_of_the_distri*"])
+    result.stdout.fnmatch_lines(["FAILED*TestRolloutEngine::test_engine_groups_seeded_apart_share_no_samples*"])
     out = result.stdout.str()
     assert "broken provides no `artifacts` factory, so the Artifacts laws do not apply" in out
     assert "broken provides no `state_store` factory, so the StateStore laws do not apply" in out

@@ -10,6 +10,7 @@ import torch
 from fixtures_real import LORA_TARGETS, adapter_dirs, one_thread, refs, run, store, tiny_model_dir
 
 from rl.artifacts import ArtifactNotFoundError, LocalArtifacts
+from rl.conformance.engine_lifetime import coincidence_tail
 from rl.engines.adapter_cache import NotAnAdapterError
 from rl.engines.decoding import (
     InvalidRolloutRequestError,
@@ -96,6 +97,15 @@ def test_samples_differ_within_a_group_and_across_seeds(sampler: TorchSampler, r
     b = run(sampler.generate(request(refs["trained"], seed=2)))
     assert len({tuple(r.token_ids) for r in a}) > 1
     assert [r.token_ids for r in a] != [r.token_ids for r in b]
+
+
+def test_groups_seeded_s_and_s_plus_1_share_no_samples(sampler: TorchSampler, refs: dict[str, ArtifactRef]) -> None:
+    """One generator per group seed: neighbouring seeds' groups are independent draws (per-row seeds `seed + i` would
+    make them share all rows but one, one position apart)."""
+    for s in (1, 40):
+        a, b = (run(sampler.generate(request(refs["trained"], n=16, seed=seed))) for seed in (s, s + 1))
+        tail, offset, matches = coincidence_tail(a, b)
+        assert tail > 1e-9, f"seeds {s} and {s + 1} share {matches} samples at offset {offset} (chance {tail:.3g})"
 
 
 def test_each_rollout_carries_the_requests_identity(sampler: TorchSampler, refs: dict[str, ArtifactRef]) -> None:

@@ -419,6 +419,22 @@ def test_closing_the_engine_stops_vllms_engine_core(engine: VLLMEngine, refs: di
     engine.close()  # closing a closed engine is a no-op
 
 
+def test_an_engine_used_again_after_close_writes_its_adapter_copies_again(
+    tiny_model_dir: Path, store: LocalArtifacts, refs: dict[str, ArtifactRef]
+) -> None:
+    """`close` deletes the copies in the engine's own directory; the engine used again writes them again and serves
+    what it served before (the stub, like vLLM, fails a LoRA path that does not exist)."""
+    engine = VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub)
+    req = request(refs["v0"], n=2)
+    first = run(engine.generate(req))
+    old_root = engine.adapter_root
+    engine.close()
+    assert not old_root.exists()
+    assert run(engine.generate(req)) == first
+    assert any(engine.adapter_root.iterdir())
+    engine.close()
+
+
 def test_an_adapter_vllm_would_die_loading_is_refused_before_vllm_sees_it(
     tiny_model_dir: Path, store: LocalArtifacts, refs: dict[str, ArtifactRef], tmp_path: Path
 ) -> None:

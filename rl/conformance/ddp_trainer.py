@@ -10,19 +10,29 @@ fork's whole data-parallel step, so a per-rank loss scale that does not make the
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from rl.conformance._base import Run, assert_same_step, tier
 from rl.protocols import Artifacts, Trainer
-from rl.types import TrainBatch
+from rl.types import Rollout, TrainBatch
 
 __all__ = ["DataParallelTrainerLaws"]
 
 WORLD_SIZE = 2
 REL_TOLERANCE = 1e-4
-"""Float32 sums in another order (per rank, then all-reduced) move the loss and the gradient norm by ~1e-7 relative."""
+"""How far the 2-rank step's loss and gradient norm may be from the single-process step's, relative. Only the order of
+float32 sums differs: each rank sums its shard's per-sample gradients, then gloo's all-reduce adds the ranks' buffers in
+an order of its own (its ring or halving-doubling schedule, per bucket), where one process sums the batch in sample
+order. Reordering a sum of 5 to 8 float32 terms moves it by a few 2^-24 (~6e-8) relative at most, before cancellation
+(measured on REAL_CPU's 5-sample batch: equal to the bit, since two ranks add each element once). 1e-4 leaves three
+orders of magnitude above that, and is far below what a scale by the local shard gives on 5 samples over 2 ranks
+(weights 1/3 and 1/2 for 2/5 each): the gradient norm 10.8% off, measured."""
+UNEVEN_GROUPS = ((0, (1.0, 0.0, 0.25)), (1, (1.0, 0.0)))
+"""(group id, rewards of its first samples) of the uneven law's batch: 5 samples, every advantage non-zero, so every
+sample contributes and the ranks hold 3 and 2."""
 
 
 @tier("ddp")
@@ -56,5 +66,38 @@ class DataParallelTrainerLaws:
                 f"(ratio {ratio}): the data-parallel step scales each rank's loss so that the all-reduced gradient is "
                 f"not the full batch's. Scale each sample's loss by world_size / (samples in the batch), DDP's average "
                 f"over ranks then gives the batch's mean"
+            ),
+        )
+
+    def test_ddp_train_step_on_uneven_shards_equals_the_single_process_step(
+        self,
+        trainer: Trainer,
+        distributed_trainer: Callable[[Artifacts, int], Trainer],
+        artifacts: Artifacts,
+        train_batch: TrainBatch,
+        rl_run: Run[Any],
+    ) -> None:
+        """5 samples on 2 ranks (shards of 3 and 2): the step reports the single-process step's loss and pre-clip
+        gradient norm. Each sample weighs 1 / (samples in the batch) whichever rank holds it; a rank that divides by its
+        own shard's size (equal to the right scale on even shards) weighs its samples 1/3 and 1/2, and fails here."""
+        group_ids = list(dict.fromkeys(r.group_id for r in train_batch.rollouts))
+        rollouts: list[Rollout] = []
+        rewards: list[float] = []
+        for group, group_rewards in UNEVEN_GROUPS:
+            members = [r for r in train_batch.rollouts if r.group_id == group_ids[group]]
+            rollouts += members[: len(group_rewards)]
+            rewards += group_rewards
+        assert len(rollouts) == len(rewards), "the law needs two groups of at least 3 and 2 samples in `train_batch`"
+        batch = replace(train_batch, rollouts=rollouts, rewards=rewards)
+        single = rl_run(trainer.train_step(batch)).metrics
+        multi = rl_run(distributed_trainer(artifacts, WORLD_SIZE).train_step(batch)).metrics
+        assert_same_step(
+            single,
+            multi,
+            REL_TOLERANCE,
+            lambda what, many, one, ratio: (
+                f"on 5 samples over {WORLD_SIZE} ranks (shards of 3 and 2), the step reported {what} {many!r}, the "
+                f"same step in one process {one!r} (ratio {ratio}): each rank scales its samples by its own shard's "
+                f"size? Scale every sample's loss by world_size / (samples in the whole batch)"
             ),
         )

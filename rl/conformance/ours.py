@@ -290,6 +290,14 @@ class WarmVLLMEngine:
     def __init__(self, artifacts: Artifacts) -> None:
         self.artifacts = artifacts
 
+    @property
+    def eos_token_id(self) -> int | None:
+        return warm_vllm().eos_token_id
+
+    def close(self) -> None:
+        """Close the warm engine, as a replica is closed between runs: the next request starts vLLM again."""
+        warm_vllm().close()
+
     async def generate(self, request: RolloutRequest) -> list[Rollout]:
         return (await self.generate_groups([request]))[0]
 

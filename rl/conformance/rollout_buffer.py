@@ -91,6 +91,8 @@ def exact_difference(want: Any, got: Any, where: str = "row") -> str | None:
 
 
 finite = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from(HAZARDOUS_FLOATS)
+NON_FINITE = (float("inf"), float("-inf"), float("nan"))
+"""Rewards no row may hold: the loss cannot train on them, and a NaN-only check lets both infinities through."""
 texts = st.text(max_size=12) | st.sampled_from(HAZARDOUS_TEXTS)
 
 
@@ -324,3 +326,37 @@ class RolloutBufferContract(ContractBase):
         _assert_rows(expected, rollout_buffer.read(new), "the rescored version")
         assert rollout_buffer.iterations(new) == rollout_buffer.iterations(source)
         _assert_rows(original, rollout_buffer.read(source), "the source version after rescoring")
+
+    @pytest.mark.parametrize("reward", NON_FINITE, ids=["inf", "-inf", "nan"])
+    def test_buffer_refuses_a_non_finite_reward(self, rollout_buffer: Any, reward: float) -> None:
+        """A row whose reward is infinite or NaN is refused (`ValueError`) on every way into the buffer, an append and
+        a rescore, and adds no version: the buffer only ever holds rows the loss can train on, so nothing reads one
+        back. A buffer that checks for NaN only, or checks nothing, fails."""
+        source = rollout_buffer.append(1, simple_rows(1))
+        bad = simple_rows(2)
+        bad[1] = {**bad[1], "reward": reward}
+        try:
+            rollout_buffer.append(2, bad)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(
+                f"a row of iteration 2 with reward {reward!r} was appended: a buffer row's reward is a finite number. "
+                "Refuse it with a ValueError naming the row"
+            )
+
+        def non_finite(rollout: Rollout) -> float:
+            return reward
+
+        try:
+            rollout_buffer.rescore(source, non_finite)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(
+                f"rescoring with a reward function that returns {reward!r} wrote a version: refuse a non-finite "
+                "reward with a ValueError before anything is published"
+            )
+        count = len(rollout_buffer.versions())
+        assert count == 1, f"the refused append and rescore left {count} versions, expected 1"
+        _assert_rows(simple_rows(1), rollout_buffer.read(source), "iteration 1 after the refused append and rescore")

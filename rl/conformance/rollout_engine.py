@@ -11,6 +11,7 @@ import pytest
 
 from rl.conformance._base import ContractBase, Run, must_provide, tier
 from rl.conformance.capabilities import Capabilities, require
+from rl.conformance.engine_lifetime import EngineLifetimeLaws
 from rl.conformance.sampling import SamplerFidelityLaws
 from rl.memory.artifacts import MemoryArtifacts
 from rl.protocols import Artifacts, RolloutEngine
@@ -32,9 +33,11 @@ def _describe_difference(a: Sequence[Rollout], b: Sequence[Rollout]) -> str:
 
 
 @tier("engine")
-class RolloutEngineContract(SamplerFidelityLaws, ContractBase):
+class RolloutEngineContract(SamplerFidelityLaws, EngineLifetimeLaws, ContractBase):
     """Laws of `rl.protocols.RolloutEngine`: seeded, labelled groups with the sampling log-prob of every token, the
-    log-probs of the distribution sampled (`rl.conformance.sampling`), each request served its own adapter.
+    log-probs of the distribution sampled (`rl.conformance.sampling`), each request served its own adapter, completions
+    that end at their first end-of-sequence token, groups whose seeds share no samples and a lifetime past `close`
+    (`rl.conformance.engine_lifetime`).
 
     Provide `engine` and `adapter`; `artifacts` (the store both share) defaults to an in-memory store, and `prompt` and
     `rollout_request` can be overridden when your engine needs another prompt or group size.
@@ -64,6 +67,13 @@ class RolloutEngineContract(SamplerFidelityLaws, ContractBase):
             "the ArtifactRef of a version-0 adapter the engine can sample, e.g. "
             "rl_run(trainer.init_adapter(0)).adapter on the `artifacts` store",
         )
+
+    @pytest.fixture
+    def eos_token_id(self, engine: RolloutEngine) -> int | None:
+        """The end-of-sequence token id the engine stops at; defaults to the engine's `eos_token_id` attribute (None
+        when it has none: then the end-of-sequence law checks only the length and the log-probs)."""
+        eos = getattr(engine, "eos_token_id", None)
+        return None if eos is None else int(eos)
 
     @pytest.fixture
     def prompt(self) -> Prompt:

@@ -57,6 +57,10 @@ class AdapterCache:
             self._models.move_to_end(key)
         return model
 
+    def clear(self) -> None:
+        """Drop every cached adapter model (the base stays loaded)."""
+        self._models.clear()
+
     def load_dir(self, key: str, adapter_dir: Path) -> nn.Module:
         """Load the PEFT LoRA adapter in `adapter_dir` over a fresh copy of the base model (frozen, eval mode)."""
         from peft import PeftModel

@@ -100,6 +100,11 @@ class TorchSampler:
                 model = self.adapters.load_dir(adapter.digest, Path(tmp))
         return model
 
+    def close(self) -> None:
+        """Free the cached adapters; the sampler stays usable (the next request loads its adapter again)."""
+        self._loras.clear()
+        self.adapters.clear()
+
     def _parse(self, key: str, files: dict[str, bytes]) -> LoraWeights | None:
         """The plain LoRA adapter in `files`, cached; None when PEFT must load it (not plain LoRA, or not an adapter:
         PEFT's path then says what is missing)."""

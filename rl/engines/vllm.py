@@ -285,6 +285,12 @@ class VLLMEngine:
         return Path(self._own_root.name)
 
     @property
+    def eos_token_id(self) -> int | None:
+        """The given tokenizer's end-of-sequence id (None without a tokenizer)."""
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return None if eos is None else int(eos)
+
+    @property
     def vllm(self) -> ModuleType:
         if self._vllm is None:
             self._vllm = import_vllm()

@@ -97,6 +97,10 @@ class FakeEngine:
         self.calls = 0
         self._tables: dict[str, list[list[float]]] = {}  # by adapter digest, as a real engine caches LoRA weights
 
+    def close(self) -> None:
+        """Forget the loaded tables; the next call loads what it needs again from the store."""
+        self._tables.clear()
+
     async def _table(self, adapter: ArtifactRef) -> list[list[float]]:
         if adapter.digest not in self._tables:
             self._tables[adapter.digest] = decode_table(await self.artifacts.get(adapter))["table"]

@@ -223,6 +223,55 @@ CATALOGUE: tuple[Mutant, ...] = (
         "one call's requests bucketed without their adapter: every request of a bucket sampled from the first's",
         ("tests/test_torch_sampler.py",),
     ),
+    # --- issue 40: the end of a completion, two groups' seeds, an engine used after close ---
+    Mutant(
+        "engine-finished-rows-decode-on",
+        "engine",
+        "rl/engines/decoding.py",
+        "newly = (nxt.squeeze(1) == eos_token_id) & ~finished",
+        "newly = nxt.squeeze(1) == eos_token_id",
+        "a row that sampled <eos> keeps decoding and every later <eos> moves its end: a completion runs past its first "
+        "end-of-sequence token, with the tokens after it",
+        ("tests/test_torch_sampler.py",),
+    ),
+    Mutant(
+        "engine-torch-per-row-seed-plus-index",
+        "engine",
+        "rl/engines/decoding.py",
+        "                torch.multinomial(probs[lo:hi], num_samples=1, generator=g)\n"
+        "                for g, (lo, hi) in zip(generators, itertools.pairwise(bounds), strict=True)\n",
+        "                torch.multinomial(\n"
+        "                    probs[r : r + 1],\n"
+        "                    num_samples=1,\n"
+        '                    generator=torch.Generator(device="cpu").manual_seed(\n'
+        "                        [s + i for s, k in zip(seeds, ns, strict=True) for i in range(k)][r] * 1_000_003 + t\n"
+        "                    ),\n"
+        "                )\n"
+        "                for r in range(rows)\n",
+        "row i of a group seeded s draws from a stream of its own seeded s + i (vLLM's per-sample seeds, as they are): "
+        "groups seeded s and s + 1 share all samples but one",
+        ("tests/test_torch_sampler.py",),
+    ),
+    Mutant(
+        "engine-vllm-seed-stride-one",
+        "engine",
+        "rl/engines/vllm.py",
+        "    return seed * VLLM_SEED_STRIDE\n",
+        "    return seed\n",
+        "vLLM gets the group's seed as it is: it seeds completion i with seed + i, so groups seeded s and s + 1 share "
+        "n - 1 completions",
+        ("tests/test_vllm_adapter.py",),
+    ),
+    Mutant(
+        "engine-vllm-close-keeps-adapter-paths",
+        "engine",
+        "rl/engines/vllm.py",
+        "        llm, self._llm = self._llm, None\n        self._adapter_dirs.clear()\n",
+        "        llm, self._llm = self._llm, None\n",
+        "close deletes the adapter copies but keeps their paths: the engine used again hands vLLM directories that no "
+        "longer exist",
+        ("tests/test_vllm_adapter.py",),
+    ),
     # --- scorer (rl/scoring.py, rl/rewards.py) ---
     Mutant(
         "scorer-sorted",
@@ -642,6 +691,17 @@ CATALOGUE: tuple[Mutant, ...] = (
         "size (the shard step itself is right)",
         ("tests/test_ddp.py",),
     ),
+    Mutant(
+        "ddp-train-step-scale-by-local-shard",
+        "ddp",
+        "rl/trainer/ddp.py",
+        "            mine, scale = shard(prepared.contributing, rank, world_size), world_size / n\n",
+        "            mine = shard(prepared.contributing, rank, world_size)\n"
+        "            scale = 1.0 / max(1, len(mine))\n",
+        "each rank's loss is the mean over its own shard: right on even shards, on 5 samples over 2 ranks the samples "
+        "weigh 1/3 and 1/2 where each should weigh 2/5",
+        ("tests/test_ddp.py",),
+    ),
     # --- volumes (rl/volumes/writable.py) ---
     Mutant(
         "volume-fork-writes-in-place",
@@ -704,6 +764,33 @@ CATALOGUE: tuple[Mutant, ...] = (
         "            if base.files[relpath].sha256 == hashlib.sha256(payload).hexdigest():\n",
         "            if True:\n",
         "re-appending an iteration with different rows silently keeps the old rows",
+        ("tests/test_buffer.py",),
+    ),
+    Mutant(
+        "buffer-infinite-reward-appended",
+        "buffer",
+        "rl/volumes/buffer.py",
+        "or not math.isfinite(reward):\n"
+        '            raise RowSchemaError(f"row {i} of iteration {iteration} has reward {reward!r}; rewards '
+        'are finite numbers")\n'
+        "        try:\n"
+        "            lines.append(json.dumps(dict(row), allow_nan=False, ensure_ascii=False))\n",
+        "or reward != reward:\n"
+        '            raise RowSchemaError(f"row {i} of iteration {iteration} has reward {reward!r}; rewards '
+        'are finite numbers")\n'
+        "        try:\n"
+        "            lines.append(json.dumps(dict(row), ensure_ascii=False))\n",
+        "append checks a reward for NaN only and writes with json.dumps' default (infinities allowed): a row with an "
+        "infinite reward is stored",
+        ("tests/test_buffer.py",),
+    ),
+    Mutant(
+        "buffer-infinite-reward-read",
+        "buffer",
+        "rl/volumes/buffer.py",
+        "    reward: _Finite\n",
+        "    reward: float\n",
+        "a row read back is checked for a number, not a finite one: a stored 1e999 reward is read as infinity",
         ("tests/test_buffer.py",),
     ),
 )

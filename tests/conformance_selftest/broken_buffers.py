@@ -1,5 +1,5 @@
-"""Rollout buffers a fork might write, one correct and two broken; the buffer laws must fail each broken one on the law
-it breaks and pass the correct one (so the laws are not about our volume-backed `RolloutBuffer`).
+"""Rollout buffers a fork might write, one correct and three broken; the buffer laws must fail each broken one on the
+law it breaks and pass the correct one (so the laws are not about our volume-backed `RolloutBuffer`).
 
 `MemoryBuffer` keeps each version as a dict `{iteration: JSON text of its rows}`; a version is its index.
 """
@@ -7,6 +7,7 @@ it breaks and pass the correct one (so the laws are not about our volume-backed 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -22,7 +23,13 @@ class MemoryBuffer:
         self.chain: list[dict[int, str]] = []
 
     def encode(self, rows: Sequence[Mapping[str, Any]]) -> str:
+        for row in rows:
+            self.check_reward(row["reward"])
         return json.dumps([dict(r) for r in rows], ensure_ascii=False)
+
+    def check_reward(self, reward: float) -> None:
+        if not math.isfinite(reward):
+            raise ValueError(f"reward {reward!r} is not a finite number")
 
     def next_version(self, base: dict[int, str], iteration: int, text: str) -> dict[int, str]:
         return {**base, iteration: text}
@@ -78,7 +85,17 @@ class RoundedFloatBuffer(MemoryBuffer):
     0.333333333333."""
 
     def encode(self, rows: Sequence[Mapping[str, Any]]) -> str:
+        super().encode(rows)
         return json.dumps([_rounded(dict(r)) for r in rows], ensure_ascii=False)
+
+
+class NanOnlyRewardBuffer(MemoryBuffer):
+    """Refuses a NaN reward but lets both infinities through (`reward != reward`, the usual NaN test), so a row with
+    an infinite reward is stored and read back for training."""
+
+    def check_reward(self, reward: float) -> None:
+        if reward != reward:
+            raise ValueError(f"reward {reward!r} is NaN")
 
 
 def _rounded(value: Any) -> Any:
@@ -94,3 +111,4 @@ def _rounded(value: Any) -> Any:
 MEMORY_BUFFER = Implementation(name="memory-buffer", rollout_buffer=MemoryBuffer)
 IN_PLACE_HEAD = Implementation(name="in-place-head", rollout_buffer=InPlaceHeadBuffer)
 ROUNDED_FLOATS = Implementation(name="rounded-floats", rollout_buffer=RoundedFloatBuffer)
+NAN_ONLY_REWARDS = Implementation(name="nan-only-rewards", rollout_buffer=NanOnlyRewardBuffer)

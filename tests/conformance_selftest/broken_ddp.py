@@ -82,3 +82,38 @@ class BatchScaledDdpTrainer(LocalDdpTrainer):
 
 
 BATCH_SCALED_TRAINER = replace(REAL_CPU, name="batch-scaled-ddp-trainer", distributed_trainer=BatchScaledDdpTrainer)
+
+
+def _scaled_by_local_shard(rank: int, world_size: int, *args: object) -> object:
+    """`ddp_train_step` with each rank's loss the mean over its own shard (scale 1 / its shard's size) where it should
+    be world_size / (samples in the batch): the same on even shards, 1/3 and 1/2 for 2/5 on 5 samples over 2 ranks."""
+    import rl.trainer.ddp as ddp
+
+    def local(real: Callable[..., object]) -> Callable[..., object]:
+        def fns(*a: object, indices: Sequence[int], loss_scale: float, **kw: object) -> object:
+            return real(*a, indices=indices, loss_scale=1.0 / max(1, len(indices)), **kw)
+
+        return fns
+
+    with (
+        mock.patch.object(ddp, "sample_loss_fns", local(ddp.sample_loss_fns)),
+        mock.patch.object(ddp, "batched_loss_fns", local(ddp.batched_loss_fns)),
+    ):
+        return ddp.ddp_train_step(rank, world_size, *args)  # type: ignore[arg-type]
+
+
+class LocalShardScaledDdpTrainer(LocalDdpTrainer):
+    """Our data-parallel step with each rank's scale taken from its own shard's size."""
+
+    async def train_step(self, batch: object) -> object:
+        from rl.trainer.config import TrainerConfig
+        from rl.trainer.ddp import run_local_ddp
+
+        config = TrainerConfig(lora_rank=4, lora_alpha=8, threads=1)
+        root = self.artifacts.root
+        return run_local_ddp(self.world_size, _scaled_by_local_shard, tiny_base_model(), root, batch, config)[0]
+
+
+LOCAL_SHARD_SCALED_TRAINER = replace(
+    REAL_CPU, name="local-shard-scaled-ddp-trainer", distributed_trainer=LocalShardScaledDdpTrainer
+)

@@ -8,15 +8,17 @@ import itertools
 import math
 import random
 import struct
+import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from rl.advantages import group_normalized_advantages
 from rl.checkpoint.memory_store import MemoryStateStore
 from rl.conformance import AlgorithmSpec, Implementation
 from rl.conformance.ours import fake_version0_adapter
 from rl.memory.artifacts import MemoryArtifacts
-from rl.sim.grpo_tiers import FakeEngine, FakeTrainer, _decoded, _row, _softmax, encode_table
+from rl.sim.grpo_tiers import DIGITS, FakeEngine, FakeTrainer, _decoded, _row, _softmax, decode_table, encode_table
 from rl.types import ArtifactRef, Rollout, RolloutRequest, TrainBatch, TrainResult
 
 
@@ -75,6 +77,64 @@ class AdapterBlindBatchEngine(FakeEngine):
         return out
 
 
+class KeepsDecodingEngine(FakeEngine):
+    """A fake with an end-of-sequence token (10) that keeps decoding a row after it: each completion is the digit,
+    `<eos>`, then another digit and `<eos>` (cut at `max_tokens`), so the row ends at its last `<eos>`, not its first.
+    Every token records the log-prob it was drawn with."""
+
+    eos_token_id = DIGITS
+    EOS_LOGPROB = math.log(0.5)
+
+    async def generate(self, request: RolloutRequest) -> list[Rollout]:
+        group = await super().generate(request)
+        probs = _softmax((await self._table(request.adapter))[_row(request.prompt.question, self.rows)])
+        rng = random.Random(f"keeps-decoding-{request.seed}")
+        out = []
+        for r in group:
+            more = rng.choices(range(DIGITS), weights=probs, k=1)[0]
+            tokens = [*r.token_ids, DIGITS, more, DIGITS][: request.max_tokens]
+            logps = [*r.logprobs, self.EOS_LOGPROB, math.log(probs[more]), self.EOS_LOGPROB][: request.max_tokens]
+            out.append(replace(r, token_ids=tokens, logprobs=logps))
+        return out
+
+
+class SeedPlusIndexEngine(FakeEngine):
+    """Draws sample i of a group seeded s with its own stream seeded s + i (vLLM's per-sample seeds, used as they are):
+    the groups seeded s and s + 1 share all samples but one, one position apart."""
+
+    async def generate(self, request: RolloutRequest) -> list[Rollout]:
+        samples = []
+        for i in range(request.n):
+            (one,) = await super().generate(replace(request, n=1, seed=request.seed + i))
+            samples.append(replace(one, seed=request.seed))
+        return samples
+
+
+class DeletedPathEngine(FakeEngine):
+    """Copies each adapter to a directory of its own and reads it from there, keyed by digest; `close` deletes the
+    directory but keeps the paths, so the engine used again reads adapters from files it deleted."""
+
+    def __init__(self, artifacts: MemoryArtifacts) -> None:
+        super().__init__(artifacts)
+        self._root: tempfile.TemporaryDirectory[str] | None = None
+        self._paths: dict[str, Path] = {}
+
+    async def _table(self, adapter: ArtifactRef) -> list[list[float]]:
+        path = self._paths.get(adapter.digest)
+        if path is None:
+            if self._root is None:
+                self._root = tempfile.TemporaryDirectory(prefix="rl-selftest-engine-")
+            path = Path(self._root.name) / adapter.digest.replace(":", "-")
+            path.write_bytes((await self.artifacts.get(adapter))["policy.json"])
+            self._paths[adapter.digest] = path
+        return list(decode_table({"policy.json": path.read_bytes()})["table"])
+
+    def close(self) -> None:
+        root, self._root = self._root, None
+        if root is not None:
+            root.cleanup()
+
+
 class FreshOptimizerTrainer(FakeTrainer):
     """Builds a fresh optimizer state for every step instead of continuing from the batch's: momentum is lost."""
 
@@ -122,6 +182,9 @@ def _impl(name: str, **tiers: object) -> Implementation:
 UNSEEDED_ENGINE = _impl("unseeded-engine", engine=UnseededEngine, trainer=FakeTrainer)
 STALE_ADAPTER_ENGINE = _impl("stale-adapter-engine", engine=StaleAdapterEngine, trainer=FakeTrainer)
 TOP_K_ENGINE = _impl("top-k-engine", engine=TopKEngine, trainer=FakeTrainer)
+KEEPS_DECODING_ENGINE = _impl("keeps-decoding-engine", engine=KeepsDecodingEngine, trainer=FakeTrainer)
+SEED_PLUS_INDEX_ENGINE = _impl("seed-plus-index-engine", engine=SeedPlusIndexEngine, trainer=FakeTrainer)
+DELETED_PATH_ENGINE = _impl("deleted-path-engine", engine=DeletedPathEngine, trainer=FakeTrainer)
 ADAPTER_BLIND_BATCH_ENGINE = _impl("adapter-blind-batch-engine", engine=AdapterBlindBatchEngine, trainer=FakeTrainer)
 LOSSY_RESTORE_TRAINER = _impl("lossy-restore-trainer", engine=FakeEngine, trainer=LossyRestoreTrainer)
 UNBOUNDED_STALENESS_TRAINER = _impl("unbounded-staleness-trainer", engine=FakeEngine, trainer=UnboundedStalenessTrainer)

@@ -89,6 +89,19 @@ def test_a_data_parallel_step_that_forgets_the_world_size_fails_the_train_step_l
         "-k", "ddp_train_step", "-p", "no:cacheprovider", "-rfs",
         timeout=SUITE_TIMEOUT_S,
     )  # fmt: skip
-    result.assert_outcomes(failed=1)
+    result.assert_outcomes(failed=2)  # the even batch's law and the uneven one's: the scale is wrong on both
     out = result.stdout.str()
     assert "reported gradient norm" in out and "(ratio 0.5)" in out, out
+
+
+def test_a_data_parallel_step_scaled_by_the_local_shard_fails_only_on_uneven_shards(pytester: pytest.Pytester) -> None:
+    """Each rank's loss the mean over its own shard: right on the even batch (4 + 4), wrong on 5 samples (3 + 2)."""
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "rl.conformance.test_suite", "--rl-impl", "broken_ddp:LOCAL_SHARD_SCALED_TRAINER",
+        "-k", "ddp_train_step", "-p", "no:cacheprovider", "-rfs",
+        timeout=SUITE_TIMEOUT_S,
+    )  # fmt: skip
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["FAILED*test_ddp_train_step_on_uneven_shards_equals_the_single_process_step*"])
+    out = result.stdout.str()
+    assert "shards of 3 and 2), the step reported gradient norm" in out, out

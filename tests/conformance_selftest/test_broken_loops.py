@@ -38,6 +38,7 @@ DRIVER_TIERS = "rl_driver or rl_replay"
 TORN = "test_driver_refuses_a_torn_or_foreign_checkpoint_before_training"
 INFINITE = "test_driver_infinite_reward_is_refused_like_nan"
 HISTORY_ROWS = "test_driver_history_has_one_row_per_iteration_in_order"
+CLOSED = "test_engine_closed_and_used_again_serves_as_before_or_refuses"
 
 # (implementation, tiers run, the law that names the bug, what its message must say, every law that must fail)
 CASES = [
@@ -50,8 +51,33 @@ CASES = [
             "test_engine_same_request_gives_same_rollouts",
             "test_engine_serves_the_adapter_each_request_names",
             "test_engine_one_call_serves_each_request_its_own_adapter",
+            CLOSED,
         },
         id="rollouts unseeded on retry",
+    ),
+    pytest.param(
+        "broken_tiers:KEEPS_DECODING_ENGINE",
+        "rl_engine",
+        "test_engine_completion_ends_at_its_first_end_of_sequence_token",
+        r"goes on for \d+ tokens after its first end-of-sequence token 10 \(position 1\)",
+        {"test_engine_completion_ends_at_its_first_end_of_sequence_token"},
+        id="finished rows decoded on",
+    ),
+    pytest.param(
+        "broken_tiers:SEED_PLUS_INDEX_ENGINE",
+        "rl_engine",
+        "test_engine_groups_seeded_apart_share_no_samples",
+        r"share 15 samples at offset -?1 .*per-sample seeds overlap",
+        {"test_engine_groups_seeded_apart_share_no_samples"},
+        id="per-sample seeds seed + i",
+    ),
+    pytest.param(
+        "broken_tiers:DELETED_PATH_ENGINE",
+        "rl_engine",
+        CLOSED,
+        r"after close\(\), the request for adapter \S+ raised FileNotFoundError",
+        {CLOSED},
+        id="adapters read from paths close deleted",
     ),
     pytest.param(
         "broken_tiers:STALE_ADAPTER_ENGINE",
