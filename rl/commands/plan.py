@@ -101,7 +101,7 @@ def plan_profile(config: Any, gpu_name: str, model_config: str | None = None) ->
         if engine.max_model_len is None:
             engine = replace(engine, max_model_len=positions)
         group_tokens = config.grpo.group_size * (prompt_tokens + completion_tokens)
-        plans.append(engine_plan(arch, engine, group_tokens=group_tokens, budget=device.memory_bytes))
+        plans.append(engine_plan(arch, engine, group_tokens=group_tokens, device=device))
     return plans
 
 
