@@ -293,3 +293,62 @@ def test_a_rank_loads_the_base_straight_onto_its_device(monkeypatch: pytest.Monk
     with pytest.raises(Stop):
         load_policy(base, dict.fromkeys(ADAPTER_FILES, b""), trainable=True, device="cuda:1")
     assert asked["device_map"] == "cuda:1" and asked["dtype"] == torch.float32
+
+
+def _a_pod_given_a_gpu_on_an_r570_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU pod (the device plugin's NVIDIA_VISIBLE_DEVICES) whose driver 570 is too old for torch's CUDA 13: torch
+    then reports no CUDA, exactly as a cu130 wheel does there."""
+    import torch
+
+    import rl.gpu
+
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "GPU-0f3c")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(rl.gpu, "nvidia_driver_version", lambda *a, **k: "570.86.15")
+
+
+def test_a_train_task_given_a_gpu_it_cannot_use_refuses_naming_the_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It used to train on the CPU (torch.cuda.is_available() False) until its 30-minute timeout, three times over."""
+    from rl.errors import RlError
+    from rl.flyte.grpo_tasks import train_device
+    from rl.gpu import CudaUnavailableError
+
+    _a_pod_given_a_gpu_on_an_r570_driver(monkeypatch)
+    with pytest.raises(CudaUnavailableError) as refused:
+        train_device()
+    message = str(refused.value)
+    assert "570.86.15" in message and "R580" in message and "\n" not in message, message
+    assert isinstance(refused.value, RlError)
+
+
+def test_a_clustered_rank_given_a_gpu_it_cannot_use_refuses_instead_of_joining_gloo(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch.distributed as dist
+
+    from rl.flyte.clustered import join_process_group
+    from rl.gpu import CudaUnavailableError
+
+    _a_pod_given_a_gpu_on_an_r570_driver(monkeypatch)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    joined: list[str] = []
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: joined.append(backend))
+    with pytest.raises(CudaUnavailableError, match=r"570\.86\.15.*R580|R580.*570\.86\.15"):
+        join_process_group()
+    assert joined == []
+
+
+def test_a_task_given_no_gpu_computes_on_the_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A CPU pod or Flyte's local mode on a laptop: no assigned GPU, no NVIDIA driver."""
+    import rl.gpu
+    from rl.flyte.grpo_tasks import train_device
+
+    monkeypatch.delenv("NVIDIA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(rl.gpu, "nvidia_driver_version", lambda *a, **k: None)
+    assert train_device() == "cpu"
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "void")  # the container toolkit's "no GPU"
+    assert train_device() == "cpu"

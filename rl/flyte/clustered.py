@@ -36,6 +36,7 @@ from rl.flyte.config import GrpoRunConfig
 from rl.flyte.envs import CLUSTER_TIMEOUT, cluster_train_env, grpo_clustered_driver_env
 from rl.flyte.grpo_driver import GrpoRunResult, run_driver
 from rl.flyte.grpo_tasks import TrainInput, TrainOutput
+from rl.gpu import task_device
 from rl.identity import content_digest
 from rl.types import ArtifactRef
 
@@ -74,11 +75,13 @@ def join_process_group() -> tuple[int, int, str, bool]:
         device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
         return dist.get_rank(), dist.get_world_size(), device, False
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        if torch.cuda.is_available():
-            local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-            torch.cuda.set_device(local_rank)
+        # A pod given GPUs joins NCCL on its own, or refuses in one line (rl.gpu.task_device); it never falls back to
+        # gloo on the CPU. A CPU pod (or torchrun on a laptop) runs gloo.
+        device = task_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if device != "cpu":
+            torch.cuda.set_device(torch.device(device))
             dist.init_process_group("nccl", timeout=COLLECTIVE_TIMEOUT)
-            return dist.get_rank(), dist.get_world_size(), f"cuda:{local_rank}", True
+            return dist.get_rank(), dist.get_world_size(), device, True
         dist.init_process_group("gloo", timeout=COLLECTIVE_TIMEOUT)
         return dist.get_rank(), dist.get_world_size(), "cpu", True
     dist.init_process_group(
