@@ -264,3 +264,40 @@ def test_the_weights_and_optimizer_terms_equal_the_allocations_of_a_cpu_step(bas
     assert measured["grads"] == measured["lora"] and measured["moments"] == 2 * measured["lora"]
     assert plan.terms["weights"] == measured["base"] + measured["lora"]
     assert plan.terms["optimizer"] == measured["grads"] + measured["moments"]
+
+
+def test_rl_plan_warns_about_the_cost_of_running_without_reuse(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without RL_FLYTE_REUSE=1 every rollout call is a fresh pod that downloads the 16 GB base and cold-starts vLLM
+    for one group; the torch sampler (smoke) has nothing to warn about."""
+    monkeypatch.delenv("RL_FLYTE_REUSE", raising=False)
+    assert main(["plan", "--profile", "stress", "--gpu", "H200"]) == 0
+    err = capsys.readouterr().err
+    assert "RL_FLYTE_REUSE is not 1" in err and "16.4 GB" in err and "32 pods per iteration" in err, err
+    monkeypatch.setenv("RL_FLYTE_REUSE", "1")
+    assert main(["plan", "--profile", "stress", "--gpu", "H200"]) == 0
+    assert "RL_FLYTE_REUSE" not in capsys.readouterr().err
+    monkeypatch.delenv("RL_FLYTE_REUSE")
+    assert main(["plan", "--profile", "smoke", "--gpu", "L4"]) == 0
+    assert "RL_FLYTE_REUSE" not in capsys.readouterr().err
+
+
+def test_the_stress_tier_warns_about_the_cost_of_running_without_reuse(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m rl.flyte.grpo --profile stress` on a cluster (flyte.run faked: nothing is submitted)."""
+    from types import SimpleNamespace
+
+    import flyte
+
+    import rl.flyte.grpo as grpo
+
+    submitted: list[object] = []
+    monkeypatch.setattr(flyte, "init_from_config", lambda *a, **k: None)
+    monkeypatch.setattr(flyte, "run", lambda task, config: submitted.append(config) or SimpleNamespace(url="u"))
+    for reuse, warned in ((False, True), (True, False)):
+        monkeypatch.setattr(grpo, "REUSE", reuse)
+        assert grpo.main(["--profile", "stress", "--base-uri", "s3://m"]) == 0
+        assert ("RL_FLYTE_REUSE is not 1" in capsys.readouterr().err) is warned
+    assert len(submitted) == 2
