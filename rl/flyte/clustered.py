@@ -51,6 +51,10 @@ __all__ = [
 
 NODE_CACHE_ENV = "RL_NODE_CACHE"
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)  # a desynchronised collective fails in minutes, not NCCL's default 30
+# The ranks that wait for local rank 0's download of the base (16.4 GB for an 8 B model) wait in a collective of their
+# own, on a gloo group with this timeout: the task's own runtime limit, so only the task's timeout ends a slow download
+# (10 minutes would kill it below ~27 MB/s from the object store).
+DOWNLOAD_TIMEOUT = CLUSTER_TIMEOUT.max_runtime
 
 
 def _free_port() -> int:
@@ -115,7 +119,9 @@ async def node_base(base: Dir, rank: int, device: str) -> Path:
     Outside torchrun (no `LOCAL_RANK`) the one process downloads it as every other task does (`local_base`).
 
     The agreement is one all-reduce every rank reaches, so a failed download fails every rank at once (the failing
-    rank with its own error, the others with `PeerRankError`) instead of leaving the others waiting on the file.
+    rank with its own error, the others with `PeerRankError`) instead of leaving the others waiting on the file. It
+    runs on a gloo group whose timeout is `DOWNLOAD_TIMEOUT`, not the step's `COLLECTIVE_TIMEOUT`: a slow download is
+    not a desynchronised collective.
     """
     import torch
 
@@ -131,7 +137,14 @@ async def node_base(base: Dir, rank: int, device: str) -> Path:
             await _download_once(base, target)
         except Exception as exc:
             error = exc
-    if not _agree(error is None, torch.device(device)):
+    import torch.distributed as dist
+
+    waiting = dist.new_group(backend="gloo", timeout=DOWNLOAD_TIMEOUT)  # every rank calls it, in the same order
+    try:
+        agreed = _agree(error is None, torch.device("cpu"), group=waiting)
+    finally:
+        dist.destroy_process_group(waiting)
+    if not agreed:
         if error is not None:
             raise error
         raise PeerRankError(f"rank {rank}: a local rank 0 failed to download the base model {base.path}; see its error")
