@@ -352,3 +352,34 @@ def test_a_task_given_no_gpu_computes_on_the_cpu(monkeypatch: pytest.MonkeyPatch
     assert train_device() == "cpu"
     monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "void")  # the container toolkit's "no GPU"
     assert train_device() == "cpu"
+
+
+@pytest.mark.heavy
+def test_the_cuda_round_trip_compares_the_step_compute_step_runs_on_the_cpu(tmp_path: Path) -> None:
+    """gpu_tests/test_cuda_trainer.py's round trip, run here on the CPU: its in-memory step must run the loss path
+    `compute_step` runs (`config.loss_path`, batched by default), or the byte comparison fails on every device (the
+    per-sample path it used to run differs from the batched one in the last bits)."""
+    import asyncio
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu_tests"))
+    try:
+        from gpu_helpers import base_rollouts, round_trip_step, varied_rewards
+    finally:
+        sys.path.pop(0)
+    from rl.models import build_tiny_model
+    from rl.trainer.config import TrainerConfig
+    from rl.types import TrainBatch
+
+    def fixed_batch(base_dir: Path, artifacts: object, trainer: object) -> TrainBatch:
+        rollouts = base_rollouts(base_dir, groups=2, samples=4, max_tokens=6, seed=5)
+        init = asyncio.run(trainer.init_adapter(seed=3))  # type: ignore[attr-defined]
+        return TrainBatch(
+            step=0, rollouts=rollouts, rewards=varied_rewards(rollouts), adapter=init.adapter,
+            optimizer_state=init.optimizer_state, new_version=1,
+        )  # fmt: skip
+
+    model_dir = build_tiny_model(tmp_path / "model", gpu.VLLM_MODEL)
+    config = TrainerConfig(lr=1e-3, threads=1)
+    assert config.loss_path == "batched"
+    numbers = round_trip_step(model_dir, tmp_path, config, "cpu", fixed_batch)
+    assert numbers["adapter_bytes"] > 0
