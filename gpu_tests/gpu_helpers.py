@@ -271,3 +271,60 @@ def round_trip_step(base_dir: Path, tmp_path: Path, config: Any, device: Any, fi
     assert from_artifacts[0] == in_memory[0], "the step after a round trip differs from continuing in memory (adapter)"
     assert from_artifacts[1] == in_memory[1], "the step after a round trip differs from continuing in memory (AdamW)"
     return {"adapter_bytes": len(saved_adapter["adapter_model.safetensors"]), "step_s": round(step_s, 3)}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# torchrun over gpu_tests/ddp_nccl_worker.py
+
+REPO = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "ddp_nccl_worker.py"
+RUN_TIMEOUT_S = 300
+
+
+def torchrun(job: dict[str, Any], tmp_path: Path, world: int = 2) -> list[dict[str, Any]]:
+    """Run `ddp_nccl_worker.py` on `world` ranks under torchrun with `job` (see the worker); each rank's results, or
+    the test fails with the ranks' output."""
+    import pickle
+    import shutil
+    import subprocess
+    import sys
+
+    job_path, out_dir = tmp_path / "job.pkl", tmp_path / "out"
+    out_dir.mkdir()
+    job_path.write_bytes(pickle.dumps(job))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    # Containers often give /dev/shm 64 MB, too little for NCCL's shared-memory transport (a hang or "unhandled
+    # system error"); fall back to its socket/P2P paths there.
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shutil.disk_usage(shm).total < 512 * 2**20:
+        env.setdefault("NCCL_SHM_DISABLE", "1")
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={world}",
+        str(WORKER),
+        str(job_path),
+        str(out_dir),
+    ]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=REPO)
+    per_rank = []
+    for rank in range(world):
+        path = out_dir / f"rank{rank}.pkl"
+        if not path.is_file():
+            pytest.fail(
+                f"rank {rank} wrote no result (torchrun exit {proc.returncode})\n--- stdout\n{proc.stdout[-4000:]}"
+                f"\n--- stderr\n{proc.stderr[-8000:]}",
+                pytrace=False,
+            )
+        per_rank.append(pickle.loads(path.read_bytes()))
+    for rank_out in per_rank:
+        for value in rank_out.values():
+            if isinstance(value, Exception):
+                raise value
+    assert proc.returncode == 0, proc.stderr[-8000:]
+    return per_rank
