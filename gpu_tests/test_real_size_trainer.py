@@ -69,9 +69,16 @@ def _rollouts(model_dir: Path, device: torch.device) -> list[Rollout]:
             logprobs = teacher_forced_logprobs(model, prompt, tokens).double().cpu().tolist()
             rollouts.append(
                 Rollout(
-                    group_id=j // SAMPLES, question="q", answer="a", completion="", prompt_token_ids=prompt,
-                    token_ids=tokens, logprobs=logprobs, policy_version=0, seed=j,
-                )  # fmt: skip
+                    group_id=j // SAMPLES,
+                    question="q",
+                    answer="a",
+                    completion="",
+                    prompt_token_ids=prompt,
+                    token_ids=tokens,
+                    logprobs=logprobs,
+                    policy_version=0,
+                    seed=j,
+                )
             )
     del model
     torch.cuda.empty_cache()

@@ -315,7 +315,7 @@ def engine_plan(arch: ModelArch, engine: Any, *, group_tokens: int, device: GpuS
         f"vLLM's batch defaults on a {device.name}: {max_num_seqs} sequences, {batched:,} batched tokens",
         f"gpu_memory_utilization {engine.gpu_memory_utilization}: {claimed / GIB:.2f} GiB claimed; KV cache for "
         f"{tokens:,} tokens ({arch.kv_bytes_per_token() / 1024:.0f} KiB each), {tokens / max(group_tokens, 1):.1f} "
-        f"groups of {group_tokens:,} at once"
+        f"groups of {group_tokens:,} at once",
     ]
     # vLLM claims its share whatever the need: the plan fits when the KV cache it leaves holds one full sequence.
     needed = max(max_len, 1) * arch.kv_bytes_per_token()

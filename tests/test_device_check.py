@@ -190,8 +190,9 @@ def test_the_report_gives_each_outcome_the_numbers_and_never_passes_a_vllm_test(
             '<testcase classname="gpu_tests.test_real_size_trainer" '
             'name="test_the_real_size_step_on_cuda_and_its_memory_against_the_plan" time="40.2">'
             '<failure message="AssertionError: plan/peak 0.7">trace</failure></testcase>'
-            '<testcase classname="gpu_tests.test_ddp_nccl" name="test_the_two_rank_nccl_step_equals_the_single_gpu_step"'
-            ' time="0.0"><skipped message="needs 2 CUDA GPUs, found 1 (NVIDIA H200)"/></testcase>'
+            '<testcase classname="gpu_tests.test_ddp_nccl" '
+            'name="test_the_two_rank_nccl_step_equals_the_single_gpu_step" time="0.0">'
+            '<skipped message="needs 2 CUDA GPUs, found 1 (NVIDIA H200)"/></testcase>'
             "</testsuite></testsuites>"
         )
         rows = [

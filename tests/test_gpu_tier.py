@@ -1,6 +1,6 @@
 """The GPU tier as seen from a CPU machine: gpu_tests/ collects, every test there is marked `gpu` and skips with the
-precise reason (or fails under RL_GPU_STRICT=1) (gpu_tests/device_check.py on a faked device machine: test_device_check.py),
-`rl bench --gpu` exits non-zero with the reason, and the reasons and vLLM settings in `rl.gpu` are what they claim."""
+precise reason (or fails under RL_GPU_STRICT=1), `rl bench --gpu` exits non-zero with the reason, and the reasons
+and vLLM settings in `rl.gpu` are what they claim (gpu_tests/device_check.py: tests/test_device_check.py)."""
 
 from __future__ import annotations
 

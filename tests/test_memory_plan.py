@@ -26,9 +26,9 @@ from rl.commands.plan import plan_profile
 from rl.flyte.config import gpu_smoke, stress
 from rl.memory_plan import GPUS, ModelArch, engine_plan, gpu, lora_parameters, trainer_plan, vllm_batch_defaults
 from rl.models.qwen3 import QWEN3_8B, Qwen3Shape, build_qwen3_model, qwen3_config
+from rl.trainer.batched_loss import batched_backward
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
-from rl.trainer.batched_loss import batched_backward
 from rl.trainer.step import clip_and_step, pinned_threads, prepare_step, run_step
 from rl.types import Rollout, TrainBatch
 
