@@ -9,13 +9,13 @@ builds a model or starts vLLM just to skip:
 
 The reasons come from `rl.gpu` ("needs CUDA: torch 2.x+cpu is a CPU-only build ...", "needs 2 CUDA GPUs, found 1
 (NVIDIA L4)", "needs vllm: it is not installed ..."). With `RL_GPU_STRICT=1` (set by `nox -s gpu` and
-`gpu_tests/device_check.sh`, which run on machines that must have a GPU) a missing CUDA or vllm is a failure, not a
+`gpu_tests/device_check.py`, which run on machines that must have a GPU) a missing CUDA or vllm is a failure, not a
 skip; too few GPUs still skips, since single-GPU runners are the common case. The same checks are available inside a
 test or fixture as `gpu_helpers.requires_cuda()`, `requires_gpus(n)` and `requires_vllm()`.
 
 Fixtures shared by the modules: the vLLM-servable tiny model (`gpu_model_dir`, built offline from `rl.gpu.VLLM_MODEL`),
 one artifact store (`gpu_store`), one `VLLMEngine` for the session (`vllm_engine`: one vLLM start-up, about 20-60 s,
-for every vLLM test), and `gpu_report`, which records a test's key numbers for `device_check.sh`'s table.
+for every vLLM test), and `gpu_report`, which records a test's key numbers for `device_check.py`'s report.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def vllm_engine(gpu_model_dir: Path, gpu_store: Any, tmp_path_factory: pytest.Te
 @pytest.fixture
 def gpu_report(request: pytest.FixtureRequest, record_property: Callable[[str, object], None]) -> Callable[..., None]:
     """`gpu_report(key=value, ...)`: a test's key numbers, kept as junit properties and, when `RL_GPU_REPORT` names a
-    file, appended to it as one JSON line (`device_check.sh` prints them in its table)."""
+    file, appended to it as one JSON line (`device_check.py` puts them in its report)."""
 
     def report(**numbers: object) -> None:
         for key, value in numbers.items():

@@ -12,6 +12,7 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import asyncio
 import math
 import statistics
 import warnings
@@ -190,3 +191,140 @@ def summarize(gaps: Sequence[float]) -> GapSummary:
     if not all(math.isfinite(g) for g in gaps):
         raise AssertionError(f"non-finite log-prob gap among {len(gaps)} tokens")
     return GapSummary(tokens=len(gaps), mean=statistics.fmean(gaps), max=max(gaps))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The adapter and AdamW state round trip, on any device
+
+
+def _state_tensors(optimizer: Any) -> dict[str, Any]:
+    import torch
+
+    return {
+        f"{index}.{key}": value
+        for index, state in optimizer.state_dict()["state"].items()
+        for key, value in state.items()
+        if isinstance(value, torch.Tensor)
+    }
+
+
+def round_trip_step(base_dir: Path, tmp_path: Path, config: Any, device: Any, fixed_batch: Any) -> dict[str, object]:
+    """Step 1 in memory on `device`, save, load back: every LoRA weight and moment bitwise equal and on its device,
+    saving again identical bytes; step 2 continued in memory, from the saved artifacts (`compute_step`) and replayed:
+    identical bytes. Each step runs `run_step`, the path `compute_step` runs (`config.loss_path`). Returns numbers
+    for the report; `fixed_batch(base_dir, artifacts, trainer)` builds the batch."""
+    import time
+    from dataclasses import replace
+
+    import torch
+
+    from rl.artifacts import LocalArtifacts
+    from rl.trainer.adapter import adapter_files, load_policy, trainable_parameters
+    from rl.trainer.optimizer_state import build_optimizer, optimizer_files
+    from rl.trainer.peft_trainer import PeftTrainer
+    from rl.trainer.step import pinned_threads, prepare_step, run_step
+
+    artifacts = LocalArtifacts(tmp_path / "store")
+    trainer = PeftTrainer(base_dir, artifacts, config, device=device)
+    batch = fixed_batch(base_dir, artifacts, trainer)
+    v0_adapter = asyncio.run(artifacts.get(batch.adapter))
+    v0_opt = asyncio.run(artifacts.get(batch.optimizer_state)) if batch.optimizer_state else None
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+
+    prepared = prepare_step(base_dir, batch, config, v0_adapter, v0_opt, device=device)
+    assert all(p.device.type == torch.device(device).type for _, p in prepared.params)
+
+    def step_in_memory(step_batch: Any) -> None:
+        with pinned_threads(config.threads):  # as compute_step: CPU reductions depend on the thread count
+            run_step(step_batch, prepared, config)
+
+    step_in_memory(batch)
+    names = [name for name, _ in prepared.params]
+    saved_adapter = adapter_files(prepared.model)
+    saved_opt = optimizer_files(prepared.optimizer, names)
+
+    loaded = load_policy(base_dir, saved_adapter, trainable=True, device=device)
+    loaded.train()
+    loaded_params = trainable_parameters(loaded)
+    loaded_opt = build_optimizer(loaded_params, config, saved_opt)
+    assert [name for name, _ in loaded_params] == names
+    for (name, original), (_, restored) in zip(prepared.params, loaded_params, strict=True):
+        assert restored.device == original.device, name
+        assert torch.equal(restored, original), f"LoRA weight {name} changed in the round trip"
+    original_state, restored_state = _state_tensors(prepared.optimizer), _state_tensors(loaded_opt)
+    assert original_state.keys() == restored_state.keys() and len(original_state) == 3 * len(names)
+    for key, original in original_state.items():
+        assert restored_state[key].device == original.device, key
+        assert torch.equal(restored_state[key], original), f"optimizer state {key} changed in the round trip"
+    assert adapter_files(loaded) == saved_adapter
+    assert optimizer_files(loaded_opt, names) == saved_opt
+
+    second = replace(batch, step=1)
+    step_in_memory(second)
+    in_memory = (adapter_files(prepared.model), optimizer_files(prepared.optimizer, names))
+    start = time.perf_counter()
+    from_artifacts = trainer.compute_step(second, saved_adapter, saved_opt)
+    sync()
+    step_s = time.perf_counter() - start
+    replayed = trainer.compute_step(second, saved_adapter, saved_opt)
+    assert from_artifacts[:2] == replayed[:2], "replaying a step from the same artifacts changed its bytes"
+    assert from_artifacts[0] == in_memory[0], "the step after a round trip differs from continuing in memory (adapter)"
+    assert from_artifacts[1] == in_memory[1], "the step after a round trip differs from continuing in memory (AdamW)"
+    return {"adapter_bytes": len(saved_adapter["adapter_model.safetensors"]), "step_s": round(step_s, 3)}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# torchrun over gpu_tests/ddp_nccl_worker.py
+
+REPO = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "ddp_nccl_worker.py"
+RUN_TIMEOUT_S = 300
+
+
+def torchrun(job: dict[str, Any], tmp_path: Path, world: int = 2) -> list[dict[str, Any]]:
+    """Run `ddp_nccl_worker.py` on `world` ranks under torchrun with `job` (see the worker); each rank's results, or
+    the test fails with the ranks' output."""
+    import pickle
+    import shutil
+    import subprocess
+    import sys
+
+    job_path, out_dir = tmp_path / "job.pkl", tmp_path / "out"
+    out_dir.mkdir()
+    job_path.write_bytes(pickle.dumps(job))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    # Containers often give /dev/shm 64 MB, too little for NCCL's shared-memory transport (a hang or "unhandled
+    # system error"); fall back to its socket/P2P paths there.
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shutil.disk_usage(shm).total < 512 * 2**20:
+        env.setdefault("NCCL_SHM_DISABLE", "1")
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={world}",
+        str(WORKER),
+        str(job_path),
+        str(out_dir),
+    ]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=REPO)
+    per_rank = []
+    for rank in range(world):
+        path = out_dir / f"rank{rank}.pkl"
+        if not path.is_file():
+            pytest.fail(
+                f"rank {rank} wrote no result (torchrun exit {proc.returncode})\n--- stdout\n{proc.stdout[-4000:]}"
+                f"\n--- stderr\n{proc.stderr[-8000:]}",
+                pytrace=False,
+            )
+        per_rank.append(pickle.loads(path.read_bytes()))
+    for rank_out in per_rank:
+        for value in rank_out.values():
+            if isinstance(value, Exception):
+                raise value
+    assert proc.returncode == 0, proc.stderr[-8000:]
+    return per_rank

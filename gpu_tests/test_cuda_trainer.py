@@ -14,14 +14,12 @@ from typing import Any
 
 import pytest
 import torch
-from gpu_helpers import base_rollouts, varied_rewards
+from gpu_helpers import base_rollouts, round_trip_step, varied_rewards
 
 from rl.artifacts import LocalArtifacts
-from rl.trainer.adapter import adapter_files, load_policy, trainable_parameters
 from rl.trainer.config import TrainerConfig
-from rl.trainer.optimizer_state import build_optimizer, optimizer_files
 from rl.trainer.peft_trainer import PeftTrainer
-from rl.trainer.step import clip_and_step, pinned_threads, prepare_step, sample_loss_fns
+from rl.trainer.step import pinned_threads, prepare_step, sample_loss_fns
 from rl.types import StepMetrics, TrainBatch
 
 pytestmark = pytest.mark.gpu
@@ -132,80 +130,13 @@ def test_the_first_cuda_step_has_the_cpu_steps_gradients(cuda_device: Any, gpu_m
     torch.testing.assert_close(got, want, rtol=0.0, atol=1e-4 * want.abs().max().item())
 
 
-def _state_tensors(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    return {
-        f"{index}.{key}": value
-        for index, state in optimizer.state_dict()["state"].items()
-        for key, value in state.items()
-        if isinstance(value, torch.Tensor)
-    }
-
-
 def test_adapter_and_optimizer_state_round_trip_exactly_on_cuda(
     cuda_device: Any, gpu_model_dir: Path, tmp_path: Path, gpu_report: Any
 ) -> None:
     """A CUDA step's adapter and AdamW state, saved and loaded back onto the GPU: every LoRA weight and every moment is
     bitwise equal (torch.equal) and on the parameter's device, saving again gives identical bytes, and the next step
-    from the loaded state is byte-identical to continuing in memory and to a replay of that step (deterministic)."""
-    artifacts = LocalArtifacts(tmp_path / "store")
-    trainer = PeftTrainer(gpu_model_dir, artifacts, CONFIG, device=cuda_device)
-    batch = _fixed_batch(gpu_model_dir, artifacts, trainer)
-    v0_adapter = asyncio.run(artifacts.get(batch.adapter))
-    v0_opt = asyncio.run(artifacts.get(batch.optimizer_state)) if batch.optimizer_state else None
-
-    # Step 1 in memory, exactly as PeftTrainer.compute_step does it.
-    prepared = prepare_step(gpu_model_dir, batch, CONFIG, v0_adapter, v0_opt, device=cuda_device)
-    assert all(p.device.type == "cuda" for _, p in prepared.params)
-
-    def step_in_memory(step_batch: TrainBatch) -> None:
-        prepared.optimizer.zero_grad(set_to_none=True)
-        with pinned_threads(CONFIG.threads):  # as compute_step: CPU reductions depend on the thread count
-            fns = sample_loss_fns(
-                prepared.model,
-                step_batch,
-                prepared.advantages,
-                CONFIG,
-                indices=prepared.contributing,
-                loss_scale=1.0 / len(prepared.contributing),
-                stats_out=[],
-            )
-            for fn in fns:
-                fn().backward()
-            clip_and_step(prepared, CONFIG)
-
-    step_in_memory(batch)
-    names = [name for name, _ in prepared.params]
-    saved_adapter = adapter_files(prepared.model)
-    saved_opt = optimizer_files(prepared.optimizer, names)
-
-    # Load both back onto the GPU.
-    loaded = load_policy(gpu_model_dir, saved_adapter, trainable=True, device=cuda_device)
-    loaded.train()
-    loaded_params = trainable_parameters(loaded)
-    loaded_opt = build_optimizer(loaded_params, CONFIG, saved_opt)
-    assert [name for name, _ in loaded_params] == names
-    for (name, original), (_, restored) in zip(prepared.params, loaded_params, strict=True):
-        assert restored.device == original.device, name
-        assert torch.equal(restored, original), f"LoRA weight {name} changed in the round trip"
-    original_state, restored_state = _state_tensors(prepared.optimizer), _state_tensors(loaded_opt)
-    assert original_state.keys() == restored_state.keys() and len(original_state) == 3 * len(names)
-    for key, original in original_state.items():
-        restored = restored_state[key]
-        assert restored.device == original.device, key
-        assert torch.equal(restored, original), f"optimizer state {key} changed in the round trip"
-    assert adapter_files(loaded) == saved_adapter
-    assert optimizer_files(loaded_opt, names) == saved_opt
-
-    # Step 2: continuing in memory, from the saved artifacts, and that again (a replay) give the same bytes.
-    second = replace(batch, step=1)
-    step_in_memory(second)
-    in_memory = (adapter_files(prepared.model), optimizer_files(prepared.optimizer, names))
-    start = time.perf_counter()
-    from_artifacts = trainer.compute_step(second, saved_adapter, saved_opt)
-    torch.cuda.synchronize()
-    step_s = time.perf_counter() - start
-    replayed = trainer.compute_step(second, saved_adapter, saved_opt)
-    gpu_report(adapter_bytes=len(saved_adapter["adapter_model.safetensors"]), step_s=round(step_s, 3))
-    assert from_artifacts[:2] == replayed[:2], "replaying a CUDA step from the same artifacts changed its bytes"
-    assert from_artifacts[0] == in_memory[0], "the step after a round trip differs from continuing in memory (adapter)"
-    assert from_artifacts[1] == in_memory[1], "the step after a round trip differs from continuing in memory (AdamW)"
+    from the loaded state is byte-identical to continuing in memory and to a replay of that step (deterministic).
+    Both steps run `config.loss_path` (batched by default) through `run_step`, as `compute_step` does: the per-sample
+    path differs from the batched one in the last bits (tests/test_gpu_tier.py runs the same round trip on the CPU)."""
+    numbers = round_trip_step(gpu_model_dir, tmp_path, CONFIG, cuda_device, _fixed_batch)
+    gpu_report(**numbers)

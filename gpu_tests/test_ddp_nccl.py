@@ -14,11 +14,6 @@ broadcast of rank 0's refs). Strict mode fails a run in which no NCCL test fits 
 from __future__ import annotations
 
 import asyncio
-import os
-import pickle
-import shutil
-import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from gpu_helpers import base_rollouts, varied_rewards
+from gpu_helpers import base_rollouts, torchrun, varied_rewards
 from safetensors.torch import load as load_safetensors
 
 from rl.artifacts import LocalArtifacts
@@ -38,9 +33,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.gpus(2), pytest.mark.nccl]
 
 WORLD = 2
 CONFIG = TrainerConfig(lr=1e-3, lora_rank=4, lora_alpha=8, seed=3, threads=1)
-REPO = Path(__file__).resolve().parent.parent
-WORKER = Path(__file__).resolve().parent / "ddp_nccl_worker.py"
-RUN_TIMEOUT_S = 300
 # (name, contributing sample indices): 2+2, 2+1 and 1+0 samples per rank, and nothing anywhere.
 GRAD_CASES: list[tuple[str, list[int]]] = [
     ("even", [0, 1, 4, 5]),
@@ -51,48 +43,6 @@ GRAD_CASES: list[tuple[str, list[int]]] = [
 # float32 on CUDA, summed in another order (per-rank accumulation, then NCCL's ring sum and DDP's mean): the CPU/gloo
 # suite measures ~1e-7 and bounds it by 1e-5; cuBLAS may split reductions differently per shape, hence 1e-4 here.
 GRAD_RTOL = 1e-4
-
-
-def _torchrun(job: dict[str, Any], tmp_path: Path, world: int = WORLD) -> list[dict[str, Any]]:
-    job_path, out_dir = tmp_path / "job.pkl", tmp_path / "out"
-    out_dir.mkdir()
-    job_path.write_bytes(pickle.dumps(job))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    # Containers often give /dev/shm 64 MB, too little for NCCL's shared-memory transport (a hang or "unhandled
-    # system error"); fall back to its socket/P2P paths there.
-    shm = Path("/dev/shm")
-    if not shm.is_dir() or shutil.disk_usage(shm).total < 512 * 2**20:
-        env.setdefault("NCCL_SHM_DISABLE", "1")
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={world}",
-        str(WORKER),
-        str(job_path),
-        str(out_dir),
-    ]
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=REPO)
-    per_rank = []
-    for rank in range(world):
-        path = out_dir / f"rank{rank}.pkl"
-        if not path.is_file():
-            pytest.fail(
-                f"rank {rank} wrote no result (torchrun exit {proc.returncode})\n--- stdout\n{proc.stdout[-4000:]}"
-                f"\n--- stderr\n{proc.stderr[-8000:]}",
-                pytrace=False,
-            )
-        per_rank.append(pickle.loads(path.read_bytes()))
-    for rank_out in per_rank:
-        for value in rank_out.values():
-            if isinstance(value, Exception):
-                raise value
-    assert proc.returncode == 0, proc.stderr[-8000:]
-    return per_rank
 
 
 def test_the_two_rank_nccl_step_equals_the_single_gpu_step(
@@ -147,7 +97,7 @@ def test_the_two_rank_nccl_step_equals_the_single_gpu_step(
         },
     }
     start = time.perf_counter()
-    per_rank = _torchrun(job, tmp_path)
+    per_rank = torchrun(job, tmp_path)
     wall_s = time.perf_counter() - start
 
     # Gradients, shard by shard.
@@ -216,7 +166,7 @@ def test_a_one_rank_nccl_step_equals_the_single_gpu_step(gpu_model_dir: Path, tm
         }
     }
     start = time.perf_counter()
-    [rank0] = _torchrun(job, tmp_path, world=1)
+    [rank0] = torchrun(job, tmp_path, world=1)
     wall_s = time.perf_counter() - start
     multi = rank0["train"]["signal"]
     single = asyncio.run(trainer.train_step(batch))

@@ -30,20 +30,24 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rl.errors import RlError
 from rl.models.tiny import TinyModelConfig
 
 __all__ = [
     "STRICT_ENV",
     "VLLM_MODEL",
+    "CudaUnavailableError",
+    "cuda_expected",
     "cuda_unavailable_reason",
     "driver_too_old_reason",
     "nccl_uncovered_reason",
     "nvidia_driver_version",
     "strict",
+    "task_device",
     "vllm_cpu_llm_kwargs",
     "vllm_llm_kwargs",
     "vllm_unavailable_reason",
@@ -228,3 +232,29 @@ def nccl_uncovered_reason(nccl_test_gpus: Sequence[int], gpus: int) -> str | Non
             "(gpu_tests/test_ddp_nccl.py, gpus(1)) must stay in the tier"
         )
     return None
+
+
+class CudaUnavailableError(RlError):
+    """A task that was given a GPU cannot use it (a driver too old for torch's CUDA, a CPU-only torch, no visible
+    device); the message is one line naming the reason. Nothing falls back to the CPU."""
+
+
+def cuda_expected(environ: Mapping[str, str] | None = None, proc_file: Path = PROC_DRIVER_VERSION) -> bool:
+    """Whether this process was given an NVIDIA GPU: the container runtime assigned one (`NVIDIA_VISIBLE_DEVICES`, set
+    by Kubernetes' NVIDIA device plugin in every GPU pod) or an NVIDIA kernel driver is loaded."""
+    env = os.environ if environ is None else environ
+    assigned = env.get("NVIDIA_VISIBLE_DEVICES", "").strip().lower()
+    return assigned not in ("", "void", "none") or nvidia_driver_version(proc_file) is not None
+
+
+def task_device(local_rank: int | None = None) -> str:
+    """Where a task computes: "cuda" (or "cuda:<local_rank>") when it was given a GPU, "cpu" when it was not (a CPU
+    pod, Flyte's local mode on a laptop). A task given a GPU that CUDA cannot use raises `CudaUnavailableError` with
+    the reason in one line (for a CUDA 13 torch on a pre-R580 driver: the driver's version and the R580 requirement)
+    instead of training on the CPU until its timeout."""
+    if not cuda_expected():
+        return "cpu"
+    reason = cuda_unavailable_reason(1 if local_rank is None else local_rank + 1)
+    if reason is not None:
+        raise CudaUnavailableError(f"this task was given an NVIDIA GPU but cannot use it: {reason}")
+    return "cuda" if local_rank is None else f"cuda:{local_rank}"

@@ -20,9 +20,10 @@ the CPU for small models):
   forward's [B, T, V] tensors (the picked logits, their float32 copy and log-softmax) and the backward's three float32
   [B, T, V] at once (the kept log-probs, their gradient, the gradient of the logits), where the measured peak is.
 - **KV cache** (engine): vLLM claims `gpu_memory_utilization` of the GPU; what its weights, its activation peak (a
-  forward of `max_num_batched_tokens` tokens and the sampler's float32 logits over `max_num_seqs` rows) and the CUDA
-  context leave is KV cache, 2 x layers x kv_heads x head_dim x 2 bytes per token. vLLM refuses to start when that
-  holds fewer than `max_model_len` tokens; `rl plan` refuses first.
+  forward of `max_num_batched_tokens` tokens and the sampler's float32 logits over `max_num_seqs` rows, vLLM's
+  defaults for the GPU: `vllm_batch_defaults`) and the CUDA context leave is KV cache, 2 x layers x kv_heads x
+  head_dim x 2 bytes per token. vLLM refuses to start when that holds fewer than `max_model_len` tokens; `rl plan`
+  refuses first.
 """
 
 from __future__ import annotations
@@ -44,15 +45,18 @@ __all__ = [
     "engine_plan",
     "lora_parameters",
     "trainer_plan",
+    "vllm_batch_defaults",
 ]
 
 GIB = 1 << 30
 MIB = 1 << 20
 CUDA_CONTEXT_BYTES = 1 * GIB  # the CUDA context, cuBLAS workspaces and the caching allocator's slack, per process
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-# vLLM 0.33's defaults for `LLM(...)`, which our engine leaves alone (rl.flyte.config.EngineSpec.vllm_kwargs).
-VLLM_MAX_NUM_SEQS = 256
-VLLM_MAX_NUM_BATCHED_TOKENS = 8192
+# vLLM 0.33's batch defaults for `LLM(...)`, which our engine leaves alone (rl.flyte.config.EngineSpec.vllm_kwargs):
+# `EngineArgs.get_batch_defaults` (vllm/engine/arg_utils.py) picks them by the GPU's memory and name, see
+# `vllm_batch_defaults`. (max_num_seqs, max_num_batched_tokens) for UsageContext.LLM_CLASS:
+VLLM_SMALL_GPU_BATCH = (256, 8192)
+VLLM_LARGE_GPU_BATCH = (1024, 16384)  # >= 160 GiB, or >= 70 GiB and not an A100 (nor a GB10)
 
 
 class PlanDoesNotFitError(InputError):
@@ -61,7 +65,8 @@ class PlanDoesNotFitError(InputError):
 
 @dataclass(frozen=True)
 class GpuSpec:
-    """A GPU model: its name as `RL_FLYTE_GPU` spells it and the memory `nvidia-smi` reports for it."""
+    """A GPU model: its name as Flyte's `GPUType` spells it (`RL_FLYTE_GPU` feeds both `flyte.GPU` and `rl plan`) and
+    the memory `nvidia-smi` reports for it."""
 
     name: str
     memory_mib: int
@@ -71,26 +76,42 @@ class GpuSpec:
         return self.memory_mib * MIB
 
 
+# Keyed by Flyte's exact spelling (flyte-sdk `src/flyte/_resources.py`, `GPUType`), which `flyte.GPU` checks exactly.
 GPUS: dict[str, GpuSpec] = {
-    g.name.lower(): g
+    g.name: g
     for g in (
         GpuSpec("T4", 15360),
         GpuSpec("A10G", 23028),
         GpuSpec("L4", 23034),
         GpuSpec("L40s", 46068),
         GpuSpec("A100", 40960),
-        GpuSpec("A100-80G", 81920),
+        GpuSpec("A100_80G", 81920),
         GpuSpec("H100", 81559),
         GpuSpec("H200", 143771),
     )
 }
 
 
+def _folded(name: str) -> str:
+    return "".join(c for c in name.lower() if c.isalnum())
+
+
 def gpu(name: str) -> GpuSpec:
-    try:
-        return GPUS[name.lower()]
-    except KeyError:
-        raise InputError(f"unknown GPU {name!r}; choose one of {', '.join(g.name for g in GPUS.values())}") from None
+    """The GPU spelt `name` exactly as Flyte spells it; any other spelling is refused, naming Flyte's."""
+    if name in GPUS:
+        return GPUS[name]
+    near = [g.name for g in GPUS.values() if _folded(g.name) == _folded(name)]
+    hint = f"Flyte spells it {near[0]!r}" if near else f"choose one of {', '.join(GPUS)}"
+    raise InputError(f"unknown GPU {name!r} (RL_FLYTE_GPU / --gpu take Flyte's GPUType names); {hint}")
+
+
+def vllm_batch_defaults(device: GpuSpec) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) that vLLM 0.33's `LLM` picks on `device` (EngineArgs.get_batch_defaults:
+    the large tier from 160 GiB, or from 70 GiB unless the device's name holds "a100" or it is a GB10)."""
+    memory, name = device.memory_bytes, device.name.lower()
+    if memory >= 160 * GIB or (memory >= 70 * GIB and "a100" not in name and name != "gb10"):
+        return VLLM_LARGE_GPU_BATCH
+    return VLLM_SMALL_GPU_BATCH
 
 
 @dataclass(frozen=True)
@@ -277,22 +298,24 @@ def trainer_plan(
     )
 
 
-def engine_plan(arch: ModelArch, engine: Any, *, group_tokens: int, budget: int) -> TaskPlan:
-    """vLLM's memory on one rollout GPU for `engine` (an `EngineSpec`); `group_tokens` is one call's n x (prompt +
-    completion), what the engine holds in KV cache to decode a whole group at once."""
+def engine_plan(arch: ModelArch, engine: Any, *, group_tokens: int, device: GpuSpec) -> TaskPlan:
+    """vLLM's memory on one rollout GPU `device` for `engine` (an `EngineSpec`); `group_tokens` is one call's n x
+    (prompt + completion), what the engine holds in KV cache to decode a whole group at once."""
+    budget = device.memory_bytes
+    max_num_seqs, batched = vllm_batch_defaults(device)
     claimed = int(engine.gpu_memory_utilization * budget)
     lora_slots = 2 * 2 * lora_parameters(arch, engine.max_lora_rank, "all-linear")  # max_loras=2, bfloat16
     weights = arch.parameters() * 2 + lora_slots
-    batched = VLLM_MAX_NUM_BATCHED_TOKENS
     peak = batched * 2 * (4 * arch.intermediate + 2 * arch.hidden + arch.q_width + 2 * arch.kv_width)
-    peak += 2 * 4 * VLLM_MAX_NUM_SEQS * arch.vocab  # the sampler's float32 logits and log-probs
+    peak += 2 * 4 * max_num_seqs * arch.vocab  # the sampler's float32 logits and log-probs
     kv_cache = max(0, claimed - weights - peak - CUDA_CONTEXT_BYTES)
     tokens = kv_cache // arch.kv_bytes_per_token()
     max_len = engine.max_model_len or 0
     notes = [
+        f"vLLM's batch defaults on a {device.name}: {max_num_seqs} sequences, {batched:,} batched tokens",
         f"gpu_memory_utilization {engine.gpu_memory_utilization}: {claimed / GIB:.2f} GiB claimed; KV cache for "
         f"{tokens:,} tokens ({arch.kv_bytes_per_token() / 1024:.0f} KiB each), {tokens / max(group_tokens, 1):.1f} "
-        f"groups of {group_tokens:,} at once"
+        f"groups of {group_tokens:,} at once",
     ]
     # vLLM claims its share whatever the need: the plan fits when the KV cache it leaves holds one full sequence.
     needed = max(max_len, 1) * arch.kv_bytes_per_token()

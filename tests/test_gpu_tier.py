@@ -1,6 +1,6 @@
 """The GPU tier as seen from a CPU machine: gpu_tests/ collects, every test there is marked `gpu` and skips with the
-precise reason (or fails under RL_GPU_STRICT=1), device_check.sh is valid bash and refuses a machine without CUDA,
-`rl bench --gpu` exits non-zero with the reason, and the reasons and vLLM settings in `rl.gpu` are what they claim."""
+precise reason (or fails under RL_GPU_STRICT=1), `rl bench --gpu` exits non-zero with the reason, and the reasons
+and vLLM settings in `rl.gpu` are what they claim (gpu_tests/device_check.py: tests/test_device_check.py)."""
 
 from __future__ import annotations
 
@@ -86,36 +86,13 @@ def test_every_gpu_test_collects_is_marked_gpu_and_skips_with_the_precise_reason
 @pytest.mark.slow  # a subprocess that imports torch and collects gpu_tests/: seconds, so not in unit
 @needs_no_cuda
 def test_strict_mode_turns_a_missing_gpu_into_failures(gpu_tests_run: GpuTestsRun) -> None:
-    """RL_GPU_STRICT=1 (nox -s gpu, device_check.sh): no CUDA fails every test with the reason instead of skipping."""
+    """RL_GPU_STRICT=1 (nox -s gpu, device_check.py): no CUDA fails every test with the reason instead of skipping."""
     assert gpu_tests_run.exit_codes.get("strict") == 1, gpu_tests_run.output[-6000:]
     cases = gpu_tests_run.cases["strict"]
     assert len(cases) == len(gpu_tests_run.cases["plain"])
     for case in cases:
         error = case.find("error")
         assert error is not None and f"{CUDA_REASON} [RL_GPU_STRICT=1" in (error.get("message") or ""), case.get("name")
-
-
-def test_device_check_script_is_valid_executable_bash() -> None:
-    script = GPU_TESTS / "device_check.sh"
-    assert os.access(script, os.X_OK), "device_check.sh must be executable"
-    subprocess.run(["bash", "-n", str(script)], check=True, timeout=30)
-    text = script.read_text()
-    for needle in ("set -euo pipefail", "HF_HUB_OFFLINE=1", "timeout", "gpu and not vllm"):
-        assert needle in text, needle
-
-
-@pytest.mark.slow  # a subprocess that imports torch and collects gpu_tests/: seconds, so not in unit
-@needs_no_cuda
-def test_device_check_refuses_a_machine_without_cuda_with_the_reason() -> None:
-    proc = subprocess.run(
-        ["bash", str(GPU_TESTS / "device_check.sh")],
-        env=_env(PYTHON=sys.executable),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert f"device_check: {CUDA_REASON}" in proc.stderr
 
 
 @needs_no_cuda
@@ -293,3 +270,93 @@ def test_a_rank_loads_the_base_straight_onto_its_device(monkeypatch: pytest.Monk
     with pytest.raises(Stop):
         load_policy(base, dict.fromkeys(ADAPTER_FILES, b""), trainable=True, device="cuda:1")
     assert asked["device_map"] == "cuda:1" and asked["dtype"] == torch.float32
+
+
+def _a_pod_given_a_gpu_on_an_r570_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU pod (the device plugin's NVIDIA_VISIBLE_DEVICES) whose driver 570 is too old for torch's CUDA 13: torch
+    then reports no CUDA, exactly as a cu130 wheel does there."""
+    import torch
+
+    import rl.gpu
+
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "GPU-0f3c")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(rl.gpu, "nvidia_driver_version", lambda *a, **k: "570.86.15")
+
+
+def test_a_train_task_given_a_gpu_it_cannot_use_refuses_naming_the_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It used to train on the CPU (torch.cuda.is_available() False) until its 30-minute timeout, three times over."""
+    from rl.errors import RlError
+    from rl.flyte.grpo_tasks import train_device
+    from rl.gpu import CudaUnavailableError
+
+    _a_pod_given_a_gpu_on_an_r570_driver(monkeypatch)
+    with pytest.raises(CudaUnavailableError) as refused:
+        train_device()
+    message = str(refused.value)
+    assert "570.86.15" in message and "R580" in message and "\n" not in message, message
+    assert isinstance(refused.value, RlError)
+
+
+def test_a_clustered_rank_given_a_gpu_it_cannot_use_refuses_instead_of_joining_gloo(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch.distributed as dist
+
+    from rl.flyte.clustered import join_process_group
+    from rl.gpu import CudaUnavailableError
+
+    _a_pod_given_a_gpu_on_an_r570_driver(monkeypatch)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    joined: list[str] = []
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: joined.append(backend))
+    with pytest.raises(CudaUnavailableError, match=r"570\.86\.15.*R580|R580.*570\.86\.15"):
+        join_process_group()
+    assert joined == []
+
+
+def test_a_task_given_no_gpu_computes_on_the_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A CPU pod or Flyte's local mode on a laptop: no assigned GPU, no NVIDIA driver."""
+    import rl.gpu
+    from rl.flyte.grpo_tasks import train_device
+
+    monkeypatch.delenv("NVIDIA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(rl.gpu, "nvidia_driver_version", lambda *a, **k: None)
+    assert train_device() == "cpu"
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "void")  # the container toolkit's "no GPU"
+    assert train_device() == "cpu"
+
+
+@pytest.mark.heavy
+def test_the_cuda_round_trip_compares_the_step_compute_step_runs_on_the_cpu(tmp_path: Path) -> None:
+    """gpu_tests/test_cuda_trainer.py's round trip, run here on the CPU: its in-memory step must run the loss path
+    `compute_step` runs (`config.loss_path`, batched by default), or the byte comparison fails on every device (the
+    per-sample path it used to run differs from the batched one in the last bits)."""
+    import asyncio
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu_tests"))
+    try:
+        from gpu_helpers import base_rollouts, round_trip_step, varied_rewards
+    finally:
+        sys.path.pop(0)
+    from rl.models import build_tiny_model
+    from rl.trainer.config import TrainerConfig
+    from rl.types import TrainBatch
+
+    def fixed_batch(base_dir: Path, artifacts: object, trainer: object) -> TrainBatch:
+        rollouts = base_rollouts(base_dir, groups=2, samples=4, max_tokens=6, seed=5)
+        init = asyncio.run(trainer.init_adapter(seed=3))  # type: ignore[attr-defined]
+        return TrainBatch(
+            step=0, rollouts=rollouts, rewards=varied_rewards(rollouts), adapter=init.adapter,
+            optimizer_state=init.optimizer_state, new_version=1,
+        )  # fmt: skip
+
+    model_dir = build_tiny_model(tmp_path / "model", gpu.VLLM_MODEL)
+    config = TrainerConfig(lr=1e-3, threads=1)
+    assert config.loss_path == "batched"
+    numbers = round_trip_step(model_dir, tmp_path, config, "cpu", fixed_batch)
+    assert numbers["adapter_bytes"] > 0

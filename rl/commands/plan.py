@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import Any
 
 from rl import strict_json
@@ -101,7 +102,7 @@ def plan_profile(config: Any, gpu_name: str, model_config: str | None = None) ->
         if engine.max_model_len is None:
             engine = replace(engine, max_model_len=positions)
         group_tokens = config.grpo.group_size * (prompt_tokens + completion_tokens)
-        plans.append(engine_plan(arch, engine, group_tokens=group_tokens, budget=device.memory_bytes))
+        plans.append(engine_plan(arch, engine, group_tokens=group_tokens, device=device))
     return plans
 
 
@@ -117,6 +118,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         terms = {p.task.split(" ")[0]: {**p.terms, "total": p.total, "budget": p.budget} for p in plans}
         print(strict_json.dumps(terms))
+    from rl.flyte.config import reuse_enabled, reuse_warning
+
+    warning = reuse_warning(config, reuse_enabled(), _arch(config, args.model_config)[0].parameters() * 2)
+    if warning is not None:
+        print(warning, file=sys.stderr)
     short = [p for p in plans if not p.fits]
     if short:
         worst = short[0]

@@ -36,6 +36,7 @@ from rl.flyte.config import GrpoRunConfig
 from rl.flyte.envs import CLUSTER_TIMEOUT, cluster_train_env, grpo_clustered_driver_env
 from rl.flyte.grpo_driver import GrpoRunResult, run_driver
 from rl.flyte.grpo_tasks import TrainInput, TrainOutput
+from rl.gpu import task_device
 from rl.identity import content_digest
 from rl.types import ArtifactRef
 
@@ -50,6 +51,10 @@ __all__ = [
 
 NODE_CACHE_ENV = "RL_NODE_CACHE"
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)  # a desynchronised collective fails in minutes, not NCCL's default 30
+# The ranks that wait for local rank 0's download of the base (16.4 GB for an 8 B model) wait in a collective of their
+# own, on a gloo group with this timeout: the task's own runtime limit, so only the task's timeout ends a slow download
+# (10 minutes would kill it below ~27 MB/s from the object store).
+DOWNLOAD_TIMEOUT = CLUSTER_TIMEOUT.max_runtime
 
 
 def _free_port() -> int:
@@ -74,11 +79,13 @@ def join_process_group() -> tuple[int, int, str, bool]:
         device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
         return dist.get_rank(), dist.get_world_size(), device, False
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        if torch.cuda.is_available():
-            local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-            torch.cuda.set_device(local_rank)
+        # A pod given GPUs joins NCCL on its own, or refuses in one line (rl.gpu.task_device); it never falls back to
+        # gloo on the CPU. A CPU pod (or torchrun on a laptop) runs gloo.
+        device = task_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if device != "cpu":
+            torch.cuda.set_device(torch.device(device))
             dist.init_process_group("nccl", timeout=COLLECTIVE_TIMEOUT)
-            return dist.get_rank(), dist.get_world_size(), f"cuda:{local_rank}", True
+            return dist.get_rank(), dist.get_world_size(), device, True
         dist.init_process_group("gloo", timeout=COLLECTIVE_TIMEOUT)
         return dist.get_rank(), dist.get_world_size(), "cpu", True
     dist.init_process_group(
@@ -112,7 +119,9 @@ async def node_base(base: Dir, rank: int, device: str) -> Path:
     Outside torchrun (no `LOCAL_RANK`) the one process downloads it as every other task does (`local_base`).
 
     The agreement is one all-reduce every rank reaches, so a failed download fails every rank at once (the failing
-    rank with its own error, the others with `PeerRankError`) instead of leaving the others waiting on the file.
+    rank with its own error, the others with `PeerRankError`) instead of leaving the others waiting on the file. It
+    runs on a gloo group whose timeout is `DOWNLOAD_TIMEOUT`, not the step's `COLLECTIVE_TIMEOUT`: a slow download is
+    not a desynchronised collective.
     """
     import torch
 
@@ -128,7 +137,14 @@ async def node_base(base: Dir, rank: int, device: str) -> Path:
             await _download_once(base, target)
         except Exception as exc:
             error = exc
-    if not _agree(error is None, torch.device(device)):
+    import torch.distributed as dist
+
+    waiting = dist.new_group(backend="gloo", timeout=DOWNLOAD_TIMEOUT)  # every rank calls it, in the same order
+    try:
+        agreed = _agree(error is None, torch.device("cpu"), group=waiting)
+    finally:
+        dist.destroy_process_group(waiting)
+    if not agreed:
         if error is not None:
             raise error
         raise PeerRankError(f"rank {rank}: a local rank 0 failed to download the base model {base.path}; see its error")

@@ -16,7 +16,8 @@ Profiles:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -239,3 +240,24 @@ def gpu_smoke(**changes: object) -> GrpoRunConfig:
 
 
 PROFILES: dict[str, Callable[..., GrpoRunConfig]] = {"smoke": smoke, "gpu-smoke": gpu_smoke, "stress": stress}
+
+REUSE_ENV = "RL_FLYTE_REUSE"
+
+
+def reuse_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether `RL_FLYTE_REUSE=1` keeps rollout replicas warm (`flyte.ReusePolicy`; rl.flyte.envs reads it here)."""
+    return (os.environ if environ is None else environ).get(REUSE_ENV, "0") == "1"
+
+
+def reuse_warning(config: GrpoRunConfig, reuse: bool, base_bytes: int | None = None) -> str | None:
+    """The cost of running `config`'s vLLM rollouts without warm replicas, in one line; None with reuse, or when the
+    rollouts run on the torch sampler (a process-local engine, nothing to download)."""
+    if reuse or config.engine.kind != "vllm":
+        return None
+    size = f" ({base_bytes / 1e9:.1f} GB)" if base_bytes else ""
+    return (
+        f"warning: {REUSE_ENV} is not 1: every rollout call starts its own pod, which downloads the base model{size} "
+        f"and cold-starts vLLM for one group: {config.grpo.prompts_per_iteration} pods per iteration, "
+        f"{config.grpo.prompts_per_iteration * config.grpo.iterations} over {config.grpo.iterations} iterations, plus "
+        f"evaluation; set {REUSE_ENV}=1 (Union's reusable containers) to keep the engine loaded between calls"
+    )

@@ -31,9 +31,11 @@ from pathlib import Path
 import flyte
 from flyte.clustered import ClusteredTaskEnvironment, ClusterFailurePolicy, TorchRun
 
+from rl.flyte.config import reuse_enabled
+
 TIERS = os.environ.get("RL_FLYTE_TIERS", "gpu")
 GPU_TYPE = os.environ.get("RL_FLYTE_GPU", "L4")
-REUSE = os.environ.get("RL_FLYTE_REUSE", "0") == "1"
+REUSE = reuse_enabled()
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 DOCKERIGNORE = Path(__file__).resolve().parent / "image.dockerignore"  # caches, venvs and runs stay out of the image
 

@@ -12,13 +12,14 @@ Run it: `flyte run rl/flyte/grpo.py train_rl` (the smoke profile), or `python -m
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 from typing import Any
 
 import flyte
 
-from rl.flyte.config import PROFILES, GrpoRunConfig, smoke
-from rl.flyte.envs import grpo_driver_env
+from rl.flyte.config import PROFILES, GrpoRunConfig, reuse_warning, smoke
+from rl.flyte.envs import REUSE, grpo_driver_env
 from rl.flyte.grpo_driver import GrpoRunResult, TrainTask, grpo_tiers, run_driver
 from rl.flyte.grpo_tasks import train_step
 
@@ -58,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
 
         config = config.replace(grpo=replace(config.grpo, pipelined=True))
         task = train_rl_clustered
+    warning = None if args.local else reuse_warning(config, REUSE)
+    if warning is not None:  # the GPU tiers' rollout pods, one per group, each downloading the base and starting vLLM
+        print(warning, file=sys.stderr)
     if args.local:
         run = flyte.with_runcontext(mode="local").run(task, config=config)
     else:

@@ -151,10 +151,11 @@ async def engine_for(base: Dir, spec: EngineSpec) -> RolloutEngine:
 
 
 def train_device() -> str:
-    """Where a train task computes: the pod's GPU when it has one, else the CPU (artifacts never name a device)."""
-    import torch
+    """Where a train task computes: the pod's GPU when it was given one, the CPU when it was not (artifacts never name
+    a device). A pod given a GPU that CUDA cannot use refuses (`rl.gpu.task_device`); it never trains on the CPU."""
+    from rl.gpu import task_device
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return task_device()
 
 
 # --------------------------------------------------------------------------------------------------------- tasks

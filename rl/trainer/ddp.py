@@ -113,10 +113,11 @@ def _run_sync(coro: Coroutine[Any, Any, T]) -> T:
         return pool.submit(asyncio.run, coro).result()
 
 
-def _agree(ok: bool, device: torch.device) -> bool:
-    """Whether every rank is `ok` (one all-reduce); ranks call it at the same point so it cannot deadlock."""
+def _agree(ok: bool, device: torch.device, group: Any = None) -> bool:
+    """Whether every rank is `ok` (one all-reduce over `group`, the default group when None); ranks call it at the
+    same point so it cannot deadlock."""
     flag = torch.tensor([1 if ok else 0], dtype=torch.int64, device=device)  # NCCL reduces CUDA tensors only
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
     return bool(flag.item())
 
 
