@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated kill points (fakes.kill_points.POINTS: volume-staged, volume-published, checkpoint, "
         "artifact-staged, artifact-ref): kill exactly at a seeded call of each instead of after a random delay",
     )
+    parser.add_argument("--jobs", type=int, default=1, help="cases (mode, kill point) run at once (default 1)")
     args = parser.parse_args(argv)
     modes = [m for m, on in ((False, args.sequential), (True, args.pipelined)) if on] or [False, True]
     points = [p for p in args.at.split(",") if p]
@@ -221,27 +223,34 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [p for p in points if p not in POINTS]
     if unknown:
         parser.error(f"unknown kill point(s) {unknown}; choose from {', '.join(POINTS)}")
+    cases = [(pipelined, point) for pipelined in modes for point in points or [None]]
+
+    def run_case(case: tuple[bool, str | None]) -> KillReport:
+        pipelined, point = case
+        work = Path(tempfile.mkdtemp(prefix="rl-kill-chaos-"))
+        try:
+            if point is None:
+                return kill_chaos(
+                    work,
+                    iterations=args.iterations,
+                    kills=args.kills,
+                    seed=args.seed,
+                    pipelined=pipelined,
+                    base_build=args.base_build,
+                )
+            return kill_point_chaos(
+                work, point, iterations=args.iterations, kills=args.kills, seed=args.seed, pipelined=pipelined
+            )
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    # Each case is its own run directory and processes (torch threads pinned inside), so cases run side by side;
+    # reports print in case order.
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        reports = list(pool.map(run_case, cases))
     failed = False
-    for pipelined in modes:
-        for point in points or [None]:
-            work = Path(tempfile.mkdtemp(prefix="rl-kill-chaos-"))
-            try:
-                if point is None:
-                    report = kill_chaos(
-                        work,
-                        iterations=args.iterations,
-                        kills=args.kills,
-                        seed=args.seed,
-                        pipelined=pipelined,
-                        base_build=args.base_build,
-                    )
-                else:
-                    report = kill_point_chaos(
-                        work, point, iterations=args.iterations, kills=args.kills, seed=args.seed, pipelined=pipelined
-                    )
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
-            failed |= _print_report(report, args.seed, unit="call" if point else "s")
+    for (_, point), report in zip(cases, reports, strict=True):
+        failed |= _print_report(report, args.seed, unit="call" if point else "s")
     return 1 if failed else 0
 
 
