@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 
 from rl.dead_writers import discard_if_dead, lock_fd, locked_new_dir
-from rl.errors import ArtifactError
+from rl.errors import ArtifactError, shown
 from rl.protocols import Artifacts
 from rl.safe_fs import Tree
 from rl.types import ArtifactRef
@@ -185,7 +185,7 @@ class LocalArtifacts:
         kind = self.fs.kind(obj)
         if kind == "symlink":
             raise ArtifactCorruptError(
-                f"artifact {ref.digest} in {self.root} is a symlink to {self.fs.readlink(obj)}, so reading it could "
+                f"artifact {ref.digest} in {self.root} is a symlink to {shown(self.fs.readlink(obj))}, so reading it could "
                 "read files outside the store; delete the link and put the artifact again (or rerun the step that "
                 "made it)"
             )
