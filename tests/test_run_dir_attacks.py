@@ -147,3 +147,28 @@ def test_every_error_line_is_printable_whatever_raised_it() -> None:
     """The terminal's one sink (`rl.commands.failures`) escapes what a raiser forgot to."""
     for exc in (UnsafeRunDirError(HOSTILE), FileNotFoundError(2, "No such file", HOSTILE), ValueError(HOSTILE)):
         assert failures.describe(exc).isprintable(), exc
+
+
+def test_a_sparse_file_in_an_artifact_is_refused_without_being_read_whole(tmp_path: Path) -> None:
+    """docs/guarantees.md: "A file's size is checked against a limit, or the file streamed into its digest, before it
+    is read": a stored adapter grown to a 64 MiB sparse file is refused (exit 4) with a few MiB of Python memory,
+    where reading it whole before hashing took all 64."""
+    import asyncio
+    import tracemalloc
+
+    from rl.artifacts import ArtifactCorruptError, LocalArtifacts
+
+    store = LocalArtifacts(tmp_path / "artifacts")
+    ref = asyncio.run(store.put({"adapter_model.safetensors": b"weights"}, name="adapter"))
+    target = store.root / "objects" / ref.digest.removeprefix("sha256:") / "adapter_model.safetensors"
+    os.chmod(target, 0o644)
+    os.truncate(target, 64 << 20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ArtifactCorruptError) as info:
+            asyncio.run(store.get(ref))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert info.value.exit_code == 4
+    assert peak < 16 << 20, f"peak {peak / 2**20:.0f} MiB"
