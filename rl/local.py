@@ -21,8 +21,8 @@ from rl.engines.torch_sampler import TorchSampler
 from rl.file_reporter import FileReporter
 from rl.identity import content_digest
 from rl.loop.grpo import GrpoConfig, GrpoTiers
-from rl.models.model_dir import ModelDirError, check_model_listing
-from rl.models.tiny import TinyModelConfig, build_tiny_model
+from rl.models.model_dir import MAX_JSON_BYTES, ModelDirError, check_model_listing
+from rl.models.tiny import TinyModelConfig, build_tiny_model, expected_config
 from rl.problems import DigitSuccessor, constant_baseline_accuracy
 from rl.protocols import Reporter, RolloutEngine
 from rl.rewards import get_reward
@@ -68,7 +68,12 @@ def base_model(root: Path, config: TinyModelConfig) -> Path:
     names = [n for n in fs.listdir(target) if fs.kind(target / n) == "file"] if fs.kind(target) == "dir" else []
     try:
         check_model_listing(
-            str(target), names, lambda name: fs.read_bytes(target / name).decode(), weights=True, tokenizer=True
+            str(target),
+            names,
+            lambda name: fs.read_bytes(target / name, limit=MAX_JSON_BYTES).decode(),
+            weights=True,
+            tokenizer=True,
+            expect=expected_config(config),  # what this tool built there, or it is rebuilt
         )
         return target
     except ModelDirError:

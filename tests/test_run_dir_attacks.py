@@ -172,3 +172,171 @@ def test_a_sparse_file_in_an_artifact_is_refused_without_being_read_whole(tmp_pa
         tracemalloc.stop()
     assert info.value.exit_code == 4
     assert peak < 16 << 20, f"peak {peak / 2**20:.0f} MiB"
+
+
+# -- model and adapter directories ------------------------------------------------------------------------------------
+
+# SmolLM2-135M's config.json (a llama), as the hub ships it: what the model-directory check must keep accepting.
+SMOLLM2_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+    "hidden_act": "silu",
+    "hidden_size": 576,
+    "initializer_range": 0.041666666666666664,
+    "intermediate_size": 1536,
+    "max_position_embeddings": 8192,
+    "model_type": "llama",
+    "num_attention_heads": 9,
+    "num_hidden_layers": 30,
+    "num_key_value_heads": 3,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "rope_theta": 100000,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 49152,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from rl.models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("base") / "base")
+
+
+def _config_of(base: Path) -> dict[str, object]:
+    import json
+
+    return json.loads((base / "config.json").read_text())
+
+
+def test_real_model_configs_pass_the_model_directory_check(tiny_base: Path) -> None:
+    from rl.models.model_dir import check_model_config
+    from rl.models.qwen3 import QWEN3_8B, qwen3_config
+
+    for config in (SMOLLM2_CONFIG, _config_of(tiny_base), qwen3_config(QWEN3_8B).to_dict()):
+        check_model_config(config, "model")
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        ({"model_type": "evil", "auto_map": {"AutoModelForCausalLM": "evil.EvilModel"}}, "model_type 'evil'"),
+        ({"auto_map": {"AutoConfig": "evil.EvilConfig"}}, "names code to run"),
+        ({"model_type": None}, "model_type None"),
+        ({"vocab_size": 10**12}, "vocab_size"),
+        ({"num_hidden_layers": True}, "num_hidden_layers"),
+        ({"hidden_size": "64"}, "hidden_size"),
+    ],
+)
+def test_a_config_this_tool_would_not_write_is_refused_by_name(change: dict[str, object], refusal: str) -> None:
+    """docs/guarantees.md: "config.json and adapter_config.json are checked against what this tool writes": a known
+    model_type, no code to import, every size an integer within bounds."""
+    from rl.models.model_dir import ModelDirError, check_model_config
+
+    with pytest.raises(ModelDirError, match=refusal):
+        check_model_config({**SMOLLM2_CONFIG, **change}, "model")
+
+
+def test_a_model_directory_naming_code_never_runs_it_nor_asks(tmp_path: Path, tiny_base: Path) -> None:
+    """docs/guarantees.md: "Nothing executes code from a model or adapter directory, and nothing asks": a base model
+    whose config.json has an unknown model_type and an auto_map to a Python file beside it is refused in one line
+    (exit 2); the file never runs. Before, transformers asked "run the custom code? [y/N]" on a terminal, and
+    without one raised a ValueError (exit 70)."""
+    import json
+    import shutil
+
+    from rl.models import load_base_model
+    from rl.models.model_dir import ModelDirError
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_base, base)
+    ran = tmp_path / "ran"
+    (base / "evil.py").write_text(f"open({str(ran)!r}, 'w').close()\n")
+    config = {**_config_of(base), "model_type": "evil", "auto_map": {"AutoModelForCausalLM": "evil.EvilModel"}}
+    (base / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelDirError, match="model_type 'evil'") as info:
+        load_base_model(base)
+    assert info.value.exit_code == 2 and not ran.exists()
+
+
+def test_a_damaged_base_weights_file_is_a_typed_error(tmp_path: Path, tiny_base: Path) -> None:
+    """docs/guarantees.md: "Every loader error becomes a typed error that names the file": a model.safetensors whose
+    header claims 2**40 bytes ends in exit 2 naming the directory, not in SafetensorError's traceback."""
+    import shutil
+
+    from rl.models import load_base_model
+    from rl.models.model_dir import ModelDirError
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_base, base)
+    with open(base / "model.safetensors", "r+b") as f:
+        f.write((1 << 40).to_bytes(8, "little"))
+    with pytest.raises(ModelDirError, match="weights cannot be read") as info:
+        load_base_model(base)
+    assert str(base) in str(info.value)
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_base: Path) -> dict[str, bytes]:
+    from rl.trainer.adapter import adapter_files, new_adapter
+    from rl.trainer.config import TrainerConfig
+
+    return adapter_files(new_adapter(tiny_base, TrainerConfig(), 0))
+
+
+def _with_config(files: dict[str, bytes], **change: object) -> dict[str, bytes]:
+    import json
+
+    return {**files, "adapter_config.json": json.dumps({**json.loads(files["adapter_config.json"]), **change}).encode()}
+
+
+def _hostile_adapters(files: dict[str, bytes]) -> dict[str, dict[str, bytes]]:
+    weights = files["adapter_model.safetensors"]
+    return {
+        "regex target_modules": _with_config(files, target_modules="(a+)+$"),
+        "regex in a list": _with_config(files, target_modules=["q_proj", ".*"]),
+        "rank_pattern": _with_config(files, rank_pattern={"(a|aa)+": 4}),
+        "megatron_config": _with_config(files, megatron_config={"x": 1}),
+        "huge rank": _with_config(files, r=10**9),
+        "not LORA": _with_config(files, peft_type="PROMPT_TUNING"),
+        "a pickle": {**files, "adapter_model.bin": b"\x80\x04K\x01."},
+        "header of 2**40": {**files, "adapter_model.safetensors": (1 << 40).to_bytes(8, "little") + weights[8:]},
+        "empty weights": {**files, "adapter_model.safetensors": b""},
+    }
+
+
+def test_the_adapter_this_tool_writes_passes_and_every_hostile_one_is_refused(adapter: dict[str, bytes]) -> None:
+    """Plain module names, never a regex (PEFT matches a string as one, and a pathological one hung at full CPU); a
+    known rank; no pattern or code key; safetensors only, with a header that fits the file."""
+    from rl.models.model_dir import AdapterDirError, check_adapter_files
+
+    check_adapter_files("adapter", adapter)
+    for name, files in _hostile_adapters(adapter).items():
+        with pytest.raises(AdapterDirError):
+            check_adapter_files("adapter", files)
+        assert name
+
+
+@pytest.mark.parametrize("hostile", ["regex target_modules", "a pickle", "header of 2**40", "rank_pattern"])
+def test_the_sampler_and_the_trainer_refuse_a_hostile_adapter_in_one_typed_line(
+    tmp_path: Path, tiny_base: Path, adapter: dict[str, bytes], hostile: str
+) -> None:
+    """Both loaders (the sampler's adapter cache, the trainer's `load_policy`) go through the check: exit 4, the
+    adapter named, where a pickle or a 2**40-byte header ended in exit 70 and a regex hung."""
+    from rl.engines.adapter_cache import AdapterCache
+    from rl.models.model_dir import AdapterDirError
+    from rl.trainer.adapter import load_policy
+
+    files = _hostile_adapters(adapter)[hostile]
+    adapter_dir = tmp_path / "adapter"
+    adapter_dir.mkdir()
+    for name, content in files.items():
+        (adapter_dir / name).write_bytes(content)
+    with pytest.raises(AdapterDirError) as info:
+        AdapterCache(tiny_base).load_dir("k", adapter_dir)
+    assert info.value.exit_code == 4 and str(adapter_dir) in str(info.value)
+    with pytest.raises(AdapterDirError):
+        load_policy(tiny_base, files, trainable=False)
