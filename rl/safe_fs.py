@@ -198,12 +198,15 @@ class Tree:
             raise
 
     def read_bytes(self, path: str | os.PathLike[str], *, limit: int | None = None) -> bytes:
-        """The file's bytes; `OverflowError` when it holds more than `limit`."""
+        """The file's bytes; `OverflowError` when it holds more than `limit`, refused by its size before any is read
+        (a sparse file claiming gigabytes costs nothing)."""
         fd = self.open_regular(path)
         with open(fd, "rb") as f:
-            data = f.read() if limit is None else f.read(limit + 1)
+            if limit is not None and os.fstat(fd).st_size > limit:
+                raise OverflowError(f"{shown(path)} holds more than {limit} bytes")
+            data = f.read() if limit is None else f.read(limit + 1)  # +1: a file that grew since the fstat
         if limit is not None and len(data) > limit:
-            raise OverflowError(f"{path} holds more than {limit} bytes")
+            raise OverflowError(f"{shown(path)} holds more than {limit} bytes")
         return data
 
     def write_atomic(

@@ -340,3 +340,33 @@ def test_the_sampler_and_the_trainer_refuse_a_hostile_adapter_in_one_typed_line(
     assert info.value.exit_code == 4 and str(adapter_dir) in str(info.value)
     with pytest.raises(AdapterDirError):
         load_policy(tiny_base, files, trainable=False)
+
+
+def test_a_bounded_read_refuses_by_size_before_reading(tmp_path: Path) -> None:
+    """`Tree.read_bytes(limit=...)` (the checkpoint, the buffer's files, a model's JSON) refuses a 64 MiB sparse file
+    by its size: no byte is read, where reading `limit + 1` bytes first cost the limit in memory."""
+    import tracemalloc
+
+    big = tmp_path / "iter-00000.jsonl"
+    big.touch()
+    os.truncate(big, 64 << 20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(OverflowError):
+            Tree(tmp_path).read_bytes(big, limit=32 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, f"peak {peak / 2**20:.1f} MiB"
+
+
+def test_a_model_json_file_grown_to_gigabytes_is_refused_by_size(tmp_path: Path, tiny_base: Path) -> None:
+    import shutil
+
+    from rl.models.model_dir import ModelDirError, check_model_dir
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_base, base)
+    os.truncate(base / "tokenizer.json", 1 << 30)
+    with pytest.raises(ModelDirError, match="tokenizer.json holds more than"):
+        check_model_dir(base, tokenizer=True)

@@ -296,6 +296,10 @@ def _check_adapter(where: str, names: set[str], config: Callable[[], bytes], hea
     check_safetensors_header(head, size, f"{where}/{ADAPTER_WEIGHTS_FILE}")
 
 
+def _size(fs: Tree, path: Path) -> int:
+    return fs.lstat(path).st_size
+
+
 def _json(where: str, name: str, read_text: Callable[[str], str]) -> Any:
     try:
         return parse_json(read_text(name))
@@ -303,18 +307,29 @@ def _json(where: str, name: str, read_text: Callable[[str], str]) -> Any:
         raise ModelDirError(f"model directory {shown(where)}: {name} is not valid JSON ({exc}); {_FIX}") from None
 
 
-def check_model_dir(model_dir: Path, *, weights: bool = True, tokenizer: bool = False) -> Path:
+def check_model_dir(
+    model_dir: Path, *, weights: bool = True, tokenizer: bool = False, expect: Mapping[str, object] | None = None
+) -> Path:
     """`model_dir` if it holds what loading asks for (see `check_model_listing`); `ModelDirError` otherwise."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelDirError(f"model directory {model_dir} does not exist or is not a directory; {_FIX}")
     fs = Tree(model_dir)  # a FIFO, device or link at a file's name is refused, never opened or followed
     names = [name for name in fs.listdir(model_dir) if fs.kind(model_dir / name) == "file"]
+    # The JSON files a loader reads whole (the tokenizer's included): refused by size before anything reads them.
+    small = (CONFIG_FILE, INDEX_FILE, *TOKENIZER_FILES)
+    large = [n for n in small if n in names and _size(fs, model_dir / n) > MAX_JSON_BYTES]
+    if large:
+        raise ModelDirError(
+            f"model directory {shown(model_dir)}: {', '.join(large)} holds more than {MAX_JSON_BYTES} bytes, more than "
+            f"a model's JSON files do; {_FIX}"
+        )
     check_model_listing(
         str(model_dir),
         names,
         lambda name: fs.read_bytes(model_dir / name, limit=MAX_JSON_BYTES).decode(),
         weights=weights,
         tokenizer=tokenizer,
+        expect=expect,
     )
     return model_dir
