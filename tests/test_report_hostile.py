@@ -91,8 +91,9 @@ def test_the_fields_found_cover_what_the_report_shows() -> None:
 
 
 def test_every_field_in_the_status_line_and_samples_is_escaped_whatever_its_type() -> None:
-    """issue 40 item 6: a task metric's name (or any field: a version, a count, a sample) holding markup, escape
-    sequences or a megabyte is shown as cut, visible text in the status line and the samples table."""
+    """docs/guarantees.md: "Every value the report shows goes through one escaping rule": a task metric's name (or
+    any field: a version, a count, a sample) holding markup, escape sequences or a megabyte is shown as cut, visible
+    text in the status line and the samples table."""
     history = rows(3, phases=True)
     benign = report._status(history, evals(5), "running") + report._samples_table(history)
     hostile = [_hostile_row(r, HOSTILE, numbers=True) for r in history]

@@ -150,8 +150,7 @@ def test_every_error_line_is_printable_whatever_raised_it() -> None:
 
 
 def test_a_sparse_file_in_an_artifact_is_refused_without_being_read_whole(tmp_path: Path) -> None:
-    """docs/guarantees.md: "A file's size is checked against a limit, or the file streamed into its digest, before it
-    is read": a stored adapter grown to a 64 MiB sparse file is refused (exit 4) with a few MiB of Python memory,
+    """A stored adapter grown to a 64 MiB sparse file is refused (exit 4) with a few MiB of Python memory,
     where reading it whole before hashing took all 64."""
     import asyncio
     import tracemalloc
@@ -243,7 +242,7 @@ def test_a_config_this_tool_would_not_write_is_refused_by_name(change: dict[str,
 def test_a_model_directory_naming_code_never_runs_it_nor_asks(tmp_path: Path, tiny_base: Path) -> None:
     """docs/guarantees.md: "Nothing executes code from a model or adapter directory, and nothing asks": a base model
     whose config.json has an unknown model_type and an auto_map to a Python file beside it is refused in one line
-    (exit 2); the file never runs. Before, transformers asked "run the custom code? [y/N]" on a terminal, and
+    (exit 2); the file never runs. Before, transformers asked 'run the custom code? [y/N]' on a terminal, and
     without one raised a ValueError (exit 70)."""
     import json
     import shutil
@@ -343,7 +342,8 @@ def test_the_sampler_and_the_trainer_refuse_a_hostile_adapter_in_one_typed_line(
 
 
 def test_a_bounded_read_refuses_by_size_before_reading(tmp_path: Path) -> None:
-    """`Tree.read_bytes(limit=...)` (the checkpoint, the buffer's files, a model's JSON) refuses a 64 MiB sparse file
+    """docs/guarantees.md: "A file's size is checked against a limit, or the file streamed into its digest, before it
+    is read": `Tree.read_bytes(limit=...)` (the checkpoint, the buffer's files, a model's JSON) refuses a 64 MiB sparse file
     by its size: no byte is read, where reading `limit + 1` bytes first cost the limit in memory."""
     import tracemalloc
 
