@@ -185,9 +185,9 @@ class LocalArtifacts:
         kind = self.fs.kind(obj)
         if kind == "symlink":
             raise ArtifactCorruptError(
-                f"artifact {ref.digest} in {self.root} is a symlink to {shown(self.fs.readlink(obj))}, so reading it could "
-                "read files outside the store; delete the link and put the artifact again (or rerun the step that "
-                "made it)"
+                f"artifact {ref.digest} in {self.root} is a symlink to {shown(self.fs.readlink(obj))}, so reading it "
+                "could read files outside the store; delete the link and put the artifact again (or rerun the step "
+                "that made it)"
             )
         if kind != "dir":
             raise ArtifactNotFoundError(

@@ -59,8 +59,8 @@ def base_model(root: Path, config: TinyModelConfig) -> Path:
 
     Built in a staging directory and published by one rename, so `base-*` is complete whenever it exists and a kill
     mid-build leaves only the staging directory (`discard_abandoned_bases` deletes it). A `base-*` missing files (built
-    in place by an older version, then killed), or whose config.json is not the one this tool builds (`check_model_dir`),
-    is rebuilt: the build is deterministic, so the files come out the same.
+    in place by an older version, then killed), or whose config.json is not the one this tool builds
+    (`check_model_dir`), is rebuilt: the build is deterministic, so the files come out the same.
     """
     root = Path(os.path.abspath(root))
     root.mkdir(parents=True, exist_ok=True)

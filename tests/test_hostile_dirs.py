@@ -249,7 +249,9 @@ def _loader(run: Path, outside: Path, target: str, change: dict[str, object] | N
         return "checkpoint.json"
     files = {p.name: p.read_bytes() for p in obj.iterdir()}
     if target == "adapter":
-        files["adapter_config.json"] = json.dumps({**json.loads(files["adapter_config.json"]), **(change or {})}).encode()
+        files["adapter_config.json"] = json.dumps(
+            {**json.loads(files["adapter_config.json"]), **(change or {})}
+        ).encode()
     elif target == "adapter-bin":
         files["adapter_model.bin"] = b"\x80\x04K\x01."  # a pickle (of 1): never unpickled
     else:

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from report_rows import evals, rows
 
 from rl import report
 from rl.types import EvalResult, IterationMetrics
-from report_rows import evals, rows
 
 LONG = "A" * 3000
 HOSTILE = '"><x-pwn a=1>&amp;</code></p><script>alert(1)</script>\x1b]0;title\x07\x1b[2J\u202e\r' + LONG

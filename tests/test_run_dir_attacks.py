@@ -85,7 +85,7 @@ def test_a_fifo_or_socket_is_refused_without_blocking(tmp_path: Path, make, mode
     run = tmp_path / "run"
     run.mkdir()
     make(run / "report.html")
-    with pytest.raises(UnsafeRunDirError, match="FIFO|socket"):
+    with pytest.raises(UnsafeRunDirError, match=r"FIFO|socket"):
         Tree(run).open_file(run / "report.html", mode)
 
 
@@ -343,8 +343,8 @@ def test_the_sampler_and_the_trainer_refuse_a_hostile_adapter_in_one_typed_line(
 
 def test_a_bounded_read_refuses_by_size_before_reading(tmp_path: Path) -> None:
     """docs/guarantees.md: "A file's size is checked against a limit, or the file streamed into its digest, before it
-    is read": `Tree.read_bytes(limit=...)` (the checkpoint, the buffer's files, a model's JSON) refuses a 64 MiB sparse file
-    by its size: no byte is read, where reading `limit + 1` bytes first cost the limit in memory."""
+    is read": `Tree.read_bytes(limit=...)` (the checkpoint, the buffer's files, a model's JSON) refuses a 64 MiB sparse
+    file by its size: no byte is read, where reading `limit + 1` bytes first cost the limit in memory."""
     import tracemalloc
 
     big = tmp_path / "iter-00000.jsonl"
@@ -368,5 +368,5 @@ def test_a_model_json_file_grown_to_gigabytes_is_refused_by_size(tmp_path: Path,
     base = tmp_path / "base"
     shutil.copytree(tiny_base, base)
     os.truncate(base / "tokenizer.json", 1 << 30)
-    with pytest.raises(ModelDirError, match="tokenizer.json holds more than"):
+    with pytest.raises(ModelDirError, match=r"tokenizer\.json holds more than"):
         check_model_dir(base, tokenizer=True)

@@ -102,7 +102,7 @@ def _trained_through(run_dir: Path, held: list[int]) -> tuple[int, str]:
 
     from rl.checkpoint.file_store import MAX_CHECKPOINT_BYTES
     from rl.checkpoint.format import decode_state
-    from rl.errors import CheckpointCorruptError, CheckpointError
+    from rl.errors import CheckpointCorruptError, CheckpointError, shown
     from rl.run_layout import RunLayout
     from rl.safe_fs import Tree
 
@@ -117,8 +117,8 @@ def _trained_through(run_dir: Path, held: list[int]) -> tuple[int, str]:
             state = decode_state(blob, str(path))
         except CheckpointError as exc:
             print(
-                f"rl rescore: WARNING: {shown(path)} is unreadable ({shown(exc, 400)}); checking the buffer for gaps up to its own last "
-                "iteration only",
+                f"rl rescore: WARNING: {shown(path)} is unreadable ({shown(exc, 400)}); checking the buffer for gaps "
+                "up to its own last iteration only",
                 file=sys.stderr,
             )
         else:

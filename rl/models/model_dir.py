@@ -24,19 +24,19 @@ from rl.untrusted import UntrustedValueError, parse_json
 __all__ = [
     "CONFIG_FILE",
     "INDEX_FILE",
-    "TOKENIZER_CONFIG",
-    "SINGLE_WEIGHTS_FILE",
-    "TOKENIZER_FILES",
     "KNOWN_MODEL_TYPES",
+    "SINGLE_WEIGHTS_FILE",
+    "TOKENIZER_CONFIG",
+    "TOKENIZER_FILES",
     "AdapterDirError",
     "ModelDirError",
     "check_adapter_config",
     "check_adapter_dir",
     "check_adapter_files",
     "check_model_config",
-    "check_safetensors_header",
     "check_model_dir",
     "check_model_listing",
+    "check_safetensors_header",
 ]
 
 CONFIG_FILE = "config.json"
@@ -225,7 +225,7 @@ def check_adapter_config(config: object, where: str) -> dict[str, Any]:
     if type(rank) is not int or not 1 <= rank <= MAX_LORA_RANK:
         raise refuse(f"has r {shown(repr(rank), 40)}, not an integer from 1 to {MAX_LORA_RANK}")
     alpha = config.get("lora_alpha")
-    if type(alpha) not in (int, float) or not (math.isfinite(alpha) and 0 < alpha <= 1e6):
+    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not (math.isfinite(alpha) and 0 < alpha <= 1e6):
         raise refuse(f"has lora_alpha {shown(repr(alpha), 40)}, not a finite number from 0 to 1e6")
     set_keys = [key for key in _EMPTY_ADAPTER_KEYS if config.get(key) not in (None, {}, [])]
     if set_keys:
@@ -251,8 +251,13 @@ ADAPTER_CONFIG_FILE = "adapter_config.json"
 def check_adapter_files(where: str, files: Mapping[str, bytes]) -> None:
     """Refuse (`AdapterDirError`) an adapter's files unless they are adapter_config.json (`check_adapter_config`) and
     adapter_model.safetensors (`check_safetensors_header`): an `adapter_model.bin` is a pickle, never loaded."""
-    _check_adapter(where, set(files), lambda: files[ADAPTER_CONFIG_FILE], files.get(ADAPTER_WEIGHTS_FILE, b"")[:16],
-                   len(files.get(ADAPTER_WEIGHTS_FILE, b"")))
+    _check_adapter(
+        where,
+        set(files),
+        lambda: files[ADAPTER_CONFIG_FILE],
+        files.get(ADAPTER_WEIGHTS_FILE, b"")[:16],
+        len(files.get(ADAPTER_WEIGHTS_FILE, b"")),
+    )
 
 
 def check_adapter_dir(adapter_dir: Path) -> None:
@@ -291,7 +296,9 @@ def _check_adapter(where: str, names: set[str], config: Callable[[], bytes], hea
     try:
         parsed = parse_json(config())
     except UntrustedValueError as exc:
-        raise AdapterDirError(f"adapter {shown(where)}: {ADAPTER_CONFIG_FILE} is not JSON this tool wrote ({exc})")
+        raise AdapterDirError(
+            f"adapter {shown(where)}: {ADAPTER_CONFIG_FILE} is not JSON this tool wrote ({exc})"
+        ) from None
     check_adapter_config(parsed, where)
     check_safetensors_header(head, size, f"{where}/{ADAPTER_WEIGHTS_FILE}")
 
