@@ -179,6 +179,17 @@ def test_rescore_of_a_checkpoint_at_the_schemas_limit_is_refused_in_one_line_wit
     assert "misses iteration(s) 2..1000000000000" in last and "more than 100000 missing" in last, last
 
 
+def test_rescore_warns_of_an_unreadable_checkpoint_in_one_printable_line(tmp_path):
+    """A checkpoint whose bytes are not one (here escape sequences): rescore falls back to the buffer's own end and
+    says so in a warning that shows the bytes' control characters as escapes."""
+    _run_dir_with_buffer(tmp_path, held=[0, 1], checkpoint_iteration=None)
+    (tmp_path / "checkpoint.json").write_bytes(b"\x1b]0;pwned\x07")
+    done = _rescore(tmp_path, "--reward", "format")
+    assert done.returncode == 0, done.stderr
+    [warning] = [line for line in done.stderr.splitlines() if "WARNING" in line]
+    assert "is unreadable" in warning and warning.isprintable(), warning
+
+
 def test_rescore_with_allow_gaps_warns_and_reports_the_missing_iterations(tmp_path):
     _run_dir_with_buffer(tmp_path, held=[1, 2], checkpoint_iteration=None)
     done = _rescore(tmp_path, "--reward", "format", "--allow-gaps", "--json")
