@@ -370,3 +370,17 @@ def test_a_model_json_file_grown_to_gigabytes_is_refused_by_size(tmp_path: Path,
     os.truncate(base / "tokenizer.json", 1 << 30)
     with pytest.raises(ModelDirError, match=r"tokenizer\.json holds more than"):
         check_model_dir(base, tokenizer=True)
+
+
+def test_a_tokenizer_config_emptied_is_a_typed_error(tmp_path: Path, tiny_base: Path) -> None:
+    """Found by the fuzzer (a file for a directory, written `{}`): a tokenizer with no end-of-sequence token was a
+    ValueError from the sampler (exit 70); it is the model directory's fault, exit 2."""
+    import shutil
+
+    from rl.models import ModelDirError, load_tokenizer
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_base, base)
+    (base / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(ModelDirError, match="end-of-sequence"):
+        load_tokenizer(base)

@@ -187,10 +187,13 @@ def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerFast:
     """The character tokenizer saved in `model_dir`, loaded offline (not via AutoTokenizer: see module docstring)."""
     model_dir = check_model_dir(model_dir, weights=False, tokenizer=True)
     try:
-        return PreTrainedTokenizerFast.from_pretrained(str(model_dir), trust_remote_code=False)
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model_dir), trust_remote_code=False)
     except Exception as exc:  # json raises ValueError, the tokenizers library a bare Exception, on a damaged file
         # A damaged tokenizer file is the directory's fault: one line, as for a missing one (found by the fuzzer).
         raise ModelDirError(f"model directory {model_dir}: its tokenizer cannot be read ({exc}); {_FIX}") from exc
+    if tokenizer.eos_token_id is None:  # a tokenizer_config.json emptied or foreign: sampling could never stop
+        raise ModelDirError(f"model directory {shown(model_dir)}: its tokenizer has no end-of-sequence token; {_FIX}")
+    return tokenizer
 
 
 def load_base_model(
