@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 
 from rl.dead_writers import discard_if_dead, lock_fd, locked_new_dir
-from rl.errors import ArtifactError
+from rl.errors import ArtifactError, shown
 from rl.protocols import Artifacts
 from rl.safe_fs import Tree
 from rl.types import ArtifactRef
@@ -185,17 +185,20 @@ class LocalArtifacts:
         kind = self.fs.kind(obj)
         if kind == "symlink":
             raise ArtifactCorruptError(
-                f"artifact {ref.digest} in {self.root} is a symlink to {self.fs.readlink(obj)}, so reading it could "
-                "read files outside the store; delete the link and put the artifact again (or rerun the step that "
-                "made it)"
+                f"artifact {ref.digest} in {self.root} is a symlink to {shown(self.fs.readlink(obj))}, so reading it "
+                "could read files outside the store; delete the link and put the artifact again (or rerun the step "
+                "that made it)"
             )
         if kind != "dir":
             raise ArtifactNotFoundError(
                 f"no artifact {ref.digest} in {self.root} (ref uri {ref.uri}); store it here with put/put_dir first, "
                 "or open the store that produced the ref"
             )
-        files = self._read_object(obj)
-        actual = compute_digest(files)
+        # Hashed as a stream first: a file grown (or a sparse one claiming gigabytes) is refused before it is read.
+        actual, sizes = self._stream_digest(obj)
+        if actual == ref.digest:
+            files = self._read_object(obj, sizes)
+            actual = compute_digest(files)  # what was read, in case a file changed since it was hashed
         if actual != ref.digest:
             raise ArtifactCorruptError(
                 f"artifact {ref.digest} in {obj} now hashes to {actual}: its files were changed on disk. "
@@ -235,17 +238,44 @@ class LocalArtifacts:
                     f.write(content)
             yield staging
 
-    def _read_object(self, obj: Path) -> dict[str, bytes]:
-        """Every regular file of an object, never through a link: one anywhere in it is refused."""
-        files: dict[str, bytes] = {}
+    def _object_files(self, obj: Path) -> list[str]:
+        """The relative paths of an object's files, in digest order; anything but files and directories refused."""
+        rels = []
         for rel, kind, _ in self.fs.walk(obj):
             if kind == "file":
-                files[rel] = self.fs.read_bytes(obj / rel)
+                rels.append(rel)
             elif kind != "dir":
                 raise ArtifactCorruptError(
-                    f"{obj / rel} is a {kind}; an artifact holds plain files only, and following a link could read "
-                    "outside the store. Put the artifact again (or rerun the step that made it)"
+                    f"{shown(obj / rel)} is a {kind}; an artifact holds plain files only, and following a link could "
+                    "read outside the store. Put the artifact again (or rerun the step that made it)"
                 )
+        return sorted(rels)
+
+    def _stream_digest(self, obj: Path) -> tuple[str, dict[str, int]]:
+        """`compute_digest` of an object's files read in 1 MiB chunks (memory bounded whatever they hold), and each
+        file's size as hashed."""
+        h, sizes = hashlib.sha256(), {}
+        for rel in self._object_files(obj):
+            with open(self.fs.open_regular(obj / rel), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                h.update(rel.encode("utf-8") + b"\0" + size.to_bytes(8, "big"))
+                done = 0
+                while done <= size and (chunk := f.read(1 << 20)):
+                    h.update(chunk)
+                    done += len(chunk)
+            sizes[rel] = size if done == size else -1  # changed while hashed: the digest cannot match
+            if done != size:
+                h.update(b"\0changed")
+        return DIGEST_PREFIX + h.hexdigest(), sizes
+
+    def _read_object(self, obj: Path, sizes: dict[str, int]) -> dict[str, bytes]:
+        """Every regular file of an object, each no larger than it was hashed; never through a link."""
+        files: dict[str, bytes] = {}
+        for rel in self._object_files(obj):
+            try:
+                files[rel] = self.fs.read_bytes(obj / rel, limit=max(sizes.get(rel, 0), 0))
+            except OverflowError:
+                files[rel] = b""  # grown since it was hashed: the digest check below refuses it
         return files
 
     def _install(self, obj: Path, files: Mapping[str, bytes]) -> None:

@@ -30,6 +30,7 @@ cannot be resumed is a `CheckpointError` whose type says why. Each message says 
 
 from __future__ import annotations
 
+import unicodedata
 from typing import ClassVar
 
 __all__ = [
@@ -59,7 +60,32 @@ __all__ = [
     "TrainerError",
     "UnsafeRunDirError",
     "VolumeError",
+    "shown",
 ]
+
+VALUE_CHARS = 200
+# Control, format (bidi overrides, zero-width), line/paragraph separators, lone surrogates (an undecodable file name).
+_HIDDEN = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))
+_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def shown(value: object, limit: int | None = VALUE_CHARS, *, keep: str = "") -> str:
+    """`value` as text safe to print: every control or invisible character as its escape (`\\x1b`, `\\u202e`), all
+    but those in `keep`; cut to `limit` characters. The one function every path or value read from a run directory
+    goes through before it reaches a terminal, a log or the report: an escape sequence in a file name cannot set a
+    terminal's title, clear it or fake a line, and a megabyte of name cannot flood it."""
+    text = str(value)
+    if not text.isprintable():
+        text = "".join(
+            c if c in keep or unicodedata.category(c) not in _HIDDEN else _NAMED.get(c) or _escape(ord(c)) for c in text
+        )
+    if limit is not None and len(text) > limit:
+        text = f"{text[:limit]}… ({len(text) - limit} more characters)"
+    return text
+
+
+def _escape(code: int) -> str:
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 class RlError(Exception):
@@ -109,7 +135,8 @@ class FreshRefusedError(RunDirError):
 
 
 class UnsafeRunDirError(RunDirError):
-    """An entry of the run directory is a symlink, so using it would read or write outside the run directory."""
+    """An entry of the run directory is a symlink, a hard link, a FIFO, socket or device where a file goes: using it
+    would read or write outside the run directory, or block."""
 
 
 class RunLockedError(RunDirError, RuntimeError):

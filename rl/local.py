@@ -21,8 +21,8 @@ from rl.engines.torch_sampler import TorchSampler
 from rl.file_reporter import FileReporter
 from rl.identity import content_digest
 from rl.loop.grpo import GrpoConfig, GrpoTiers
-from rl.models.model_dir import ModelDirError, check_model_listing
-from rl.models.tiny import TinyModelConfig, build_tiny_model
+from rl.models.model_dir import ModelDirError, check_model_dir
+from rl.models.tiny import TinyModelConfig, build_tiny_model, expected_config
 from rl.problems import DigitSuccessor, constant_baseline_accuracy
 from rl.protocols import Reporter, RolloutEngine
 from rl.rewards import get_reward
@@ -59,20 +59,19 @@ def base_model(root: Path, config: TinyModelConfig) -> Path:
 
     Built in a staging directory and published by one rename, so `base-*` is complete whenever it exists and a kill
     mid-build leaves only the staging directory (`discard_abandoned_bases` deletes it). A `base-*` missing files (built
-    in place by an older version, then killed) is rebuilt: the build is deterministic, so the files come out the same.
+    in place by an older version, then killed), or whose config.json is not the one this tool builds
+    (`check_model_dir`), is rebuilt: the build is deterministic, so the files come out the same.
     """
     root = Path(os.path.abspath(root))
     root.mkdir(parents=True, exist_ok=True)
     fs = Tree(root)
     target = RunLayout(root).base_model(content_digest(config))
-    names = [n for n in fs.listdir(target) if fs.kind(target / n) == "file"] if fs.kind(target) == "dir" else []
-    try:
-        check_model_listing(
-            str(target), names, lambda name: fs.read_bytes(target / name).decode(), weights=True, tokenizer=True
-        )
-        return target
-    except ModelDirError:
-        pass  # absent, incomplete or not plain files: (re)build it
+    if fs.kind(target) == "dir":  # not a link: require_safe refused one, and rmtree below unlinks one
+        try:
+            # Files, sizes and config.json as this tool builds them, or it is rebuilt (nothing in it is loaded).
+            return check_model_dir(target, tokenizer=True, expect=expected_config(config))
+        except ModelDirError:
+            pass  # incomplete, not plain files, or not the model this tool built: rebuild it
     fs.rmtree(target)
     with locked_new_dir(lambda: RunLayout.base_staging(target), fs) as staging:
         # The builder (transformers, safetensors) writes by path into the directory this process just made and holds.

@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from rl.errors import shown
 from rl.types import EvalResult, IterationMetrics
 
 RECENT_SAMPLES = 8
@@ -83,16 +84,21 @@ def _title(name: str) -> str:
     return name.replace("_", " ")
 
 
+_VALUE_CHARS = 200  # a name or value longer than this is cut (a megabyte of metric name would be one status line)
+
+
 def _literal(text: str) -> str:
-    """`text` as matplotlib draws it literally: a `$` would start mathtext, and a task metric named `$\\foo{$`
-    (from a run directory someone sent) would crash the report."""
-    return text.replace("$", r"\$")
+    """`text` as matplotlib draws it literally, after the report's one rule (`_e`'s `shown`): a `$` would start
+    mathtext, and a task metric named `$\\foo{$` (from a run directory someone sent) would crash the report."""
+    return shown(text, _VALUE_CHARS).replace("$", r"\$")
 
 
-def _e(value: object) -> str:
-    """Any value as HTML text: the report escapes everything it prints, whatever its type (a checkpoint read from a
-    sent directory is schema-checked, but the report does not rely on that)."""
-    return html.escape(str(value))
+def _e(value: object, limit: int = _VALUE_CHARS, *, keep: str = "") -> str:
+    """Any value as HTML text, whatever its type: the one rule for everything the report prints (a checkpoint read
+    from a sent directory is schema-checked, but the report does not rely on that). `rl.errors.shown` first (control
+    characters visible, all but `keep`; cut to `limit`), then HTML escaping, quotes included, so the same text is safe
+    in an element and in an attribute."""
+    return html.escape(shown(value, limit, keep=keep), quote=True)
 
 
 def panels(
@@ -264,11 +270,9 @@ def _status(history: Sequence[IterationMetrics], evals: Sequence[EvalResult], st
 def _samples_table(history: Sequence[IterationMetrics]) -> str:
     rows = []
     for row in reversed(history[-RECENT_SAMPLES:]):
-        text = f"{row.sample_question}{row.sample_completion}"
-        shown = text if len(text) <= _SAMPLE_CHARS else text[:_SAMPLE_CHARS] + " …"
+        text = _e(f"{row.sample_question}{row.sample_completion}", _SAMPLE_CHARS, keep="\n\t")  # a sample's lines
         rows.append(
-            f"<tr><td>{_e(row.iteration)}</td><td>{_fmt(row.sample_reward, 2)}</td>"
-            f"<td><code>{_e(shown)}</code></td></tr>"
+            f"<tr><td>{_e(row.iteration)}</td><td>{_fmt(row.sample_reward, 2)}</td><td><code>{text}</code></td></tr>"
         )
     return (
         '<table class="samples"><colgroup><col style="width:6em"><col style="width:6em"><col></colgroup>'
@@ -300,20 +304,20 @@ def render_report(
     """A self-contained HTML page: status line, one chart per panel, and one sample from each recent iteration."""
     head = (
         f'<html><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>"
+        f"<title>{_e(title)}</title><style>{_STYLE}</style></head>"
     )
     if not history:
-        body = f"<h2>{html.escape(title)}</h2><p>status: {html.escape(status)} · no iteration yet</p>"
+        body = f"<h2>{_e(title)}</h2><p>status: {_e(status)} · no iteration yet</p>"
         return f"{head}<body>{body}</body></html>"
     span = (history[0].iteration, history[-1].iteration)
     charts = "".join(
-        f'<figure class="panel" data-panel="{html.escape(p.key)}">{_svg(p, span)}'
-        + (f"<figcaption>{html.escape(p.caption)}</figcaption>" if p.caption else "")
+        f'<figure class="panel" data-panel="{_e(p.key)}">{_svg(p, span)}'
+        + (f"<figcaption>{_e(p.caption, 1000)}</figcaption>" if p.caption else "")
         + "</figure>"
         for p in panels(history, evals, baseline_accuracy)
     )
     return f"""{head}<body>
-<h2>{html.escape(title)}</h2>
+<h2>{_e(title)}</h2>
 <p>{_status(history, evals, status)}</p>
 <div class="charts">{charts}</div>
 <h3>Recent samples (one per iteration, as drawn, not the best)</h3>

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from rl.errors import FreshRefusedError, UnsafeRunDirError
+from rl.errors import FreshRefusedError, UnsafeRunDirError, shown
 from rl.run_lock import LOCK_FILES
 from rl.safe_fs import Tree
 
@@ -124,8 +124,9 @@ def require_safe(run_dir: Path) -> None:
         path = run_dir / name
         if (name == MARKER or written_by_run(name)) and path.is_symlink():
             raise UnsafeRunDirError(
-                f"{path} is a symlink (to {os.readlink(path)}), so the run would read or write outside {run_dir}; "
-                f"a run directory someone sent you may be crafted. Remove the link, or use another --out"
+                f"{shown(path)} is a symlink (to {shown(os.readlink(path))}), so the run would read or write outside "
+                f"{shown(run_dir)}; a run directory someone sent you may be crafted. Remove the link, or use another "
+                "--out"
             )
 
 

@@ -27,6 +27,7 @@ from typing import IO, Any
 
 from rl import platform
 from rl.errors import UnsafeRunDirError
+from rl.untrusted import shown
 
 # getattr: the module must import where these flags do not exist (Windows), though a Tree needs them to work.
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -34,9 +35,11 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _DIR = os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC
 # Opening a FIFO to read blocks until a writer comes: O_NONBLOCK lets the type check below refuse it instead.
-_PROBE = os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0)
+# O_NOCTTY: a terminal device planted at a file's name must not become this process's controlling terminal.
+_PROBE = os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
 _MODES = {"r": os.O_RDONLY, "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND}
 _MODES["x"] = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+_WRITE = os.O_WRONLY | os.O_RDWR
 
 
 class LinkRefusedError(UnsafeRunDirError):
@@ -65,7 +68,7 @@ class Tree:
         return p[len(prefix) :].split(os.sep)
 
     def _refuse(self, parts: list[str], what: str) -> LinkRefusedError:
-        path = self.top.joinpath(*parts)
+        path = shown(self.top.joinpath(*parts))
         return LinkRefusedError(
             f"{path} is {what}, so writing or deleting through it could reach outside {self.top}; a run directory "
             "someone sent you may be crafted, or something changed it while this command ran. Remove it (or use "
@@ -77,6 +80,8 @@ class Tree:
         try:
             return os.open(parts[-1], flags | _NOFOLLOW | _CLOEXEC, mode, dir_fd=dir_fd)
         except OSError as exc:
+            if exc.errno == errno.ENXIO:  # a socket, or a FIFO opened to write with no reader
+                raise self._refuse(parts, "a FIFO or socket, not a regular file") from None
             if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):  # EMLINK: FreeBSD's O_NOFOLLOW
                 with contextlib.suppress(OSError):
                     if stat.S_ISLNK(os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False).st_mode):
@@ -122,17 +127,42 @@ class Tree:
     # -- files -------------------------------------------------------------------------------------------------------
 
     def open(self, path: str | os.PathLike[str], flags: int, mode: int = 0o666, *, create_parents: bool = False) -> int:
-        """`os.open(path, flags | O_NOFOLLOW)` with every directory on the way opened without following links."""
+        """`os.open(path, flags | O_NOFOLLOW)` with every directory on the way opened without following links.
+
+        Opened to write, `path` must be a regular file with one link (`_checked_for_write`): a hard link, FIFO,
+        socket or device planted at that name is refused before a byte is written or truncated."""
         parts = self._parts(path)
         with self.parent(path, create=create_parents) as (dfd, _):
+            if flags & _WRITE:
+                return self._checked_for_write(dfd, parts, flags, mode)
             return self._open_at(dfd, parts, flags, mode)
+
+    def _checked_for_write(self, dfd: int, parts: list[str], flags: int, mode: int) -> int:
+        """Open without blocking (a FIFO would wait for a reader) and without truncating, check what was opened with
+        `fstat`, then truncate: a hard link would carry the write to a file outside, a device or FIFO take it."""
+        probe = getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+        fd = self._open_at(dfd, parts, (flags & ~os.O_TRUNC) | probe, mode)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise self._refuse(parts, f"a {special_kind(st.st_mode)}, not a regular file")
+            if st.st_nlink != 1:
+                raise self._refuse(parts, f"a file with {st.st_nlink} hard links (one may be outside)")
+            if flags & os.O_TRUNC:
+                os.ftruncate(fd, 0)
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def open_regular(self, path: str | os.PathLike[str]) -> int:
         """A read-only descriptor of the regular file `path`; a FIFO, device or directory there is refused."""
         fd = self.open(path, _PROBE)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise self._refuse(self._parts(path), "not a regular file")
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise self._refuse(self._parts(path), f"a {special_kind(st.st_mode)}, not a regular file")
             os.set_blocking(fd, True)
         except BaseException:
             os.close(fd)
@@ -168,12 +198,15 @@ class Tree:
             raise
 
     def read_bytes(self, path: str | os.PathLike[str], *, limit: int | None = None) -> bytes:
-        """The file's bytes; `OverflowError` when it holds more than `limit`."""
+        """The file's bytes; `OverflowError` when it holds more than `limit`, refused by its size before any is read
+        (a sparse file claiming gigabytes costs nothing)."""
         fd = self.open_regular(path)
         with open(fd, "rb") as f:
-            data = f.read() if limit is None else f.read(limit + 1)
+            if limit is not None and os.fstat(fd).st_size > limit:
+                raise OverflowError(f"{shown(path)} holds more than {limit} bytes")
+            data = f.read() if limit is None else f.read(limit + 1)  # +1: a file that grew since the fstat
         if limit is not None and len(data) > limit:
-            raise OverflowError(f"{path} holds more than {limit} bytes")
+            raise OverflowError(f"{shown(path)} holds more than {limit} bytes")
         return data
 
     def write_atomic(
@@ -352,7 +385,8 @@ def _walk_fd(fd: int, prefix: str) -> Iterator[tuple[str, str, os.stat_result]]:
 
 
 def special_kind(mode: int) -> str:
-    for test, kind in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device")):
+    kinds = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"))
+    for test, kind in (*kinds, (stat.S_ISDIR, "directory")):
         if test(mode):
             return kind
     return "block device" if stat.S_ISBLK(mode) else "special file"

@@ -15,6 +15,10 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
+from rl.errors import shown
+
+__all__ = ["MAX_DEPTH", "STRICT", "StrictModel", "UntrustedValueError", "describe", "parse_json", "shown", "validate"]
+
 MAX_DEPTH = 32
 T = TypeVar("T")
 
@@ -81,8 +85,8 @@ def describe(exc: ValidationError, prefix: str = "") -> str:
     for part in err["loc"]:
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
     got = err.get("input")
-    shown = repr(got) if isinstance(got, int | float | bool | type(None)) else f"a {type(got).__name__}"
+    got_text = repr(got) if isinstance(got, int | float | bool | type(None)) else f"a {type(got).__name__}"
     if isinstance(got, str):
-        shown = repr(got[:40] + ("..." if len(got) > 40 else ""))
-    where = f"field {path}" if path else "the value"
-    return f"{where}: {err['msg']} (got {shown})"
+        got_text = repr(shown(got, 40))
+    where = f"field {shown(path, 80)}" if path else "the value"
+    return f"{where}: {err['msg']} (got {got_text})"

@@ -149,9 +149,11 @@ def _run_dir_with_buffer(tmp_path, held: list[int], checkpoint_iteration: int | 
     return buffer
 
 
-def _rescore(run_dir, *extra: str) -> subprocess.CompletedProcess[str]:
+def _rescore(run_dir, *extra: str, memory_cap: int | None = None) -> subprocess.CompletedProcess[str]:
     # A subprocess: the exit status and stderr a user sees, however the CLI prints a typed error.
     code = f"import sys; from rl.cli import main; sys.exit(main({['rescore', str(run_dir), *extra]!r}))"
+    if memory_cap is not None:  # address space, so a runaway list ends in MemoryError instead of taking the machine
+        code = f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({memory_cap}, {memory_cap})); {code}"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
 
 
@@ -165,6 +167,27 @@ def test_rescore_refuses_a_buffer_with_holes_and_lists_them(tmp_path):
     assert "IncompleteBufferError" in last or "rl rescore" in last
     assert "misses iteration(s) 1, 4..5 of the run's 0..5" in last and "--allow-gaps" in last
     assert len(buffer.versions()) == versions  # nothing re-scored
+
+
+def test_rescore_of_a_checkpoint_at_the_schemas_limit_is_refused_in_one_line_with_bounded_memory(tmp_path):
+    """A checkpoint at iteration 10**12 over a buffer of two: refused (exit 2) even with --allow-gaps, in 2 GiB of
+    address space, where listing every missing iteration was a MemoryError (exit 70)."""
+    _run_dir_with_buffer(tmp_path, held=[0, 1], checkpoint_iteration=10**12)
+    done = _rescore(tmp_path, "--reward", "format", "--allow-gaps", "--json", memory_cap=2 << 30)
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "misses iteration(s) 2..1000000000000" in last and "more than 100000 missing" in last, last
+
+
+def test_rescore_warns_of_an_unreadable_checkpoint_in_one_printable_line(tmp_path):
+    """A checkpoint whose bytes are not one (here escape sequences): rescore falls back to the buffer's own end and
+    says so in a warning that shows the bytes' control characters as escapes."""
+    _run_dir_with_buffer(tmp_path, held=[0, 1], checkpoint_iteration=None)
+    (tmp_path / "checkpoint.json").write_bytes(b"\x1b]0;pwned\x07")
+    done = _rescore(tmp_path, "--reward", "format")
+    assert done.returncode == 0, done.stderr
+    [warning] = [line for line in done.stderr.splitlines() if "WARNING" in line]
+    assert "is unreadable" in warning and warning.isprintable(), warning
 
 
 def test_rescore_with_allow_gaps_warns_and_reports_the_missing_iterations(tmp_path):
@@ -184,15 +207,26 @@ def test_rescore_of_a_complete_buffer_reports_no_missing_iterations(tmp_path):
 
 @given(data=st.data())
 def test_missing_iterations_and_their_ranges_cover_exactly_the_holes(data):
-    """`iteration_ranges(missing_iterations(held, n))` expands back to the iterations of 0..n not held."""
-    from rl.commands.rescore import iteration_ranges, missing_iterations
+    """`iteration_ranges(missing_ranges(held, n))` expands back to the iterations of 0..n not held."""
+    from rl.commands.rescore import iteration_ranges, missing_ranges
 
     through = data.draw(st.integers(0, 40), label="through")
-    held = data.draw(st.lists(st.integers(0, through), unique=True), label="held")
-    missing = missing_iterations(sorted(held), through)
-    assert set(missing) | set(held) == set(range(through + 1)) and not set(missing) & set(held)
+    held = data.draw(st.lists(st.integers(0, through + 3), unique=True), label="held")
+    missing = [it for a, b in missing_ranges(held, through) for it in range(a, b + 1)]
+    assert set(missing) | set(held) >= set(range(through + 1)) and not set(missing) & set(held)
+    assert missing == sorted(set(range(through + 1)) - set(held))
     expanded = []
-    for part in filter(None, iteration_ranges(missing).split(", ")):
+    for part in filter(None, iteration_ranges(missing_ranges(held, through)).split(", ")):
         a, _, b = part.partition("..")
         expanded += range(int(a), int(b or a) + 1)
     assert expanded == missing
+
+
+def test_a_claimed_iteration_sizes_nothing():
+    """docs/guarantees.md: "An iteration number a run directory claims sizes no list and no loop": the gaps below a
+    checkpoint at the schema's limit, 10**12, are a few ranges, computed from the iterations that exist."""
+    from rl.commands.rescore import iteration_ranges, missing_ranges
+
+    spans = missing_ranges([0, 1, 99_999_999_999], 10**12)
+    assert spans == [(2, 99_999_999_998), (100_000_000_000, 10**12)]
+    assert iteration_ranges(spans) == "2..99999999998, 100000000000..1000000000000"

@@ -226,6 +226,7 @@ class _LLMEngine:
 # checks this list against the real class). vLLM raises TypeError for any other keyword; so does the stub.
 ENGINE_ARGS = (
     "model",
+    "trust_remote_code",
     "tokenizer",
     "dtype",
     "seed",

@@ -14,7 +14,7 @@ import sys
 import traceback
 from typing import TextIO
 
-from rl.errors import CheckpointError, RlError
+from rl.errors import CheckpointError, RlError, shown
 
 OS_ERROR_EXIT = 10
 BUG_EXIT = 70  # EX_SOFTWARE (sysexits.h): an internal error
@@ -42,7 +42,9 @@ def wants_traceback(verbose: bool) -> bool:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    """One line, every control character left in it shown as its escape (`rl.errors.shown`): a message may quote a
+    path or value from a run directory someone sent, and its escape sequences must not reach the terminal."""
+    return shown(" ".join(text.split()), None)
 
 
 def describe(exc: BaseException) -> str:
@@ -55,7 +57,7 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, OSError):
         where = f" ({exc.filename})" if exc.filename else ""
         hint = _OS_HINTS.get(exc.errno or -1, "check the path and the filesystem")
-        return f"{exc.strerror or exc}{where}: {hint}"
+        return _one_line(f"{exc.strerror or exc}{where}: {hint}")
     return f"internal error {type(exc).__name__}: {_one_line(str(exc))}"
 
 

@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from rl.errors import IncompleteBufferError, InputError
+    from rl.errors import IncompleteBufferError, InputError, shown
     from rl.rewards import get_reward
     from rl.run_layout import RunLayout, require_safe
     from rl.run_lock import run_lock
@@ -63,17 +63,23 @@ def run(args: argparse.Namespace) -> int:
             )
         held = buffer.iterations(head)
         through, source = _trained_through(args.run_dir, held)
-        missing = missing_iterations(held, through)
-        if missing:
+        spans = missing_ranges(held, through)  # as ranges: a claimed iteration of 10**12 costs nothing
+        count = sum(b - a + 1 for a, b in spans)
+        if spans:
             gap = (
-                f"the rollout buffer in {volumes} misses iteration(s) {iteration_ranges(missing)} of the run's "
-                f"0..{through} ({source}), so its means are not the run's"
+                f"the rollout buffer in {shown(volumes)} misses iteration(s) {shown(iteration_ranges(spans))} "
+                f"of the run's 0..{through} ({source}), so its means are not the run's"
             )
-            if not args.allow_gaps:
-                raise IncompleteBufferError(
-                    f"{gap}; pass --allow-gaps to re-score the {len(held)} iteration(s) it holds anyway"
+            if not args.allow_gaps or count > MAX_LISTED_MISSING:
+                why = (
+                    f"pass --allow-gaps to re-score the {len(held)} iteration(s) it holds anyway"
+                    if count <= MAX_LISTED_MISSING
+                    else f"more than {MAX_LISTED_MISSING} missing is not a run this tool wrote: check {shown(volumes)} "
+                    "and the checkpoint"
                 )
+                raise IncompleteBufferError(f"{gap}; {why}")
             print(f"rl rescore: WARNING: {gap}; re-scoring the {len(held)} it holds (--allow-gaps)", file=sys.stderr)
+        missing = [it for a, b in spans for it in range(a, b + 1)]  # at most MAX_LISTED_MISSING
 
         def rescored(rollout: Rollout) -> float:
             return reward(rollout.completion, rollout.answer)
@@ -96,7 +102,7 @@ def _trained_through(run_dir: Path, held: list[int]) -> tuple[int, str]:
 
     from rl.checkpoint.file_store import MAX_CHECKPOINT_BYTES
     from rl.checkpoint.format import decode_state
-    from rl.errors import CheckpointCorruptError, CheckpointError
+    from rl.errors import CheckpointCorruptError, CheckpointError, shown
     from rl.run_layout import RunLayout
     from rl.safe_fs import Tree
 
@@ -111,8 +117,8 @@ def _trained_through(run_dir: Path, held: list[int]) -> tuple[int, str]:
             state = decode_state(blob, str(path))
         except CheckpointError as exc:
             print(
-                f"rl rescore: WARNING: {path} is unreadable ({exc}); checking the buffer for gaps up to its own last "
-                "iteration only",
+                f"rl rescore: WARNING: {shown(path)} is unreadable ({shown(exc, 400)}); checking the buffer for gaps "
+                "up to its own last iteration only",
                 file=sys.stderr,
             )
         else:
@@ -120,18 +126,24 @@ def _trained_through(run_dir: Path, held: list[int]) -> tuple[int, str]:
     return max(held), f"no readable checkpoint: the buffer's last iteration is {max(held)}"
 
 
-def missing_iterations(held: list[int], through: int) -> list[int]:
-    """The iterations in 0..through that `held` lacks."""
-    have = set(held)
-    return [it for it in range(through + 1) if it not in have]
+MAX_LISTED_MISSING = 100_000  # missing iterations `--allow-gaps` lists one by one (in `--json`)
 
 
-def iteration_ranges(iterations: list[int]) -> str:
-    """`0, 3..7, 9` for [0, 3, 4, 5, 6, 7, 9]: a long gap stays one short line."""
-    spans: list[list[int]] = []
-    for it in sorted(iterations):
-        if spans and it == spans[-1][1] + 1:
-            spans[-1][1] = it
-        else:
-            spans.append([it, it])
+def missing_ranges(held: list[int], through: int) -> list[tuple[int, int]]:
+    """The iterations in 0..through that `held` lacks, as (first, last) spans: as many as `held` has entries, plus
+    one, whatever `through` or the held iterations claim."""
+    spans, nxt = [], 0
+    for it in sorted(set(held)):
+        if it > through:
+            break
+        if it > nxt:
+            spans.append((nxt, it - 1))
+        nxt = max(nxt, it + 1)
+    if nxt <= through:
+        spans.append((nxt, through))
+    return spans
+
+
+def iteration_ranges(spans: list[tuple[int, int]]) -> str:
+    """`0, 3..7, 9` for [(0, 0), (3, 7), (9, 9)]: a long gap stays one short line."""
     return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in spans)

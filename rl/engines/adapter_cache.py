@@ -14,13 +14,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rl.errors import shown
 from rl.models import load_base_model
+from rl.models.model_dir import AdapterDirError, check_adapter_dir
+from rl.models.tiny import LOADER_ERRORS
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 
 
-class NotAnAdapterError(ValueError):
+class NotAnAdapterError(AdapterDirError, ValueError):
     """The requested adapter artifact is not a PEFT LoRA adapter directory."""
 
 
@@ -73,10 +76,19 @@ class AdapterCache:
                 f"expected {ADAPTER_CONFIG} and one of {', '.join(ADAPTER_WEIGHTS)}); pass the adapter a trainer's "
                 "init_adapter/train_step returned"
             )
+        check_adapter_dir(adapter_dir)  # a pickle, a regex target, a damaged header: refused before PEFT reads it
         with warnings.catch_warnings():
             # peft 0.21 probes a property transformers 5.2x deprecated; the warning is theirs and says nothing to users.
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-            model = PeftModel.from_pretrained(copy.deepcopy(self.base), str(adapter_dir), is_trainable=False)
+            try:
+                model = PeftModel.from_pretrained(
+                    copy.deepcopy(self.base), str(adapter_dir), is_trainable=False, trust_remote_code=False
+                )
+            except LOADER_ERRORS as exc:
+                raise AdapterDirError(
+                    f"adapter {shown(adapter_dir)} cannot be loaded ({shown(exc, 300)}); put the adapter again, or "
+                    "rerun the step that made it"
+                ) from exc
         if self.merge:
             model = model.merge_and_unload()
         model.eval()

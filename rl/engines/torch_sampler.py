@@ -24,7 +24,7 @@ from rl.artifacts import materialize
 from rl.engines.adapter_cache import ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdapterCache
 from rl.engines.decoding import InvalidRolloutRequestError, sample_groups
 from rl.engines.lora_merge import LoraWeights, MergedBase, UnsupportedLora, parse_lora
-from rl.models import load_tokenizer
+from rl.models import ModelDirError, load_tokenizer
 from rl.protocols import Artifacts
 from rl.types import ArtifactRef, Rollout, RolloutRequest
 
@@ -70,7 +70,7 @@ class TorchSampler:
         self.max_position = int(self.adapters.base.config.max_position_embeddings)
         eos = self.tokenizer.eos_token_id
         if eos is None:
-            raise ValueError(f"the tokenizer in {base_model_dir} has no eos token; rebuild it with build_tiny_model")
+            raise ModelDirError(f"the tokenizer in {base_model_dir} has no eos token; rebuild it with build_tiny_model")
         self.eos_token_id = int(eos)
 
     @property

@@ -113,13 +113,15 @@ def lora_name(version: int, digest: str) -> str:
     return f"policy-v{version}-{digest.partition(':')[2][:12] or digest[:12]}"
 
 
-ENGINE_FIXED_ARGS = ("model", "enable_lora", "logprobs_mode")
+ENGINE_FIXED_ARGS = ("model", "enable_lora", "logprobs_mode", "trust_remote_code")
 """`LLM` keywords the engine sets itself; `llm_kwargs` may not."""
 
 
 def engine_llm_kwargs(base_model_dir: Path, llm_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Every keyword the engine passes to `vllm.LLM` (`nox -s vllm-api` checks them against `EngineArgs`)."""
-    return {"model": str(base_model_dir), "enable_lora": True, "logprobs_mode": "raw_logprobs", **llm_kwargs}
+    # trust_remote_code=False: vLLM never imports code a model directory names (its default, said explicitly).
+    fixed = {"model": str(base_model_dir), "enable_lora": True, "logprobs_mode": "raw_logprobs"}
+    return {**fixed, "trust_remote_code": False, **llm_kwargs}
 
 
 def model_max_len(base_model_dir: Path) -> int:
@@ -338,6 +340,9 @@ class VLLMEngine:
                 shutil.rmtree(staging, ignore_errors=True)
                 if not final.is_dir():
                     raise
+        from rl.models.model_dir import check_adapter_dir
+
+        check_adapter_dir(final)  # a pickle, a regex target, a damaged header: refused before vLLM's worker reads it
         self._check_servable(adapter, final)
         self._adapter_dirs[adapter.digest] = final
         return final

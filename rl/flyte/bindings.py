@@ -126,15 +126,15 @@ _BASES: dict[tuple[str, str | None], Path] = {}
 
 async def check_base(base: Dir) -> None:
     """Refuse a base model directory that cannot load (`rl.models.model_dir`: config, weights single or sharded with
-    every shard present, tokenizer) from its listing and its two small JSON files, downloading no weights: a run on an
+    every shard present, tokenizer) from its listing and its three small JSON files, downloading no weights: a run on an
     incomplete prefetch fails in its driver, in one line, before any GPU task starts."""
-    from rl.models.model_dir import CONFIG_FILE, INDEX_FILE, ModelDirError, check_model_listing
+    from rl.models.model_dir import CONFIG_FILE, INDEX_FILE, TOKENIZER_CONFIG, ModelDirError, check_model_listing
 
     if not await base.exists():
         raise ModelDirError(f"model directory {base.path} does not exist; prefetch the model (flyte prefetch hf-model)")
     files = {Path(f.path).name: f for f in await base.list_files()}
     texts: dict[str, str] = {}
-    for name in (CONFIG_FILE, INDEX_FILE):
+    for name in (CONFIG_FILE, INDEX_FILE, TOKENIZER_CONFIG):  # the small JSON files check_model_listing reads
         if name in files:
             async with files[name].open("rb") as handle:
                 texts[name] = bytes(await handle.read()).decode("utf-8", errors="replace")

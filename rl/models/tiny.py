@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -25,8 +26,20 @@ from safetensors import SafetensorError
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config
 
-from rl.errors import InputError
+from rl.errors import InputError, shown
 from rl.models.model_dir import _FIX, ModelDirError, check_model_dir
+
+# What loading a damaged or foreign weights file raises: safetensors' own error, a pickle's, a short read, a shape or
+# dtype transformers cannot place. Each is the directory's fault, never a bug.
+LOADER_ERRORS: tuple[type[BaseException], ...] = (
+    SafetensorError,
+    pickle.UnpicklingError,
+    EOFError,
+    OSError,
+    ValueError,
+    KeyError,
+    RuntimeError,
+)
 
 PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, EOS, BOS, UNK)
@@ -39,6 +52,7 @@ __all__ = [
     "TinyModelConfig",
     "build_tiny_model",
     "build_tokenizer",
+    "expected_config",
     "load_base_model",
     "load_tokenizer",
 ]
@@ -122,6 +136,21 @@ def _qwen2_config(config: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) -
     )
 
 
+def expected_config(config: TinyModelConfig) -> dict[str, object]:
+    """The keys of the config.json `build_tiny_model(_, config)` writes that size the model: a `base-*` directory
+    whose config.json differs in one is not the model this tool built there (`check_model_config`'s `expect`)."""
+    return {
+        "model_type": "qwen2",
+        "vocab_size": len(SPECIAL_TOKENS) + len(CHARACTERS),
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.layers,
+        "num_attention_heads": config.heads,
+        "num_key_value_heads": config.kv_heads,
+        "intermediate_size": config.intermediate,
+        "max_position_embeddings": config.max_position,
+    }
+
+
 def build_tiny_model(out_dir: Path, config: TinyModelConfig = TinyModelConfig()) -> Path:
     """Write a base model directory (config, safetensors weights, tokenizer files) determined entirely by `config`.
 
@@ -158,10 +187,13 @@ def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerFast:
     """The character tokenizer saved in `model_dir`, loaded offline (not via AutoTokenizer: see module docstring)."""
     model_dir = check_model_dir(model_dir, weights=False, tokenizer=True)
     try:
-        return PreTrainedTokenizerFast.from_pretrained(str(model_dir))
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model_dir), trust_remote_code=False)
     except Exception as exc:  # json raises ValueError, the tokenizers library a bare Exception, on a damaged file
         # A damaged tokenizer file is the directory's fault: one line, as for a missing one (found by the fuzzer).
         raise ModelDirError(f"model directory {model_dir}: its tokenizer cannot be read ({exc}); {_FIX}") from exc
+    if tokenizer.eos_token_id is None:  # a tokenizer_config.json emptied or foreign: sampling could never stop
+        raise ModelDirError(f"model directory {shown(model_dir)}: its tokenizer has no end-of-sequence token; {_FIX}")
+    return tokenizer
 
 
 def load_base_model(
@@ -184,12 +216,16 @@ def load_base_model(
     model_dir = check_model_dir(model_dir)
     placement = {} if torch.device(device).type == "cpu" else {"device_map": str(torch.device(device))}
     try:
+        # check_model_dir refused a config naming code (auto_map) or an unknown model_type; trust_remote_code=False
+        # makes transformers refuse, never prompt, should one get past it.
         model = AutoModelForCausalLM.from_pretrained(
-            str(model_dir), dtype=dtype, attn_implementation=attention, **placement
+            str(model_dir), dtype=dtype, attn_implementation=attention, trust_remote_code=False, **placement
         )
-    except SafetensorError as exc:
-        # A weights file that is present but damaged (truncated, emptied, overwritten) is the directory's fault, not
-        # a bug: one line naming it, as for a missing file (the hostile-directory fuzzer found this as exit 70).
-        raise ModelDirError(f"model directory {model_dir}: its weights cannot be read ({exc}); {_FIX}") from exc
+    except LOADER_ERRORS as exc:
+        # A weights file that is present but damaged (truncated, emptied, a header claiming 2**40 bytes) is the
+        # directory's fault, not a bug: one line naming it, as for a missing file (the fuzzer found these as exit 70).
+        raise ModelDirError(
+            f"model directory {shown(model_dir)}: its weights cannot be read ({shown(exc, 300)}); {_FIX}"
+        ) from exc
     model.eval()
     return model

@@ -22,8 +22,10 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from safetensors.torch import save as save_safetensors
 
-from rl.errors import TrainerError
+from rl.errors import TrainerError, shown
 from rl.models import load_base_model
+from rl.models.model_dir import AdapterDirError, check_adapter_files
+from rl.models.tiny import LOADER_ERRORS
 from rl.trainer.config import TrainerConfig, torch_dtype
 
 __all__ = [
@@ -107,13 +109,20 @@ def load_policy(
             f"adapter artifact lacks {', '.join(missing)} (has {sorted(files)}); pass an adapter produced by "
             "PeftTrainer.init_adapter or train_step"
         )
+    check_adapter_files("adapter artifact", files)  # a pickle, a regex target, a damaged header: refused first
     # Straight onto the device: no host copy of the base.
     base = base_model(base_dir, config, device) if config is not None else load_base_model(base_dir, device=device)
     with tempfile.TemporaryDirectory(prefix="adapter-") as tmp:
         for name in ADAPTER_FILES:
             (Path(tmp) / name).write_bytes(files[name])
         with _quiet_peft():
-            model = PeftModel.from_pretrained(base, tmp, is_trainable=trainable)
+            try:
+                model = PeftModel.from_pretrained(base, tmp, is_trainable=trainable, trust_remote_code=False)
+            except LOADER_ERRORS as exc:
+                raise AdapterDirError(
+                    f"adapter artifact cannot be loaded ({shown(exc, 300)}); pass an adapter a trainer's init_adapter "
+                    "or train_step returned"
+                ) from exc
     return model.to(device)  # the adapter's weights too (PEFT loads them beside the base; a no-op then)
 
 

@@ -75,8 +75,11 @@ class TrainerConfig:
         if not 0.0 <= self.lora_dropout < 1.0:
             raise InputError(f"lora_dropout must be in [0, 1), got {self.lora_dropout!r}")
         if isinstance(self.target_modules, str):
-            if not self.target_modules:
-                raise InputError('target_modules must be "all-linear" or a non-empty tuple of module names, got ""')
+            if self.target_modules != "all-linear":  # PEFT matches any other string as a regular expression
+                raise InputError(
+                    f'target_modules must be "all-linear" or a non-empty tuple of module names, got '
+                    f"{self.target_modules!r}"
+                )
         elif not self.target_modules or not all(isinstance(m, str) and m for m in self.target_modules):
             raise InputError(
                 f'target_modules must be "all-linear" or a non-empty tuple of module names, got {self.target_modules!r}'
