@@ -192,7 +192,7 @@ async def test_the_vllm_settings_pass_through_the_engine(tmp_path: Path) -> None
         )
     )
     assert len(group) == 2
-    fixed = {"model": str(base), "enable_lora": True, "logprobs_mode": "raw_logprobs"}
+    fixed = {"model": str(base), "enable_lora": True, "logprobs_mode": "raw_logprobs", "trust_remote_code": False}
     assert engine.llm.init_kwargs == {**fixed, **gpu.vllm_llm_kwargs()}
 
 
@@ -253,6 +253,7 @@ def test_a_rank_loads_the_base_straight_onto_its_device(monkeypatch: pytest.Monk
     import torch
 
     import rl.models.tiny as tiny
+    import rl.trainer.adapter as adapter
     from rl.models import TinyModelConfig, build_tiny_model
     from rl.trainer.adapter import ADAPTER_FILES, load_policy
 
@@ -267,6 +268,7 @@ def test_a_rank_loads_the_base_straight_onto_its_device(monkeypatch: pytest.Monk
         raise Stop
 
     monkeypatch.setattr(tiny.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    monkeypatch.setattr(adapter, "check_adapter_files", lambda *args: None)  # the adapter's bytes are not read here
     with pytest.raises(Stop):
         load_policy(base, dict.fromkeys(ADAPTER_FILES, b""), trainable=True, device="cuda:1")
     assert asked["device_map"] == "cuda:1" and asked["dtype"] == torch.float32
