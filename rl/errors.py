@@ -41,6 +41,7 @@ __all__ = [
     "CheckpointSchemaError",
     "CheckpointSealError",
     "EngineContractError",
+    "EngineStartError",
     "FreshRefusedError",
     "GrpoInputError",
     "IncompleteBufferError",
@@ -167,6 +168,11 @@ class StaleBatchError(TierError, BatchError):
 
 class EngineContractError(TierError, RuntimeError):
     """A rollout engine returned something the protocol forbids (wrong count, version or group)."""
+
+
+class EngineStartError(RlError, RuntimeError):
+    """A rollout engine (vLLM) failed to start; the message carries its root cause (which vLLM logs in its engine
+    process, not in the exception it raises) and what to change. Nothing was sampled."""
 
 
 class CheckpointError(RlError, RuntimeError):
