@@ -158,7 +158,7 @@ def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerFast:
     """The character tokenizer saved in `model_dir`, loaded offline (not via AutoTokenizer: see module docstring)."""
     model_dir = check_model_dir(model_dir, weights=False, tokenizer=True)
     try:
-        return PreTrainedTokenizerFast.from_pretrained(str(model_dir))
+        return PreTrainedTokenizerFast.from_pretrained(str(model_dir), trust_remote_code=False)
     except Exception as exc:  # json raises ValueError, the tokenizers library a bare Exception, on a damaged file
         # A damaged tokenizer file is the directory's fault: one line, as for a missing one (found by the fuzzer).
         raise ModelDirError(f"model directory {model_dir}: its tokenizer cannot be read ({exc}); {_FIX}") from exc
@@ -185,7 +185,7 @@ def load_base_model(
     placement = {} if torch.device(device).type == "cpu" else {"device_map": str(torch.device(device))}
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            str(model_dir), dtype=dtype, attn_implementation=attention, **placement
+            str(model_dir), dtype=dtype, attn_implementation=attention, trust_remote_code=False, **placement
         )
     except SafetensorError as exc:
         # A weights file that is present but damaged (truncated, emptied, overwritten) is the directory's fault, not
