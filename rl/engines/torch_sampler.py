@@ -25,6 +25,7 @@ from rl.engines.adapter_cache import ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdapterCac
 from rl.engines.decoding import InvalidRolloutRequestError, sample_groups
 from rl.engines.lora_merge import LoraWeights, MergedBase, UnsupportedLora, parse_lora
 from rl.models import load_tokenizer
+from rl.models.chat import encode_prompt
 from rl.protocols import Artifacts
 from rl.types import ArtifactRef, Rollout, RolloutRequest
 
@@ -117,7 +118,7 @@ class TorchSampler:
         return lora
 
     def encode_prompt(self, question: str) -> list[int]:
-        """Token ids of a prompt as the policy sees it (`<bos>` first)."""
+        """Token ids of a prompt as the policy sees it (`rl.models.chat.encode_prompt`: the chat template, if any)."""
         return list(self._encode(question))
 
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -125,7 +126,7 @@ class TorchSampler:
         return self._decode(tuple(token_ids))
 
     def _encode_uncached(self, question: str) -> tuple[int, ...]:
-        return tuple(int(t) for t in self.tokenizer(question)["input_ids"])
+        return tuple(encode_prompt(self.tokenizer, question))
 
     def _decode_uncached(self, token_ids: tuple[int, ...]) -> str:
         text = self.tokenizer.decode(list(token_ids), skip_special_tokens=True)

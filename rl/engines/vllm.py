@@ -495,7 +495,9 @@ class VLLMEngine:
             loras.append(self._lora_request(request.policy_version, request.adapter.digest, adapter_dir))
             params.append(self.vllm.SamplingParams(**sampling_params_kwargs(request)))
             if self.tokenizer is not None:
-                ids = [int(t) for t in self.tokenizer(request.prompt.question)["input_ids"]]
+                from rl.models.chat import encode_prompt  # here: rl.models imports torch, this module never does
+
+                ids = encode_prompt(self.tokenizer, request.prompt.question)
                 prompts.append({"prompt_token_ids": ids})
                 sent_ids.append(ids)
             else:
