@@ -103,7 +103,7 @@ class ArithmeticProblems:
 
 @dataclass(frozen=True)
 class Addition:
-    """"What is a + b? Answer with the number only." for one-digit a and b: the real-model demo's task.
+    """ "What is a + b? Answer with the number only." for one-digit a and b: the real-model demo's task.
 
     The 100 pairs are shuffled by `seed`; the first `held_out` are the evaluation problems, never trained on, the rest
     the training problems. SmolLM2-135M-Instruct, prompted with its chat template and sampled at temperature 1, gets
@@ -117,7 +117,9 @@ class Addition:
     def _prompts(self) -> list[Prompt]:
         pairs = [(a, b) for a in range(10) for b in range(10)]
         random.Random(self.seed).shuffle(pairs)
-        return [Prompt(question=f"What is {a} + {b}? Answer with the number only.", answer=str(a + b)) for a, b in pairs]
+        return [
+            Prompt(question=f"What is {a} + {b}? Answer with the number only.", answer=str(a + b)) for a, b in pairs
+        ]
 
     def train_prompts(self) -> Sequence[Prompt]:
         return self._prompts()[self.held_out :]

@@ -53,7 +53,9 @@ def test_addition_holds_out_problems_never_trained_on_and_its_answers_score_as_t
     first = held_out[0]
     a, b = (int(x) for x in first.question.removeprefix("What is ").split("?")[0].split(" + "))
     assert first.answer == str(a + b)
-    assert is_correct(f"The answer is {a + b}.", first.answer) and not is_correct(f"{a} + {b} = {a + b + 1}", first.answer)
+    assert is_correct(f"The answer is {a + b}.", first.answer) and not is_correct(
+        f"{a} + {b} = {a + b + 1}", first.answer
+    )
 
 
 @pytest.mark.heavy

@@ -62,9 +62,7 @@ def engine(tmp_path: Path, module: types.ModuleType) -> VLLMEngine:
     return VLLMEngine(tmp_path / "base", LocalArtifacts(tmp_path / "store"), vllm_module=module)
 
 
-@pytest.mark.parametrize(
-    ("available_gib", "expected"), [(0.5, 1), (4, 1), (8, 2), (12.9, 3), (23, 4), (256, 4)]
-)
+@pytest.mark.parametrize(("available_gib", "expected"), [(0.5, 1), (4, 1), (8, 2), (12.9, 3), (23, 4), (256, 4)])
 def test_the_kv_cache_is_a_quarter_of_available_memory_between_1_and_4_gib(available_gib: float, expected: int) -> None:
     assert cpu_kvcache_gib(int(available_gib * GIB)) == expected
 

@@ -95,7 +95,9 @@ def cpu_kvcache_gib(available_bytes: int) -> int:
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_PROCESS_PREFIX = re.compile(r"^\([\w.-]+ pid=\d+\)\s*")  # vLLM prefixes its processes' lines: "(EngineCore_DP0 pid=7) "
+_PROCESS_PREFIX = re.compile(
+    r"^\([\w.-]+ pid=\d+\)\s*"
+)  # vLLM prefixes its processes' lines: "(EngineCore_DP0 pid=7) "
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Exit)(?::\s.*)?$")
 _GENERIC = re.compile(r"root cause|stack trace|initialization failed|failed to start", re.IGNORECASE)
 
@@ -109,7 +111,7 @@ def start_failure_cause(log: str) -> str | None:
         if _EXCEPTION_LINE.match(line := _PROCESS_PREFIX.sub("", _ANSI.sub("", raw)).strip())
     ]
     specific = [line for line in found if not _GENERIC.search(line)]
-    return (specific or found or [None])[0]
+    return (specific or found)[0] if found else None
 
 
 class _StderrTee:

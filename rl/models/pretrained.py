@@ -157,7 +157,7 @@ def convert_gguf(gguf_dir: Path, gguf_name: str, out_dir: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=gguf_name, trust_remote_code=False)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=gguf_name, trust_remote_code=False)
     # save_pretrained refuses a model still marked as quantized; its weights are plain float32 now.
-    model.hf_quantizer = None
+    setattr(model, "hf_quantizer", None)  # noqa: B010 (transformers types the attribute as never None)
     with contextlib.suppress(AttributeError):
         del model.config.quantization_config
     model.save_pretrained(str(out_dir))
@@ -179,7 +179,12 @@ def _steps(total: int, description: str) -> Iterator[Callable[[str], None]]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[step]}"))
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[step]}"),
+    )
     with Progress(*columns, TimeElapsedColumn(), console=Console(stderr=True)) as progress:
         task = progress.add_task(description, total=total, step="")
 
