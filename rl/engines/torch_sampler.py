@@ -137,8 +137,9 @@ class TorchSampler:
         return (await self.generate_groups([request]))[0]
 
     async def generate_groups(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
-        """`generate` of each request, the requests sharing an adapter, prompt length and `max_tokens` sampled as one
-        batch (`sample_groups`): one forward per decoding step for an iteration's groups instead of one per group.
+        """`generate` of each request, the requests sharing an adapter and `max_tokens` sampled as one batch
+        (`sample_groups`, prompts of other lengths left-padded): one forward per decoding step for an iteration's
+        groups instead of one per group.
 
         Each group's tokens come from its own seeded stream, so result `i` is what `generate(requests[i])` returns (the
         log-probs up to float rounding of the larger batch; see `sample_groups`); the same list gives the same bits.
@@ -151,9 +152,9 @@ class TorchSampler:
                     f"{self.max_position} positions; shorten the prompt, lower max_tokens, or build a model with a "
                     "larger max_position"
                 )
-        buckets: dict[tuple[str, int, int], list[int]] = {}
-        for i, (request, prompt_ids) in enumerate(zip(requests, encoded, strict=True)):
-            buckets.setdefault((request.adapter.digest, len(prompt_ids), request.max_tokens), []).append(i)
+        buckets: dict[tuple[str, int], list[int]] = {}
+        for i, request in enumerate(requests):
+            buckets.setdefault((request.adapter.digest, request.max_tokens), []).append(i)
         results: list[list[Rollout]] = [[] for _ in requests]
         for members in buckets.values():
             first = requests[members[0]]
