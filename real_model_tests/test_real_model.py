@@ -30,8 +30,8 @@ CONFIG = GrpoConfig(iterations=2, prompts_per_iteration=2, group_size=4, seed=0,
 # Float32 rounding between two computations of the same log-probs: the sampler's (LoRA merged into the weights, a
 # KV-cached decode of 4 rows) and the trainer's (PEFT's unmerged LoRA, one full forward). Logits reach |40| here; a
 # float32 logit carries ~40 * 2**-24 ~ 2.4e-6 of rounding per operation, accumulated over 30 layers: measured mean
-# 3.9e-6, max 1.7e-5 over 40 tokens (docs/vllm-cpu.md). A bug (a log-prob one position off, another adapter, the base without the
-# adapter) moves them by a tenth of a nat or more: the test checks that the bound stands 100x below that.
+# 3.9e-6, max 1.7e-5 over 40 tokens (docs/vllm-cpu.md). A bug (a log-prob one position off, another adapter, the
+# base without the adapter) moves them by a tenth of a nat or more: the test checks the bound stands 100x below that.
 MEAN_BOUND = 1e-4
 MAX_BOUND = 1e-3
 
