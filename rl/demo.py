@@ -10,26 +10,34 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rl.local import local_grpo
+from rl.local import DEMO_TRAINER, REAL_MODEL_TRAINER, demo_problems, local_grpo
 from rl.loop.grpo import GrpoConfig, run_grpo
-from rl.problems import DigitSuccessor, constant_baseline_accuracy
+from rl.problems import constant_baseline_accuracy
 from rl.protocols import Reporter
 from rl.types import EvalResult, IterationMetrics
 
 
 def grpo_demo_config(
-    *, iterations: int, seed: int = 0, prompts: int = 8, samples: int = 8, pipelined: bool = False
+    *,
+    iterations: int,
+    seed: int = 0,
+    prompts: int = 8,
+    samples: int = 8,
+    pipelined: bool = False,
+    real_model: bool = False,
 ) -> GrpoConfig:
-    # Completions are a digit and <eos>; 3 tokens leave room for one stray character.
+    """The demo's run. The tiny model's completions are a digit and <eos> (3 tokens leave room for one stray
+    character); a real model's answer a sentence at most ("The answer is 12.<|im_end|>": 12 tokens), and its
+    held-out evaluation (36 problems x 8 samples) is costly, so it runs at the end only."""
     return GrpoConfig(
         iterations=iterations,
         prompts_per_iteration=prompts,
         group_size=samples,
         seed=seed,
-        max_tokens=3,
+        max_tokens=12 if real_model else 3,
         pipelined=pipelined,
         eval_k=8,
-        eval_every=max(1, iterations // 6),
+        eval_every=iterations if real_model else max(1, iterations // 6),
     )
 
 
@@ -59,10 +67,16 @@ def _window_mean(rows: Sequence[IterationMetrics]) -> float:
 
 
 async def run_demo(
-    config: GrpoConfig, out: Path, *, console: Console | None = None, buffer: bool = True, engine: str = "torch"
+    config: GrpoConfig,
+    out: Path,
+    *,
+    console: Console | None = None,
+    buffer: bool = True,
+    engine: str = "torch",
+    model_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) the demo in `out` with rollouts from `engine` (`torch` or `vllm`); return the summary the
-    `--json` line carries."""
+    """Run (or resume) the demo in `out` with rollouts from `engine` (`torch` or `vllm`), on the tiny model or the
+    real one in `model_dir`; return the summary the `--json` line carries."""
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -71,7 +85,10 @@ async def run_demo(
         TimeElapsedColumn(),
         console=console,
     )
-    deployment = local_grpo(out, config, report_interval_s=15.0, buffer=buffer, engine=engine)
+    trainer = REAL_MODEL_TRAINER if model_dir is not None else DEMO_TRAINER
+    deployment = local_grpo(
+        out, config, report_interval_s=15.0, buffer=buffer, engine=engine, model_dir=model_dir, trainer=trainer
+    )
     try:
         with progress:
             reporter = ProgressReporter(deployment.reporter, progress, config.iterations)
@@ -88,7 +105,8 @@ async def run_demo(
         "window": window,
         "accuracy_first": _window_mean(history[:window]),
         "accuracy_last": _window_mean(history[-window:]),
-        "constant_baseline_accuracy": constant_baseline_accuracy(DigitSuccessor().eval_prompts()),
+        "constant_baseline_accuracy": constant_baseline_accuracy(demo_problems(model_dir is not None).eval_prompts()),
+        "model": str(model_dir) if model_dir is not None else "tiny",
         "heldout_avg_at_k_last": outcome.evals[-1].avg_at_k if outcome.evals else float("nan"),
         "heldout_pass_at_k_last": outcome.evals[-1].pass_at_k if outcome.evals else float("nan"),
         "adapter_version": outcome.adapter_version,

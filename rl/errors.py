@@ -43,6 +43,7 @@ __all__ = [
     "CheckpointSealError",
     "EngineClosedError",
     "EngineContractError",
+    "EngineStartError",
     "FreshRefusedError",
     "GrpoInputError",
     "IncompleteBufferError",
@@ -199,6 +200,11 @@ class EngineContractError(TierError, RuntimeError):
 
 class EngineClosedError(TierError, RuntimeError):
     """A rollout engine that cannot be used again after `close` refused a request (ours start again instead)."""
+
+
+class EngineStartError(RlError, RuntimeError):
+    """A rollout engine (vLLM) failed to start; the message carries its root cause (which vLLM logs in its engine
+    process, not in the exception it raises) and what to change. Nothing was sampled."""
 
 
 class CheckpointError(RlError, RuntimeError):

