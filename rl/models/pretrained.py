@@ -224,7 +224,7 @@ def pinned_model(
             out = staging / "model"
             convert(download, gguf_file.name, out)
             check_model_dir(out, weights=True, tokenizer=True)
-            (out / SOURCE_FILE).write_text(json.dumps(asdict(source), indent=1) + "\n")
+            (out / SOURCE_FILE).write_text(json.dumps(asdict(source), indent=1, allow_nan=False) + "\n")
             advance("saved")
         try:
             out.rename(target)
