@@ -194,5 +194,6 @@ def test_every_registered_problem_set_serves_prompts_and_an_unknown_name_is_refu
     for name in PROBLEM_SETS:
         problems = problem_set(name)
         assert problems.train_prompts() and problems.eval_prompts()
-    with pytest.raises(InputError, match=r"unknown problem set 'poetry'; choose one of \['addition', 'arithmetic', 'digits'\]"):
+    refused = r"unknown problem set 'poetry'; choose one of \['addition', 'arithmetic', 'digits'\]"
+    with pytest.raises(InputError, match=refused):
         problem_set("poetry")

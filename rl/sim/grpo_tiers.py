@@ -281,7 +281,7 @@ def _without_yielding(coro: Coroutine[Any, Any, T]) -> T:
                 coro.close()
                 raise RuntimeError("a latency-free fake awaited a future: it cannot be run without the loop")
     except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+        return done.value
 
 
 class FakeEvaluator(SamplingEvaluator):
