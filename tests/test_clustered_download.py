@@ -2,7 +2,7 @@
 
 Local rank 0 downloads the base while the other ranks wait for it. They used to wait inside an all-reduce on the
 step's process group, whose 10-minute `COLLECTIVE_TIMEOUT` killed the step whenever 16 GB came slower than ~27 MB/s.
-Here the download takes 4 s and the step's collective timeout is cut to 1 s: every rank must still get the base.
+Here the download takes 15 s and the step's collective timeout is cut to 5 s: every rank must still get the base.
 """
 
 from __future__ import annotations
