@@ -115,6 +115,9 @@ def vllm_cpu_llm_kwargs(
     - `enforce_eager=True`: no torch.compile of the model, which costs minutes of start-up on a CPU.
     - `max_model_len=64`: prompts are a few characters and completions a few tokens; the KV cache is sized by the
       `VLLM_CPU_KVCACHE_SPACE` environment variable (GiB), not by `gpu_memory_utilization`, which is left out.
+    - `enable_chunked_prefill=False`: a prompt split across scheduler steps makes vLLM 0.32's CPU build rewind a
+      seeded request's generator, which the CPU generator cannot ("CPU Generator does not use offset"), and its engine
+      core dies; whole prompts only (each fits, at most `max_model_len` tokens of a 4,096-token step).
     """
     return {
         "dtype": "float32",
@@ -122,6 +125,7 @@ def vllm_cpu_llm_kwargs(
         "max_lora_rank": max_lora_rank,
         "max_loras": max_loras,
         "enforce_eager": True,
+        "enable_chunked_prefill": False,
         "seed": seed,
     }
 

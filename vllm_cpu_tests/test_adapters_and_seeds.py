@@ -7,6 +7,7 @@ one adapter's teacher-forced log-probs (float32, `LOGPROB_MAX_ABS_TOL`) and are 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from gpu_helpers import logprob_gaps, summarize
 from vllm_cpu_helpers import LOGPROB_MAX_ABS_TOL, generate, request, served_by
 
 from rl.engines.vllm import VLLM_SEED_STRIDE, VLLMEngine
+from rl.types import Prompt
 
 
 def test_a_new_adapter_version_is_served_on_the_next_call(engine: Any, adapters: Any, policies: Any) -> None:
@@ -59,6 +61,25 @@ def test_one_call_gives_each_group_the_adapter_it_names_and_the_samples_it_gets_
         for x, y in zip(ra.logprobs, rb.logprobs, strict=True)
     )
     assert worst <= LOGPROB_MAX_ABS_TOL, f"a group's log-probs moved by {worst} with the batch it was sampled in"
+
+
+def test_a_call_over_the_schedulers_token_budget_samples_every_seeded_group(engine: Any, adapters: Any) -> None:
+    """Seeded groups whose prompts, together, exceed one scheduler step's token budget (`max_num_batched_tokens`):
+    vLLM's CPU build crashed its engine core on them ("CPU Generator does not use offset") when a prompt was split
+    across steps, as a real model's ~45-token chat prompts are in the demo's held-out evaluation. Every group comes
+    back, and as it comes alone."""
+    budget = engine.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    long_question = "0123456789" * 4 + "="  # ~41 tokens of the digit vocabulary
+    groups, n = 8, 32  # 256 sequences (vLLM's max_num_seqs on the CPU): 8 x 32 x 41 tokens > 4,096
+    prompt_tokens = len(engine.tokenizer(long_question)["input_ids"])
+    assert groups * n * prompt_tokens > budget, (prompt_tokens, budget)
+    requests = [
+        replace(request(adapters["a"][0], seed=1200 + g, group=g, n=n, max_tokens=2), prompt=Prompt(long_question, "0"))
+        for g in range(groups)
+    ]
+    together = generate(engine, *requests)
+    alone = generate(engine, requests[-1])[0]
+    assert [r.token_ids for r in together[-1]] == [r.token_ids for r in alone]
 
 
 def test_the_same_request_gives_the_same_rollouts(engine: Any, adapters: Any) -> None:
