@@ -61,6 +61,24 @@ def avg_at_k(correct_counts: Sequence[int], k: int) -> float:
     return sum(counts) / (k * len(counts))
 
 
+def two_proportion_p(a: int, n: int, b: int, m: int) -> float:
+    """Two-sided p-value that a/n and b/m differ (pooled two-proportion z-test; the normal approximation wants about
+    5 successes and 5 failures on each side). 1.0 when nothing varies (every sample right, or none).
+
+    Raises:
+        ValueError: a count outside 0..n (or 0..m), or an empty side.
+    """
+    for label, hits, total in (("a", a, n), ("b", b, m)):
+        hits, total = _integer(label, hits), _integer(f"its total ({label})", total)
+        if total < 1 or not 0 <= hits <= total:
+            raise ValueError(f"{label} must be a count in 0..total with total >= 1, got {hits} of {total}")
+    pooled = (a + b) / (n + m)
+    se = math.sqrt(pooled * (1 - pooled) * (1 / n + 1 / m))
+    if se == 0:
+        return 1.0
+    return math.erfc(abs(b / m - a / n) / se / math.sqrt(2))
+
+
 def finite_mean(values: Sequence[float]) -> float:
     """The mean of finite numbers, finite itself and within [min, max] however large they are; 0.0 for none.
 

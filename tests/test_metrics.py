@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rl.metrics import avg_at_k, pass_at_k
+from rl.metrics import avg_at_k, pass_at_k, two_proportion_p
 
 
 @st.composite
@@ -127,3 +127,22 @@ def test_avg_at_k_rejects_bad_counts(counts, k, message):
     """A count outside 0..k, a non-integer count, no problems, or k < 1 raises ValueError saying which."""
     with pytest.raises(ValueError, match=message):
         avg_at_k(counts, k)
+
+
+def test_two_proportion_p_hand_worked_case():
+    """59/288 against 89/288: pooled 148/576, se = sqrt(p(1-p) * 2/288) = 0.03641, z = (30/288) / se = 2.861,
+    two-sided p = erfc(z / sqrt(2)) = 0.00422; the same either way round."""
+    assert math.isclose(two_proportion_p(59, 288, 89, 288), 0.00422, rel_tol=2e-3)
+    assert two_proportion_p(89, 288, 59, 288) == two_proportion_p(59, 288, 89, 288)
+
+
+def test_two_proportion_p_is_one_without_a_difference_and_falls_as_it_grows():
+    assert two_proportion_p(10, 100, 10, 100) == 1.0 and two_proportion_p(0, 50, 0, 60) == 1.0
+    ps = [two_proportion_p(20, 100, 20 + d, 100) for d in range(0, 30, 5)]
+    assert ps == sorted(ps, reverse=True) and ps[-1] < 1e-3
+
+
+@pytest.mark.parametrize(("a", "n", "b", "m"), [(5, 4, 1, 4), (-1, 4, 1, 4), (1, 0, 1, 4), (1, 4, 1.5, 4)])
+def test_two_proportion_p_rejects_impossible_counts(a, n, b, m):
+    with pytest.raises(ValueError, match="must be"):
+        two_proportion_p(a, n, b, m)

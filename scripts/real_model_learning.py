@@ -1,9 +1,11 @@
-"""The base model's held-out accuracy on `rl.problems.Addition`, sampled as the demo samples (temperature 1, its chat
-template, stop at end-of-turn, 12 new tokens, answers scored as text by rl.rewards), K samples per held-out problem;
-with `--run DIR`, also the adapter a `rl demo grpo --model` run in DIR last checkpointed, on the same seeds, and the
-two-proportion z-test of the difference.
+"""The learning benchmark on a real model: held-out accuracy on `rl.problems.Addition` of the base model and of the
+adapter a `rl demo grpo --model` run trained, sampled as the demo samples (temperature 1, its chat template, stop at
+end-of-turn, 12 new tokens, answers scored as text by rl.rewards), K samples per held-out problem on the same seeds
+for both, and the two-proportion z-test of the difference (docs/benchmarks.md).
 
-    python scripts/real_model_base_accuracy.py [--model smollm2|DIR] [--samples 4] [--run RUN_DIR]
+    python scripts/real_model_learning.py --iterations 20 --out RUN_DIR [--engine torch|vllm] [--samples 8]
+    python scripts/real_model_learning.py --run RUN_DIR     # a run already trained: evaluate its last checkpoint
+    python scripts/real_model_learning.py                   # the base model alone
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from rl.engines.decoding import sample_groups
+from rl.metrics import two_proportion_p
 from rl.models import load_base_model, load_tokenizer
 from rl.models.chat import encode_prompt
 from rl.models.pretrained import resolve_model
@@ -50,20 +54,28 @@ def accuracy(model: Any, tokenizer: Any, samples: int) -> tuple[int, int]:
     return correct, total
 
 
-def two_proportion_p(a: int, n: int, b: int, m: int) -> float:
-    """One-sided p-value that proportion b/m exceeds a/n (pooled two-proportion z-test)."""
-    pooled = (a + b) / (n + m)
-    se = math.sqrt(pooled * (1 - pooled) * (1 / n + 1 / m))
-    z = (b / m - a / n) / se if se > 0 else 0.0
-    return 0.5 * math.erfc(z / math.sqrt(2))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--samples", type=int, default=4)
-    parser.add_argument("--run", type=Path, default=None)
+    parser.add_argument("--samples", type=int, default=8, help="per held-out problem (36 problems)")
+    parser.add_argument("--run", type=Path, default=None, help="a trained run's --out directory")
+    parser.add_argument("--iterations", type=int, default=None, help="train first: rl demo grpo --iterations N")
+    parser.add_argument("--out", type=Path, default=None, help="with --iterations: the run's directory")
+    parser.add_argument("--engine", default="torch", help="with --iterations: the demo's --engine")
     args = parser.parse_args()
+    if args.iterations is not None:
+        if args.out is None or args.run is not None:
+            parser.error("--iterations trains into --out (and evaluates it); leave out --run")
+        train = ["-m", "rl.cli", "demo", "grpo", "--model", args.model, "--engine", args.engine]
+        started = time.perf_counter()
+        subprocess.run(
+            [sys.executable, *train, "--iterations", str(args.iterations), "--out", str(args.out), "--fresh"],
+            check=True,
+        )
+        print(
+            f"trained {args.iterations} iterations ({args.engine}) in {time.perf_counter() - started:.0f} s", flush=True
+        )
+        args.run = args.out
     torch.set_num_threads(2)
     model_dir = resolve_model(args.model)
     model, tokenizer = load_base_model(model_dir), load_tokenizer(model_dir)
@@ -84,7 +96,7 @@ def main() -> None:
     b, m = accuracy(policy, tokenizer, args.samples)
     print(
         f"adapter v{state['adapter_version']} held-out accuracy {b / m:.3f} ({b}/{m}) in "
-        f"{time.perf_counter() - started:.1f} s; one-sided two-proportion p = {two_proportion_p(a, n, b, m):.3g}"
+        f"{time.perf_counter() - started:.1f} s; two-sided two-proportion p = {two_proportion_p(a, n, b, m):.3g}"
     )
 
 
