@@ -45,8 +45,10 @@ def realistic_head(model: Any) -> Any:
 
 def ratio_spread(base_dir: Path, device: torch.device) -> dict[str, float]:
     """First-step ratios exp(logp_fp32 - logp_bf16) on `device` for rollouts sampled (on the CPU, seeded) from the
-    rescaled float32 model: their min, max, 1st and 99th percentiles, and the logits' median per-position max."""
-    from rl.engines.decoding import sample_group, teacher_forced_logprobs
+    rescaled float32 model, summarised by `rl.engines.numerics.ratio_spread`, and the logits' median per-position
+    max."""
+    from rl.engines.decoding import sample_group
+    from rl.engines.numerics import log_ratios, ratio_spread
     from rl.models import load_base_model, load_tokenizer
 
     tokenizer = load_tokenizer(base_dir)
@@ -56,30 +58,20 @@ def ratio_spread(base_dir: Path, device: torch.device) -> dict[str, float]:
     bf16 = realistic_head(load_base_model(base_dir)).to(device).eval()
     bf16.lm_head.load_state_dict(cpu_model.lm_head.state_dict())
     bf16 = bf16.to(torch.bfloat16)
-    log_ratios, maxima = [], []
+    deltas, maxima = [], []
     with torch.no_grad():
         for g in range(GROUPS):
             prompt = [int(t) for t in tokenizer(digit_prompt(g)[0])["input_ids"]]
-            for s in sample_group(
+            seqs = sample_group(
                 cpu_model, prompt, n=SAMPLES, max_tokens=MAX_TOKENS, seed=g, eos_token_id=tokenizer.eos_token_id
-            ):
-                if not s.token_ids:
-                    continue
-                new = teacher_forced_logprobs(fp32, prompt, s.token_ids).double()
-                old = teacher_forced_logprobs(bf16, prompt, s.token_ids).double()
-                log_ratios.append(new - old)
-                ids = torch.tensor([prompt + list(s.token_ids)], device=device)
+            )
+            completions = [s.token_ids for s in seqs]
+            deltas.append(log_ratios(fp32, bf16, [prompt] * SAMPLES, completions, pad_token_id=0))
+            for completion in filter(None, completions):
+                ids = torch.tensor([prompt + list(completion)], device=device)
                 maxima.append(fp32(input_ids=ids).logits.float().amax(dim=-1).flatten().cpu())
-    ratios = torch.cat(log_ratios).exp().cpu()
-    return {
-        "tokens": float(ratios.numel()),
-        "min": float(ratios.min()),
-        "p01": float(ratios.quantile(0.01)),
-        "p99": float(ratios.quantile(0.99)),
-        "max": float(ratios.max()),
-        "clipped_fraction": float(((ratios - 1).abs() > CLIP_EPS).double().mean()),
-        "median_max_logit": float(torch.cat(maxima).median()),
-    }
+    spread = ratio_spread(torch.cat(deltas), CLIP_EPS).as_dict()
+    return {**spread, "median_max_logit": float(torch.cat(maxima).median())}
 
 
 def test_bf16_first_step_ratios_at_real_logit_scales(cuda_device: Any, gpu_model_dir: Path, gpu_report: Any) -> None:

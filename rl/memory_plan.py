@@ -9,9 +9,10 @@ the CPU for small models):
   float32 (PEFT upcasts the adapter); vLLM instead holds `max_loras` adapter slots at `max_lora_rank` on every linear
   layer it serves LoRA on, in bfloat16.
 - **optimizer**: the LoRA gradients (4 bytes) and AdamW's two moments (8 bytes) per LoRA parameter.
-- **activations** of one micro-batch of B samples of L = prompt + completion tokens, per token and layer, what autograd
-  keeps for backward with a frozen base: the float32 copies each RMSNorm and each LoRA input makes (4 bytes per
-  element; none when the base is float32, where the layer's own tensors are kept instead), the q/k RMS-norms' inputs
+- **activations** of one micro-batch of B samples (the trainer's micro-batch size, or a step's samples when fewer) of
+  L = prompt + completion tokens, per token and layer, what autograd keeps for backward with a frozen base: the
+  float32 copies each RMSNorm and each LoRA input makes (4 bytes per element; none when the base is float32, where
+  the layer's own tensors are kept instead), the q/k RMS-norms' inputs
   (Qwen3), what attention keeps (q, k, v, output; eager attention also keeps the float32 softmax and the probabilities,
   heads x L per token), and the MLP's gate, up and activation. Gradient checkpointing keeps only each layer's input and
   recomputes one layer at a time.
@@ -262,13 +263,16 @@ def trainer_plan(
     prompt_tokens: int,
     completion_tokens: int,
     budget: int,
+    samples: int | None = None,
     task: str = "trainer",
 ) -> TaskPlan:
-    """The train step's memory on one rank for `trainer` (a `TrainerConfig`), per micro-batch of its path."""
+    """The train step's memory on one rank for `trainer` (a `TrainerConfig`), per micro-batch of its path. `samples`,
+    the samples a step trains on, caps the micro-batch: a step of 32 samples never fills a micro-batch of 64."""
     d = _dtype_bytes(trainer.base_dtype)
     n_lora = lora_parameters(arch, trainer.lora_rank, trainer.target_modules)
     lora = ALL_LINEAR if isinstance(trainer.target_modules, str) else tuple(trainer.target_modules)
     batch = trainer.micro_batch_size if trainer.loss_path == "batched" else 1
+    batch = batch if samples is None else max(1, min(batch, samples))
     length = prompt_tokens + completion_tokens
     per_layer = layer_activation_bytes(arch, dtype_bytes=d, attention=trainer.attention, lora=lora, length=length)
     tokens = batch * length

@@ -23,7 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 from rl.artifacts import LocalArtifacts
 from rl.cli import main
 from rl.commands.plan import plan_profile
-from rl.flyte.config import gpu_smoke, stress
+from rl.flyte.config import gpu_smoke, smoke, stress
 from rl.memory_plan import GPUS, ModelArch, engine_plan, gpu, lora_parameters, trainer_plan, vllm_batch_defaults
 from rl.models.qwen3 import QWEN3_8B, Qwen3Shape, build_qwen3_model, qwen3_config
 from rl.trainer.batched_loss import batched_backward
@@ -184,6 +184,27 @@ def test_each_trainer_term_equals_the_hand_calculation() -> None:
     # logits: kept [2, 8, 10] x 4 = 640; over the 2 x 5 = 10 completion positions the forward's picked logits and
     # log-softmax (10 x 10 x 4) x 2 = 800, the backward's three float32 [10, 10] = 1200: 640 + max(800, 1200).
     assert plan.terms["logits"] == 1840
+
+
+def test_a_step_of_fewer_samples_than_a_micro_batch_is_planned_at_its_samples() -> None:
+    """HAND_TRAINER's micro-batches hold 2; a step of 1 sample fills half of one. Activations per token are as above
+    (640 + the final norm's 32 bytes) over 1 x 8 tokens: 8 x 672 = 5376. Logits: kept [1, 8, 10] x 4 = 320, over
+    5 completion positions the forward's 2 x (5 x 10 x 4) = 400 and the backward's 3 x 200 = 600: 320 + 600 = 920.
+    A step of 5 samples still runs micro-batches of 2 (the hand calculation above)."""
+    one = trainer_plan(HAND_ARCH, HAND_TRAINER, prompt_tokens=3, completion_tokens=5, budget=0, samples=1)
+    assert (one.terms["activations"], one.terms["logits"]) == (5376, 920)
+    assert (one.terms["weights"], one.terms["optimizer"]) == (4064, 3072)  # the model's, whatever the batch
+    five = trainer_plan(HAND_ARCH, HAND_TRAINER, prompt_tokens=3, completion_tokens=5, budget=0, samples=5)
+    assert (five.terms["activations"], five.terms["logits"]) == (10752, 1840)
+
+
+def test_rl_plan_caps_the_micro_batch_at_a_steps_samples() -> None:
+    """smoke trains 4 prompts x 8 samples a step with TrainerConfig's micro-batches of 64: one micro-batch of 32 (the
+    plan before counted 64, twice the activations and logits; docs/benchmarks.md measured SmolLM2's step)."""
+    config = smoke()
+    assert config.trainer.micro_batch_size == 64
+    trainer = plan_profile(config, "L4")[0]
+    assert "micro-batches of 32 x" in " ".join(trainer.notes), trainer.notes
 
 
 @pytest.mark.parametrize(

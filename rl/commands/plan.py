@@ -91,6 +91,7 @@ def plan_profile(config: Any, gpu_name: str, model_config: str | None = None) ->
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         budget=device.memory_bytes,
+        samples=config.grpo.prompts_per_iteration * config.grpo.group_size,  # a step's batch; one rank gets no more
         task=f"trainer (one rank, {device.name})",
     )
     from rl.memory_plan import CUDA_CONTEXT_BYTES
