@@ -73,6 +73,28 @@ def test_the_packaged_suite_binds_rl_impl_skips_missing_tiers_and_prints_the_rep
     assert "Capabilities.bitwise_replay is False" in out
 
 
+def test_the_header_says_when_the_implementation_declares_smaller_sampling_laws(pytester):
+    """A record made at a `draw_fraction` below 1 says so in its header line; at the full size nothing is added."""
+    pytester.makepyfile(
+        sized_impl="""
+from rl.conformance import Implementation, LawSizes
+from rl.sim.grpo_tiers import FakeEngine, FakeTrainer
+
+IMPL = Implementation(name="sized", engine=FakeEngine, trainer=FakeTrainer, sizes=LawSizes(draw_fraction=0.25))
+FULL = Implementation(name="full", engine=FakeEngine, trainer=FakeTrainer)
+"""
+    )
+    pytester.syspathinsert()
+    args = ("--pyargs", "rl.conformance.test_suite", "-m", "rl_engine", "--collect-only", "-q")
+    sized = pytester.runpytest(*args, "--rl-impl", "sized_impl:IMPL")
+    sized.stdout.fnmatch_lines(
+        ["rl-conformance: seed=0 impl=sized_impl:IMPL draw_fraction=0.25 (*share of their groups)"]
+    )
+    full = pytester.runpytest(*args, "--rl-impl", "sized_impl:FULL")
+    full.stdout.fnmatch_lines(["rl-conformance: seed=0 impl=sized_impl:FULL"])
+    assert "draw_fraction" not in full.stdout.str()
+
+
 def test_a_contract_without_its_fixtures_says_what_to_return(pytester):
     pytester.makepyfile(
         """

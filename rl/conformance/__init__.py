@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # `X as X`: an explicit re-export, for strict type checkers
     from rl.conformance.rollout_engine import RolloutEngineContract as RolloutEngineContract
     from rl.conformance.scorer import ScorerContract as ScorerContract
     from rl.conformance.scoring_utilities import ScoringUtilitiesContract as ScoringUtilitiesContract
+    from rl.conformance.sizes import LawSizes as LawSizes
     from rl.conformance.spec import AlgorithmSpec as AlgorithmSpec
     from rl.conformance.state_store import StateStoreContract as StateStoreContract
     from rl.conformance.trainer import TrainerContract as TrainerContract
@@ -56,6 +57,7 @@ _HOMES = {
     "DriverReplayContract": "history",
     "GrpoDriverContract": "driver",
     "Implementation": "implementation",
+    "LawSizes": "sizes",
     "LoopContract": "loop",
     "LossContract": "loss_laws",
     "RecordedHistory": "history",

@@ -20,6 +20,7 @@ import pytest
 
 from rl.conformance._base import Run, tier
 from rl.conformance.sampling import LOGPROB_TOLERANCE, _differs
+from rl.conformance.sizes import LawSizes
 from rl.errors import EngineClosedError
 from rl.protocols import RolloutEngine
 from rl.seeding import derive_seed
@@ -29,9 +30,11 @@ __all__ = ["EngineLifetimeLaws", "coincidence_tail"]
 
 EOS_GROUPS, EOS_N, EOS_MAX_TOKENS = 8, 16, 32
 """The end-of-sequence law's draws: 8 seeded groups of 16, up to 32 tokens each (on the tiny character model, whose
-`<eos>` has probability about 1/50 a step, about a fifth of the rows sample a second `<eos>` within 32 tokens)."""
+`<eos>` has probability about 1/50 a step, about a fifth of the rows sample a second `<eos>` within 32 tokens); a
+declared `LawSizes` draws a share of the groups."""
 SEED_PAIRS, SEED_N = 3, 16
-"""The seed law's draws: 3 pairs of groups seeded s and s + 1, 16 samples each."""
+"""The seed law's draws: 3 pairs of groups seeded s and s + 1, 16 samples each (a declared `LawSizes`: a share of the
+pairs)."""
 FALSE_ALARM = 1e-6
 """The chance, over all offsets and pairs together, that independent groups fail the seed law (Bonferroni)."""
 
@@ -68,18 +71,24 @@ def coincidence_tail(a: Sequence[Rollout], b: Sequence[Rollout]) -> tuple[float,
 
 @tier("engine")
 class EngineLifetimeLaws:
-    """Needs the `engine`, `rollout_request`, `other_adapter`, `eos_token_id` and `rl_run` fixtures of
+    """Needs the `engine`, `rollout_request`, `other_adapter`, `eos_token_id`, `law_sizes` and `rl_run` fixtures of
     `RolloutEngineContract`."""
 
     def test_engine_completion_ends_at_its_first_end_of_sequence_token(
-        self, engine: RolloutEngine, rollout_request: RolloutRequest, eos_token_id: int | None, rl_run: Run[Any]
+        self,
+        engine: RolloutEngine,
+        rollout_request: RolloutRequest,
+        eos_token_id: int | None,
+        law_sizes: LawSizes,
+        rl_run: Run[Any],
     ) -> None:
-        """Every completion of 8 groups of 16 (up to 32 tokens) ends at its first end-of-sequence token: none follows
-        it, none is longer than `max_tokens`, and its log-probs cover exactly its tokens (one each; completions that
-        share a prefix record the same log-probs along it). A sampler that keeps decoding finished rows and ends a row
-        at its last `<eos>` fails. Without an `eos_token_id` (an engine with none) the end is not checked."""
+        """Every completion of 8 groups of 16 (or the declared `LawSizes` share of the groups; up to 32 tokens) ends
+        at its first end-of-sequence token: none follows it, none is longer than `max_tokens`, and its log-probs cover
+        exactly its tokens (one each; completions that share a prefix record the same log-probs along it). A sampler
+        that keeps decoding finished rows and ends a row at its last `<eos>` fails. Without an `eos_token_id` (an
+        engine with none) the end is not checked."""
         seen: dict[tuple[int, ...], tuple[float, str]] = {}
-        for g in range(EOS_GROUPS):
+        for g in range(law_sizes.groups(EOS_GROUPS)):
             request = replace(
                 rollout_request,
                 group_id=g,
@@ -114,14 +123,16 @@ class EngineLifetimeLaws:
                     )
 
     def test_engine_groups_seeded_apart_share_no_samples(
-        self, engine: RolloutEngine, rollout_request: RolloutRequest, rl_run: Run[Any]
+        self, engine: RolloutEngine, rollout_request: RolloutRequest, law_sizes: LawSizes, rl_run: Run[Any]
     ) -> None:
         """Groups seeded s and s + 1 (same prompt, same adapter) are independent: at no offset do their 16 samples
         coincide more often than independent draws would, at the probabilities the engine recorded (false-alarm chance
-        1e-6 over every offset and pair). An engine that seeds sample i with `seed + i` makes the two groups share 15
-        samples, one position apart, and fails: give each group seed a range of per-sample seeds of its own."""
-        tests = SEED_PAIRS * (2 * SEED_N - 1)
-        for p in range(SEED_PAIRS):
+        1e-6 over every offset and pair; 3 pairs, or the declared `LawSizes` share). An engine that seeds sample i
+        with `seed + i` makes the two groups share 15 samples, one position apart, and fails: give each group seed a
+        range of per-sample seeds of its own."""
+        pairs = law_sizes.groups(SEED_PAIRS)
+        tests = pairs * (2 * SEED_N - 1)
+        for p in range(pairs):
             s = derive_seed("conformance.engine.adjacent-seeds", rollout_request.seed, p)
             a, b = (rl_run(engine.generate(replace(rollout_request, group_id=k, n=SEED_N, seed=s + k))) for k in (0, 1))
             tail, offset, matches = coincidence_tail(a, b)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from rl.conformance.capabilities import Capabilities
+from rl.conformance.sizes import LawSizes
 from rl.conformance.spec import AlgorithmSpec
 
 if TYPE_CHECKING:
@@ -96,6 +97,8 @@ class Implementation:
     - `capabilities`: what the implementation claims (`Capabilities()`, the default, claims everything).
     - `algorithm`: the GRPO choices its advantages and loss make (`AlgorithmSpec()`, the default, is ours); the
       algorithm laws compute their reference from it.
+    - `sizes`: the share of their seeded groups the sampling engine laws draw (`LawSizes()`, the default, draws all;
+      `LawSizes(draw_fraction=1/8)` for an engine whose forward pass is too dear for them, at less power).
 
     `engine`, `adapter` and `trainer` receive the test's store: `artifacts()` when given, else an in-memory store.
     """
@@ -125,11 +128,16 @@ class Implementation:
     micro_batched_trainer: Callable[[Artifacts, int], Trainer] | None = None
     capabilities: Capabilities = field(default_factory=Capabilities)
     algorithm: AlgorithmSpec = field(default_factory=AlgorithmSpec)
+    sizes: LawSizes = field(default_factory=LawSizes)
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name not in ("name", "capabilities", "algorithm") and value is not None and not callable(value):
+            if (
+                f.name not in ("name", "capabilities", "algorithm", "sizes")
+                and value is not None
+                and not callable(value)
+            ):
                 raise ImplementationError(
                     f"Implementation {self.name!r}: `{f.name}` must be callable or None, got {type(value).__name__}"
                 )
@@ -142,6 +150,11 @@ class Implementation:
             raise ImplementationError(
                 f"Implementation {self.name!r}: `algorithm` must be a rl.conformance.AlgorithmSpec, "
                 f"got {type(self.algorithm).__name__}"
+            )
+        if not isinstance(self.sizes, LawSizes):
+            raise ImplementationError(
+                f"Implementation {self.name!r}: `sizes` must be a rl.conformance.LawSizes, "
+                f"got {type(self.sizes).__name__}"
             )
         if self.sample_loss is not None and self.batch_loss is not None:
             raise ImplementationError(
@@ -162,8 +175,8 @@ class Implementation:
 def load_implementation(spec: str) -> Implementation:
     """Import `module:attr` (attr may be dotted) and return it as an `Implementation`.
 
-    Any object with some of the factory attributes (`artifacts`, `engine`, ..., `capabilities`, `algorithm`) is accepted
-    and wrapped.
+    Any object with some of the factory attributes (`artifacts`, `engine`, ..., `capabilities`, `algorithm`, `sizes`) is
+    accepted and wrapped.
     """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
@@ -192,5 +205,6 @@ def load_implementation(spec: str) -> Implementation:
         name=str(getattr(obj, "name", spec)),
         capabilities=getattr(obj, "capabilities", None) or Capabilities(),
         algorithm=getattr(obj, "algorithm", None) or AlgorithmSpec(),
+        sizes=getattr(obj, "sizes", None) or LawSizes(),
         **found,
     )

@@ -7,7 +7,8 @@
 - after a failing law, the command that reruns exactly it with the same seed.
 
 Installed with the package, so it loads in every pytest run of that environment: it imports nothing but pytest and the
-standard library, and does nothing unless contract tests are collected.
+standard library, and does nothing unless contract tests are collected (then, for the packaged suite, it loads the
+`--rl-impl` implementation to print its declared `LawSizes` in the header line).
 """
 
 from __future__ import annotations
@@ -189,7 +190,23 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             f"rl-conformance: seed={seed}"
             + (f" examples={examples}" if examples is not None else "")
             + (f" impl={impl}" if impl else "")
+            + _declared_sizes(impl, session)
         )
+
+
+def _declared_sizes(impl: str | None, session: pytest.Session) -> str:
+    """` draw_fraction=F (...)` when the packaged suite's implementation declares smaller sampling laws, so a record
+    says the laws ran at less power; empty otherwise, or when it does not load (its fixture then says why)."""
+    suite = (getattr(getattr(item, "module", None), "__name__", "") == SUITE_MODULE for item in session.items)
+    if not impl or not any(suite):
+        return ""
+    from rl.conformance.implementation import ImplementationError, load_implementation
+
+    try:
+        declared = load_implementation(impl).sizes.declared()
+    except ImplementationError:
+        return ""
+    return f" {declared} (the sampling engine laws draw that share of their groups)" if declared else ""
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:

@@ -13,6 +13,7 @@ from rl.conformance._base import ContractBase, Run, must_provide, tier
 from rl.conformance.capabilities import Capabilities, require
 from rl.conformance.engine_lifetime import EngineLifetimeLaws
 from rl.conformance.sampling import SamplerFidelityLaws
+from rl.conformance.sizes import LawSizes
 from rl.memory.artifacts import MemoryArtifacts
 from rl.protocols import Artifacts, RolloutEngine
 from rl.seeding import derive_seed
@@ -39,8 +40,9 @@ class RolloutEngineContract(SamplerFidelityLaws, EngineLifetimeLaws, ContractBas
     that end at their first end-of-sequence token, groups whose seeds share no samples and a lifetime past `close`
     (`rl.conformance.engine_lifetime`).
 
-    Provide `engine` and `adapter`; `artifacts` (the store both share) defaults to an in-memory store, and `prompt` and
-    `rollout_request` can be overridden when your engine needs another prompt or group size.
+    Provide `engine` and `adapter`; `artifacts` (the store both share) defaults to an in-memory store, `prompt` and
+    `rollout_request` can be overridden when your engine needs another prompt or group size, and `law_sizes` when a
+    forward pass is too dear for the sampling laws' full draws.
     """
 
     @pytest.fixture
@@ -74,6 +76,11 @@ class RolloutEngineContract(SamplerFidelityLaws, EngineLifetimeLaws, ContractBas
         when it has none: then the end-of-sequence law checks only the length and the log-probs)."""
         eos = getattr(engine, "eos_token_id", None)
         return None if eos is None else int(eos)
+
+    @pytest.fixture
+    def law_sizes(self) -> LawSizes:
+        """The share of their groups the sampling laws draw (`rl.conformance.sizes.LawSizes`); defaults to all."""
+        return LawSizes()
 
     @pytest.fixture
     def prompt(self) -> Prompt:

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from rl.conformance._base import Run, tier
+from rl.conformance.sizes import LawSizes
 from rl.protocols import RolloutEngine
 from rl.seeding import derive_seed
 from rl.types import ArtifactRef, Rollout, RolloutRequest
@@ -24,7 +25,7 @@ from rl.types import ArtifactRef, Rollout, RolloutRequest
 __all__ = ["SamplerFidelityLaws", "frequency_test"]
 
 DRAWS = 4096
-"""Samples of the first token drawn for the frequency law."""
+"""Samples of the first token drawn for the frequency law at the full size (`LawSizes` may declare fewer)."""
 GROUP_DRAWS = 64
 """Samples per request: the draws come as `DRAWS // GROUP_DRAWS` groups, each with its own seed, since an engine may
 refuse a group as large as `DRAWS` (ours on vLLM spaces group seeds 256 apart, so it refuses n > 256)."""
@@ -88,17 +89,19 @@ def _differs(a: Sequence[Rollout], b: Sequence[Rollout]) -> str | None:
 
 @tier("engine")
 class SamplerFidelityLaws:
-    """Needs the `engine`, `rollout_request`, `other_adapter` and `rl_run` fixtures of `RolloutEngineContract`."""
+    """Needs the `engine`, `rollout_request`, `other_adapter`, `law_sizes` and `rl_run` fixtures of
+    `RolloutEngineContract`."""
 
     def test_engine_recorded_logprobs_are_those_of_the_distribution_it_samples(
-        self, engine: RolloutEngine, rollout_request: RolloutRequest, rl_run: Run[Any]
+        self, engine: RolloutEngine, rollout_request: RolloutRequest, law_sizes: LawSizes, rl_run: Run[Any]
     ) -> None:
-        """The first tokens of many draws (64 seeded groups of 64) occur as often as the probabilities the engine
-        records for them say (a chi-square test at a fixed seed, false-alarm chance 1e-6), and one token records one
-        log-prob: sampling at one temperature, top-k or top-p while recording another's log-probs fails."""
+        """The first tokens of many draws (64 seeded groups of 64, or the declared `LawSizes` share of them) occur as
+        often as the probabilities the engine records for them say (a chi-square test at a fixed seed, false-alarm
+        chance 1e-6), and one token records one log-prob: sampling at one temperature, top-k or top-p while recording
+        another's log-probs fails."""
         group = [
             rollout
-            for chunk in range(DRAWS // GROUP_DRAWS)
+            for chunk in range(law_sizes.groups(DRAWS // GROUP_DRAWS))
             for rollout in rl_run(
                 engine.generate(
                     replace(
@@ -132,7 +135,7 @@ class SamplerFidelityLaws:
         statistic, critical, bins = frequency_test(dict(counts), probs)
         worst = max(bins, key=lambda b: (b[1] - b[0]) ** 2 / b[0] if b[0] > 0 else math.inf)
         assert statistic <= critical, (
-            f"{DRAWS} samples of the first token do not follow the log-probs the engine recorded for them: "
+            f"{len(group)} samples of the first token do not follow the log-probs the engine recorded for them: "
             f"chi-square {statistic:.1f} over {len(bins)} bins > {critical:.1f} (false-alarm chance {FALSE_ALARM}); "
             f"worst bin expected {worst[0]:.1f} draws from the recorded probabilities and got {worst[1]} "
             f"({len(counts)} distinct tokens seen, recorded mass {mass:.4f}). The engine samples from another "

@@ -27,6 +27,7 @@ from rl.conformance.rollout_buffer import BufferFactory, RolloutBufferContract
 from rl.conformance.rollout_engine import RolloutEngineContract
 from rl.conformance.scorer import ScorerContract
 from rl.conformance.scoring_utilities import ScoringUtilitiesContract
+from rl.conformance.sizes import LawSizes
 from rl.conformance.spec import AlgorithmSpec
 from rl.conformance.state_store import StateStoreContract
 from rl.conformance.trainer import TrainerContract, trained_adapter
@@ -95,6 +96,10 @@ class TestRolloutEngine(_Bound, RolloutEngineContract):
     @pytest.fixture
     def engine(self, implementation: Implementation, artifacts: Artifacts) -> RolloutEngine:
         return _factory(implementation, "engine", "RolloutEngine")(artifacts)
+
+    @pytest.fixture
+    def law_sizes(self, implementation: Implementation) -> LawSizes:
+        return implementation.sizes
 
     @pytest.fixture
     def adapter(self, implementation: Implementation, artifacts: Artifacts, rl_run: Run[Any]) -> ArtifactRef:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rl.advantages import group_normalized_advantages
 from rl.checkpoint.memory_store import MemoryStateStore
-from rl.conformance import AlgorithmSpec, Implementation
+from rl.conformance import AlgorithmSpec, Implementation, LawSizes
 from rl.conformance.ours import fake_version0_adapter
 from rl.memory.artifacts import MemoryArtifacts
 from rl.sim.grpo_tiers import DIGITS, FakeEngine, FakeTrainer, _decoded, _row, _softmax, decode_table, encode_table
@@ -198,6 +198,16 @@ TRAINER_NOT_AS_DECLARED = Implementation(
     algorithm=AlgorithmSpec(advantage_scale="none"),
 )
 FRESH_OPTIMIZER_TRAINER = _impl("fresh-optimizer-trainer", engine=FakeEngine, trainer=FreshOptimizerTrainer)
+
+# The sampling laws' three bugs again, declaring REAL_LM's sizes: an eighth of each law's groups still catches each.
+AN_EIGHTH = LawSizes(draw_fraction=1 / 8)
+TOP_K_ENGINE_AT_AN_EIGHTH = replace(TOP_K_ENGINE, name="top-k-engine-at-an-eighth", sizes=AN_EIGHTH)
+KEEPS_DECODING_ENGINE_AT_AN_EIGHTH = replace(
+    KEEPS_DECODING_ENGINE, name="keeps-decoding-engine-at-an-eighth", sizes=AN_EIGHTH
+)
+SEED_PLUS_INDEX_ENGINE_AT_AN_EIGHTH = replace(
+    SEED_PLUS_INDEX_ENGINE, name="seed-plus-index-engine-at-an-eighth", sizes=AN_EIGHTH
+)
 
 
 class InPlaceStateStore(MemoryStateStore):

@@ -72,6 +72,22 @@ CASES = [
         id="per-sample seeds seed + i",
     ),
     pytest.param(
+        "broken_tiers:KEEPS_DECODING_ENGINE_AT_AN_EIGHTH",
+        "rl_engine",
+        "test_engine_completion_ends_at_its_first_end_of_sequence_token",
+        r"goes on for \d+ tokens after its first end-of-sequence token 10 \(position 1\)",
+        {"test_engine_completion_ends_at_its_first_end_of_sequence_token"},
+        id="finished rows decoded on, at an eighth of the groups",
+    ),
+    pytest.param(
+        "broken_tiers:SEED_PLUS_INDEX_ENGINE_AT_AN_EIGHTH",
+        "rl_engine",
+        "test_engine_groups_seeded_apart_share_no_samples",
+        r"share 15 samples at offset -?1 .*per-sample seeds overlap",
+        {"test_engine_groups_seeded_apart_share_no_samples"},
+        id="per-sample seeds seed + i, at an eighth of the pairs",
+    ),
+    pytest.param(
         "broken_tiers:DELETED_PATH_ENGINE",
         "rl_engine",
         CLOSED,
@@ -94,6 +110,14 @@ CASES = [
         "do not follow the log-probs the engine recorded for them",
         {"test_engine_recorded_logprobs_are_those_of_the_distribution_it_samples"},
         id="sampled at top-k, recorded at full distribution",
+    ),
+    pytest.param(
+        "broken_tiers:TOP_K_ENGINE_AT_AN_EIGHTH",
+        "rl_engine",
+        "test_engine_recorded_logprobs_are_those_of_the_distribution_it_samples",
+        "512 samples of the first token do not follow the log-probs",
+        {"test_engine_recorded_logprobs_are_those_of_the_distribution_it_samples"},
+        id="sampled at top-k, recorded at full distribution, at an eighth of the draws",
     ),
     pytest.param(
         "broken_tiers:ADAPTER_BLIND_BATCH_ENGINE",
