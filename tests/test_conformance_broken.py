@@ -25,7 +25,7 @@ from rl.conformance.scorer import default_scorer_group
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.memory.artifacts import MemoryArtifacts
 from rl.sim.chaos import grpo_random
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
+from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, decode_table, encode_table
 from rl.types import ArtifactRef, Prompt, Rollout, RolloutRequest, TrainBatch, TrainResult
 
 
@@ -61,6 +61,32 @@ def test_an_engine_that_ignores_the_seed_fails_exactly_the_seed_law():
     contract.test_engine_samples_within_a_group_differ(engine, request, caps, run)
     with pytest.raises(AssertionError, match="ignores the seed"):
         contract.test_engine_different_seeds_give_different_groups(engine, request, caps, run)
+
+
+class FirstAdapterEngine(FakeEngine):
+    """Serves the first adapter it was asked for to every request (a cache keyed by anything but the digest)."""
+
+    async def generate(self, request: RolloutRequest) -> list[Rollout]:
+        self.first = getattr(self, "first", request.adapter)
+        return await super().generate(replace(request, adapter=self.first))
+
+
+def test_the_adapter_law_tells_close_adapters_apart_by_their_log_probs_when_their_draws_coincide():
+    """Two adapters 0.02 nats apart draw the same digits from one seed (one stream of uniforms, slightly moved
+    boundaries), as SmolLM2's version 0 and its adapter three steps on drew the same 32 tokens: the law passes an
+    engine that serves each (it failed it when it compared token ids only) and fails one that serves the first."""
+    artifacts = MemoryArtifacts()
+    request = _request(artifacts)
+    table = decode_table(run(artifacts.get(request.adapter)))["table"]
+    nudged = [[x + 0.02 * (d % 2) for d, x in enumerate(row)] for row in table]  # odd digits 0.02 more likely
+    close = run(artifacts.put(encode_table(nudged, lineage=[]), name="adapter-close"))
+    first, second = (run(FakeEngine(artifacts).generate(replace(request, adapter=a))) for a in (request.adapter, close))
+    assert [r.token_ids for r in first] == [r.token_ids for r in second]  # the case: the same draws ...
+    assert [r.logprobs for r in first] != [r.logprobs for r in second]  # ... from two distributions
+    contract = RolloutEngineContract()
+    contract.test_engine_serves_the_adapter_each_request_names(FakeEngine(artifacts), request, close, run)
+    with pytest.raises(AssertionError, match="the engine served a stale adapter"):
+        contract.test_engine_serves_the_adapter_each_request_names(FirstAdapterEngine(artifacts), request, close, run)
 
 
 def test_an_engine_that_repeats_one_sample_fails_the_distinct_samples_law():

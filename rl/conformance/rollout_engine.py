@@ -12,7 +12,7 @@ import pytest
 from rl.conformance._base import ContractBase, Run, must_provide, tier
 from rl.conformance.capabilities import Capabilities, require
 from rl.conformance.engine_lifetime import EngineLifetimeLaws
-from rl.conformance.sampling import SamplerFidelityLaws
+from rl.conformance.sampling import SamplerFidelityLaws, _differs
 from rl.conformance.sizes import LawSizes
 from rl.memory.artifacts import MemoryArtifacts
 from rl.protocols import Artifacts, RolloutEngine
@@ -102,9 +102,9 @@ class RolloutEngineContract(SamplerFidelityLaws, EngineLifetimeLaws, ContractBas
 
     @pytest.fixture
     def other_adapter(self) -> ArtifactRef:
-        """Return the `ArtifactRef` of a second adapter, stored in the `artifacts` store, whose samples differ from the
-        `adapter` fixture's for the same request (e.g. the adapter after a few training steps; note that a fresh LoRA
-        adapter's B matrix is zero, so two version-0 adapters sample alike)."""
+        """Return the `ArtifactRef` of a second adapter, stored in the `artifacts` store, whose samples or their
+        log-probs differ from the `adapter` fixture's for the same request (e.g. the adapter after a few training
+        steps; note that a fresh LoRA adapter's B matrix is zero, so two version-0 adapters sample alike)."""
         raise must_provide(
             "RolloutEngineContract",
             "other_adapter",
@@ -188,13 +188,15 @@ class RolloutEngineContract(SamplerFidelityLaws, EngineLifetimeLaws, ContractBas
         self, engine: RolloutEngine, rollout_request: RolloutRequest, other_adapter: ArtifactRef, rl_run: Run[Any]
     ) -> None:
         """Each request is sampled from the adapter it names, whatever the engine served before: two requests that
-        differ only in their adapter (same policy-version label, same seed) give different groups, in either order."""
+        differ only in their adapter (same policy-version label, same seed) give different groups (other tokens, or
+        the same tokens with the other adapter's log-probs), in either order."""
         other = replace(rollout_request, adapter=other_adapter)
         first_other = rl_run(engine.generate(other))
         mine = rl_run(engine.generate(rollout_request))
-        assert [r.token_ids for r in mine] != [r.token_ids for r in first_other], (
-            f"a request for adapter {rollout_request.adapter.digest[:12]} returned the same group as the previous "
-            f"request for adapter {other_adapter.digest[:12]} (both labelled policy version "
+        # Log-probs too: from one seed, close adapters draw the same tokens (a real model's after 3 steps at lr 3e-4).
+        assert _differs(mine, first_other) is not None, (
+            f"a request for adapter {rollout_request.adapter.digest[:12]} returned the same group (token ids and "
+            f"log-probs) as the previous request for adapter {other_adapter.digest[:12]} (both labelled policy version "
             f"{rollout_request.policy_version}): the engine served a stale adapter. Key a loaded adapter by its "
             "digest, never by its version label or name"
         )
