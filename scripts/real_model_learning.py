@@ -11,47 +11,20 @@ for both, and the two-proportion z-test of the difference (docs/benchmarks.md).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from rl.engines.decoding import sample_groups
+from rl.heldout import heldout_accuracy, trained_policy
 from rl.metrics import two_proportion_p
 from rl.models import load_base_model, load_tokenizer
-from rl.models.chat import encode_prompt
 from rl.models.pretrained import resolve_model
-from rl.problems import Addition
-from rl.rewards import is_correct
-
-
-def accuracy(model: Any, tokenizer: Any, samples: int) -> tuple[int, int]:
-    prompts = Addition().eval_prompts()
-    encoded = [encode_prompt(tokenizer, p.question) for p in prompts]
-    correct = total = 0
-    for lo in range(0, len(prompts), 12):  # 12 problems x K samples per batch
-        members = list(range(lo, min(lo + 12, len(prompts))))
-        groups = sample_groups(
-            model,
-            [encoded[i] for i in members],
-            ns=[samples] * len(members),
-            max_tokens=12,
-            seeds=[1000 + i for i in members],
-            eos_token_id=int(tokenizer.eos_token_id),
-        )
-        for i, group in zip(members, groups, strict=True):
-            for s in group:
-                total += 1
-                correct += is_correct(tokenizer.decode(s.token_ids, skip_special_tokens=True), prompts[i].answer)
-    return correct, total
 
 
 def main() -> None:
@@ -80,22 +53,15 @@ def main() -> None:
     model_dir = resolve_model(args.model)
     model, tokenizer = load_base_model(model_dir), load_tokenizer(model_dir)
     started = time.perf_counter()
-    a, n = accuracy(model, tokenizer, args.samples)
+    a, n = heldout_accuracy(model, tokenizer, args.samples)
     print(f"base held-out accuracy {a / n:.3f} ({a}/{n}) in {time.perf_counter() - started:.1f} s", flush=True)
     if args.run is None:
         return
-    from rl.artifacts import LocalArtifacts
-    from rl.trainer.adapter import load_policy
-    from rl.types import ArtifactRef
-
-    state = json.loads((args.run / "checkpoint.json").read_text())["state"]
-    ref = state["adapter"]  # {"uri": ..., "digest": ...}
-    files = asyncio.run(LocalArtifacts(args.run / "artifacts").get(ArtifactRef(uri=ref["uri"], digest=ref["digest"])))
-    policy = load_policy(model_dir, files, trainable=False)
+    policy, version = trained_policy(args.run, model_dir)
     started = time.perf_counter()
-    b, m = accuracy(policy, tokenizer, args.samples)
+    b, m = heldout_accuracy(policy, tokenizer, args.samples)
     print(
-        f"adapter v{state['adapter_version']} held-out accuracy {b / m:.3f} ({b}/{m}) in "
+        f"adapter v{version} held-out accuracy {b / m:.3f} ({b}/{m}) in "
         f"{time.perf_counter() - started:.1f} s; two-sided two-proportion p = {two_proportion_p(a, n, b, m):.3g}"
     )
 
