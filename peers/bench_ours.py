@@ -8,6 +8,10 @@ and prints one `RunRecord` JSON line.
 Timing sits outside the loop, so it measures whatever the loop does today: the driver publishes the report once per
 trained iteration, and a Reporter wrapper marks the clocks there; the engine's `generate*` coroutines mark when
 generation starts and ends (any of them, so a batched generate call is timed too).
+
+A real-model shape (`--shape smollm2`) builds `rl demo grpo --model smollm2`'s run instead (`grpo_demo_config`,
+`REAL_MODEL_TRAINER`, `Addition`'s prompts) and, after training, evaluates the last checkpoint's adapter with
+`rl.heldout.heldout_accuracy`, outside the iteration times.
 """
 
 from __future__ import annotations
@@ -24,10 +28,25 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import torch
+
 import rl
-from peers.bench_shapes import SHAPES, IterationClock, RepeatedDigits, RunRecord, peak_rss_mib, runner_args
-from rl.local import DEMO_TRAINER, local_grpo
+from peers.bench_shapes import (
+    HELDOUT_SAMPLES,
+    SHAPES,
+    IterationClock,
+    RepeatedDigits,
+    RunRecord,
+    Shape,
+    peak_rss_mib,
+    runner_args,
+)
+from rl.demo import grpo_demo_config
+from rl.heldout import heldout_accuracy, trained_policy
+from rl.local import DEMO_TRAINER, REAL_MODEL_TRAINER, LocalDeployment, local_grpo
 from rl.loop.grpo import GrpoConfig, run_grpo
+from rl.models import load_tokenizer
+from rl.models.pretrained import resolve_model
 from rl.protocols import Reporter
 from rl.types import EvalResult, IterationMetrics
 
@@ -83,8 +102,39 @@ class TimedReporter:
         self.record.accuracy.append(float(row.task_metrics["accuracy"]))
 
 
+def real_model_deployment(
+    out_dir: Path, shape: Shape, iterations: int, seed: int
+) -> tuple[GrpoConfig, LocalDeployment]:
+    """`rl demo grpo --model M`'s run (its config, trainer and `Addition` prompts), its end-of-run evaluation off:
+    the runner evaluates after training, as TRL's does."""
+    assert shape.model is not None
+    config = grpo_demo_config(
+        iterations=iterations, seed=seed, prompts=shape.prompts, samples=shape.samples, real_model=True
+    )
+    if config.max_tokens != shape.max_tokens:
+        raise ValueError(f"the demo samples {config.max_tokens} tokens on a real model, the shape {shape.max_tokens}")
+    config = replace(config, evaluate=False)
+    dep = local_grpo(
+        out_dir,
+        config,
+        trainer=REAL_MODEL_TRAINER,
+        model_dir=resolve_model(shape.model),
+        report_interval_s=DEMO_REPORT_INTERVAL_S,
+    )
+    return config, dep
+
+
 async def run(out_dir: Path, shape_name: str, iterations: int, seed: int) -> RunRecord:
     shape = SHAPES[shape_name]
+    clock = IterationClock()
+    record = RunRecord(impl="ours", shape=shape_name, seed=seed, version=f"rl-{rl.__version__}")
+    if shape.model is not None:
+        config, dep = real_model_deployment(out_dir, shape, iterations, seed)
+        time_generation(dep.tiers.engine, clock)
+        tiers = replace(dep.tiers, reporter=TimedReporter(dep.reporter, clock, record))
+        await run_grpo(config, tiers, dep.store)
+        record.peak_rss_mib = peak_rss_mib()
+        return record
     config = GrpoConfig(
         iterations=iterations,
         prompts_per_iteration=shape.prompts,
@@ -98,8 +148,6 @@ async def run(out_dir: Path, shape_name: str, iterations: int, seed: int) -> Run
     # same prompts repeated (bench_prompts), so the deployment is built with a draw it accepts, run with the real one.
     buildable = replace(config, prompts_per_iteration=min(shape.prompts, len(prompts.eval_prompts())))
     dep = local_grpo(out_dir, buildable, trainer=DEMO_TRAINER, report_interval_s=DEMO_REPORT_INTERVAL_S)
-    clock = IterationClock()
-    record = RunRecord(impl="ours", shape=shape_name, seed=seed, version=f"rl-{rl.__version__}")
     time_generation(dep.tiers.engine, clock)
     tiers = replace(dep.tiers, prompts=prompts, reporter=TimedReporter(dep.reporter, clock, record))
     await run_grpo(config, tiers, dep.store)
@@ -109,8 +157,16 @@ async def run(out_dir: Path, shape_name: str, iterations: int, seed: int) -> Run
 
 def main(argv: list[str] | None = None) -> int:
     args = runner_args(argv, "python -m peers.bench_ours")
+    shape = SHAPES[args.shape]
     with tempfile.TemporaryDirectory(prefix="bench-ours-") as tmp:
         record = asyncio.run(run(Path(tmp) / "run", args.shape, args.iterations, args.seed))
+        if shape.model is not None:  # the last checkpoint's adapter, evaluated as TRL's trained model is (trl_loop)
+            torch.set_num_threads(REAL_MODEL_TRAINER.threads)
+            model_dir = resolve_model(shape.model)
+            policy, _ = trained_policy(Path(tmp) / "run", model_dir)
+            record.heldout_correct, record.heldout_total = heldout_accuracy(
+                policy, load_tokenizer(model_dir), HELDOUT_SAMPLES
+            )
     print(record.to_json(), flush=True)
     return 0
 

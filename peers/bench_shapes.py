@@ -34,17 +34,28 @@ class Shape:
     samples: int
     max_tokens: int
     default_iterations: int
+    model: str | None = None  # a pinned real model (`rl.models.pretrained.PINNED`); None: the demo's tiny model
+    opt_in: bool = False  # left out of the default `--shapes` (it costs minutes)
 
     def describe(self) -> str:
-        return f"{self.prompts} prompts x {self.samples} samples, {self.max_tokens} new tokens"
+        on = f" on {self.model}" if self.model else ""
+        return f"{self.prompts} prompts x {self.samples} samples, {self.max_tokens} new tokens{on}"
 
 
 SHAPES: dict[str, Shape] = {
     "demo": Shape(prompts=8, samples=8, max_tokens=3, default_iterations=120),
     "large": Shape(prompts=32, samples=8, max_tokens=16, default_iterations=20),
+    "smollm2": Shape(prompts=4, samples=8, max_tokens=12, default_iterations=6, model="smollm2", opt_in=True),
 }
 """`demo` is `rl demo grpo`'s shape; `large` shows how each side scales with batch and length. The default iteration
-counts keep a 3-seed `nox -s bench-peers` to about 2 minutes of runs on a quiet 2-core machine (93 s measured)."""
+counts keep a 3-seed `nox -s bench-peers` to about 2 minutes of runs on a quiet 2-core machine (93 s measured).
+`smollm2` is `rl demo grpo --model smollm2`'s (Addition, chat template, `REAL_MODEL_TRAINER`), then held-out accuracy
+(`rl.heldout`); about 9 s an iteration a side on a quiet machine, so only with `--shapes smollm2`."""
+
+DEFAULT_SHAPES = [name for name, shape in SHAPES.items() if not shape.opt_in]
+
+HELDOUT_SAMPLES = 8
+"""Samples per held-out problem when a real-model shape evaluates after training (36 problems: 288 samples)."""
 
 
 def bench_prompts(prompts_per_iteration: int) -> list[Prompt]:
@@ -82,6 +93,8 @@ class RunRecord:
     accuracy: list[float] = field(default_factory=list)
     peak_rss_mib: float = 0.0
     version: str = ""
+    heldout_correct: int = 0  # after the last iteration, real-model shapes only (rl.heldout)
+    heldout_total: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), allow_nan=False)

@@ -3,8 +3,9 @@
 Per seed, each side's figures over its steady state (the first `warmup` iterations dropped: model load, first-call
 allocations, TRL's lazy set-up): the median wall seconds per iteration, the mean CPU seconds per iteration, generated
 tokens per CPU-second of generation; then the peak RSS of the whole process and the training accuracy over the last
-tenth of all iterations. Across seeds each figure is shown as its median with the spread (min-max), and the ratio
-ours/TRL of the medians: below 1 means ours is smaller (faster, for the time figures).
+tenth of all iterations, and on a real-model shape the held-out accuracy after the last one. Across seeds each figure
+is shown as its median with the spread (min-max), and the ratio ours/TRL of the medians: below 1 means ours is smaller
+(faster, for the time figures).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ FIGURES = (
     Figure("peak RSS MiB", lambda r, w: r.peak_rss_mib, ",.0f"),
     Figure("training accuracy, last tenth", lambda r, w: statistics.fmean(last_tenth(r.accuracy)), ".3f"),
 )
+HELDOUT = Figure("held-out accuracy after the last iteration", lambda r, w: r.heldout_correct / r.heldout_total, ".3f")
+"""Shown for a shape whose every record was evaluated (the real-model shapes: `rl.heldout`)."""
 
 
 @dataclass(frozen=True)
@@ -101,8 +104,10 @@ def summarise(records: Sequence[RunRecord], warmup: int) -> dict[str, list[Row]]
     out: dict[str, list[Row]] = {}
     for shape in (s for s in SHAPES if any(r.shape == s for r in records)):
         sides = {i: [r for r in records if r.shape == shape and r.impl == i] for i in IMPLS}
+        evaluated = all(r.heldout_total > 0 for i in IMPLS for r in sides[i])
+        figures = (*FIGURES, HELDOUT) if evaluated else FIGURES
         out[shape] = [
-            Row(f.label, *(Spread.of([f.of_seed(r, warmup) for r in sides[i]]) for i in IMPLS), f.fmt) for f in FIGURES
+            Row(f.label, *(Spread.of([f.of_seed(r, warmup) for r in sides[i]]) for i in IMPLS), f.fmt) for f in figures
         ]
     return out
 

@@ -7,6 +7,7 @@ over the run weighs on both sides alike; then prints one table per shape (`peers
 
     python -m peers.bench_trl --seeds 3 --shapes demo,large           # the defaults
     python -m peers.bench_trl --seeds 1 --iterations 6 --shapes demo  # a quick look
+    python -m peers.bench_trl --seeds 1 --iterations 6 --shapes smollm2  # the real model (minutes), then held-out
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from peers.bench_shapes import SHAPES, RunRecord
+from peers.bench_shapes import DEFAULT_SHAPES, SHAPES, RunRecord
 from peers.bench_summary import format_table, summarise
 from rl.argtypes import non_negative_int, positive_int
 from rl.errors import RlError
@@ -73,7 +74,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         + ")",
     )
     p.add_argument(
-        "--shapes", type=_shapes, default=list(SHAPES), help=f"comma-separated, from {', '.join(SHAPES)} (default all)"
+        "--shapes",
+        type=_shapes,
+        default=DEFAULT_SHAPES,
+        help=f"comma-separated, from {', '.join(SHAPES)} (default {','.join(DEFAULT_SHAPES)})",
     )
     p.add_argument(
         "--warmup",

@@ -24,6 +24,14 @@ The setting, matched to `rl demo grpo` (rl/local.py `DEMO_MODEL`, `DEMO_TRAINER`
 Per-iteration wall and CPU seconds are marked by a `TrainerCallback` at each step's end (the first from the start of
 training); generation CPU by timing `trainer._generate` (TRL's generation and decoding); tokens and accuracy by the
 reward function, which sees every completion's ids and text once per step.
+
+A real-model shape (`--shape smollm2`) is `rl demo grpo --model smollm2`'s setting instead: the pinned model's
+directory (`rl.models.pretrained.resolve_model`, loaded by the same functions), `Addition`'s training prompts as
+conversations (TRL applies the chat template with the assistant's turn opened, as `rl.models.chat.encode_prompt` does;
+completions come back as messages, the reward scores their text), `REAL_MODEL_TRAINER`'s LoRA (r8, alpha 16 on
+q/k/v/o), lr, beta and threads (2); TRL stops at the tokenizer's eos, `<|im_end|>`, as ours does. After training, the
+trained `PeftModel` is evaluated by `rl.heldout.heldout_accuracy`, as bench_ours evaluates ours; neither evaluation
+is in the iteration times.
 """
 
 from __future__ import annotations
@@ -43,10 +51,22 @@ from peft import LoraConfig
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from peers.bench_shapes import SHAPES, IterationClock, RunRecord, bench_prompts, peak_rss_mib, runner_args
-from rl.local import DEMO_MODEL, DEMO_TRAINER, base_model
+from peers.bench_shapes import (
+    HELDOUT_SAMPLES,
+    SHAPES,
+    IterationClock,
+    RunRecord,
+    Shape,
+    bench_prompts,
+    peak_rss_mib,
+    runner_args,
+)
+from rl.heldout import heldout_accuracy
+from rl.local import DEMO_MODEL, DEMO_TRAINER, REAL_MODEL_TRAINER, base_model, demo_problems
+from rl.models.pretrained import resolve_model
 from rl.models.tiny import load_base_model, load_tokenizer
 from rl.rewards import is_correct, score
+from rl.trainer.config import TrainerConfig
 
 
 class _StepClock(TrainerCallback):
@@ -72,13 +92,31 @@ def _reward(scored: list[tuple[int, float]]) -> Any:
     """A TRL reward function: `rl.rewards.score` per completion; notes the step's generated tokens and accuracy."""
 
     def digit_reward(
-        completions: list[str], answer: list[str], completion_ids: list[list[int]], **_: Any
+        completions: list[Any], answer: list[str], completion_ids: list[list[int]], **_: Any
     ) -> list[float]:
-        right = sum(is_correct(c, a) for c, a in zip(completions, answer, strict=True))
-        scored.append((sum(len(ids) for ids in completion_ids), right / len(completions)))
-        return [score(c, a) for c, a in zip(completions, answer, strict=True)]
+        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]  # conversational: messages
+        right = sum(is_correct(c, a) for c, a in zip(texts, answer, strict=True))
+        scored.append((sum(len(ids) for ids in completion_ids), right / len(texts)))
+        return [score(c, a) for c, a in zip(texts, answer, strict=True)]
 
     return digit_reward
+
+
+def _task(root: Path, shape: Shape) -> tuple[Path, TrainerConfig, Dataset]:
+    """The model directory, our trainer's settings and TRL's training dataset, as `rl demo grpo` trains the shape:
+    the tiny model on the digit task, or (`shape.model`) the real model on `Addition` with `--model`'s trainer."""
+    if shape.model is None:
+        prompts = bench_prompts(shape.prompts)
+        questions: list[Any] = [p.question for p in prompts]
+        return base_model(root, DEMO_MODEL), DEMO_TRAINER, _dataset(questions, [p.answer for p in prompts])
+    real = list(demo_problems(real_model=True).train_prompts())
+    # Conversational: TRL applies the chat template with the assistant's turn opened, as rl.models.chat does.
+    chats = [[{"role": "user", "content": p.question}] for p in real]
+    return resolve_model(shape.model), REAL_MODEL_TRAINER, _dataset(chats, [p.answer for p in real])
+
+
+def _dataset(prompts: list[Any], answers: list[str]) -> Dataset:
+    return Dataset.from_dict({"prompt": prompts, "answer": answers})
 
 
 def _timed_generation(trainer: GRPOTrainer, clock: IterationClock) -> None:
@@ -96,21 +134,20 @@ def _timed_generation(trainer: GRPOTrainer, clock: IterationClock) -> None:
 
 def run(root: Path, shape_name: str, iterations: int, seed: int) -> RunRecord:
     shape = SHAPES[shape_name]
-    torch.set_num_threads(DEMO_TRAINER.threads)
-    model_dir = base_model(root, DEMO_MODEL)
-    prompts = bench_prompts(shape.prompts)
+    model_dir, ours, dataset = _task(root, shape)
+    torch.set_num_threads(ours.threads)
     args = GRPOConfig(
         output_dir=str(root / "out"),
         per_device_train_batch_size=shape.prompts * shape.samples,
         num_generations=shape.samples,
         max_completion_length=shape.max_tokens,
         max_steps=iterations,
-        learning_rate=DEMO_TRAINER.lr,
+        learning_rate=ours.lr,
         lr_scheduler_type="constant",
-        weight_decay=DEMO_TRAINER.weight_decay,
-        max_grad_norm=DEMO_TRAINER.max_grad_norm,
-        beta=DEMO_TRAINER.kl_beta,
-        epsilon=DEMO_TRAINER.clip_eps,
+        weight_decay=ours.weight_decay,
+        max_grad_norm=ours.max_grad_norm,
+        beta=ours.kl_beta,
+        epsilon=ours.clip_eps,
         scale_rewards="group",
         temperature=1.0,
         top_p=1.0,
@@ -127,29 +164,31 @@ def run(root: Path, shape_name: str, iterations: int, seed: int) -> RunRecord:
         dataloader_num_workers=0,
     )
     peft_config = LoraConfig(
-        r=DEMO_TRAINER.lora_rank,
-        lora_alpha=DEMO_TRAINER.lora_alpha,
-        lora_dropout=DEMO_TRAINER.lora_dropout,
-        target_modules="all-linear",
+        r=ours.lora_rank,
+        lora_alpha=ours.lora_alpha,
+        lora_dropout=ours.lora_dropout,
+        target_modules=ours.target_modules if isinstance(ours.target_modules, str) else list(ours.target_modules),
         task_type="CAUSAL_LM",
     )
     clock = IterationClock()
     record = RunRecord(impl="trl", shape=shape_name, seed=seed, version=f"trl-{trl.__version__}")
     scored: list[tuple[int, float]] = []
+    tokenizer = load_tokenizer(model_dir)
     trainer = GRPOTrainer(
         model=load_base_model(model_dir),
         reward_funcs=[_reward(scored)],
         args=args,
-        train_dataset=Dataset.from_dict(
-            {"prompt": [p.question for p in prompts], "answer": [p.answer for p in prompts]}
-        ),
-        processing_class=load_tokenizer(model_dir),
+        train_dataset=dataset,
+        processing_class=tokenizer,
         peft_config=peft_config,
         callbacks=[_StepClock(clock, record, scored)],
     )
     _timed_generation(trainer, clock)
     trainer.train()
     record.peak_rss_mib = peak_rss_mib()
+    if shape.model is not None:  # the trained policy, evaluated as ours is (bench_ours)
+        trainer.model.eval()
+        record.heldout_correct, record.heldout_total = heldout_accuracy(trainer.model, tokenizer, HELDOUT_SAMPLES)
     return record
 
 

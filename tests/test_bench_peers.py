@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from peers import bench_trl
-from peers.bench_shapes import BenchInputError, IterationClock, RunRecord, bench_prompts
+from peers.bench_shapes import SHAPES, BenchInputError, IterationClock, RunRecord, bench_prompts
 from peers.bench_summary import check_records, format_table, summarise
 
 
@@ -126,6 +126,28 @@ def test_a_failing_runner_is_reported_with_the_command_that_reruns_it(monkeypatc
     err = capsys.readouterr().err
     assert "ours on shape demo, seed 0 exited 1 without a record" in err
     assert "No module named peers.no_such_runner" in err and "rerun it alone:" in err
+
+
+def test_the_real_model_shape_is_opt_in(monkeypatch):
+    """The default run leaves out the minutes-long real-model shape; `--shapes smollm2` runs it alone."""
+    assert bench_trl.parse_args([]).shapes == ["demo", "large"]
+    assert bench_trl.parse_args(["--shapes", "smollm2"]).shapes == ["smollm2"]
+    assert SHAPES["smollm2"].describe() == "4 prompts x 8 samples, 12 new tokens on smollm2"
+
+
+def test_held_out_accuracy_is_a_row_only_where_every_record_was_evaluated():
+    """Held-out accuracy is correct/total per seed: ours 72/288 = 0.25 against TRL 36/288 = 0.125, ratio 2."""
+    evaluated = [
+        _record("ours", 0, [1, 1], shape="smollm2", heldout_correct=72, heldout_total=288),
+        _record("trl", 0, [1, 1], shape="smollm2", heldout_correct=36, heldout_total=288),
+    ]
+    heldout = summarise(evaluated, warmup=1)["smollm2"][-1]
+    assert heldout.label == "held-out accuracy after the last iteration"
+    assert (heldout.ours.median, heldout.trl.median, heldout.ratio) == (0.25, 0.125, 2)
+    one_side = [evaluated[0], _record("trl", 0, [1, 1], shape="smollm2")]
+    assert all(row.label != heldout.label for row in summarise(one_side, warmup=1)["smollm2"])
+    again = RunRecord.from_json(evaluated[0].to_json())
+    assert (again.heldout_correct, again.heldout_total) == (72, 288)
 
 
 def test_bench_prompts_repeat_the_digit_task_to_fill_the_large_shape():
