@@ -11,6 +11,7 @@ import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -194,6 +195,24 @@ async def test_the_vllm_settings_pass_through_the_engine(tmp_path: Path) -> None
     assert len(group) == 2
     fixed = {"model": str(base), "enable_lora": True, "logprobs_mode": "raw_logprobs", "trust_remote_code": False}
     assert engine.llm.init_kwargs == {**fixed, **gpu.vllm_llm_kwargs()}
+
+
+@pytest.mark.parametrize("kwargs_of", [gpu.vllm_llm_kwargs, gpu.vllm_cpu_llm_kwargs], ids=["gpu", "cpu"])
+def test_the_stub_takes_every_keyword_our_vllm_settings_pass(kwargs_of: Any, tmp_path: Path) -> None:
+    """The stub refuses a keyword that is not in its `ENGINE_ARGS` (as vLLM refuses non-fields); a keyword added to
+    our settings must be added there too (`nox -s vllm-api` checks the list against vLLM), or the stub-beside-real
+    tests fail only in `nox -s vllm-cpu`."""
+    import fakes.vllm_stub as stub
+    from rl.engines.vllm import engine_llm_kwargs
+    from rl.models import TinyModelConfig, build_tiny_model
+
+    config = TinyModelConfig(seed=1, hidden_size=32, intermediate=64, max_position=gpu.VLLM_MODEL.max_position)
+    base = build_tiny_model(tmp_path / "model", config)
+    kwargs = engine_llm_kwargs(base, kwargs_of())
+    assert set(kwargs) - {"model"} <= set(stub.ENGINE_ARGS), sorted(set(kwargs) - set(stub.ENGINE_ARGS))
+    assert stub.LLM(**kwargs).init_kwargs == kwargs
+    with pytest.raises(TypeError, match="unexpected keyword arguments \\['swap_space_gb'\\]"):
+        stub.LLM(**kwargs, swap_space_gb=4)
 
 
 def test_a_vllm_engine_spec_takes_its_length_from_the_model(tmp_path: Path) -> None:

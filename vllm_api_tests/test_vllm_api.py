@@ -61,11 +61,15 @@ def adapter(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
 
 
 def _our_llm_kwargs(model_dir: Path) -> list[dict[str, Any]]:
-    """Every `LLM(...)` keyword set our code builds: each profile's EngineSpec and the GPU tests' settings."""
+    """Every `LLM(...)` keyword set our code builds: each profile's EngineSpec, the GPU tests' and the CPU build's."""
     positions = model_max_len(model_dir)
     specs = [EngineSpec(kind="vllm"), gpu_smoke().engine, stress(base_uri="s3://x").engine]
     sets = [engine_llm_kwargs(model_dir, s.vllm_kwargs(max(positions, s.max_model_len or 0))) for s in specs]
-    return [*sets, engine_llm_kwargs(model_dir, gpu.vllm_llm_kwargs())]
+    return [
+        *sets,
+        engine_llm_kwargs(model_dir, gpu.vllm_llm_kwargs()),
+        engine_llm_kwargs(model_dir, gpu.vllm_cpu_llm_kwargs()),
+    ]
 
 
 def test_every_keyword_our_engine_passes_to_llm_is_an_engine_args_field_with_a_valid_value(model_dir: Path) -> None:

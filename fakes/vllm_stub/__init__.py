@@ -237,6 +237,7 @@ ENGINE_ARGS = (
     "max_model_len",
     "gpu_memory_utilization",
     "enforce_eager",
+    "enable_chunked_prefill",
     "logprobs_mode",
 )
 MAX_LORA_RANKS = VLLM_MAX_LORA_RANKS
