@@ -28,3 +28,51 @@ def test_left_padded_groups_sample_what_each_samples_alone(tiny_model_dir: Path,
         assert [s.token_ids for s in group] == [s.token_ids for s in alone]
         for s, a in zip(group, alone, strict=True):
             torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(a.logprobs), atol=1e-5, rtol=0)
+
+
+class _NoReorder:
+    """A KV cache that hides `reorder_cache`, as a model with its own cache type may."""
+
+    def __init__(self, cache: object) -> None:
+        self.cache = cache
+
+
+class _HidesReorder(torch.nn.Module):
+    """The model, its cache wrapped in `_NoReorder` going out and unwrapped coming back; records each batch size."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner, self.batches = model, []
+
+    def forward(self, input_ids: torch.Tensor, cache: _NoReorder | None = None, **kwargs: object) -> object:
+        self.batches.append(int(input_ids.shape[0]))
+        out = self.inner(input_ids=input_ids, cache=None if cache is None else cache.cache, **kwargs)
+        out.cache = _NoReorder(out.cache)
+        return out
+
+
+@pytest.mark.parametrize("ns", [[4, 4, 4], [3, 1, 2]], ids=["equal groups", "unequal groups"])
+def test_each_prompt_is_forwarded_once_and_samples_what_a_row_per_sample_samples(
+    tiny_model_dir: Path, ns: list[int]
+) -> None:
+    """The prefill runs one row per prompt and repeats its cache per sample; a cache without `reorder_cache` takes
+    the row-per-sample prefill instead. Both sample the same tokens, log-probs equal up to batch rounding."""
+    model, tokenizer = load_base_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    prompts = [tokenizer(q)["input_ids"] for q in ("3=", "what is 12 + 7? ", "45=")]
+    kwargs = {"ns": ns, "max_tokens": 6, "seeds": [5, 6, 7], "eos_token_id": int(tokenizer.eos_token_id)}
+    counted = _HidesReorder(model)
+    seen: list[int] = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kw: seen.append(int(kw["input_ids"].shape[0])), with_kwargs=True
+    )
+    try:
+        grouped = sample_groups(model, prompts, **kwargs)
+    finally:
+        hook.remove()
+    per_row = sample_groups(counted, prompts, **kwargs)
+    assert seen[0] == len(prompts) and set(seen[1:]) <= {sum(ns)}  # the prefill: one row per prompt
+    assert counted.batches[:2] == [len(prompts), sum(ns)]  # the fallback: once more, one row per sample
+    for group, rows in zip(grouped, per_row, strict=True):
+        assert [s.token_ids for s in group] == [s.token_ids for s in rows]
+        for s, r in zip(group, rows, strict=True):
+            torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(r.logprobs), atol=1e-5, rtol=0)

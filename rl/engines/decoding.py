@@ -1,7 +1,7 @@
 """Seeded decoding and teacher-forced log-probs on a torch causal LM: the CPU reference for what vLLM does on a GPU.
 
-One call samples one group: the prompt is encoded once, repeated `n` times, and all `n` sequences decode together
-through a KV cache (`cache`, formerly `past_key_values`), at temperature 1.0 and top_p 1.0, so the recorded
+One call samples one group: the prompt is forwarded once, its KV cache (`cache`, formerly `past_key_values`) repeated
+`n` times, and all `n` sequences decode together at temperature 1.0 and top_p 1.0, so the recorded
 log-probabilities are the policy's own (the same reason the tutorial samples vLLM at those settings). Randomness comes
 only from a `torch.Generator` seeded with the request's seed: the driver derives that seed per (iteration, group)
 (rl.seeding), so a retried request samples the same tokens, and the `n` rows of a group draw independently from one
@@ -110,17 +110,13 @@ def sample_groups(
     rows = bounds[-1]
     width = max(len(p) for p in prompts)
     pad = eos_token_id if pad_token_id is None else pad_token_id
-    row_prompts = [list(p) for p, n in zip(prompts, ns, strict=True) for _ in range(n)]
-    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in row_prompts], dtype=torch.long)  # [rows, P]
     padded = any(len(p) != width for p in prompts)
-    # Left padding: mask [rows, P + t] grows by one column per step; positions count real tokens only.
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in row_prompts], dtype=torch.long)
-    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # [rows, P]
-    extra = {"attention_mask": mask, "position_ids": positions} if padded else {}
     cache_kw = _cache_kwarg(model)
-    out = model(input_ids=input_ids, use_cache=True, **extra)  # [rows, P]
+    # Each prompt is forwarded once, and its KV cache and last logits are repeated for its group's n rows.
+    row_of = torch.repeat_interleave(torch.arange(len(prompts)), torch.tensor(list(ns)))  # [rows] -> its prompt
+    logits, past, mask, positions = _prefill(model, [list(p) for p in prompts], width, pad, padded, row_of)
     next_position = positions[:, -1:] + 1  # [rows, 1]
-    logits, past = out.logits[:, -1, :], _cache_of(out)  # [rows, V]
+    extra: dict[str, torch.Tensor] = {}
     tokens = torch.empty((rows, 0), dtype=torch.long)  # [rows, t]
     logps = torch.empty((rows, 0), dtype=torch.float32)  # [rows, t]
     finished = torch.zeros(rows, dtype=torch.bool)  # [rows]
@@ -159,6 +155,29 @@ def sample_groups(
         for i in range(rows)
     ]
     return [seqs[lo:hi] for lo, hi in itertools.pairwise(bounds)]
+
+
+def _prefill(
+    model: nn.Module, prompts: list[list[int]], width: int, pad: int, padded: bool, row_of: torch.Tensor
+) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
+    """The prompts' forward, its results given per row (`row_of[r]` is row r's prompt): last logits [rows, V], the
+    KV cache, the attention mask [rows, P] and positions [rows, P]. Left padding: the mask hides the pads and positions
+    count real tokens only. A cache without `reorder_cache` (transformers' caches all have it) is built row by row."""
+
+    def forward(batch: list[list[int]]) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], dtype=torch.long)  # [B, P]
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], dtype=torch.long)  # [B, P]
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # [B, P]
+        extra = {"attention_mask": mask, "position_ids": positions} if padded else {}
+        return model(input_ids=input_ids, use_cache=True, **extra), mask, positions
+
+    out, mask, positions = forward(prompts)  # [G, P]
+    past = _cache_of(out)
+    if callable(getattr(past, "reorder_cache", None)):
+        past.reorder_cache(row_of)  # [G, ...] -> [rows, ...], each prompt's keys and values repeated n times
+        return out.logits[:, -1, :].index_select(0, row_of), past, mask[row_of], positions[row_of]
+    out, mask, positions = forward([prompts[int(g)] for g in row_of])  # [rows, P]
+    return out.logits[:, -1, :], _cache_of(out), mask, positions
 
 
 def teacher_forced_logprobs(
