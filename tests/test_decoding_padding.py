@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from fixtures_real import one_thread, tiny_model_dir
 
-from rl.engines.decoding import sample_group, sample_groups
+from rl.engines.decoding import _cache_kwarg, _cache_of, sample_group, sample_groups
 from rl.models import load_base_model, load_tokenizer
 
 __all__ = ["one_thread", "tiny_model_dir"]
@@ -44,11 +45,11 @@ class _HidesReorder(torch.nn.Module):
         super().__init__()
         self.inner, self.batches = model, []
 
-    def forward(self, input_ids: torch.Tensor, cache: _NoReorder | None = None, **kwargs: object) -> object:
+    def forward(self, input_ids: torch.Tensor, past_key_values: _NoReorder | None = None, **kwargs: object) -> object:
         self.batches.append(int(input_ids.shape[0]))
-        out = self.inner(input_ids=input_ids, cache=None if cache is None else cache.cache, **kwargs)
-        out.cache = _NoReorder(out.cache)
-        return out
+        cache = None if past_key_values is None else past_key_values.cache
+        out = self.inner(input_ids=input_ids, **{_cache_kwarg(self.inner): cache}, **kwargs)
+        return SimpleNamespace(logits=out.logits, cache=_NoReorder(_cache_of(out)))
 
 
 @pytest.mark.parametrize("ns", [[4, 4, 4], [3, 1, 2]], ids=["equal groups", "unequal groups"])
