@@ -9,6 +9,7 @@ import pytest
 import torch
 from fixtures_real import one_thread, tiny_model_dir
 
+from rl.engines import decoding
 from rl.engines.decoding import _cache_kwarg, _cache_of, sample_group, sample_groups
 from rl.models import load_base_model, load_tokenizer
 
@@ -32,13 +33,13 @@ def test_left_padded_groups_sample_what_each_samples_alone(tiny_model_dir: Path,
 
 
 class _NoReorder:
-    """A KV cache that hides `reorder_cache`, as a model with its own cache type may."""
+    """A KV cache of another type than transformers' `DynamicCache`, as a model with its own cache type may have."""
 
     def __init__(self, cache: object) -> None:
         self.cache = cache
 
 
-class _HidesReorder(torch.nn.Module):
+class _HidesCache(torch.nn.Module):
     """The model, its cache wrapped in `_NoReorder` going out and unwrapped coming back; records each batch size."""
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -54,26 +55,48 @@ class _HidesReorder(torch.nn.Module):
 
 @pytest.mark.parametrize("ns", [[4, 4, 4], [3, 1, 2]], ids=["equal groups", "unequal groups"])
 def test_each_prompt_is_forwarded_once_and_samples_what_a_row_per_sample_samples(
-    tiny_model_dir: Path, ns: list[int]
+    tiny_model_dir: Path, ns: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The prefill runs one row per prompt and repeats its cache per sample; a cache without `reorder_cache` takes
-    the row-per-sample prefill instead. Both sample the same tokens, log-probs equal up to batch rounding."""
+    """From `PREFILL_ONCE_MIN_PARAMETERS` up, the prefill forwards each prompt alone and repeats its cache per sample;
+    below it, or for a cache that is not a plain `DynamicCache`, one padded row per sample. All sample the same tokens,
+    log-probs equal up to batch rounding."""
     model, tokenizer = load_base_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
     prompts = [tokenizer(q)["input_ids"] for q in ("3=", "what is 12 + 7? ", "45=")]
     kwargs = {"ns": ns, "max_tokens": 6, "seeds": [5, 6, 7], "eos_token_id": int(tokenizer.eos_token_id)}
-    counted = _HidesReorder(model)
     seen: list[int] = []
     hook = model.register_forward_pre_hook(
         lambda _m, _a, kw: seen.append(int(kw["input_ids"].shape[0])), with_kwargs=True
     )
     try:
+        small = sample_groups(model, prompts, **kwargs)  # the tiny model is under the threshold
+        assert seen[0] == sum(ns)  # one padded row per sample
+        monkeypatch.setattr(decoding, "PREFILL_ONCE_MIN_PARAMETERS", 0)
+        seen.clear()
         grouped = sample_groups(model, prompts, **kwargs)
+        assert seen[:3] == [1, 1, 1] and set(seen[3:]) == {sum(ns)}  # one row per prompt, alone
     finally:
         hook.remove()
+    counted = _HidesCache(model)
     per_row = sample_groups(counted, prompts, **kwargs)
-    assert seen[0] == len(prompts) and set(seen[1:]) <= {sum(ns)}  # the prefill: one row per prompt
-    assert counted.batches[:2] == [len(prompts), sum(ns)]  # the fallback: once more, one row per sample
-    for group, rows in zip(grouped, per_row, strict=True):
-        assert [s.token_ids for s in group] == [s.token_ids for s in rows]
-        for s, r in zip(group, rows, strict=True):
+    assert counted.batches[:2] == [1, sum(ns)]  # the fallback: once more, one row per sample
+    for group, rows, other in zip(grouped, per_row, small, strict=True):
+        assert [s.token_ids for s in group] == [s.token_ids for s in rows] == [s.token_ids for s in other]
+        for s, r, o in zip(group, rows, other, strict=True):
             torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(r.logprobs), atol=1e-5, rtol=0)
+            assert r.logprobs == o.logprobs  # the same padded row-per-sample prefill
+
+
+@pytest.mark.parametrize("threshold", [0, decoding.PREFILL_ONCE_MIN_PARAMETERS], ids=["prompt once", "row per sample"])
+def test_a_group_sampled_in_a_batch_is_bit_for_bit_the_group_sampled_alone(
+    tiny_model_dir: Path, threshold: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group's prefill is the one-group call's own, so the Flyte tiers, which sample group by group, train the
+    adapter the in-process loop trains from batched groups."""
+    monkeypatch.setattr(decoding, "PREFILL_ONCE_MIN_PARAMETERS", threshold)
+    model, tokenizer = load_base_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    prompts = [tokenizer(q)["input_ids"] for q in ("3=", "17=", "5=", "99=")]
+    eos = int(tokenizer.eos_token_id)
+    batched = sample_groups(model, prompts, ns=[8] * 4, max_tokens=4, seeds=[1, 2, 3, 4], eos_token_id=eos)
+    for prompt, seed, group in zip(prompts, [1, 2, 3, 4], batched, strict=True):
+        alone = sample_group(model, prompt, n=8, max_tokens=4, seed=seed, eos_token_id=eos)
+        assert [(s.token_ids, s.logprobs) for s in group] == [(s.token_ids, s.logprobs) for s in alone]

@@ -113,8 +113,7 @@ def sample_groups(
     padded = any(len(p) != width for p in prompts)
     cache_kw = _cache_kwarg(model)
     # Each prompt is forwarded once, and its KV cache and last logits are repeated for its group's n rows.
-    row_of = torch.repeat_interleave(torch.arange(len(prompts)), torch.tensor(list(ns)))  # [rows] -> its prompt
-    logits, past, mask, positions = _prefill(model, [list(p) for p in prompts], width, pad, padded, row_of)
+    logits, past, mask, positions = _prefill(model, [list(p) for p in prompts], ns, width, pad)
     next_position = positions[:, -1:] + 1  # [rows, 1]
     extra: dict[str, torch.Tensor] = {}
     tokens = torch.empty((rows, 0), dtype=torch.long)  # [rows, t]
@@ -157,27 +156,64 @@ def sample_groups(
     return [seqs[lo:hi] for lo, hi in itertools.pairwise(bounds)]
 
 
+PREFILL_ONCE_MIN_PARAMETERS = 10_000_000
+"""From this many parameters up, `_prefill` forwards each prompt once; below it, one padded row per sample (a forward
+of such a model costs less than the Python around it: the demo's tiny model sampled 1.8x slower prompt by prompt)."""
+
+
 def _prefill(
-    model: nn.Module, prompts: list[list[int]], width: int, pad: int, padded: bool, row_of: torch.Tensor
+    model: nn.Module, prompts: list[list[int]], ns: Sequence[int], width: int, pad: int
 ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
-    """The prompts' forward, its results given per row (`row_of[r]` is row r's prompt): last logits [rows, V], the
-    KV cache, the attention mask [rows, P] and positions [rows, P]. Left padding: the mask hides the pads and positions
-    count real tokens only. A cache without `reorder_cache` (transformers' caches all have it) is built row by row."""
+    """The prompts' forward, given per row (prompt g's `ns[g]` rows in order): last logits [rows, V], the KV cache,
+    the attention mask [rows, P] and positions [rows, P] (left padding: the mask hides the pads, positions count real
+    tokens only).
 
-    def forward(batch: list[list[int]]) -> tuple[Any, torch.Tensor, torch.Tensor]:
-        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], dtype=torch.long)  # [B, P]
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], dtype=torch.long)  # [B, P]
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # [B, P]
-        extra = {"attention_mask": mask, "position_ids": positions} if padded else {}
-        return model(input_ids=input_ids, use_cache=True, **extra), mask, positions
+    Each prompt is forwarded alone, unpadded, so a group's prefill is bit for bit the one a one-group call computes
+    (a batch of other shapes may round differently in the last bit); its keys and values are then repeated for the
+    group's rows and left-padded with zeros (masked) to `width`. A model under `PREFILL_ONCE_MIN_PARAMETERS`, or a
+    cache other than transformers' `DynamicCache` of `DynamicLayer`s, is prefilled one padded row per sample instead."""
+    rows = [p for p, n in zip(prompts, ns, strict=True) for _ in range(n)]
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], dtype=torch.long)  # [rows, P]
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # [rows, P]
+    outs: list[Any] = []
+    if _parameters(model) >= PREFILL_ONCE_MIN_PARAMETERS:
+        for prompt in prompts:
+            outs.append(model(input_ids=torch.tensor([prompt], dtype=torch.long), use_cache=True))  # [1, P_g]
+            if not _repeatable(_cache_of(outs[-1])):
+                outs = []
+                break
+    if not outs:
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], dtype=torch.long)  # [rows, P]
+        padded = any(len(p) != width for p in prompts)
+        out = model(
+            input_ids=input_ids,
+            use_cache=True,
+            **({"attention_mask": mask, "position_ids": positions} if padded else {}),
+        )
+        return out.logits[:, -1, :], _cache_of(out), mask, positions
+    caches = [_cache_of(out) for out in outs]
+    for i, layer in enumerate(caches[0].layers):
+        for name in ("keys", "values"):
+            parts = []
+            for cache, prompt, n in zip(caches, prompts, ns, strict=True):
+                kv = getattr(cache.layers[i], name)  # [1, H, P_g, D]
+                gap = kv.new_zeros(1, kv.shape[1], width - len(prompt), kv.shape[3])  # [1, H, pads, D]
+                parts.append(torch.cat([gap, kv], dim=2).expand(n, -1, -1, -1))  # [n, H, P, D]
+            setattr(layer, name, torch.cat(parts))  # [rows, H, P, D]
+    logits = torch.cat([out.logits[:, -1, :].expand(n, -1) for out, n in zip(outs, ns, strict=True)])  # [rows, V]
+    return logits, caches[0], mask, positions
 
-    out, mask, positions = forward(prompts)  # [G, P]
-    past = _cache_of(out)
-    if callable(getattr(past, "reorder_cache", None)):
-        past.reorder_cache(row_of)  # [G, ...] -> [rows, ...], each prompt's keys and values repeated n times
-        return out.logits[:, -1, :].index_select(0, row_of), past, mask[row_of], positions[row_of]
-    out, mask, positions = forward([prompts[int(g)] for g in row_of])  # [rows, P]
-    return out.logits[:, -1, :], _cache_of(out), mask, positions
+
+def _parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _repeatable(cache: Any) -> bool:
+    """Whether `_prefill` can repeat and pad `cache` row by row: a `DynamicCache` of plain `DynamicLayer`s."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
 def teacher_forced_logprobs(
