@@ -212,7 +212,7 @@ def _repeatable(cache: Any) -> bool:
     """Whether `_prefill` can repeat and pad `cache` row by row: a `DynamicCache` of plain `DynamicLayer`s."""
     from transformers.cache_utils import DynamicLayer
 
-    layers = getattr(cache, "layers", None)
+    layers: Any = getattr(cache, "layers", None) or ()
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
