@@ -32,7 +32,7 @@ def test_left_padded_groups_sample_what_each_samples_alone(tiny_model_dir: Path,
             torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(a.logprobs), atol=1e-5, rtol=0)
 
 
-class _NoReorder:
+class _OtherCache:
     """A KV cache of another type than transformers' `DynamicCache`, as a model with its own cache type may have."""
 
     def __init__(self, cache: object) -> None:
@@ -40,17 +40,17 @@ class _NoReorder:
 
 
 class _HidesCache(torch.nn.Module):
-    """The model, its cache wrapped in `_NoReorder` going out and unwrapped coming back; records each batch size."""
+    """The model, its cache wrapped in `_OtherCache` going out and unwrapped coming back; records each batch size."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.inner, self.batches = model, []
 
-    def forward(self, input_ids: torch.Tensor, past_key_values: _NoReorder | None = None, **kwargs: object) -> object:
+    def forward(self, input_ids: torch.Tensor, past_key_values: _OtherCache | None = None, **kwargs: object) -> object:
         self.batches.append(int(input_ids.shape[0]))
         cache = None if past_key_values is None else past_key_values.cache
         out = self.inner(input_ids=input_ids, **{_cache_kwarg(self.inner): cache}, **kwargs)
-        return SimpleNamespace(logits=out.logits, cache=_NoReorder(_cache_of(out)))
+        return SimpleNamespace(logits=out.logits, cache=_OtherCache(_cache_of(out)))
 
 
 @pytest.mark.parametrize("ns", [[4, 4, 4], [3, 1, 2]], ids=["equal groups", "unequal groups"])

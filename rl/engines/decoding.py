@@ -113,7 +113,7 @@ def sample_groups(
     padded = any(len(p) != width for p in prompts)
     cache_kw = _cache_kwarg(model)
     # Each prompt is forwarded once, and its KV cache and last logits are repeated for its group's n rows.
-    logits, past, mask, positions = _prefill(model, [list(p) for p in prompts], ns, width, pad)
+    logits, past, mask, positions = _prefill(model, [list(p) for p in prompts], ns, width, pad, padded)
     next_position = positions[:, -1:] + 1  # [rows, 1]
     extra: dict[str, torch.Tensor] = {}
     tokens = torch.empty((rows, 0), dtype=torch.long)  # [rows, t]
@@ -162,7 +162,7 @@ of such a model costs less than the Python around it: the demo's tiny model samp
 
 
 def _prefill(
-    model: nn.Module, prompts: list[list[int]], ns: Sequence[int], width: int, pad: int
+    model: nn.Module, prompts: list[list[int]], ns: Sequence[int], width: int, pad: int, padded: bool
 ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
     """The prompts' forward, given per row (prompt g's `ns[g]` rows in order): last logits [rows, V], the KV cache,
     the attention mask [rows, P] and positions [rows, P] (left padding: the mask hides the pads, positions count real
@@ -184,7 +184,6 @@ def _prefill(
                 break
     if not outs:
         input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], dtype=torch.long)  # [rows, P]
-        padded = any(len(p) != width for p in prompts)
         out = model(
             input_ids=input_ids,
             use_cache=True,
