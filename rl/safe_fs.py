@@ -90,6 +90,9 @@ class Tree:
 
     def _open_dir(self, parts: list[str], *, create: bool = False) -> int:
         fd = os.open(self.top, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
+        if parts and (sub := platform.open_beneath(fd, os.sep.join(parts), _DIR)) is not None:
+            os.close(fd)  # the whole path in one syscall, no link followed (Linux); otherwise the walk below
+            return sub
         try:
             for i in range(len(parts)):
                 if create:
