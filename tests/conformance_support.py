@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Any
 
-from rl.memory.artifacts import MemoryArtifacts
-from rl.sim.grpo_tiers import FakeEngine, FakeTrainer
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_tiers import FakeEngine, FakeTrainer
 from rl.types import Prompt, RolloutRequest, TrainBatch
 
 

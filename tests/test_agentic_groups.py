@@ -14,7 +14,7 @@ from rl.agentic.bandit import BanditTrainer
 from rl.agentic.judge import judge_score
 from rl.agentic.tiers import JudgeTier, LocalAgenticTiers, SandboxTier, TrainerTier
 from rl.loop.agentic import AgenticConfig, run_agentic
-from rl.memory.worlds import MemoryWorlds
+from rl.simulated.worlds import MemoryWorlds
 from rl.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
 
 _GROUP: contextvars.ContextVar[str | None] = contextvars.ContextVar("group", default=None)

@@ -12,9 +12,9 @@ from rl.agentic.tiers import JudgeTier, LocalAgenticTiers, SandboxTier, TrainerT
 from rl.agentic.volume_worlds import VolumeWorlds
 from rl.agentic.world import world_files
 from rl.loop.agentic import AgenticConfig, run_agentic
-from rl.memory.worlds import MemoryWorlds, RetiredWorkspaceError, UnknownVersionError
 from rl.protocols import Workspace, WorldStore
-from rl.sim.agentic_sim import AgenticSim
+from rl.simulated.agentic_sim import AgenticSim
+from rl.simulated.worlds import MemoryWorlds, RetiredWorkspaceError, UnknownVersionError
 from rl.types import Rubric, Trajectory
 from rl.volumes import LocalVolumeStore
 

@@ -16,9 +16,9 @@ from rl.checks import check_staleness, finite_rewards
 from rl.errors import BatchError, NonFiniteRewardError, StaleBatchError, TierError, TrainerError
 from rl.loop import grpo
 from rl.loop.phase_timing import Scored
-from rl.memory.artifacts import MemoryArtifacts
 from rl.problems import DigitSuccessor
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
 from rl.types import Rollout, TrainBatch
 
 

@@ -22,8 +22,8 @@ from rl.conformance import (
 from rl.conformance.implementation import ImplementationError
 from rl.conformance.ours import FAKES, fake_version0_adapter
 from rl.loop.grpo import GrpoConfig, run_grpo
-from rl.memory.artifacts import MemoryArtifacts
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
 from rl.types import Prompt, Rollout, RolloutRequest
 
 

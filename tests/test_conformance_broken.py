@@ -23,9 +23,9 @@ from rl.conformance import (
 from rl.conformance.ours import fake_version0_adapter
 from rl.conformance.scorer import default_scorer_group
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
-from rl.memory.artifacts import MemoryArtifacts
-from rl.sim.chaos import grpo_random
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, decode_table, encode_table
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.chaos import grpo_random
+from rl.simulated.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, decode_table, encode_table
 from rl.types import ArtifactRef, Prompt, Rollout, RolloutRequest, TrainBatch, TrainResult
 
 

@@ -23,8 +23,8 @@ from rl.conformance import (
 from rl.conformance.ours import REAL_LM, trainer_algorithm
 from rl.conformance.ours import batch_loss as our_batch_loss
 from rl.loss import grpo_sample_loss
-from rl.memory.artifacts import MemoryArtifacts
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
 from rl.trainer.config import TrainerConfig
 
 

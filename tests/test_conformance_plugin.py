@@ -22,7 +22,7 @@ def pytester(pytester):
 BROKEN_IMPL = """
 from dataclasses import replace
 
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
+from rl.simulated.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
 from rl.conformance import Capabilities, Implementation
 
 
@@ -78,7 +78,7 @@ def test_the_header_says_when_the_implementation_declares_smaller_sampling_laws(
     pytester.makepyfile(
         sized_impl="""
 from rl.conformance import Implementation, LawSizes
-from rl.sim.grpo_tiers import FakeEngine, FakeTrainer
+from rl.simulated.grpo_tiers import FakeEngine, FakeTrainer
 
 IMPL = Implementation(name="sized", engine=FakeEngine, trainer=FakeTrainer, sizes=LawSizes(draw_fraction=0.25))
 FULL = Implementation(name="full", engine=FakeEngine, trainer=FakeTrainer)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rl.sim.chaos import grpo_random, grpo_swarm, grpo_sweep
+from rl.simulated.chaos import grpo_random, grpo_swarm, grpo_sweep
 
 
 @pytest.mark.parametrize("pipelined", [False, True])
@@ -59,8 +59,8 @@ def test_the_direct_binding_reaches_the_simulated_runs_outcome_without_issuing_a
     simulated run ends (a fault-free run's outcome does not depend on the task semantics), and issues no action."""
     from dataclasses import replace
 
-    from rl.sim.chaos import CHAOS_GRPO
-    from rl.sim.grpo_sim import grpo_sim, outcome_violations
+    from rl.simulated.chaos import CHAOS_GRPO
+    from rl.simulated.grpo_sim import grpo_sim, outcome_violations
 
     config = replace(CHAOS_GRPO, pipelined=pipelined, seed=5)
     simulated = grpo_sim(config, seed=5).run()

@@ -18,11 +18,11 @@ from rl.errors import (
     NonFiniteRewardError,
 )
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
-from rl.memory.artifacts import MemoryArtifacts
 from rl.problems import DigitSuccessor
 from rl.seeding import rollout_seed
-from rl.sim.grpo_sim import Latencies, grpo_sim, lineage_violations
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, LatencyModel
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_sim import Latencies, grpo_sim, lineage_violations
+from rl.simulated.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, LatencyModel
 from rl.types import Rollout, RolloutRequest
 
 CONFIG = GrpoConfig(iterations=4, prompts_per_iteration=4, group_size=4, seed=3)

@@ -16,10 +16,10 @@ import pytest
 
 from rl.checkpoint.memory_store import MemoryStateStore
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
-from rl.memory.artifacts import MemoryArtifacts
 from rl.problems import DigitSuccessor
 from rl.seeding import rollout_seed
-from rl.sim.grpo_tiers import FakeEngine, FakeEvaluator, FakeScorer, FakeTrainer
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_tiers import FakeEngine, FakeEvaluator, FakeScorer, FakeTrainer
 from rl.types import ArtifactRef, EvalResult, RolloutRequest, TrainBatch, TrainResult
 
 CONFIG = GrpoConfig(iterations=3, prompts_per_iteration=2, group_size=2, seed=5, eval_k=2)

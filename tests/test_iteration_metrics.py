@@ -11,10 +11,10 @@ import pytest
 from rl.advantages import no_signal_groups
 from rl.checkpoint.memory_store import MemoryStateStore
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
-from rl.memory.artifacts import MemoryArtifacts
 from rl.problems import DigitSuccessor, accuracy
-from rl.sim.grpo_sim import Latencies, grpo_sim
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, LatencyModel
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_sim import Latencies, grpo_sim
+from rl.simulated.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, LatencyModel
 from rl.types import IterationMetrics, TrainBatch, TrainResult
 
 CONFIG = GrpoConfig(iterations=3, prompts_per_iteration=4, group_size=4, seed=5)

@@ -18,9 +18,9 @@ from rl.checkpoint.memory_store import MemoryStateStore
 from rl.cli import main
 from rl.errors import CheckpointConfigMismatchError
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
-from rl.memory.artifacts import MemoryArtifacts
 from rl.problems import DigitSuccessor
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
 from rl.types import ArtifactRef, Rollout
 from rl.volumes.buffer import RolloutBuffer, rollout_rows
 from rl.volumes.sink import BUFFER_NAME

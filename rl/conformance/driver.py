@@ -20,11 +20,11 @@ from rl.conformance.capabilities import Capabilities, require
 from rl.conformance.driver_checkpoint import DriverCheckpointLaws
 from rl.errors import NonFiniteRewardError
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
-from rl.memory.artifacts import MemoryArtifacts
 from rl.problems import DigitSuccessor
-from rl.sim.chaos import grpo_random, grpo_sweep
-from rl.sim.grpo_sim import GrpoDriver, Latencies, grpo_sim
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, LatencyModel
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.chaos import grpo_random, grpo_sweep
+from rl.simulated.grpo_sim import GrpoDriver, Latencies, grpo_sim
+from rl.simulated.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, LatencyModel
 from rl.types import Rollout, RolloutRequest, TrainBatch, TrainResult
 
 __all__ = ["LAW_RUN_SHAPE", "MODES", "RANDOM_SCENARIOS", "GrpoDriver", "GrpoDriverContract", "pipelined_mode"]

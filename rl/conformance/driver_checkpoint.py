@@ -27,10 +27,10 @@ from rl.errors import (
     MissingAdapterError,
 )
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
-from rl.memory.artifacts import MemoryArtifacts
 from rl.problems import DigitSuccessor
-from rl.sim.grpo_sim import GrpoDriver
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_sim import GrpoDriver
+from rl.simulated.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
 from rl.types import ArtifactRef, TrainBatch, TrainResult
 
 __all__ = ["FOREIGN_BLOB", "DriverCheckpointLaws"]

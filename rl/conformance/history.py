@@ -32,7 +32,7 @@ from rl.conformance.capabilities import Capabilities
 from rl.conformance.driver import LAW_RUN_SHAPE, MODES, pipelined_mode
 
 if TYPE_CHECKING:
-    from rl.sim.grpo_sim import GrpoDriver
+    from rl.simulated.grpo_sim import GrpoDriver
 
 __all__ = [
     "HISTORY_SCHEMA",
@@ -87,7 +87,7 @@ def _config(base: dict[str, Any], mode: str) -> Any:
 
 def issued_actions(driver: GrpoDriver, config_dict: dict[str, Any], mode: str) -> list[tuple[str, str]]:
     """The `(task, action_id)` of every action `driver` issues in one uninterrupted simulated run of `config_dict`."""
-    from rl.sim.grpo_sim import grpo_sim
+    from rl.simulated.grpo_sim import grpo_sim
 
     config = _config(config_dict, mode)
     result = grpo_sim(config, seed=config.seed, driver=driver).run()

@@ -13,7 +13,7 @@ from rl.conformance.spec import AlgorithmSpec
 
 if TYPE_CHECKING:
     from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer, VolumeStore
-    from rl.sim.grpo_sim import GrpoDriver
+    from rl.simulated.grpo_sim import GrpoDriver
     from rl.types import ArtifactRef
 
 __all__ = ["TIERS", "Implementation", "ImplementationError", "load_implementation"]

@@ -51,13 +51,13 @@ from rl.conformance.sizes import LawSizes
 from rl.conformance.spec import AlgorithmSpec
 from rl.loop.agentic import run_agentic
 from rl.loop.grpo import run_grpo
-from rl.memory.artifacts import MemoryArtifacts
 from rl.metrics import pass_at_k
 from rl.protocols import Artifacts
 from rl.rewards import extract_answer
 from rl.scoring import RewardScorer
-from rl.sim.agentic_sim import bandit_trainer, traced_judge_tier
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
+from rl.simulated.agentic_sim import bandit_trainer, traced_judge_tier
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
 from rl.trainer.config import TrainerConfig
 from rl.types import ArtifactRef
 from rl.volumes import LocalVolumeStore, RolloutBuffer

@@ -7,7 +7,7 @@ import re
 from rl.conformance import Implementation
 from rl.metrics import pass_at_k
 from rl.rewards import extract_answer
-from rl.sim.grpo_tiers import FakeScorer
+from rl.simulated.grpo_tiers import FakeScorer
 
 
 def biased_pass_at_k(n: int, c: int, k: int) -> float:

@@ -17,8 +17,17 @@ from rl.advantages import group_normalized_advantages
 from rl.checkpoint.memory_store import MemoryStateStore
 from rl.conformance import AlgorithmSpec, Implementation, LawSizes
 from rl.conformance.ours import fake_version0_adapter
-from rl.memory.artifacts import MemoryArtifacts
-from rl.sim.grpo_tiers import DIGITS, FakeEngine, FakeTrainer, _decoded, _row, _softmax, decode_table, encode_table
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_tiers import (
+    DIGITS,
+    FakeEngine,
+    FakeTrainer,
+    _decoded,
+    _row,
+    _softmax,
+    decode_table,
+    encode_table,
+)
 from rl.types import ArtifactRef, Rollout, RolloutRequest, TrainBatch, TrainResult
 
 

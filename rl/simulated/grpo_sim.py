@@ -11,13 +11,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from rl.loop.grpo import GrpoConfig, GrpoOutcome, GrpoTiers, run_grpo, sample_prompts
-from rl.memory.artifacts import MemoryArtifacts
 from rl.problems import DigitSuccessor, marked_answer_metrics
 from rl.protocols import StateStore
 from rl.sim.durable_sim import DurableSimulator
 from rl.sim.faults import FaultPlan
-from rl.sim.grpo_tiers import FakeEngine, FakeEvaluator, FakeScorer, FakeTrainer, LatencyModel, RecordingReporter
 from rl.sim.records import RunResult
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_tiers import FakeEngine, FakeEvaluator, FakeScorer, FakeTrainer, LatencyModel, RecordingReporter
 
 T = TypeVar("T")
 
@@ -120,7 +120,7 @@ def _direct(obj: T, name: str, **methods: dict[str, Any]) -> T:
 
 def lineage_violations(config: GrpoConfig, setup: GrpoSim, outcome: GrpoOutcome) -> list[str]:
     """Read the final adapter's lineage: versions 1..N once each, and every iteration's prompts trained exactly once."""
-    from rl.sim.grpo_tiers import decode_table
+    from rl.simulated.grpo_tiers import decode_table
 
     files = _resolved(setup.artifacts.get(outcome.adapter))
     lineage: list[dict[str, Any]] = decode_table(files)["lineage"]
