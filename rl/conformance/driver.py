@@ -19,11 +19,11 @@ from rl.conformance._base import ContractBase, Run, tier
 from rl.conformance.capabilities import Capabilities, require
 from rl.conformance.driver_checkpoint import DriverCheckpointLaws
 from rl.errors import NonFiniteRewardError
-from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
+from rl.loop.grpo import GrpoConfig, GrpoDriver, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor
 from rl.simulated.artifacts import MemoryArtifacts
 from rl.simulated.chaos import grpo_random, grpo_sweep
-from rl.simulated.grpo_sim import GrpoDriver, Latencies, grpo_sim
+from rl.simulated.grpo_sim import Latencies, grpo_sim
 from rl.simulated.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, LatencyModel
 from rl.types import Rollout, RolloutRequest, TrainBatch, TrainResult
 

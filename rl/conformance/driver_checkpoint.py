@@ -26,10 +26,9 @@ from rl.errors import (
     CheckpointSchemaError,
     MissingAdapterError,
 )
-from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
+from rl.loop.grpo import GrpoConfig, GrpoDriver, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor
 from rl.simulated.artifacts import MemoryArtifacts
-from rl.simulated.grpo_sim import GrpoDriver
 from rl.simulated.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
 from rl.types import ArtifactRef, TrainBatch, TrainResult
 

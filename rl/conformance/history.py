@@ -32,7 +32,7 @@ from rl.conformance.capabilities import Capabilities
 from rl.conformance.driver import LAW_RUN_SHAPE, MODES, pipelined_mode
 
 if TYPE_CHECKING:
-    from rl.simulated.grpo_sim import GrpoDriver
+    from rl.loop.grpo import GrpoDriver
 
 __all__ = [
     "HISTORY_SCHEMA",

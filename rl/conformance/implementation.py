@@ -12,8 +12,8 @@ from rl.conformance.sizes import LawSizes
 from rl.conformance.spec import AlgorithmSpec
 
 if TYPE_CHECKING:
+    from rl.loop.grpo import GrpoDriver
     from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer, VolumeStore
-    from rl.simulated.grpo_sim import GrpoDriver
     from rl.types import ArtifactRef
 
 __all__ = ["TIERS", "Implementation", "ImplementationError", "load_implementation"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
@@ -373,6 +373,10 @@ class _BatchSchedule:
     def cancel(self) -> None:
         if self.pending is not None:
             self.pending.cancel()
+
+
+# A driver with `run_grpo`'s signature: ours, or a fork's under the conformance suite.
+GrpoDriver = Callable[[GrpoConfig, GrpoTiers, StateStore], Awaitable[GrpoOutcome]]
 
 
 async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> GrpoOutcome:

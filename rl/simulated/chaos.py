@@ -19,7 +19,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from rl.loop.grpo import GrpoConfig, GrpoOutcome, run_grpo
+from rl.loop.grpo import GrpoConfig, GrpoDriver, GrpoOutcome, run_grpo
 from rl.sim.errors import DriverAttemptsExhausted, TaskFailed
 from rl.sim.faults import FaultPlan, InjectedTaskFailure
 from rl.sim.records import RunResult
@@ -30,7 +30,6 @@ from rl.simulated.grpo_sim import (
     INIT,
     SCORE,
     TRAIN,
-    GrpoDriver,
     GrpoSim,
     Latencies,
     grpo_sim,

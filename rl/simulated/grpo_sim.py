@@ -6,13 +6,12 @@ in the proportions of the training-loop tutorial's measured loop (generation dom
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from rl.loop.grpo import GrpoConfig, GrpoOutcome, GrpoTiers, run_grpo, sample_prompts
+from rl.loop.grpo import GrpoConfig, GrpoDriver, GrpoOutcome, GrpoTiers, run_grpo, sample_prompts
 from rl.problems import DigitSuccessor, marked_answer_metrics
-from rl.protocols import StateStore
 from rl.sim.durable_sim import DurableSimulator
 from rl.sim.faults import FaultPlan
 from rl.sim.records import RunResult
@@ -30,9 +29,6 @@ GENERATE, SCORE, INIT, TRAIN, EVALUATE = (
 )
 TASK_RETRIES = {GENERATE: 2, SCORE: 2, INIT: 1, TRAIN: 1, EVALUATE: 1}
 """The tiers' tasks and their retry budgets (the tutorial's options)."""
-
-# A driver with `run_grpo`'s signature: ours, or a fork's under the conformance suite.
-GrpoDriver = Callable[[GrpoConfig, GrpoTiers, StateStore], Awaitable[GrpoOutcome]]
 
 
 @dataclass(frozen=True)
