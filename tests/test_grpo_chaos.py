@@ -55,8 +55,9 @@ def test_a_broken_driver_is_caught_by_the_sweep(monkeypatch):
 
 @pytest.mark.parametrize("pipelined", [False, True])
 def test_the_direct_binding_reaches_the_simulated_runs_outcome_without_issuing_a_task(pipelined):
-    """`grpo_sim(tasks=False)`, `rl bench`'s floor: the same driver on the same fakes, called directly, ends where the
-    simulated run ends (a fault-free run's outcome does not depend on the task semantics), and issues no action."""
+    """`grpo_sim(tasks=False)`, `rl bench`'s floor: the same driver on the same in-memory tiers, called directly, ends
+    where the simulated run ends (a fault-free run's outcome does not depend on the task semantics), and issues no
+    action."""
     from dataclasses import replace
 
     from rl.simulated.chaos import CHAOS_GRPO

@@ -19,7 +19,7 @@ from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor
 from rl.seeding import rollout_seed
 from rl.simulated.artifacts import MemoryArtifacts
-from rl.simulated.grpo_tiers import FakeEngine, FakeEvaluator, FakeScorer, FakeTrainer
+from rl.simulated.grpo_tiers import MemoryEngine, MemoryEvaluator, MemoryScorer, MemoryTrainer
 from rl.types import ArtifactRef, EvalResult, RolloutRequest, TrainBatch, TrainResult
 
 CONFIG = GrpoConfig(iterations=3, prompts_per_iteration=2, group_size=2, seed=5, eval_k=2)
@@ -40,7 +40,7 @@ class _Seen:
         self.calls: list[tuple[str, object, str | None]] = []
 
 
-class _Engine(FakeEngine):
+class _Engine(MemoryEngine):
     def __init__(self, artifacts: MemoryArtifacts, seen: _Seen) -> None:
         super().__init__(artifacts)
         self.seen = seen
@@ -50,7 +50,7 @@ class _Engine(FakeEngine):
         return await super().generate(request)
 
 
-class _Trainer(FakeTrainer):
+class _Trainer(MemoryTrainer):
     def __init__(self, artifacts: MemoryArtifacts, seen: _Seen) -> None:
         super().__init__(artifacts)
         self.seen = seen
@@ -60,7 +60,7 @@ class _Trainer(FakeTrainer):
         return await super().train_step(batch)
 
 
-class _Evaluator(FakeEvaluator):
+class _Evaluator(MemoryEvaluator):
     def __init__(self, artifacts: MemoryArtifacts, seen: _Seen) -> None:
         super().__init__(artifacts, DigitSuccessor().eval_prompts())
         self.seen = seen
@@ -75,7 +75,7 @@ def _run(config: GrpoConfig, *, grouped: bool = True) -> _Seen:
     artifacts = MemoryArtifacts()
     tiers = GrpoTiers(
         engine=_Engine(artifacts, seen),
-        scorer=FakeScorer(),
+        scorer=MemoryScorer(),
         trainer=_Trainer(artifacts, seen),
         artifacts=artifacts,
         prompts=DigitSuccessor(),
@@ -116,6 +116,6 @@ def test_each_evaluation_runs_in_a_group_named_for_the_version_it_scores():
 
 
 def test_without_a_group_binding_the_driver_opens_none():
-    """The hook is optional: fakes and the local stack run exactly as before."""
+    """The hook is optional: the in-memory tiers and the local stack run exactly as before."""
     seen = _run(CONFIG, grouped=False)
     assert {group for _, _, group in seen.calls} == {None}

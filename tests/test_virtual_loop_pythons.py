@@ -53,8 +53,8 @@ def test_a_seeds_trace_is_the_same_bytes_on_every_python(loop, seed):
 
 @pytest.mark.parametrize("loop", ["grpo", "grpo-pipelined"])
 def test_a_seeds_trace_does_not_depend_on_what_ran_before_it_in_the_process(loop):
-    """The fakes' process-wide memos (held-out evaluations) must not change the interleaving: a scenario that misses
-    them, as the first in a process does, takes the same loop turns as one that hits them."""
+    """The GRPO tiers' process-wide memos (held-out evaluations) must not change the interleaving: a scenario that
+    misses them, as the first in a process does, takes the same loop turns as one that hits them."""
     grpo_tiers._EVALUATIONS.clear()
     first = _trace(loop, 0)
     assert _trace(loop, 0) == first

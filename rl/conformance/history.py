@@ -6,7 +6,7 @@ new code against the old run's record: every action the new code issues under an
 again, from scratch. A change to how rollouts are seeded, how a batch is ordered or what a step is given re-keys every
 action after it, and an in-flight run silently retrains instead of resuming.
 
-The law runs the driver under test on the simulator with the fake tiers and compares the actions it issues with a
+The law runs the driver under test on the simulator with the in-memory tiers and compares the actions it issues with a
 recorded history: by default the one shipped in the wheel (`data/grpo_history.json`, recorded from
 `rl.loop.grpo.run_grpo`), or a fork's own, recorded from its previous release with
 

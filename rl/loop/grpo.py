@@ -2,7 +2,8 @@
 critical path.
 
 Plain async code over the tier protocols (no flyte import): in production each tier method awaits a Flyte task, in
-tests it is a fake on the durable simulator. The driver owns ordering, identity and resume; the tiers own the work.
+tests it is an in-memory tier on the durable simulator. The driver owns ordering, identity and resume; the tiers own
+the work.
 
 Guarantees (each is a test): train-step inputs are canonical (groups in id order, whatever order they finished in);
 rollouts are seeded per (run seed, iteration, group); a checkpoint after every iteration lets a later attempt continue

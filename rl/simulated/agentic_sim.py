@@ -16,7 +16,7 @@ Fault model, each injector seeded and documented:
 - a `FaultPlan`: task failures (before or after the body), hung sandboxes past their timeout, driver crashes.
 
 The trainer lives on a run-scoped "cluster" (`RunScopedCluster`): created once per run by name, surviving driver
-attempts — the tutorial's `ReusePolicy(scope="run")` Ray cluster — with a fake process id per trainer.
+attempts — the tutorial's `ReusePolicy(scope="run")` Ray cluster — with a simulated process id per trainer.
 The judge (`BilledJudge`) bills a call when its answer arrives; a call cut off by a driver crash was never answered.
 """
 

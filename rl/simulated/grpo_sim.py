@@ -1,4 +1,4 @@
-"""The GRPO driver on the durable simulator with fake tiers, and the invariants every run of it must satisfy.
+"""The GRPO driver on the durable simulator with in-memory tiers, and the invariants every run of it must satisfy.
 
 Tier options follow the tutorial: rollouts and rewards retry twice, the trainer once; latencies are virtual seconds
 in the proportions of the training-loop tutorial's measured loop (generation dominates, the trainer has a cold start).
@@ -16,7 +16,14 @@ from rl.sim.durable_sim import DurableSimulator
 from rl.sim.faults import FaultPlan
 from rl.sim.records import RunResult
 from rl.simulated.artifacts import MemoryArtifacts
-from rl.simulated.grpo_tiers import FakeEngine, FakeEvaluator, FakeScorer, FakeTrainer, LatencyModel, RecordingReporter
+from rl.simulated.grpo_tiers import (
+    LatencyModel,
+    MemoryEngine,
+    MemoryEvaluator,
+    MemoryScorer,
+    MemoryTrainer,
+    RecordingReporter,
+)
 
 T = TypeVar("T")
 
@@ -44,13 +51,13 @@ class Latencies:
 
 @dataclass
 class GrpoSim:
-    """One simulated GRPO deployment: the simulator, the tiers as its tasks, and the raw fakes behind them."""
+    """One simulated GRPO deployment: the simulator, the tiers as its tasks, and the raw in-memory tiers behind them."""
 
     sim: DurableSimulator
     config: GrpoConfig
     tiers: GrpoTiers
     artifacts: MemoryArtifacts
-    trainer: FakeTrainer
+    trainer: MemoryTrainer
     reporter: RecordingReporter
     driver_fn: GrpoDriver = run_grpo
 
@@ -74,8 +81,9 @@ def grpo_sim(
 ) -> GrpoSim:
     """`retries` overrides tasks' retry budgets by name (`{"train.train_step": 0}`); `tie_break_seed` shuffles ties.
 
-    `tasks=False` binds the fakes to the driver directly, not as simulator tasks: no records, copies, journal or task
-    faults, only the driver's checkpoint and the virtual clock. `rl bench` times it as the floor under a simulated run.
+    `tasks=False` binds the in-memory tiers to the driver directly, not as simulator tasks: no records, copies, journal
+    or task faults, only the driver's checkpoint and the virtual clock. `rl bench` times it as the floor under a
+    simulated run.
     """
     budget = {**TASK_RETRIES, **(retries or {})}
     unknown = set(budget) - set(TASK_RETRIES)
@@ -85,8 +93,8 @@ def grpo_sim(
     bind = sim.tier if tasks else _direct
     artifacts = MemoryArtifacts()
     prompts = DigitSuccessor()
-    engine = FakeEngine(artifacts, latency=latencies.generate)
-    trainer = FakeTrainer(
+    engine = MemoryEngine(artifacts, latency=latencies.generate)
+    trainer = MemoryTrainer(
         artifacts,
         max_staleness=config.max_staleness,
         latency=latencies.train,
@@ -95,17 +103,17 @@ def grpo_sim(
     reporter = RecordingReporter()
     tiers = GrpoTiers(
         engine=bind(engine, "rollout", generate={"retries": budget[GENERATE], "timeout_s": 600.0}),
-        scorer=bind(FakeScorer(latency=latencies.score), "reward", score_group={"retries": budget[SCORE]}),
+        scorer=bind(MemoryScorer(latency=latencies.score), "reward", score_group={"retries": budget[SCORE]}),
         trainer=bind(trainer, "train", init_adapter={"retries": budget[INIT]}, train_step={"retries": budget[TRAIN]}),
         artifacts=artifacts,
         prompts=prompts,
         evaluator=bind(
-            FakeEvaluator(artifacts, prompts.eval_prompts(), latency=latencies.evaluate),
+            MemoryEvaluator(artifacts, prompts.eval_prompts(), latency=latencies.evaluate),
             "eval",
             evaluate={"retries": budget[EVALUATE]},
         ),
         reporter=reporter,
-        task_metrics=marked_answer_metrics,  # the fake engine answers "####<digit>"
+        task_metrics=marked_answer_metrics,  # the in-memory engine answers "####<digit>"
     )
     return GrpoSim(sim, config, tiers, artifacts, trainer, reporter, driver)
 
