@@ -27,8 +27,8 @@ from rl.checks import check_staleness, finite_rewards
 from rl.errors import EngineContractError, GrpoInputError
 from rl.identity import canonical, content_digest
 from rl.loop.awaiting import results_in_order
-from rl.loop.groups import scope
 from rl.loop.phase_timing import Scored, timed, timed_generation, with_eval_time
+from rl.loop.spans import Span, scope
 from rl.metrics import finite_mean
 from rl.protocols import (
     Artifacts,
@@ -102,9 +102,9 @@ class GrpoConfig:
 
 @dataclass(frozen=True)
 class GrpoTiers:
-    """The tiers the driver calls. `evaluator`, `reporter`, `buffer`, `group` and `task_metrics` are optional.
+    """The tiers the driver calls. `evaluator`, `reporter`, `buffer`, `span` and `task_metrics` are optional.
 
-    `group(name)` is entered around the work of one iteration (`iter-<N>`: its rollouts, rewards and train step) and
+    `span(name)` is entered around the work of one iteration (`iter-<N>`: its rollouts, rewards and train step) and
     around each evaluation launch (`eval-v<version>`), the `flyte.group` role: every action started inside it, in
     tasks created there too, belongs to that group. Pipelined, iteration N+1's generation is launched inside its own
     group while iteration N trains in `iter-<N>`.
@@ -121,12 +121,12 @@ class GrpoTiers:
     evaluator: Evaluator | None = None
     reporter: Reporter | None = None
     buffer: RolloutSink | None = None
-    group: Callable[[str], AbstractContextManager[object]] | None = None
+    span: Span | None = None
     task_metrics: TaskMetrics | None = None
 
     def scope(self, name: str) -> AbstractContextManager[object]:
-        """`group(name)`, or a no-op when no grouping is bound."""
-        return scope(self.group, name)
+        """`span(name)`, or a no-op when no span is bound."""
+        return scope(self.span, name)
 
 
 @dataclass(frozen=True)

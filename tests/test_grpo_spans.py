@@ -1,6 +1,6 @@
-"""The GRPO driver's `group` hook (the `flyte.group` role): every action of an iteration runs inside `iter-<N>`.
+"""The GRPO driver's `span` hook (the `flyte.group` role): every action of an iteration runs inside `iter-<N>`.
 
-The Flyte binding (`rl.flyte.grpo`) passes `flyte.group` as `GrpoTiers.group`; these tests pin which group each tier
+The Flyte binding (`rl.flyte.grpo`) passes `flyte.group` as `GrpoTiers.span`; these tests pin which group each tier
 call sees, sequential and pipelined, with a context variable standing in for Flyte's task context.
 """
 
@@ -70,7 +70,7 @@ class _Evaluator(MemoryEvaluator):
         return await super().evaluate(adapter, policy_version, k, seed)
 
 
-def _run(config: GrpoConfig, *, grouped: bool = True) -> _Seen:
+def _run(config: GrpoConfig, *, spanned: bool = True) -> _Seen:
     seen = _Seen()
     artifacts = MemoryArtifacts()
     tiers = GrpoTiers(
@@ -80,7 +80,7 @@ def _run(config: GrpoConfig, *, grouped: bool = True) -> _Seen:
         artifacts=artifacts,
         prompts=DigitSuccessor(),
         evaluator=_Evaluator(artifacts, seen),
-        group=_group if grouped else None,
+        span=_group if spanned else None,
     )
     asyncio.run(run_grpo(config, tiers, MemoryStateStore()))
     return seen
@@ -115,7 +115,7 @@ def test_each_evaluation_runs_in_a_group_named_for_the_version_it_scores():
     assert evaluations == [(v, f"eval-v{v}") for v in range(1, CONFIG.iterations + 1)]
 
 
-def test_without_a_group_binding_the_driver_opens_none():
+def test_without_a_span_binding_the_driver_opens_none():
     """The hook is optional: the in-memory tiers and the local stack run exactly as before."""
-    seen = _run(CONFIG, grouped=False)
+    seen = _run(CONFIG, spanned=False)
     assert {group for _, _, group in seen.calls} == {None}
