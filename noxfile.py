@@ -247,12 +247,12 @@ _NOT_INSTALLED = (
 @nox.session
 def conformance(session: nox.Session) -> None:
     """The conformance suite as a fork runs it: the installed package, from a temporary directory outside the repo (so
-    neither our conftest.py nor our pytest settings leak in), against our fakes and the real CPU stack."""
+    neither our conftest.py nor our pytest settings leak in), against our in-memory tiers and the real CPU stack."""
     _install_cpu(session, editable=False)
     with _outside_repo(session, "rl-conformance-"):
         # The installed wheel ships `rl` alone: the test doubles of fakes/ must not be importable here.
         session.run("python", "-c", _NOT_INSTALLED.format(name="fakes"))
-        for impl in ("rl.conformance.ours:FAKES", "rl.conformance.ours:REAL_CPU"):
+        for impl in ("rl.conformance.ours:IN_MEMORY", "rl.conformance.ours:REAL_CPU"):
             suite = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", impl, "-p", "no:cacheprovider")
             session.run("pytest", *suite, *session.posargs, env=SESSION_ENV)
 
@@ -260,8 +260,9 @@ def conformance(session: nox.Session) -> None:
 @nox.session
 def mutants(session: nox.Session) -> None:
     """Plant each bug of scripts/mutants/catalogue.py in a copy of HEAD and report which ones tests/ and the packaged
-    conformance suite (FAKES, REAL_CPU) catch, and the suite's kill rate over what tests/ kills (docs/mutants.md). Slow
-    (minutes per mutant that tests/ misses); `-- --only ID,ID` measures a few, `-- --check` only checks they apply."""
+    conformance suite (IN_MEMORY, REAL_CPU) catch, and the suite's kill rate over what tests/ kills (docs/mutants.md).
+    Slow (minutes per mutant that tests/ misses); `-- --only ID,ID` measures a few, `-- --check` only checks they
+    apply."""
     _install_cpu(session)
     session.run("python", "scripts/mutants/run.py", *session.posargs, env=SESSION_ENV)
 

@@ -41,7 +41,7 @@ _TEMP = re.compile(r"(ref-|corrupt-)?[0-9a-f]{32}")
 class ArtifactNotFoundError(ArtifactError, FileNotFoundError):
     """No artifact with the requested digest is stored here.
 
-    A `FileNotFoundError`, like the in-memory fake's `MissingArtifactError`, so a driver handles a lost artifact the
+    A `FileNotFoundError`, like the in-memory store's `MissingArtifactError`, so a driver handles a lost artifact the
     same way whichever store it runs on.
     """
 

@@ -74,7 +74,7 @@ def shown(value: object, limit: int | None = VALUE_CHARS, *, keep: str = "") -> 
     """`value` as text safe to print: every control or invisible character as its escape (`\\x1b`, `\\u202e`), all
     but those in `keep`; cut to `limit` characters. The one function every path or value read from a run directory
     goes through before it reaches a terminal, a log or the report: an escape sequence in a file name cannot set a
-    terminal's title, clear it or fake a line, and a megabyte of name cannot flood it."""
+    terminal's title, clear it or forge a line, and a megabyte of name cannot flood it."""
     text = str(value)
     if not text.isprintable():
         text = "".join(

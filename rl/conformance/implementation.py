@@ -12,8 +12,8 @@ from rl.conformance.sizes import LawSizes
 from rl.conformance.spec import AlgorithmSpec
 
 if TYPE_CHECKING:
+    from rl.loop.grpo import GrpoDriver
     from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer, VolumeStore
-    from rl.sim.grpo_sim import GrpoDriver
     from rl.types import ArtifactRef
 
 __all__ = ["TIERS", "Implementation", "ImplementationError", "load_implementation"]
@@ -60,7 +60,7 @@ class Implementation:
     - `scorer()`: a `Scorer`.
     - `trainer(artifacts)`: a `Trainer` storing its adapters in `artifacts` (its laws sample batches with `engine`).
     - `driver`: the GRPO driver itself (not a factory): `async (config, tiers, store) -> GrpoOutcome`, like
-      `rl.loop.grpo.run_grpo`; its laws run it on the simulator with the fake tiers.
+      `rl.loop.grpo.run_grpo`; its laws run it on the simulator with the in-memory tiers.
     - `checkpoint_from_another_version`: `(blob) -> bytes`, a checkpoint `driver` saved, rewritten as another schema
       version of it would have saved the same state (what a resume by an older or newer release meets), like
       `rl.checkpoint.format.as_another_schema_version`. Optional when `driver` is `run_grpo` (ours is used); without

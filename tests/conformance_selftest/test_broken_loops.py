@@ -385,7 +385,7 @@ def test_the_suite_fails_a_broken_implementation_on_the_law_it_breaks(pytester, 
 def test_the_reference_passes_every_law_these_cases_run(pytester):
     run = run_suite(
         pytester,
-        "rl.conformance.ours:FAKES",
+        "rl.conformance.ours:IN_MEMORY",
         "rl_engine or rl_trainer or rl_scorer or rl_state_store or rl_agentic or " + DRIVER_TIERS,
     )
     assert not run.failed, run.reports

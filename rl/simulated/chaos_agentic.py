@@ -28,11 +28,11 @@ from typing import Any
 
 from rl.agentic.world import ANSWER_FILE, SCRATCH_FILE, world_files
 from rl.loop.agentic import AgenticOutcome, trial_specs, world_ids_for
-from rl.memory.worlds import MemoryWorlds
-from rl.sim.agentic_sim import BUILD_WORLD, GENERATE, JUDGE, SETUP, TRAIN_STEP, AgenticSim, default_inputs
-from rl.sim.chaos import ScenarioReport, exhaustion_violations
 from rl.sim.records import RunResult
 from rl.sim.swarm import FAULT_KINDS, Swarm, draw_swarm, swarm_rng, trace_summary
+from rl.simulated.agentic_sim import BUILD_WORLD, GENERATE, JUDGE, SETUP, TRAIN_STEP, AgenticSim, default_inputs
+from rl.simulated.chaos import ScenarioReport, exhaustion_violations
+from rl.simulated.worlds import MemoryWorlds
 
 SEED_FAILURES: dict[str, Any] = {"flaky_trial_rate": 0.25, "judge_flake_rate": 0.3}
 """The tutorial's failure-injected run (without its driver crash, which the sweep supplies at every point instead)."""
@@ -206,7 +206,7 @@ def reference_key(
     swarm: Swarm, inputs: dict[str, Any], dead: frozenset[str]
 ) -> tuple[int, frozenset[str], tuple[int, ...]]:
     """What scenario `agentic_swarm(seed)`'s uninterrupted reference run depends on: `_cached_reference`'s arguments
-    (`rl.sim.scenarios.grouped_by_reference` groups seeds by it)."""
+    (`rl.simulated.scenarios.grouped_by_reference` groups seeds by it)."""
     return swarm.run_seed, dead, tuple(inputs[k] for k in SHAPE)
 
 

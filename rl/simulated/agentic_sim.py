@@ -16,7 +16,7 @@ Fault model, each injector seeded and documented:
 - a `FaultPlan`: task failures (before or after the body), hung sandboxes past their timeout, driver crashes.
 
 The trainer lives on a run-scoped "cluster" (`RunScopedCluster`): created once per run by name, surviving driver
-attempts — the tutorial's `ReusePolicy(scope="run")` Ray cluster — with a fake process id per trainer.
+attempts — the tutorial's `ReusePolicy(scope="run")` Ray cluster — with a simulated process id per trainer.
 The judge (`BilledJudge`) bills a call when its answer arrives; a call cut off by a driver crash was never answered.
 """
 
@@ -42,12 +42,12 @@ from rl.agentic.faults import (
 from rl.agentic.judge import judge_score
 from rl.agentic.tiers import JudgeTier, SandboxTier, TrainerTier
 from rl.loop.agentic import AgenticConfig, AgenticOutcome, run_agentic
-from rl.memory.worlds import MemoryWorlds
 from rl.protocols import AgenticTiers, WorldStore
 from rl.sim.attempts import attempt_number, run_name
 from rl.sim.durable_sim import DurableSimulator
 from rl.sim.faults import FaultPlan
 from rl.sim.records import RunResult
+from rl.simulated.worlds import MemoryWorlds
 from rl.types import Reward, Rubric, Trajectory, TrialSpec, Weights, WorldRef
 
 GENERATE = "sandbox.generate"
