@@ -55,7 +55,7 @@ def derive_seed(*parts: int | str) -> int:
 @functools.lru_cache(maxsize=1 << 16, typed=True)
 def _derived(*parts: int | str) -> int:
     """`derive_seed`'s value, memoised: a chaos scenario asks for the same few dozen seeds its reference and every
-    rerun asked for (the encoding and hash were ~2% of one). `typed=True` keeps `True` apart from `1`, so a bool part
+    rerun asked for (docs/benchmarks.md has the share). `typed=True` keeps `True` apart from `1`, so a bool part
     still reaches `_encode`'s TypeError (errors are never cached)."""
     if not parts:
         raise ValueError("derive_seed needs at least one part")

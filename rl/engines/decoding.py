@@ -156,7 +156,7 @@ def sample_groups(
 
 PREFILL_ONCE_MIN_PARAMETERS = 10_000_000
 """From this many parameters up, `_prefill` forwards each prompt once; below it, one padded row per sample (a forward
-of such a model costs less than the Python around it: the demo's tiny model sampled 1.8x slower prompt by prompt)."""
+of such a model costs less than the Python around it; docs/benchmarks.md has the figures)."""
 
 
 def _prefill(
