@@ -7,10 +7,8 @@ down one component at a time relative to the directory descriptor it already hol
 acts on the last component relative to its parent's descriptor (`unlinkat`, `renameat`, `mkdirat`, ...). A symlink
 met on the way is refused with `LinkRefusedError` (a `RunDirError`, exit 2) naming it; a swap after that check cannot
 redirect the write or delete, because the descriptor still names the directory that was checked. The top itself, the
-directory the user named, is trusted, symlink or not.
-
-POSIX (Linux, macOS, the BSDs: `os.supports_dir_fd` and `O_NOFOLLOW`); pure standard library. The module imports
-everywhere, but a platform without `dir_fd` (Windows) has no way to walk without following links.
+directory the user named, is trusted, symlink or not. POSIX only (`os.supports_dir_fd`, `O_NOFOLLOW`); pure standard
+library. The module imports everywhere, but Windows (no `dir_fd`) has no way to walk without following links.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ import re
 import pytest
 from suite_runner import run_suite
 
-# slow: each case runs the volume state machine in process (up to ~12 s each on 2 quiet cores; the module was a fifth
-# of `unit`); `nox -s slow` runs them in CI, and tests/test_volumes.py runs every volume law on our store in `unit`.
+# slow: each case runs the volume state machine in process (too long for `unit`: docs/benchmarks.md); `nox -s slow`
+# runs them in CI, and tests/test_volumes.py runs every volume law on our store in `unit`.
 pytestmark = pytest.mark.slow
 
 pytest_plugins = ("pytester",)
