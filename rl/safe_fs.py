@@ -2,12 +2,12 @@
 the tree's top is ever followed.
 
 A run directory may come from someone else, and any folder in it may be swapped for a symlink while a command runs,
-after whatever check it passed. So nothing below a tree's top is reached by path: each operation opens the top, walks
-down one component at a time relative to the directory descriptor it already holds (`openat` with `O_NOFOLLOW`), and
-acts on the last component relative to its parent's descriptor (`unlinkat`, `renameat`, `mkdirat`, ...). A symlink
-met on the way is refused with `LinkRefusedError` (a `RunDirError`, exit 2) naming it; a swap after that check cannot
-redirect the write or delete, because the descriptor still names the directory that was checked. The top itself, the
-directory the user named, is trusted, symlink or not. POSIX only (`os.supports_dir_fd`, `O_NOFOLLOW`); pure standard
+after whatever check it passed. So nothing below a tree's top is reached by path: each operation opens the top, then
+the directory below it in one `openat2` with no symlink resolved (Linux) or one component at a time (`openat` with
+`O_NOFOLLOW`), and acts on the last component relative to its parent's descriptor (`unlinkat`, `renameat`, ...). A
+symlink met on the way is refused with `LinkRefusedError` (a `RunDirError`, exit 2) naming it; a swap after that check
+cannot redirect the write or delete, because the descriptor still names the directory that was checked. The top itself,
+the directory the user named, is trusted, symlink or not. POSIX only (`os.supports_dir_fd`, `O_NOFOLLOW`); pure standard
 library. The module imports everywhere, but Windows (no `dir_fd`) has no way to walk without following links.
 """
 
