@@ -8,7 +8,6 @@ import dataclasses
 import functools
 import hashlib
 import inspect
-import itertools
 import pickle
 import typing
 from collections.abc import Callable
@@ -105,10 +104,16 @@ def immutable(value: Any) -> bool:
     if kind in _SCALARS:
         return True
     if kind is tuple or kind is frozenset:
-        return all(immutable(v) for v in value)
-    if not _frozen_kind(kind):
+        return _all_immutable(value)
+    frozen = _FROZEN_KINDS.get(kind)
+    if not (_frozen_kind(kind) if frozen is None else frozen):
         return False
-    return all(type(v) in _SCALARS or immutable(v) for v in vars(value).values())
+    return _all_immutable(vars(value).values())
+
+
+def _all_immutable(values: Any) -> bool:
+    """Whether every one of `values` (a collection: read twice) is `immutable`; all scalars are checked in C."""
+    return _SCALARS.issuperset(map(type, values)) or all(type(v) in _SCALARS or immutable(v) for v in values)
 
 
 def freeze(value: Any) -> Record:
@@ -125,8 +130,11 @@ def freeze(value: Any) -> Record:
 
 def _shared_items(container: list[Any] | dict[Any, Any]) -> SharedItems | None:
     """The record of a list or dict whose items (and a dict's keys) are all `immutable`; None otherwise."""
-    items = itertools.chain(container, container.values()) if isinstance(container, dict) else container
-    return SharedItems(container) if all(type(v) in _SCALARS or immutable(v) for v in items) else None
+    if isinstance(container, dict):
+        shared = _all_immutable(container) and _all_immutable(container.values())
+    else:
+        shared = _all_immutable(container)
+    return SharedItems(container) if shared else None
 
 
 def _pickled(value: Any) -> bytes | Unpicklable:
