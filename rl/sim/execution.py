@@ -13,7 +13,7 @@ from rl.sim.attempts import CURRENT_DRIVER, CURRENT_TASK, DriverAttempt, TaskAtt
 from rl.sim.errors import SimUsageError, TaskFailed
 from rl.sim.faults import InjectedTaskFailure
 from rl.sim.frozen import Record, action_identity, freeze, inputs_digest, signature_of, thaw
-from rl.sim.records import ActionRecord
+from rl.sim.records import new_action_record
 from rl.sim.replay import ReplayDivergence
 from rl.sim.supervisor import await_point, diverge, retrieve
 
@@ -45,32 +45,33 @@ class SimTask:
         self.retries, self.cache, self.timeout_s = retries, cache, timeout_s
         self.signature_of, self._positional = signature_of(fn)
         """`_positional`: parameter names, when every parameter may be passed positionally: such calls skip `bind`."""
+        self._labels = (f"call {name}", f"return {name}")  # await points' labels, formatted once
         functools.update_wrapper(self, fn)
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
         driver = CURRENT_DRIVER.get()
         if driver is None:
             raise SimUsageError(f"task {self.name} was called outside DurableSimulator.run(); start a run first")
-        sim, run = self.sim, driver.run
+        sim, run, name = self.sim, driver.run, self.name
         if not kwargs and self._positional is not None and len(args) == len(self._positional):
             inputs = dict(zip(self._positional, args, strict=True))
         else:
             bound = self.signature_of.bind(*args, **kwargs)
             bound.apply_defaults()
             inputs = dict(bound.arguments)
-        digest, frozen_inputs = inputs_digest(self.name, inputs)
-        scope = CURRENT_TASK.get().action_id if CURRENT_TASK.get() is not None else "driver"  # type: ignore[union-attr]
-        occurrence = driver.occurrences[(self.name, digest)]
-        driver.occurrences[(self.name, digest)] += 1
-        action_id = action_identity(scope, self.name, digest, occurrence)
-        issued = ActionRecord(action_id, self.name)
+        digest, frozen_inputs = inputs_digest(name, inputs)
+        task = CURRENT_TASK.get()
+        key = (name, digest)
+        occurrence = driver.occurrences[key]
+        driver.occurrences[key] = occurrence + 1
+        action_id = action_identity(task.action_id if task is not None else "driver", name, digest, occurrence)
 
-        await_point(sim, driver, f"call {self.name}")
+        await_point(sim, driver, self._labels[0])
         if run.strict_history is not None and action_id not in run.journal:
             index = len(driver.issued)
             expected = run.strict_history[index] if index < len(run.strict_history) else None
-            diverge(driver, ReplayDivergence(index, self.name, action_id, expected))
-        driver.issued.append(issued)
+            diverge(driver, ReplayDivergence(index, name, action_id, expected))
+        driver.issued.append(new_action_record((action_id, name)))
 
         if action_id in run.failures:
             sim.log(driver, "action.replayed", self.name, action_id, "failed")
@@ -94,14 +95,45 @@ class SimTask:
                 execution.add_done_callback(retrieve)
                 run.inflight[action_id] = execution
             record = await _outlived(execution)
-        await_point(sim, driver, f"return {self.name}")
+        await_point(sim, driver, self._labels[1])
         return thaw(record)
 
     async def _run_action(self, driver: DriverAttempt, action_id: str, digest: str, inputs: Record) -> Any:
-        """One action's execution, independent of the driver attempt that launched it; records its outcome."""
-        sim, run = self.sim, driver.run
+        """One action's execution, independent of the driver attempt that launched it: its attempts, with retries,
+        timeouts and seeded faults; then its outcome recorded."""
+        sim, run, name, retries = self.sim, driver.run, self.name, self.retries
+        last: BaseException | None = None
         try:
-            output = await self._execute(driver, action_id, inputs)
+            for attempt in range(retries + 1):
+                sim.log(driver, "action.start", name, action_id, f"attempt={attempt}")
+                faults = sim.faults
+                fault = faults.task_fault(name, action_id, attempt, retries) if faults.task_faults else None
+                if fault == "hang" and self.timeout_s is None:
+                    fault = None
+                if fault is not None:
+                    sim.fired[FAULT_KIND[fault]] += 1
+                    sim.log(driver, "fault.task", name, action_id, f"attempt={attempt} {fault}")
+                token = CURRENT_TASK.set(TaskAttempt(action_id, attempt))
+                try:
+                    if self.timeout_s is None:  # no deadline to arm: skip the context manager (~3% of a scenario)
+                        output = await self._body(inputs, fault)
+                    else:  # asyncio.timeout, unlike wait_for, runs the body in this task: one task fewer per action.
+                        async with asyncio.timeout(self.timeout_s):
+                            output = await self._body(inputs, fault)
+                    break
+                except TimeoutError as exc:
+                    last = exc
+                    sim.log(driver, "action.timeout", name, action_id, f"attempt={attempt} after={self.timeout_s}s")
+                except Exception as exc:
+                    last = exc
+                    sim.log(driver, "action.failed", name, action_id, f"attempt={attempt} {type(exc).__name__}")
+                finally:
+                    CURRENT_TASK.reset(token)
+                if attempt < retries:
+                    sim.log(driver, "action.retry", name, action_id, f"attempt={attempt + 1}")
+            else:
+                assert last is not None
+                raise TaskFailed(name, action_id, retries + 1, last) from last
         except TaskFailed as failure:
             run.failures[action_id] = failure
             raise
@@ -109,42 +141,16 @@ class SimTask:
             run.inflight.pop(action_id, None)
         record = run.journal[action_id] = freeze(output)
         if self.cache:
-            sim.cache_result(self.name, digest, record)
-        sim.log(driver, "action.completed", self.name, action_id)
+            sim.cache_result(name, digest, record)
+        sim.log(driver, "action.completed", name, action_id)
         return record
 
-    async def _execute(self, driver: DriverAttempt, action_id: str, inputs: Record) -> Any:
-        sim = self.sim
-        last: BaseException | None = None
-        for attempt in range(self.retries + 1):
-            sim.log(driver, "action.start", self.name, action_id, f"attempt={attempt}")
-            fault = sim.faults.task_fault(self.name, action_id, attempt, self.retries)
-            if fault == "hang" and self.timeout_s is None:
-                fault = None
-            if fault is not None:
-                sim.fired[FAULT_KIND[fault]] += 1
-                sim.log(driver, "fault.task", self.name, action_id, f"attempt={attempt} {fault}")
-            token = CURRENT_TASK.set(TaskAttempt(action_id, attempt))
-            try:
-                if self.timeout_s is None:  # no deadline to arm: skip the context manager (~3% of a scenario)
-                    return await self._body(inputs, fault)
-                # asyncio.timeout, unlike wait_for, runs the body in this task: one task fewer per action.
-                async with asyncio.timeout(self.timeout_s):
-                    return await self._body(inputs, fault)
-            except TimeoutError as exc:
-                last = exc
-                sim.log(driver, "action.timeout", self.name, action_id, f"attempt={attempt} after={self.timeout_s}s")
-            except Exception as exc:
-                last = exc
-                sim.log(driver, "action.failed", self.name, action_id, f"attempt={attempt} {type(exc).__name__}")
-            finally:
-                CURRENT_TASK.reset(token)
-            if attempt < self.retries:
-                sim.log(driver, "action.retry", self.name, action_id, f"attempt={attempt + 1}")
-        assert last is not None
-        raise TaskFailed(self.name, action_id, self.retries + 1, last) from last
+    def _body(self, inputs: Record, fault: str | None) -> Awaitable[Any]:
+        """An attempt's body: the task's own coroutine on its own copy of the recorded inputs, unless a fault fires."""
+        return self.fn(**thaw(inputs)) if fault is None else self._faulted(inputs, fault)
 
-    async def _body(self, inputs: Record, fault: str | None) -> Any:
+    async def _faulted(self, inputs: Record, fault: str) -> Any:
+        """An attempt's body under an injected fault."""
         if fault == "exhaust":
             raise InjectedTaskFailure(f"injected outage: {self.name} cannot run on any attempt (exhausts its retries)")
         if fault == "before":
@@ -152,7 +158,7 @@ class SimTask:
         if fault == "hang":
             assert self.timeout_s is not None
             await asyncio.sleep(self.timeout_s * 2)
-        output = await self.fn(**thaw(inputs))  # each attempt gets its own copy of the recorded inputs
+        output = await self.fn(**thaw(inputs))
         if fault == "after":
             raise InjectedTaskFailure(f"injected failure after {self.name} ran, before its result was recorded")
         return output

@@ -15,7 +15,7 @@ from typing import Any
 from rl.sim.attempts import CURRENT_DRIVER, DriverAttempt
 from rl.sim.errors import SimUsageError
 from rl.sim.faults import FaultPlan
-from rl.sim.records import Event
+from rl.sim.records import Event, new_event
 
 
 class SimKernel:
@@ -41,7 +41,8 @@ class SimKernel:
     # -- the event log ---------------------------------------------------------------------------------------------
     def log(self, driver: DriverAttempt, kind: str, task: str = "", action: str = "", detail: str = "") -> None:
         """Append an event at `driver`'s run's virtual time."""
-        self.events.append(Event(driver.run.loop.time(), driver.run.run_id, driver.number, kind, task, action, detail))
+        run = driver.run
+        self.events.append(new_event((run.loop.time(), run.run_id, driver.number, kind, task, action, detail)))
 
     def log_lines(self) -> list[str]:
         return [e.line() for e in self.events]

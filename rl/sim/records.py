@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -30,6 +32,11 @@ class ActionRecord(NamedTuple):
 
     action_id: str
     task: str
+
+
+# `Event(*fields)` and `ActionRecord(*fields)` from a tuple of the fields, in C: a named tuple's `__new__` is Python.
+new_event: Callable[[tuple[float, str, int, str, str, str, str]], Event] = functools.partial(tuple.__new__, Event)
+new_action_record: Callable[[tuple[str, str]], ActionRecord] = functools.partial(tuple.__new__, ActionRecord)
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,12 @@ def await_point(sim: SimKernel, driver: DriverAttempt, label: str) -> None:
     driver.points += 1
     if driver.crash_at == index:
         crash(sim, driver, f"at await point {index} ({label})")
-    if driver.run.crashes < sim.faults.max_driver_crashes and sim.faults.crash_driver(driver.number, index):
+    faults = sim.faults
+    if (
+        faults.driver_crash_p
+        and driver.run.crashes < faults.max_driver_crashes
+        and faults.crash_driver(driver.number, index)
+    ):
         sim.fired["driver_crash"] += 1
         crash(sim, driver, f"injected at await point {index} ({label})")
 
