@@ -6,8 +6,9 @@ position, so a fault hits the same action on every run of a seed however the act
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 
 def _coin(seed: int, *where: object) -> float:
@@ -43,16 +44,19 @@ class FaultPlan:
     fail_after_body: frozenset[str] = frozenset()
     """Tasks (by name) whose every action fails on attempt 0 *after* its body ran: the retry re-sends a request whose
     side effect already happened (a trainer that applied the update, a judge that was billed)."""
-    task_faults: bool = field(init=False, repr=False, compare=False)
-    """Whether `task_fault` can return a fault (a task rate above 0, or `fail_after_body`): if not, it is not asked."""
 
     def __post_init__(self) -> None:
         for name in ("task_failure_p", "task_hang_p", "driver_crash_p", "torn_checkpoint_p", "exhaust_p"):
             p = getattr(self, name)
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"FaultPlan.{name} must be a probability in [0, 1], got {p!r}")
-        may_fault = bool(self.task_failure_p or self.task_hang_p or self.exhaust_p or self.fail_after_body)
-        object.__setattr__(self, "task_faults", may_fault)
+
+    @functools.cached_property
+    def task_faults(self) -> bool:
+        """Whether `task_fault` can return a fault (a task rate above 0, or `fail_after_body`): if not, it is not asked.
+
+        Cached in the instance, not a field: no digest, comparison or `replace` sees it."""
+        return bool(self.task_failure_p or self.task_hang_p or self.exhaust_p or self.fail_after_body)
 
     def task_fault(self, task: str, action_id: str, attempt: int, retries: int) -> str | None:
         """'before', 'after', 'hang' or 'exhaust' (before, every attempt) for a faulted attempt; None if clean."""
