@@ -371,8 +371,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         "trainer-advantage-scale-ignored",
         "trainer",
         "rl/trainer/step.py",
-        "batch.rewards, scale=config.advantage_scale, eps=config.advantage_eps",
-        'batch.rewards, scale="none", eps=config.advantage_eps',
+        "batch.rewards, scale=config.advantage_scale, eps=config.std_eps",
+        'batch.rewards, scale="none", eps=config.std_eps',
         "the trainer ignores its configured advantage scale (Dr. GRPO whatever the config declares): the bound "
         "advantages function is right, the step is not",
         ("tests/test_peft_trainer.py",),
