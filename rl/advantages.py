@@ -39,8 +39,8 @@ def group_normalized_advantages(
 ) -> list[float]:
     """Each sample's reward relative to the other samples of its group, in input order.
 
-    `scale="population_std"` (the default) is the tutorial's formula exactly: `(r - fmean(group)) / (pstdev(group) + eps)`.
-    `scale="none"` is Dr. GRPO's `r - fmean(group)`.
+    `scale="population_std"` (the default) is the tutorial's formula exactly:
+    `(r - fmean(group)) / (pstdev(group) + eps)`. `scale="none"` is Dr. GRPO's `r - fmean(group)`.
 
     A group whose rewards are all equal (a single-sample group included) gives exactly 0.0 for each member under either
     scale: its mean can differ from its members by rounding (`fmean([0.1] * 3) != 0.1`), and a stray 1e-17 would
