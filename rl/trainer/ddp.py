@@ -113,7 +113,7 @@ def _run_sync(coro: Coroutine[Any, Any, T]) -> T:
         return pool.submit(asyncio.run, coro).result()
 
 
-def _agree(ok: bool, device: torch.device, group: Any = None) -> bool:
+def ranks_agree(ok: bool, device: torch.device, group: Any = None) -> bool:
     """Whether every rank is `ok` (one all-reduce over `group`, the default group when None); ranks call it at the
     same point so it cannot deadlock."""
     flag = torch.tensor([1 if ok else 0], dtype=torch.int64, device=device)  # NCCL reduces CUDA tensors only
@@ -168,7 +168,7 @@ def ddp_train_step(
             prepared = prepare_step(Path(base_dir), batch, config, adapter, opt_state, device=device)
         except Exception as exc:
             error = exc
-        if not _agree(error is None, device):
+        if not ranks_agree(error is None, device):
             if error is not None:
                 raise error
             raise PeerRankError(f"rank {rank}: another rank failed to load the step's inputs; see its error")
