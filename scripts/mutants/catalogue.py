@@ -696,8 +696,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "ddp",
         "rl/trainer/ddp.py",
         "        mine, scale = shard(prepared.contributing, rank, world_size), world_size / n\n",
-        "        mine = shard(prepared.contributing, rank, world_size)\n"
-        "        scale = 1.0 / max(1, len(mine))\n",
+        "        mine = shard(prepared.contributing, rank, world_size)\n        scale = 1.0 / max(1, len(mine))\n",
         "each rank's loss is the mean over its own shard: right on even shards, on 5 samples over 2 ranks the samples "
         "weigh 1/3 and 1/2 where each should weigh 2/5",
         ("tests/test_ddp.py",),
