@@ -31,7 +31,7 @@ SESSION_ENV = {
     "HF_HUB_OFFLINE": "1",
     # Empty, so Python caches our own modules' bytecode and pytest its rewritten tests (in the git-ignored
     # __pycache__ directories), as on a machine without the variable. With it set, every worker of every run compiled
-    # rl/ and re-rewrote tests/ again: `nox -R -s unit` took 81 and 88 s here with it, 71 and 79 s without.
+    # rl/ and re-rewrote tests/ again, and `nox -R -s unit` took longer (docs/benchmarks.md).
     "PYTHONDONTWRITEBYTECODE": "",
 }
 TORCH_CPU_INDEX = os.environ.get("RL_TORCH_CPU_INDEX", "https://download.pytorch.org/whl/cpu")
@@ -70,7 +70,7 @@ def _cpu_torch_source(session: nox.Session) -> list[str]:
 def _uv_compile(session: nox.Session) -> list[str]:
     """`--compile-bytecode` for uv where Python may not cache bytecode (PYTHONDONTWRITEBYTECODE set). pip byte-compiles
     what it installs, uv leaves it to the first import, which caches it; without that cache every test process would
-    compile torch, transformers and peft again (importing them and flyte took 9.3 s instead of 4.9 s here)."""
+    compile torch, transformers and peft again (docs/benchmarks.md has what that cost)."""
     return ["--compile-bytecode"] if session.venv_backend == "uv" and os.environ.get("PYTHONDONTWRITEBYTECODE") else []
 
 
@@ -137,7 +137,7 @@ def _run_unit(session: nox.Session) -> None:
 @nox.session(name="unit-py313", python="3.13", venv_backend="uv")
 def unit_313(session: nox.Session) -> None:
     """`unit` on Python 3.13 (`.ci/python313` fetches Debian's where the machine has none). torch is PyPI's
-    torch==2.13.0, which for cp313 on Linux is the CUDA build with its CUDA libraries (about 4.6 GB installed; the
+    torch==2.13.0, which for cp313 on Linux is the CUDA build with its CUDA libraries (several GB installed; the
     CPU index's `+cpu` wheel is used instead where a find-links directory holds it): it imports and runs on a CPU."""
     cpu_wheel = f"torch-{_cpu_torch_pin()}-cp313-*.whl"
     links = [d for d in os.environ.get("PIP_FIND_LINKS", "").split() if any(Path(d).glob(cpu_wheel))]
@@ -153,7 +153,8 @@ def slow(session: nox.Session) -> None:
     (`slow`), and every one-process test over ~0.5 s on a quiet core (`heavy`: whole demo and CLI runs, real-model
     steps, report charts, the self-test's reference runs), kept out of `unit` so that it answers in about a minute:
     minutes, not seconds. Two pytest-xdist workers: most of these tests wait on processes they spawn, and one worker
-    left a second core idle for ~20 minutes; more would crowd the gloo ranks past their short collective timeouts."""
+    left the second core idle for most of the run; more would crowd the gloo ranks past their short collective
+    timeouts."""
     _install_cpu(session)
     workers = ("-n", "2", "--dist", "worksteal")
     session.run("pytest", *workers, "-m", "slow or heavy", *session.posargs, env=SESSION_ENV)
@@ -196,7 +197,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def demo(session: nox.Session) -> None:
     """The GRPO demo, `rl demo grpo --fresh` plus any flags after `--`: a tiny offline model learns a prompt-dependent
-    task on the CPU (~1-2 min); the report lands in runs/demo-grpo/. With the real-model extra, so that
+    task on the CPU in minutes; the report lands in runs/demo-grpo/. With the real-model extra, so that
     `nox -s demo -- --model smollm2` fetches and converts the pinned real model."""
     _install_cpu(session, "real-model")
     session.run("rl", "demo", "grpo", "--fresh", *session.posargs, env=SESSION_ENV)
@@ -206,7 +207,7 @@ def demo(session: nox.Session) -> None:
 def readme(session: nox.Session) -> None:
     """Every `rl ...` and `--local` line of README.md and docs/*.md, and docs/conformance.md's commands, as written,
     with small sizes (`.ci/readme_commands.py list` shows them). Filled like the other sessions, plus pip, because the
-    documents say `pip install` (a virtualenv filled by pip took a minute longer)."""
+    documents say `pip install` (filling the virtualenv with pip is slower: docs/benchmarks.md)."""
     _install_cpu(session, with_=("pip",))
     session.run("python", ".ci/readme_commands.py", "run", "examples", "conformance", env=SESSION_ENV)
 
@@ -222,7 +223,7 @@ def chaos(session: nox.Session) -> None:
     jobs = str(min(os.cpu_count() or 1, 4))
     for loop in ("grpo", "grpo-pipelined", "agentic"):
         session.run("rl", "chaos", "--loop", loop, "--seeds", seeds, "--jobs", jobs, env=SESSION_ENV)
-    # 12 iterations: the loop runs ~0.03 s each, so with 3 most kills landed in start-up rather than in the loop.
+    # 12 iterations: an iteration is short, so with 3 most kills landed in start-up rather than in the loop.
     kills = ("--iterations", "12", "--kills", "4", "--seed", "0", "--jobs", jobs)
     session.run("python", "-m", "fakes.process_kills", *kills, env=SESSION_ENV)
     # Kills counted from the run directory appearing, so some land in the base model's build (published by rename).
@@ -233,7 +234,7 @@ def chaos(session: nox.Session) -> None:
     aimed = ("--iterations", "6", "--kills", "2", "--seed", "0", "--sequential", "--at", points, "--jobs", jobs)
     session.run("python", "-m", "fakes.process_kills", *aimed, env=SESSION_ENV)
     # Hostile run directories: a real run mutated (files, links, types, sizes, encodings), then resumed and re-scored.
-    # 60 directories (~2 s each on 2 cores); RL_FUZZ_EXAMPLES=500 nox -s chaos searches further.
+    # 60 directories by default (a few seconds each); RL_FUZZ_EXAMPLES=500 nox -s chaos searches further.
     fuzz = {**SESSION_ENV, "RL_FUZZ_EXAMPLES": os.environ.get("RL_FUZZ_EXAMPLES", "60")}
     session.run("pytest", "tests/test_hostile_dirs.py", "-n", "0", "-q", "--hypothesis-show-statistics", env=fuzz)
 
@@ -247,12 +248,12 @@ _NOT_INSTALLED = (
 @nox.session
 def conformance(session: nox.Session) -> None:
     """The conformance suite as a fork runs it: the installed package, from a temporary directory outside the repo (so
-    neither our conftest.py nor our pytest settings leak in), against our fakes and the real CPU stack."""
+    neither our conftest.py nor our pytest settings leak in), against our in-memory tiers and the real CPU stack."""
     _install_cpu(session, editable=False)
     with _outside_repo(session, "rl-conformance-"):
         # The installed wheel ships `rl` alone: the test doubles of fakes/ must not be importable here.
         session.run("python", "-c", _NOT_INSTALLED.format(name="fakes"))
-        for impl in ("rl.conformance.ours:FAKES", "rl.conformance.ours:REAL_CPU"):
+        for impl in ("rl.conformance.ours:IN_MEMORY", "rl.conformance.ours:REAL_CPU"):
             suite = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", impl, "-p", "no:cacheprovider")
             session.run("pytest", *suite, *session.posargs, env=SESSION_ENV)
 
@@ -260,8 +261,9 @@ def conformance(session: nox.Session) -> None:
 @nox.session
 def mutants(session: nox.Session) -> None:
     """Plant each bug of scripts/mutants/catalogue.py in a copy of HEAD and report which ones tests/ and the packaged
-    conformance suite (FAKES, REAL_CPU) catch, and the suite's kill rate over what tests/ kills (docs/mutants.md). Slow
-    (minutes per mutant that tests/ misses); `-- --only ID,ID` measures a few, `-- --check` only checks they apply."""
+    conformance suite (IN_MEMORY, REAL_CPU) catch, and the suite's kill rate over what tests/ kills (docs/mutants.md).
+    Slow (minutes per mutant that tests/ misses); `-- --only ID,ID` measures a few, `-- --check` only checks they
+    apply."""
     _install_cpu(session)
     session.run("python", "scripts/mutants/run.py", *session.posargs, env=SESSION_ENV)
 
@@ -324,7 +326,7 @@ def deploy_dry_run(session: nox.Session) -> None:
         )
         # From a copy of the project without virtualenvs and caches, as a clean checkout deploys: flyte walks the whole
         # project directory looking for ignore files (it prunes only its own standard names, not .nox), and with the
-        # other sessions' virtualenvs beside it (400,000 files in CI) the dry run took over 15 minutes.
+        # other sessions' virtualenvs beside it the dry run took many minutes (docs/benchmarks.md).
         src = Path(home) / "src"
         skipped = (".nox", ".git", ".venv", "runs", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache")
         shutil.copytree(".", src, ignore=shutil.ignore_patterns(*skipped, ".hypothesis"), symlinks=True)
@@ -386,7 +388,7 @@ def real_model_conformance(session: nox.Session) -> None:
     """The packaged engine and trainer laws bound to SmolLM2-135M-Instruct (`rl.conformance.ours:REAL_LM`: the torch
     sampler with its chat template, the PEFT trainer with the demo's real-model config), the sampling laws at the
     eighth of their groups it declares; fails when the failing laws differ from REAL_LM_FAILS. Installs as
-    `real-model` does and uses the same model cache. 4 min of laws on 2 quiet cores (docs/conformance.md)."""
+    `real-model` does and uses the same model cache. Minutes of laws (docs/conformance.md has the figures)."""
     import time
 
     started = time.monotonic()
@@ -530,9 +532,9 @@ def bench_peers(session: nox.Session) -> None:
     on the same tiny model, prompts, reward and shape, interleaved seed by seed, one torch thread each
     (`python -m peers.bench_trl`; `-- --seeds 1 --iterations 10 --shapes demo` for a quick look). Prints a table per
     shape (demo 8x8 3 tokens, large 32x8 16 tokens): steady-state s/iter, CPU s/iter, tokens per CPU-s, peak RSS,
-    accuracy, each ours/TRL. About 2 minutes of runs on a quiet 2-core machine with the defaults (93 s measured),
-    plus the install. `-- --shapes smollm2 --seeds 1` (opt-in: minutes) runs `rl demo grpo --model smollm2`'s setting
-    on both sides, then their held-out accuracy."""
+    accuracy, each ours/TRL. Minutes of runs with the defaults, plus the install (docs/benchmarks.md has the figures).
+    `-- --shapes smollm2 --seeds 1` (opt-in: minutes) runs `rl demo grpo --model smollm2`'s setting on both sides, then
+    their held-out accuracy."""
     _install_cpu(session, with_=(str(PEERS["trl"]["pin"]),))
     session.run("python", "-m", "peers.bench_trl", *session.posargs, env=SESSION_ENV)
 

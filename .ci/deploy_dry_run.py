@@ -3,7 +3,7 @@
     python .ci/deploy_dry_run.py CONFIG.yaml
 
 The environments read their tiers at import time, so `nox -s deploy-dry-run` runs this once per tier. One process per
-tier instead of one `flyte deploy` per environment: each of those re-imports flyte, torch and the package (~40 s).
+tier instead of one `flyte deploy` per environment: each of those re-imports flyte, torch and the package.
 """
 
 from __future__ import annotations

@@ -44,10 +44,8 @@ def group_normalized_advantages(
 
     A group whose rewards are all equal (a single-sample group included) gives exactly 0.0 for each member under either
     scale: its mean can differ from its members by rounding (`fmean([0.1] * 3) != 0.1`), and a stray 1e-17 would
-    otherwise turn into a nonzero gradient for a prompt that taught nothing.
-
-    Samples of one group need not be contiguous; the output does not depend on the order of samples or on the values of
-    the group ids (only on which samples share one).
+    otherwise become a gradient for a prompt that taught nothing. Samples of one group need not be contiguous;
+    only which samples share a group id matters, not their order or the ids' values.
 
     Raises:
         ValueError: `len(group_ids) != len(rewards)`, an unknown `scale`, or a negative or non-finite `eps`.

@@ -1,18 +1,13 @@
 """Directory-like artifacts on the local filesystem, content-addressed (the `flyte.io.Dir` role for the CPU stack).
 
-Layout under `root`:
-
-    objects/<hex>/...    one immutable directory per distinct content, named by its sha256 digest
-    refs/<name>          the digest most recently stored under a human name (for people reading the store, not lookups)
-    tmp/                 staging for atomic writes
+Under `root`: `objects/<hex>/...`, one immutable directory per distinct content, named by its sha256 digest;
+`refs/<name>`, the digest most recently stored under a human name (for people, not lookups); `tmp/`, staging.
 
 An artifact is a mapping of relative POSIX paths to bytes. Its digest is `sha256:` + sha256 over, for each path in
 sorted order, the path, a NUL, the content length (8 bytes, big-endian) and the content: length-prefixing makes the
-encoding unambiguous, so two different mappings cannot share a preimage. Lookups go by digest, never by URI, so a ref
-stays valid wherever the same bytes are stored. Every read re-hashes what it read, so a file changed on disk after it
-was written raises `ArtifactCorruptError` instead of silently feeding a sampler or trainer the wrong weights.
-
-Pure standard library: importable without torch.
+encoding unambiguous. Lookups go by digest, never by URI, so a ref stays valid wherever the same bytes are stored.
+Every read re-hashes what it read, so a file changed on disk after it was written raises `ArtifactCorruptError`
+instead of silently feeding a sampler or trainer the wrong weights. Pure standard library: importable without torch.
 """
 
 from __future__ import annotations
@@ -41,7 +36,7 @@ _TEMP = re.compile(r"(ref-|corrupt-)?[0-9a-f]{32}")
 class ArtifactNotFoundError(ArtifactError, FileNotFoundError):
     """No artifact with the requested digest is stored here.
 
-    A `FileNotFoundError`, like the in-memory fake's `MissingArtifactError`, so a driver handles a lost artifact the
+    A `FileNotFoundError`, like the in-memory store's `MissingArtifactError`, so a driver handles a lost artifact the
     same way whichever store it runs on.
     """
 

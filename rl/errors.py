@@ -1,31 +1,14 @@
 """Every error this project raises on purpose, under one root, `RlError`, in one public module.
 
 `except rl.errors.RlError` catches every expected failure (bad input, a checkpoint or artifact that cannot be used, a
-damaged volume, a tier that broke its contract, a full disk is an `OSError` instead); anything else is a bug. Each
-family's `exit_code` is the `rl` command's exit status when that family ends it (docs/commands.md's table):
-
-| exit | family | what went wrong |
-| --- | --- | --- |
-| 1 | (none) | a check failed: `rl chaos` found a violated invariant, `rl demo agentic` ended with a failed run |
-| 2 | `InputError` | a flag, config or reward name cannot work (also argparse's usage errors); nothing was started |
-| 3 | `CheckpointError` | the run directory's checkpoint cannot be resumed from |
-| 4 | `ArtifactError` | a stored adapter, optimizer state or other artifact is missing or corrupt |
-| 5 | `VolumeError` | the rollout buffer's volumes are damaged, locked or misused |
-| 6 | `TrainerError` | a train step was given a malformed batch, adapter or optimizer state |
-| 7 | `TierError` | a rollout engine or scorer returned what the driver refuses (NaN rewards, stale or wrong rollouts) |
-| 8 | `LedgerError` | the agentic trainer refused a step (a second payload for it, out of order, other worlds) |
-| 9 | `RlError` | any other expected failure |
-| 10 | `OSError` | the filesystem refused (disk full, read-only, permission denied, a file where a directory goes) |
-| 70 | anything else | a bug: the traceback is printed; please report it |
+damaged volume, a tier that broke its contract; a full disk is an `OSError` instead); anything else is a bug. Each
+family's `exit_code` is the `rl` command's exit status when that family ends it: docs/commands.md#exit-status.
 
 Each family keeps the builtin base it had (`ValueError`, `RuntimeError`, `LookupError`, ...), so `except` clauses
-written against those still catch it. This module is the ground floor: it imports nothing of `rl`, so every other
-module may import it (`ArtifactError`'s and `VolumeError`'s subclasses live with their stores, `rl.artifacts` and
-`rl.volumes.errors`, which re-export the bases).
-
-A fork's driver raises these (or subclasses) so that the same `except` clauses, and the same laws, hold for it:
-`rl.conformance`'s driver laws expect `NonFiniteRewardError` for a NaN reward, and a resume from a checkpoint that
-cannot be resumed is a `CheckpointError` whose type says why. Each message says what to do next.
+written against those still catch it. This module is the ground floor: it imports nothing of `rl` (`ArtifactError`'s
+and `VolumeError`'s subclasses live with their stores, `rl.artifacts` and `rl.volumes.errors`). A fork's driver raises
+these (or subclasses) so that the same `except` clauses, and the same laws, hold for it
+(docs/conformance.md#the-errors-your-driver-raises). Each message says what to do next.
 """
 
 from __future__ import annotations
@@ -74,7 +57,7 @@ def shown(value: object, limit: int | None = VALUE_CHARS, *, keep: str = "") -> 
     """`value` as text safe to print: every control or invisible character as its escape (`\\x1b`, `\\u202e`), all
     but those in `keep`; cut to `limit` characters. The one function every path or value read from a run directory
     goes through before it reaches a terminal, a log or the report: an escape sequence in a file name cannot set a
-    terminal's title, clear it or fake a line, and a megabyte of name cannot flood it."""
+    terminal's title, clear it or forge a line, and a megabyte of name cannot flood it."""
     text = str(value)
     if not text.isprintable():
         text = "".join(

@@ -18,7 +18,7 @@ class FileReporter:
     """Reporter writing `metrics.jsonl` (one IterationMetrics per line) and `report.html` into a directory.
 
     The JSONL is brought up to date on every publication (new rows appended), so it is never behind. The HTML (ten
-    charts, ~0.3-0.7 s of matplotlib) is always rendered on completion; while running, at most every `min_interval_s`
+    matplotlib charts) is always rendered on completion; while running, at most every `min_interval_s`
     seconds and never more often than keeps rendering under `max_render_share` of the run's time (the next render
     waits `seconds / share` after one that took `seconds`), so a fast loop does not spend its time drawing charts.
     """

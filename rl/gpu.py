@@ -4,23 +4,10 @@ a machine cannot run the tier.
 Used by `gpu_tests/` (the reasons become skip messages), by `rl bench --gpu` (the reason becomes its refusal), and by
 the CPU tests of both. torch and vllm are imported inside the functions, never at import time.
 
-Why a model of its own. The CPU stack's tiny models (hidden 32-64 over 4 heads: head dims of 8-16) are too narrow for
-vLLM: its CUDA attention backends accept only some head dims (FlashInfer 64, 128, 256; FlashAttention multiples of 8
-up to 256, but 32 and up in practice; the Triton and FlexAttention fallbacks are slower and not what production runs).
-`VLLM_MODEL` is the same Qwen2-shaped architecture and character tokenizer with:
-
-- head_dim = hidden 256 / 4 heads = 64, which every one of those backends supports;
-- 2 key-value heads (grouped-query attention, as Qwen2 has), and every projection width (q 256, k/v 128, MLP 512)
-  a multiple of 64, the granularity vLLM's LoRA kernels are tuned for;
-- the 50-token character vocabulary: vLLM pads the embedding to a multiple of 64, and LoRA bounds the vocabulary
-  only from above (<= 258048);
-- initializer_range 0.05, so logits are O(1). bf16 (what vLLM runs) keeps 8 significant bits, so a logit of size
-  |z| carries a rounding error of about |z| * 2^-9: on this model a CPU emulation (the model cast to bf16 against
-  float32, 16 samples x 16 tokens) moved sampled-token log-probs by 0.007 on average and 0.035 at most, while two
-  random rank-8 adapters differ by about 0.6 on average. With the demo's 0.2 the bf16 error grows to 0.05 / 0.47.
-- max_position 256: vLLM's `max_model_len`; prompts here are a few tokens and completions at most 64.
-
-About 1.2 M parameters (5 MB in float32): it loads in milliseconds and leaves the GPU to the KV cache.
+`VLLM_MODEL` is the CPU stack's Qwen2-shaped architecture and character tokenizer widened to head_dim 64 (hidden 256
+over 4 heads, 2 key-value heads, every projection a multiple of 64), which vLLM's attention backends and LoRA kernels
+serve, with logits of O(1) so that bf16's rounding stays well below an adapter's effect. Why each size, and what
+bf16 moved on it: docs/gpu.md#the-gpu-tiers-model.
 """
 
 from __future__ import annotations

@@ -8,10 +8,8 @@ For one completion of T tokens with advantage A (Shao et al., "DeepSeekMath", 20
 
 and a batch's loss is the mean over completions of their token-mean losses (the tutorial's aggregation, GRPO's 1/G sum_i
 1/|o_i| sum_t). `old` is the log-probability under the policy that sampled the token (one step stale when generation
-overlaps training), `ref` under the frozen base with the adapter off; only `new` carries gradient.
-
-Each term is its own small function so a variant (another KL estimator, another aggregation) is a new function, not a
-flag threaded through one method.
+overlaps training), `ref` under the frozen base with the adapter off; only `new` carries gradient. Each term is its
+own small function, so a variant (another KL estimator, another aggregation) is a new function, not a flag.
 """
 
 from __future__ import annotations
@@ -96,14 +94,10 @@ def grpo_sample_loss(
 
         loss = -( mean_t min(r_t A, clip(r_t, 1 - eps, 1 + eps_high) A) - kl_beta * mean_t k3_t )
 
-    `clip_eps` is the lower bound's epsilon and, unless `clip_eps_high` is given, the upper one's too. At `r = 1` the
-    surrogate's gradient equals REINFORCE's, `-A / T` per token (its value, `-A`, does not).
-
+    `clip_eps` is the lower bound's epsilon and, unless `clip_eps_high` is given, the upper one's too; at `r = 1` the
+    surrogate's gradient equals REINFORCE's, `-A / T` per token (its value, `-A`, does not). Returns `(loss, stats)`:
+    the loss, differentiable w.r.t. `new_logp`, and the floats `loss`, `ratio`, `kl` (k3), `clip_frac` (means).
     Shape: `new_logp`, `old_logp`, `ref_logp`: `[T]`, `T >= 1`, floating point -> loss `[]`.
-
-    Returns:
-        `(loss, stats)`: the scalar loss (differentiable w.r.t. `new_logp`) and python floats `loss`, `ratio` (mean
-        importance ratio), `kl` (mean k3) and `clip_frac` (see `clip_fraction`).
 
     Raises:
         ValueError: inputs that are not 1-D floating tensors of one length >= 1, a non-finite advantage, or a negative
@@ -138,17 +132,14 @@ def grpo_masked_row_losses(
     kl_beta: float = 0.03,
     clip_eps_high: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """`grpo_sample_loss` of every row of a right-padded batch at once: what a trainer back-propagates from one
-    batched forward instead of one forward per completion.
+    """`grpo_sample_loss` of every row of a right-padded batch at once, from one batched forward instead of one per row.
 
     Row b's loss is `grpo_sample_loss(new[b, m_b], old[b, m_b], ref[b, m_b], advantages[b])` with `m_b = mask[b]`, equal
     up to float rounding (a masked sum over a padded row adds its terms in another order than a mean over the unpadded
-    row): the law `tests/test_loss.py` checks, values and gradients. Padded positions contribute nothing, whatever they
-    hold.
+    row): the law `tests/test_loss.py` checks, values and gradients. Padded positions contribute nothing.
 
-    Shape: `new_logp`, `old_logp`, `ref_logp`, `mask` (bool or 0/1): `[B, T]`, every row with at least one token;
-    `advantages`: `[B]` -> row losses `[B]` (differentiable w.r.t. `new_logp`) and detached per-row `ratio`, `kl`,
-    `clip_frac` `[B]`.
+    Shape: `new_logp`, `old_logp`, `ref_logp`, `mask` (bool or 0/1): `[B, T]`, each row with a token; `advantages`:
+    `[B]` -> row losses `[B]` (differentiable w.r.t. `new_logp`) and detached per-row `ratio`, `kl`, `clip_frac` `[B]`.
 
     Raises:
         ValueError: shapes that disagree, a row with no tokens, a non-finite advantage, or a negative or non-finite

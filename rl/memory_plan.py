@@ -3,28 +3,12 @@ a GPU (`rl plan`).
 
 Every figure is a formula over the model's architecture and the run's settings, in bytes, written out term by term so
 a reader can check it against what the code does (`tests/test_memory_plan.py` checks it against allocations measured on
-the CPU for small models):
-
-- **weights**: the base's parameters at the trainer's `base_dtype` (bfloat16 on vLLM), and the LoRA parameters in
-  float32 (PEFT upcasts the adapter); vLLM instead holds `max_loras` adapter slots at `max_lora_rank` on every linear
-  layer it serves LoRA on, in bfloat16.
-- **optimizer**: the LoRA gradients (4 bytes) and AdamW's two moments (8 bytes) per LoRA parameter.
-- **activations** of one micro-batch of B samples (the trainer's micro-batch size, or a step's samples when fewer) of
-  L = prompt + completion tokens, per token and layer, what autograd keeps for backward with a frozen base: the
-  float32 copies each RMSNorm and each LoRA input makes (4 bytes per element; none when the base is float32, where
-  the layer's own tensors are kept instead), the q/k RMS-norms' inputs
-  (Qwen3), what attention keeps (q, k, v, output; eager attention also keeps the float32 softmax and the probabilities,
-  heads x L per token), and the MLP's gate, up and activation. Gradient checkpointing keeps only each layer's input and
-  recomputes one layer at a time.
-- **logits**: the train step's output layer over the whole micro-batch, [B, L, V] at the base's dtype (kept until
-  backward: the gather that picks the completion positions saves its input), and on top of it the larger of the
-  forward's [B, T, V] tensors (the picked logits, their float32 copy and log-softmax) and the backward's three float32
-  [B, T, V] at once (the kept log-probs, their gradient, the gradient of the logits), where the measured peak is.
-- **KV cache** (engine): vLLM claims `gpu_memory_utilization` of the GPU; what its weights, its activation peak (a
-  forward of `max_num_batched_tokens` tokens and the sampler's float32 logits over `max_num_seqs` rows, vLLM's
-  defaults for the GPU: `vllm_batch_defaults`) and the CUDA context leave is KV cache, 2 x layers x kv_heads x
-  head_dim x 2 bytes per token. vLLM refuses to start when that holds fewer than `max_model_len` tokens; `rl plan`
-  refuses first.
+the CPU for small models). The terms: **weights** (the base at `base_dtype`, float32 LoRA; vLLM's LoRA slots),
+**optimizer** (LoRA gradients and AdamW's two moments), **activations** of one micro-batch (what autograd keeps for
+backward with a frozen base, or one layer's under gradient checkpointing), **logits** (the output layer over the
+micro-batch and the larger of the forward's and backward's [B, T, V] tensors) and the engine's **KV cache** (what
+`gpu_memory_utilization` leaves after vLLM's weights, activation peak and CUDA context). What each term counts, element
+by element: docs/gpu.md#what-rl-plan-counts.
 """
 
 from __future__ import annotations

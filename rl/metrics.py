@@ -16,8 +16,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased estimator of pass@k from `n` samples of which `c` are correct: `1 - C(n-c, k) / C(n, k)`.
 
     The probability that at least one of `k` samples drawn without replacement from the `n` is correct (Chen et al.,
-    "Evaluating Large Language Models Trained on Code", 2021). Computed as the paper does, without binomials that
-    overflow a float for large `n`:
+    "Evaluating Large Language Models Trained on Code", 2021), computed as the paper does, without binomials:
 
         1 - prod_{i = n-c+1}^{n} (1 - k / i)
 

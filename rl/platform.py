@@ -111,6 +111,46 @@ def clone_file(src: Path, dst: Path) -> bool:
         os.close(src_fd)
 
 
+class _OpenHow(ctypes.Structure):
+    _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64))
+
+
+_SYS_OPENAT2 = 437  # the same number on every Linux architecture (since 5.6)
+_RESOLVE_NO_SYMLINKS = 0x04  # no symlink anywhere on the path, the last component included
+_RESOLVE_BENEATH = 0x08  # nothing outside the starting directory
+
+
+def _libc_syscall() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        func = ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):
+        return None
+    func.restype = ctypes.c_long
+    return func
+
+
+# Linux's openat2(2), or None: macOS, a kernel before 5.6, or a sandbox that refuses it (found on first use).
+OPENAT2: Callable[..., int] | None = _libc_syscall()
+
+
+def open_beneath(dir_fd: int, path: str, flags: int) -> int | None:
+    """`openat(dir_fd, path, flags)` in one syscall that follows no symlink on the way and stays beneath `dir_fd`
+    (openat2 with RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH); None where that fails for any reason, and the caller walks
+    the path one component at a time, which names whatever refused it."""
+    global OPENAT2
+    if OPENAT2 is None:
+        return None
+    how = _OpenHow(flags | os.O_CLOEXEC, 0, _RESOLVE_NO_SYMLINKS | _RESOLVE_BENEATH)
+    fd = OPENAT2(_SYS_OPENAT2, dir_fd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
+    if fd >= 0:
+        return fd
+    if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM, errno.EINVAL):  # no openat2 here: walk from now on
+        OPENAT2 = None
+    return None
+
+
 HAS_FLOCK = fcntl is not None
 
 

@@ -1,4 +1,4 @@
-"""What the drivers call. Each tier is a small Protocol; production binds them to Flyte tasks, tests to fakes.
+"""What the drivers call. Each tier is a small Protocol; production binds them to Flyte tasks, tests to in-memory tiers.
 
 Every method is async because in production each call is a remote task (an action); the driver never knows which it has.
 """

@@ -2,15 +2,13 @@
 the tree's top is ever followed.
 
 A run directory may come from someone else, and any folder in it may be swapped for a symlink while a command runs,
-after whatever check it passed. So nothing below a tree's top is reached by path: each operation opens the top, walks
-down one component at a time relative to the directory descriptor it already holds (`openat` with `O_NOFOLLOW`), and
-acts on the last component relative to its parent's descriptor (`unlinkat`, `renameat`, `mkdirat`, ...). A symlink
-met on the way is refused with `LinkRefusedError` (a `RunDirError`, exit 2) naming it; a swap after that check cannot
-redirect the write or delete, because the descriptor still names the directory that was checked. The top itself, the
-directory the user named, is trusted, symlink or not.
-
-POSIX (Linux, macOS, the BSDs: `os.supports_dir_fd` and `O_NOFOLLOW`); pure standard library. The module imports
-everywhere, but a platform without `dir_fd` (Windows) has no way to walk without following links.
+after whatever check it passed. So nothing below a tree's top is reached by path: each operation opens the top, then
+the directory below it in one `openat2` with no symlink resolved (Linux) or one component at a time (`openat` with
+`O_NOFOLLOW`), and acts on the last component relative to its parent's descriptor (`unlinkat`, `renameat`, ...). A
+symlink met on the way is refused with `LinkRefusedError` (a `RunDirError`, exit 2) naming it; a swap after that check
+cannot redirect the write or delete, because the descriptor still names the directory that was checked. The top itself,
+the directory the user named, is trusted, symlink or not. POSIX only (`os.supports_dir_fd`, `O_NOFOLLOW`); pure standard
+library. The module imports everywhere, but Windows (no `dir_fd`) has no way to walk without following links.
 """
 
 from __future__ import annotations
@@ -90,6 +88,9 @@ class Tree:
 
     def _open_dir(self, parts: list[str], *, create: bool = False) -> int:
         fd = os.open(self.top, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
+        if parts and (sub := platform.open_beneath(fd, os.sep.join(parts), _DIR)) is not None:
+            os.close(fd)  # the whole path in one syscall, no link followed (Linux); otherwise the walk below
+            return sub
         try:
             for i in range(len(parts)):
                 if create:

@@ -1,29 +1,12 @@
 """Seeds derived from one run seed, stable across processes, machines and Python versions.
 
 A retried rollout must sample exactly what its first attempt sampled, so its seed is a pure function of where it sits
-in the run (run seed, iteration, group). Python's built-in `hash` is salted per process for `str` (PYTHONHASHSEED), so
-seeds here come from BLAKE2b over an unambiguous byte encoding of their parts instead.
-
-Seeds fit in 31 bits (0..2**31-1): vLLM's `SamplingParams.seed` and most C-level RNG APIs take a signed 32-bit int.
-Distinct inputs give distinct seeds except by chance: some two of N seeds coincide with probability about N**2 / 2**32
-(0.2% for 3,000 seeds). A collision only makes two rollouts share a sampler seed, which matters only when they also
-share a prompt and an adapter.
-
-A group's seed is not one stream on every engine. The torch sampler draws a group's `n` rows from one generator seeded
-`seed`. vLLM (0.33, `vllm/v1/engine/parallel_sampling.py`) splits a request for `n` completions into `n` child
-requests and samples child `i` alone with the seed `seed + i`, so groups seeded `s` and `s + 1` from one prompt and
-adapter would share `n - 1` completions, and hash-derived seeds are nearby by chance. The vLLM engine therefore does
-not pass these seeds as they are: it spaces them (`rl.engines.vllm.vllm_seed`: `seed * VLLM_SEED_STRIDE`), so
-distinct group seeds give disjoint per-sample seed ranges. The seeds here stay as they were: a recorded run's
-actions (and its rollouts' `seed` fields) keep their identity.
-
-One rule: a seed is a function of the run's seed and the seed's place in the run, derived here by `derive_seed` and
-nowhere else; each seed the GRPO loop and trainer use has its named function below. New seeds lead with a string that
-names their purpose (`derive_seed("reward", run_seed)`). Four seeds older than that convention put the run seed first
-and the purpose second (`prompt_draw_seed`, `adapter_init_seed`, `eval_seed`, `eval_problem_seed`); their encodings
-are kept, because flipping them would change every run's prompts, initial adapter and evaluation samples, so recorded
-runs and the demo's published figures would no longer reproduce. The encodings are still unambiguous: a purpose
-string in second place never encodes like one in first place.
+in the run (run seed, iteration, group): BLAKE2b over an unambiguous byte encoding of its parts (Python's `hash` is
+salted per process). Seeds fit in 31 bits (vLLM's `SamplingParams.seed` takes a signed 32-bit int); some two of N
+coincide with probability about N**2 / 2**32. One rule: every seed is derived by `derive_seed` and nowhere else, each
+with its named function below, new ones leading with a string naming their purpose; four older ones put the run seed
+first, and keep that encoding so recorded runs reproduce. The vLLM engine spaces these seeds (`vllm_seed`) without
+changing them. Why each of these: docs/design.md#seeds.
 
 Pure Python: every tier derives its seed without torch.
 """
@@ -72,7 +55,7 @@ def derive_seed(*parts: int | str) -> int:
 @functools.lru_cache(maxsize=1 << 16, typed=True)
 def _derived(*parts: int | str) -> int:
     """`derive_seed`'s value, memoised: a chaos scenario asks for the same few dozen seeds its reference and every
-    rerun asked for (the encoding and hash were ~2% of one). `typed=True` keeps `True` apart from `1`, so a bool part
+    rerun asked for (docs/benchmarks.md has the share). `typed=True` keeps `True` apart from `1`, so a bool part
     still reaches `_encode`'s TypeError (errors are never cached)."""
     if not parts:
         raise ValueError("derive_seed needs at least one part")

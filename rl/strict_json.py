@@ -6,11 +6,9 @@ document, what a non-finite value becomes:
 
 - `dumps`: refused, with a `NonFiniteMetricError` naming the field (manifests, configs: a NaN there is a bug).
 - `flag_non_finite`: `null`, and the row's `non_finite` maps each such field (dotted path) to "nan", "inf" or "-inf"
-  (`metrics.jsonl`, `--json` summaries: a diverged run's rows are still worth reading; pandas reads null as NaN).
-  `unflag_non_finite` restores the values.
+  (`metrics.jsonl`, `--json` summaries: a diverged run's rows are still worth reading); `unflag_non_finite` restores.
 - `tag_non_finite`: `{"__float__": "inf"}`, the form `rl.identity.canonical` gives it (the checkpoint, which must
-  restore the exact value and whose digest is computed over that form anyway). `untag_non_finite` restores.
-
+  restore the exact value and whose digest is computed over that form anyway); `untag_non_finite` restores.
 Pure (no torch or flyte import).
 """
 

@@ -130,14 +130,12 @@ class IterationMetrics:
     The driver fills every field from the iteration's rollouts, rewards and train result, except `task_metrics`: what
     the task defines (`GrpoTiers.task_metrics`: the digit task's accuracy, a `####` task's format rate too), so the row
     holds no metric that the task does not have. `kl` and `clip_frac` are the trainer's means over contributing
-    samples (`StepMetrics`). The sample is the iteration's first rollout (group 0, sample 0): what the policy draws,
-    not its best of the batch.
+    samples (`StepMetrics`). The sample is the iteration's first rollout (group 0, sample 0), not the batch's best.
 
     `phase_s` holds the seconds each phase took on the driver's event-loop clock (`generate`: launch until the last
     group landed; `score`: the scoring left after that; `train`: the step; `evaluate`: the held-out evaluation of this
     row's adapter, off the critical path, filled in when it lands). It is left out of equality: a resumed run replays
-    finished actions in no time, so its timings legitimately differ from an uninterrupted run whose every other field
-    it matches bit for bit.
+    finished actions in no time, so its timings legitimately differ from an uninterrupted run it otherwise matches.
     """
 
     iteration: int

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 import rl.flyte.clustered as clustered
 
-# 5 s, not less: the same timeout bounds joining the group, which took over 1 s on a loaded CI machine.
+# 5 s, not less: the same timeout bounds joining the group, which is slow on a loaded CI machine (docs/benchmarks.md).
 COLLECTIVE_S, SLOW_S, DOWNLOAD_S = 5.0, 15.0, 120.0
 
 

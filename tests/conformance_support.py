@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Any
 
-from rl.memory.artifacts import MemoryArtifacts
-from rl.sim.grpo_tiers import FakeEngine, FakeTrainer
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_tiers import MemoryEngine, MemoryTrainer
 from rl.types import Prompt, RolloutRequest, TrainBatch
 
 
@@ -18,8 +18,8 @@ def run(awaitable: Awaitable[Any]) -> Any:
     return asyncio.run(wait())
 
 
-def train_batch(artifacts: MemoryArtifacts, trainer: FakeTrainer) -> TrainBatch:
+def train_batch(artifacts: MemoryArtifacts, trainer: MemoryTrainer) -> TrainBatch:
     init = run(trainer.init_adapter(5))
-    engine = FakeEngine(artifacts)
+    engine = MemoryEngine(artifacts)
     rollouts = run(engine.generate(RolloutRequest(0, Prompt("3=", "4"), 4, init.adapter, 0, 9)))
     return TrainBatch(0, rollouts, [1.0, 0.0, 0.5, 0.0], init.adapter, init.optimizer_state, new_version=1)

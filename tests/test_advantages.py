@@ -20,7 +20,7 @@ SCALES = st.sampled_from(["population_std", "none"])
 
 class TestOurAdvantagesWithoutEps(AdvantageContract):
     """Our advantages with `eps=0.0` under that declaration: exact zeros for all-equal groups even where the std is 0,
-    and every other law. The default (`eps=1e-4`, population std) is checked by `TestFakes` and Dr. GRPO's
+    and every other law. The default (`eps=1e-4`, population std) is checked by `TestInMemory` and Dr. GRPO's
     `scale="none"` by `TestTrainerConfigAlgorithms` (both in test_conformance_ours.py); the tests below check what the
     contract does not: the tutorial's formula bit for bit, affine invariance, the bound, and the errors."""
 

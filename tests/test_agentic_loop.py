@@ -9,9 +9,18 @@ from conformance_selftest.broken_agentic import landing_order_driver
 from rl.agentic.bandit import StepPayloadConflictError
 from rl.agentic.faults import InjectedDriverCrash
 from rl.errors import AgenticInputError
-from rl.sim.agentic_sim import BUILD_WORLD, GENERATE, JUDGE, JUDGE_CALL, SETUP, TASK_RETRIES, TRAIN_STEP, AgenticSim
 from rl.sim.errors import TaskFailed
 from rl.sim.faults import FaultPlan
+from rl.simulated.agentic_sim import (
+    BUILD_WORLD,
+    GENERATE,
+    JUDGE,
+    JUDGE_CALL,
+    SETUP,
+    TASK_RETRIES,
+    TRAIN_STEP,
+    AgenticSim,
+)
 from rl.types import Rubric
 
 SEED_FAILURES = {"crash_driver_at_step": 1, "flaky_trial_rate": 0.25, "judge_flake_rate": 0.3}

@@ -12,9 +12,9 @@ from rl.agentic.tiers import JudgeTier, LocalAgenticTiers, SandboxTier, TrainerT
 from rl.agentic.volume_worlds import VolumeWorlds
 from rl.agentic.world import world_files
 from rl.loop.agentic import AgenticConfig, run_agentic
-from rl.memory.worlds import MemoryWorlds, RetiredWorkspaceError, UnknownVersionError
 from rl.protocols import Workspace, WorldStore
-from rl.sim.agentic_sim import AgenticSim
+from rl.simulated.agentic_sim import AgenticSim
+from rl.simulated.worlds import MemoryWorlds, RetiredWorkspaceError, UnknownVersionError
 from rl.types import Rubric, Trajectory
 from rl.volumes import LocalVolumeStore
 
@@ -85,7 +85,7 @@ def test_volume_worlds_on_local_volumes_fork_per_trial_and_never_change_the_pare
 
 
 def test_the_simulated_loop_on_real_local_volumes_matches_the_in_memory_worlds(tmp_path):
-    """The simulator's fake worlds and real copy-on-write volumes give the same training run, fault for fault."""
+    """The simulator's in-memory worlds and real copy-on-write volumes give the same training run, fault for fault."""
     knobs = {**SMALL, "flaky_trial_rate": 0.25, "judge_flake_rate": 0.3, "crash_driver_at_step": 0}
     on_disk = AgenticSim(seed=3, worlds=VolumeWorlds(_local_volumes(tmp_path))).run(**knobs)
     in_memory = AgenticSim(seed=3).run(**knobs)
@@ -98,8 +98,8 @@ async def _judge(traj: Trajectory, rubric: Rubric) -> float:
 
 
 def test_the_loop_runs_outside_the_simulator_on_real_forks(tmp_path):
-    """docs/guarantees.md: "The driver never knows whether a call is a Flyte task, a fake on the simulator, or a plain
-    function"."""
+    """docs/guarantees.md: "The driver never knows whether a call is a Flyte task, an in-memory tier on the simulator,
+    or a plain function"."""
     worlds = VolumeWorlds(_local_volumes(tmp_path))
     trainers: dict[str, BanditTrainer] = {}
 

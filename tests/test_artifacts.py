@@ -99,7 +99,7 @@ def test_missing_artifact_raises_not_found(tmp_path: Path) -> None:
         run(store.get(ref))
     with pytest.raises(ArtifactNotFoundError):
         store.resolve("never-stored")
-    with pytest.raises(FileNotFoundError):  # what the in-memory fake raises too
+    with pytest.raises(FileNotFoundError):  # what the in-memory store raises too
         run(store.get(ref))
 
 

@@ -122,3 +122,44 @@ def test_a_checkpoint_whose_digest_covers_nan_tokens_still_verifies():
     legacy = json.dumps({"schema": 1, "digest": content_digest(body), "state": body}).encode()
     assert b"NaN" in legacy
     assert math.isnan(decode_state(legacy).config["lr"])  # type: ignore[index]
+
+
+@given(st.data())
+def test_a_growing_history_writes_the_formulas_bytes_at_every_length(data):
+    """The driver's checkpoints share their rows: each row's text is made once, and every checkpoint is still the
+    formula's, whichever rows are the earlier objects, new equal objects, or rows replaced by others."""
+    state = data.draw(_states())
+    rows = list(state.history)
+    for _ in range(3):
+        assert encode_state(state) == _formula(state)
+        extra = data.draw(_rows(len(rows)))
+        rows = [*rows[: data.draw(st.integers(0, len(rows)))], extra]  # a prefix kept (a resume), one row added
+        if rows and data.draw(st.booleans()):
+            rows[0] = replace(rows[0], sample_question=rows[0].sample_question + "?")  # an edited row is a new one
+        state = replace(state, history=list(rows), evals=[*state.evals, EvalResult(len(rows), 4, 0.5, 0.25, 8)])
+    assert encode_state(state) == _formula(state)
+
+
+def test_a_row_of_another_type_in_the_history_takes_the_general_path():
+    ref = ArtifactRef(uri="mem://adapter", digest="d")
+    row = IterationMetrics(0, 1, 8, 0.5, 1.0, 0.1, 8, "q", "c", 1.0, extra={"odd": _Float(0.5)})
+    state = replace(DriverState.initial("c" * 32, ref, ref), iteration=0, adapter_version=1, history=[row])
+    assert encode_state(state) == _formula(state)
+
+
+def test_each_checkpoint_encodes_only_the_rows_it_adds(monkeypatch):
+    """Re-encoding every row each iteration made a run's checkpoints quadratic in its length."""
+    from rl.checkpoint import format as fmt
+
+    ref = ArtifactRef(uri="mem://adapter", digest="d")
+    state = DriverState.initial("c" * 32, ref, ref)
+    encoded: list[Any] = []
+    texts = fmt._texts
+    monkeypatch.setattr(fmt, "_texts", lambda body: encoded.append(body) or texts(body))
+    for i in range(50):
+        row = IterationMetrics(i, i + 1, 8, 0.5, 1.0, 0.1, 8, "q", "c", 1.0, phase_s={"train": 0.1})
+        state = replace(state, iteration=i, adapter_version=i + 1, history=[*state.history, row])
+        before = len(encoded)
+        assert encode_state(state) == _formula(state)
+        rows_encoded = [b for b in encoded[before:] if isinstance(b, dict) and "sample_question" in b]
+        assert [r["iteration"] for r in rows_encoded] == [i]

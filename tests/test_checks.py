@@ -16,9 +16,9 @@ from rl.checks import check_staleness, finite_rewards
 from rl.errors import BatchError, NonFiniteRewardError, StaleBatchError, TierError, TrainerError
 from rl.loop import grpo
 from rl.loop.phase_timing import Scored
-from rl.memory.artifacts import MemoryArtifacts
 from rl.problems import DigitSuccessor
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
 from rl.types import Rollout, TrainBatch
 
 
@@ -80,7 +80,7 @@ def _batch(versions: list[int], new_version: int, adapter, optimizer_state) -> T
 
 def test_the_simulated_trainer_refuses_a_stale_batch_with_the_same_error():
     artifacts = MemoryArtifacts()
-    trainer = FakeTrainer(artifacts, max_staleness=1)
+    trainer = MemoryTrainer(artifacts, max_staleness=1)
     init = asyncio.run(trainer.init_adapter(0))
     with pytest.raises(StaleBatchError, match=r"step 0: rollout 1 was sampled from policy version 0 .* version 2"):
         asyncio.run(trainer.train_step(_batch([2, 0], 3, init.adapter, init.optimizer_state)))
@@ -91,8 +91,8 @@ def test_the_simulated_trainer_refuses_a_stale_batch_with_the_same_error():
 def test_the_driver_refuses_rollouts_older_than_max_staleness_naming_the_iteration():
     """The driver's own bookkeeping check: no tier can hand it a stale batch, so its step is called directly."""
     artifacts = MemoryArtifacts()
-    trainer = FakeTrainer(artifacts)
-    tiers = grpo.GrpoTiers(FakeEngine(artifacts), FakeScorer(), trainer, artifacts, DigitSuccessor())
+    trainer = MemoryTrainer(artifacts)
+    tiers = grpo.GrpoTiers(MemoryEngine(artifacts), MemoryScorer(), trainer, artifacts, DigitSuccessor())
     init = asyncio.run(trainer.init_adapter(0))
     config = grpo.GrpoConfig(max_staleness=1)
     state = DriverState.initial(config.digest(), init.adapter, init.optimizer_state)

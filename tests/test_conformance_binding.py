@@ -20,16 +20,16 @@ from rl.conformance import (
     load_implementation,
 )
 from rl.conformance.implementation import ImplementationError
-from rl.conformance.ours import FAKES, fake_version0_adapter
+from rl.conformance.ours import IN_MEMORY, memory_version0_adapter
 from rl.loop.grpo import GrpoConfig, run_grpo
-from rl.memory.artifacts import MemoryArtifacts
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
 from rl.types import Prompt, Rollout, RolloutRequest
 
 
 def test_a_missing_capability_skips_its_law_naming_the_flag():
     artifacts = MemoryArtifacts()
-    trainer = FakeTrainer(artifacts)
+    trainer = MemoryTrainer(artifacts)
     with pytest.raises(pytest.skip.Exception, match=r"Capabilities\.bitwise_replay is False"):
         TrainerContract().test_trainer_replaying_a_batch_is_bitwise_identical(
             trainer, train_batch(artifacts, trainer), Capabilities(bitwise_replay=False), run
@@ -41,12 +41,12 @@ def test_a_missing_capability_skips_its_law_naming_the_flag():
 
 
 def test_load_implementation_accepts_an_implementation_or_any_object_with_factories(monkeypatch):
-    assert load_implementation("rl.conformance.ours:FAKES") is FAKES
+    assert load_implementation("rl.conformance.ours:IN_MEMORY") is IN_MEMORY
     module = ModuleType("duck_impl")
-    module.IMPLS = SimpleNamespace(duck=SimpleNamespace(scorer=FakeScorer))  # type: ignore[attr-defined]
+    module.IMPLS = SimpleNamespace(duck=SimpleNamespace(scorer=MemoryScorer))  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "duck_impl", module)
     duck = load_implementation("duck_impl:IMPLS.duck")
-    assert duck.scorer is FakeScorer and duck.engine is None and duck.capabilities == Capabilities()
+    assert duck.scorer is MemoryScorer and duck.engine is None and duck.capabilities == Capabilities()
 
 
 @pytest.mark.parametrize(
@@ -65,7 +65,7 @@ def test_load_implementation_explains_a_bad_spec(spec, match):
 
 def test_an_implementation_rejects_a_non_callable_factory():
     with pytest.raises(ImplementationError, match="`engine` must be callable"):
-        Implementation(name="bad", engine=FakeEngine(MemoryArtifacts()))  # type: ignore[arg-type]
+        Implementation(name="bad", engine=MemoryEngine(MemoryArtifacts()))  # type: ignore[arg-type]
 
 
 def test_declared_law_sizes_draw_that_share_of_a_laws_groups_rounded_up_and_at_least_one():
@@ -86,13 +86,13 @@ def test_an_implementation_refuses_sizes_that_are_not_law_sizes_and_a_duck_keeps
     with pytest.raises(ImplementationError, match=r"`sizes` must be a rl\.conformance\.LawSizes, got float"):
         Implementation(name="bad", sizes=0.125)  # type: ignore[arg-type]
     module = ModuleType("duck_sized")
-    module.IMPL = SimpleNamespace(scorer=FakeScorer, sizes=LawSizes(draw_fraction=0.5))  # type: ignore[attr-defined]
+    module.IMPL = SimpleNamespace(scorer=MemoryScorer, sizes=LawSizes(draw_fraction=0.5))  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "duck_sized", module)
     assert load_implementation("duck_sized:IMPL").sizes == LawSizes(draw_fraction=0.5)
 
 
-class CountingEngine(FakeEngine):
-    """The fake engine, counting the groups it is asked for."""
+class CountingEngine(MemoryEngine):
+    """The in-memory engine, counting the groups it is asked for."""
 
     requests = 0
 
@@ -115,8 +115,8 @@ def test_the_sampling_laws_draw_the_declared_share_of_their_groups(law, requests
     for sizes in (LawSizes(), LawSizes(draw_fraction=1 / 8)):
         artifacts = MemoryArtifacts()
         engine = CountingEngine(artifacts)
-        request = RolloutRequest(3, Prompt("3=", "4"), 8, run(fake_version0_adapter(artifacts)), 2, seed=11)
-        eos = {"eos_token_id": None} if "end_of_sequence" in law else {}  # the fake engine has none
+        request = RolloutRequest(3, Prompt("3=", "4"), 8, run(memory_version0_adapter(artifacts)), 2, seed=11)
+        eos = {"eos_token_id": None} if "end_of_sequence" in law else {}  # the in-memory engine has none
         getattr(contract, law)(engine=engine, rollout_request=request, law_sizes=sizes, rl_run=run, **eos)
         counts.append(engine.requests)
     assert counts == [requests_full, requests_at_an_eighth]

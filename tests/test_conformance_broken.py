@@ -20,21 +20,21 @@ from rl.conformance import (
     StateStoreContract,
     TrainerContract,
 )
-from rl.conformance.ours import fake_version0_adapter
+from rl.conformance.ours import memory_version0_adapter
 from rl.conformance.scorer import default_scorer_group
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
-from rl.memory.artifacts import MemoryArtifacts
-from rl.sim.chaos import grpo_random
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, decode_table, encode_table
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.chaos import grpo_random
+from rl.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer, decode_table, encode_table
 from rl.types import ArtifactRef, Prompt, Rollout, RolloutRequest, TrainBatch, TrainResult
 
 
 def _request(artifacts: MemoryArtifacts) -> RolloutRequest:
-    adapter = run(fake_version0_adapter(artifacts))
+    adapter = run(memory_version0_adapter(artifacts))
     return RolloutRequest(group_id=3, prompt=Prompt("3=", "4"), n=8, adapter=adapter, policy_version=2, seed=11)
 
 
-class SeedlessEngine(FakeEngine):
+class SeedlessEngine(MemoryEngine):
     """Samples every request with one fixed seed, but labels its rollouts with the request's seed."""
 
     async def generate(self, request: RolloutRequest) -> list[Rollout]:
@@ -42,7 +42,7 @@ class SeedlessEngine(FakeEngine):
         return [replace(r, seed=request.seed) for r in group]
 
 
-class ReseedingEngine(FakeEngine):
+class ReseedingEngine(MemoryEngine):
     """Restarts its generator for every sample: all `n` samples of a group are the same completion."""
 
     async def generate(self, request: RolloutRequest) -> list[Rollout]:
@@ -63,7 +63,7 @@ def test_an_engine_that_ignores_the_seed_fails_exactly_the_seed_law():
         contract.test_engine_different_seeds_give_different_groups(engine, request, caps, run)
 
 
-class FirstAdapterEngine(FakeEngine):
+class FirstAdapterEngine(MemoryEngine):
     """Serves the first adapter it was asked for to every request (a cache keyed by anything but the digest)."""
 
     async def generate(self, request: RolloutRequest) -> list[Rollout]:
@@ -80,11 +80,13 @@ def test_the_adapter_law_tells_close_adapters_apart_by_their_log_probs_when_thei
     table = decode_table(run(artifacts.get(request.adapter)))["table"]
     nudged = [[x + 0.02 * (d % 2) for d, x in enumerate(row)] for row in table]  # odd digits 0.02 more likely
     close = run(artifacts.put(encode_table(nudged, lineage=[]), name="adapter-close"))
-    first, second = (run(FakeEngine(artifacts).generate(replace(request, adapter=a))) for a in (request.adapter, close))
+    first, second = (
+        run(MemoryEngine(artifacts).generate(replace(request, adapter=a))) for a in (request.adapter, close)
+    )
     assert [r.token_ids for r in first] == [r.token_ids for r in second]  # the case: the same draws ...
     assert [r.logprobs for r in first] != [r.logprobs for r in second]  # ... from two distributions
     contract = RolloutEngineContract()
-    contract.test_engine_serves_the_adapter_each_request_names(FakeEngine(artifacts), request, close, run)
+    contract.test_engine_serves_the_adapter_each_request_names(MemoryEngine(artifacts), request, close, run)
     with pytest.raises(AssertionError, match="the engine served a stale adapter"):
         contract.test_engine_serves_the_adapter_each_request_names(FirstAdapterEngine(artifacts), request, close, run)
 
@@ -98,7 +100,7 @@ def test_an_engine_that_repeats_one_sample_fails_the_distinct_samples_law():
 
 
 def test_an_engine_mislabelling_its_policy_version_fails_the_labelling_law():
-    class StaleLabels(FakeEngine):
+    class StaleLabels(MemoryEngine):
         async def generate(self, request):
             return [replace(r, policy_version=0) for r in await super().generate(request)]
 
@@ -110,7 +112,7 @@ def test_an_engine_mislabelling_its_policy_version_fails_the_labelling_law():
 
 
 def test_a_scorer_that_sorts_its_rewards_fails_the_permutation_law():
-    class SortingScorer(FakeScorer):
+    class SortingScorer(MemoryScorer):
         async def score_group(self, rollouts: Sequence[Rollout]) -> list[float]:
             return sorted(await super().score_group(rollouts))
 
@@ -123,7 +125,7 @@ def test_a_scorer_that_sorts_its_rewards_fails_the_permutation_law():
 
 
 def test_a_scorer_returning_nan_fails_the_finite_reward_law():
-    class NanScorer(FakeScorer):
+    class NanScorer(MemoryScorer):
         async def score_group(self, rollouts):
             return [math.nan for _ in rollouts]
 
@@ -132,7 +134,7 @@ def test_a_scorer_returning_nan_fails_the_finite_reward_law():
 
 
 def test_a_trainer_that_is_not_replayable_fails_the_bitwise_replay_law():
-    class DriftingTrainer(FakeTrainer):
+    class DriftingTrainer(MemoryTrainer):
         """Its learning rate creeps up with every call: a replayed step computes other bits."""
 
         async def train_step(self, batch: TrainBatch) -> TrainResult:
@@ -150,7 +152,7 @@ def test_a_trainer_that_is_not_replayable_fails_the_bitwise_replay_law():
 
 
 def test_a_trainer_whose_init_ignores_its_seed_fails_the_init_law():
-    class FixedInit(FakeTrainer):
+    class FixedInit(MemoryTrainer):
         async def init_adapter(self, seed: int) -> TrainResult:
             return await super().init_adapter(0)
 

@@ -1,6 +1,6 @@
 """The conformance suite passes on our own implementations.
 
-`TestFakes` runs every law on the fakes the way a fork would (by subclassing `LoopContract`); `TestOurBatchLoss` and
+`TestInMemory` runs every law in memory the way a fork would (by subclassing `LoopContract`); `TestOurBatchLoss` and
 `TestTrainerConfigAlgorithms` hold our batch loss and the trainer's advantages to our declaration; `TestLocalArtifacts`
 binds one tier.
 """
@@ -23,13 +23,13 @@ from rl.conformance import (
 from rl.conformance.ours import REAL_LM, trainer_algorithm
 from rl.conformance.ours import batch_loss as our_batch_loss
 from rl.loss import grpo_sample_loss
-from rl.memory.artifacts import MemoryArtifacts
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
 from rl.trainer.config import TrainerConfig
 
 
-class TestFakes(LoopContract):
-    """Every law of every tier on the fakes, written the way a fork writes its own: fixtures only."""
+class TestInMemory(LoopContract):
+    """Every law of every tier in memory, written the way a fork writes its own: fixtures only."""
 
     @pytest.fixture
     def artifacts(self):
@@ -41,19 +41,19 @@ class TestFakes(LoopContract):
 
     @pytest.fixture
     def engine(self, artifacts):
-        return FakeEngine(artifacts)
+        return MemoryEngine(artifacts)
 
     @pytest.fixture
     def scorer(self):
-        return FakeScorer()
+        return MemoryScorer()
 
     @pytest.fixture
     def trainer(self, artifacts):
-        return FakeTrainer(artifacts)
+        return MemoryTrainer(artifacts)
 
     @pytest.fixture
     def another_trainer(self, artifacts):
-        return FakeTrainer(artifacts)
+        return MemoryTrainer(artifacts)
 
     @pytest.fixture
     def advantages(self):

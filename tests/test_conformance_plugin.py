@@ -22,18 +22,18 @@ def pytester(pytester):
 BROKEN_IMPL = """
 from dataclasses import replace
 
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
+from rl.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
 from rl.conformance import Capabilities, Implementation
 
 
-class SeedlessEngine(FakeEngine):
+class SeedlessEngine(MemoryEngine):
     async def generate(self, request):
         group = await super().generate(replace(request, seed=1234))
         return [replace(r, seed=request.seed) for r in group]
 
 
 IMPL = Implementation(
-    name="broken", engine=SeedlessEngine, trainer=FakeTrainer, scorer=FakeScorer,
+    name="broken", engine=SeedlessEngine, trainer=MemoryTrainer, scorer=MemoryScorer,
     capabilities=Capabilities(bitwise_replay=False),
 )
 """
@@ -78,10 +78,10 @@ def test_the_header_says_when_the_implementation_declares_smaller_sampling_laws(
     pytester.makepyfile(
         sized_impl="""
 from rl.conformance import Implementation, LawSizes
-from rl.sim.grpo_tiers import FakeEngine, FakeTrainer
+from rl.simulated.grpo_tiers import MemoryEngine, MemoryTrainer
 
-IMPL = Implementation(name="sized", engine=FakeEngine, trainer=FakeTrainer, sizes=LawSizes(draw_fraction=0.25))
-FULL = Implementation(name="full", engine=FakeEngine, trainer=FakeTrainer)
+IMPL = Implementation(name="sized", engine=MemoryEngine, trainer=MemoryTrainer, sizes=LawSizes(draw_fraction=0.25))
+FULL = Implementation(name="full", engine=MemoryEngine, trainer=MemoryTrainer)
 """
     )
     pytester.syspathinsert()

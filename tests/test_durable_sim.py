@@ -8,11 +8,11 @@ import logging
 
 import pytest
 
-from rl.memory.artifacts import MemoryArtifacts
 from rl.sim.attempts import attempt_number
 from rl.sim.durable_sim import DurableSimulator
 from rl.sim.errors import DriverAttemptsExhausted, DriverCrash, SimUsageError, TaskFailed
 from rl.sim.faults import FaultPlan
+from rl.simulated.artifacts import MemoryArtifacts
 
 
 def _counter_tasks(sim: DurableSimulator):

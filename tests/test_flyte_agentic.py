@@ -16,7 +16,7 @@ from rl.agentic.faults import AgenticFaults
 from rl.flyte import agentic
 from rl.flyte.agentic import SMOKE, AgenticRunResult, RemoteOnlyError, fork, train
 from rl.flyte.agentic_faults import AgenticFaultSpec, train_with_faults
-from rl.sim.agentic_sim import AgenticSim
+from rl.simulated.agentic_sim import AgenticSim
 from rl.types import Rubric
 
 pytestmark = pytest.mark.flyte

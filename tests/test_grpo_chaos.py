@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rl.sim.chaos import grpo_random, grpo_swarm, grpo_sweep
+from rl.simulated.chaos import grpo_random, grpo_swarm, grpo_sweep
 
 
 @pytest.mark.parametrize("pipelined", [False, True])
@@ -55,12 +55,13 @@ def test_a_broken_driver_is_caught_by_the_sweep(monkeypatch):
 
 @pytest.mark.parametrize("pipelined", [False, True])
 def test_the_direct_binding_reaches_the_simulated_runs_outcome_without_issuing_a_task(pipelined):
-    """`grpo_sim(tasks=False)`, `rl bench`'s floor: the same driver on the same fakes, called directly, ends where the
-    simulated run ends (a fault-free run's outcome does not depend on the task semantics), and issues no action."""
+    """`grpo_sim(tasks=False)`, `rl bench`'s floor: the same driver on the same in-memory tiers, called directly, ends
+    where the simulated run ends (a fault-free run's outcome does not depend on the task semantics), and issues no
+    action."""
     from dataclasses import replace
 
-    from rl.sim.chaos import CHAOS_GRPO
-    from rl.sim.grpo_sim import grpo_sim, outcome_violations
+    from rl.simulated.chaos import CHAOS_GRPO
+    from rl.simulated.grpo_sim import grpo_sim, outcome_violations
 
     config = replace(CHAOS_GRPO, pipelined=pipelined, seed=5)
     simulated = grpo_sim(config, seed=5).run()

@@ -1,4 +1,4 @@
-"""The GRPO driver's contract on fake tiers: canonical inputs, seeding, staleness, evaluation, bad input, resume."""
+"""The GRPO driver's contract in memory: canonical inputs, seeding, staleness, evaluation, bad input, resume."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from rl.errors import (
     NonFiniteRewardError,
 )
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
-from rl.memory.artifacts import MemoryArtifacts
 from rl.problems import DigitSuccessor
 from rl.seeding import rollout_seed
-from rl.sim.grpo_sim import Latencies, grpo_sim, lineage_violations
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, LatencyModel
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_sim import Latencies, grpo_sim, lineage_violations
+from rl.simulated.grpo_tiers import LatencyModel, MemoryEngine, MemoryScorer, MemoryTrainer
 from rl.types import Rollout, RolloutRequest
 
 CONFIG = GrpoConfig(iterations=4, prompts_per_iteration=4, group_size=4, seed=3)
@@ -60,7 +60,7 @@ def test_train_step_inputs_do_not_depend_on_the_order_groups_finish_in():
 
 
 class _RecordingEngine:
-    def __init__(self, inner: FakeEngine) -> None:
+    def __init__(self, inner: MemoryEngine) -> None:
         self.inner, self.requests = inner, []
 
     async def generate(self, request: RolloutRequest) -> list[Rollout]:
@@ -70,9 +70,9 @@ class _RecordingEngine:
 
 def _plain_tiers(config: GrpoConfig, artifacts: MemoryArtifacts, engine=None, scorer=None):
     return GrpoTiers(
-        engine=engine or FakeEngine(artifacts),
-        scorer=scorer or FakeScorer(),
-        trainer=FakeTrainer(artifacts, max_staleness=config.max_staleness),
+        engine=engine or MemoryEngine(artifacts),
+        scorer=scorer or MemoryScorer(),
+        trainer=MemoryTrainer(artifacts, max_staleness=config.max_staleness),
         artifacts=artifacts,
         prompts=DigitSuccessor(),
     )
@@ -82,7 +82,7 @@ def test_rollouts_are_seeded_per_run_iteration_and_group_and_carry_their_policy_
     """The rollouts tutorial: "Seed each rollout from its prompt and iteration"; "Record which policy version produced
     each rollout"."""
     artifacts = MemoryArtifacts()
-    engine = _RecordingEngine(FakeEngine(artifacts))
+    engine = _RecordingEngine(MemoryEngine(artifacts))
     outcome = asyncio.run(run_grpo(CONFIG, _plain_tiers(CONFIG, artifacts, engine), MemoryStateStore()))
     seeds = {(r.policy_version, r.group_id): r.seed for r in engine.requests}
     for it in range(CONFIG.iterations):
@@ -121,7 +121,7 @@ def test_evaluation_of_step_n_runs_off_the_critical_path():
     assert all(0.0 <= e.avg_at_k <= e.pass_at_k <= 1.0 for e in evals)
 
 
-class _NanScorer(FakeScorer):
+class _NanScorer(MemoryScorer):
     async def score_group(self, rollouts):
         rewards = await super().score_group(rollouts)
         if rollouts[0].group_id == 2 and rollouts[0].policy_version == 1:

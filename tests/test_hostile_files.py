@@ -116,7 +116,7 @@ def test_load_state_names_the_checkpoint_file(tmp_path):
 
 
 def test_a_checkpoint_larger_than_any_we_write_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
-    """The size bound is checked on the bytes, before json parses them (a 100 MB field took 42 s and 768 MB)."""
+    """The size bound is checked on the bytes, before json parses them (a huge field is slow and dear to parse)."""
     import rl.checkpoint.file_store as file_store
 
     monkeypatch.setattr(file_store, "MAX_CHECKPOINT_BYTES", 1000)

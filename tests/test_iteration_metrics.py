@@ -11,19 +11,19 @@ import pytest
 from rl.advantages import no_signal_groups
 from rl.checkpoint.memory_store import MemoryStateStore
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
-from rl.memory.artifacts import MemoryArtifacts
 from rl.problems import DigitSuccessor, accuracy
-from rl.sim.grpo_sim import Latencies, grpo_sim
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, LatencyModel
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_sim import Latencies, grpo_sim
+from rl.simulated.grpo_tiers import LatencyModel, MemoryEngine, MemoryScorer, MemoryTrainer
 from rl.types import IterationMetrics, TrainBatch, TrainResult
 
 CONFIG = GrpoConfig(iterations=3, prompts_per_iteration=4, group_size=4, seed=5)
 
 
 class _StatsTrainer:
-    """The fake trainer, reporting made-up KL, clip fraction and gradient norm that differ per step."""
+    """The in-memory trainer, reporting made-up KL, clip fraction and gradient norm that differ per step."""
 
-    def __init__(self, inner: FakeTrainer) -> None:
+    def __init__(self, inner: MemoryTrainer) -> None:
         self.inner = inner
 
     async def init_adapter(self, seed: int) -> TrainResult:
@@ -37,9 +37,9 @@ class _StatsTrainer:
 
 def _tiers(artifacts: MemoryArtifacts, **changes: object) -> GrpoTiers:
     tiers = GrpoTiers(
-        engine=FakeEngine(artifacts),
-        scorer=FakeScorer(),
-        trainer=_StatsTrainer(FakeTrainer(artifacts)),
+        engine=MemoryEngine(artifacts),
+        scorer=MemoryScorer(),
+        trainer=_StatsTrainer(MemoryTrainer(artifacts)),
         artifacts=artifacts,
         prompts=DigitSuccessor(),
     )
@@ -99,7 +99,7 @@ def test_rows_count_groups_no_signal_groups_and_completion_tokens_and_keep_the_f
     for row, (rollouts, rewards) in zip(history, batches, strict=True):
         assert row.num_groups == CONFIG.prompts_per_iteration
         assert row.no_signal_groups == len(no_signal_groups([r.group_id for r in rollouts], rewards))
-        assert row.mean_completion_tokens == 1.0 and row.max_completion_tokens == 1  # the fake answers one token
+        assert row.mean_completion_tokens == 1.0 and row.max_completion_tokens == 1  # the engine answers one token
         assert (row.sample_question, row.sample_completion, row.sample_reward) == (
             rollouts[0].question,
             rollouts[0].completion,

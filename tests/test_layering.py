@@ -123,8 +123,9 @@ def _plant(path: Path, after: str, line: str) -> None:
 
 def test_the_tree_keeps_every_import_contract() -> None:
     """Law: every `rl` module imports only its own and lower layers, Flyte code and the simulator stay apart, the
-    drivers load no ML framework, nothing imports `fakes`, the modules of rl.sim and of rl.flyte form no circle, and the
-    tier protocols never import the agentic domain."""
+    drivers load no ML framework, nothing imports `fakes`, the engine (rl.sim) imports of rl only seeding, identity and
+    errors, the modules of rl.sim, rl.simulated and rl.flyte form no circle, and the tier protocols never import the
+    agentic domain."""
     result = _lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 broken" in result.stdout
@@ -146,14 +147,18 @@ def test_the_layer_check_sees_a_violation(tmp_path: Path) -> None:
     assert "rl.loop.grpo -> rl.local" in result.stdout, result.stdout
 
 
-def test_the_flyte_check_sees_a_violation(tmp_path: Path) -> None:
-    """The forbidden contracts are live: a Flyte task module reaching for the simulator's fakes is refused, though
-    both sit in one layer."""
+def test_the_forbidden_contracts_see_a_violation(tmp_path: Path) -> None:
+    """The forbidden contracts are live: a Flyte task module reaching for the simulator's in-memory worlds is refused,
+    though both sit in one layer; so is the engine importing the scoring, a layer below it."""
     root = _copy_tree(tmp_path)
-    _plant(root / "rl" / "flyte" / "envs.py", "from __future__ import annotations\n", "import rl.memory.worlds  # noqa")
+    _plant(
+        root / "rl" / "flyte" / "envs.py", "from __future__ import annotations\n", "import rl.simulated.worlds  # noqa"
+    )
+    _plant(root / "rl" / "sim" / "faults.py", "from __future__ import annotations\n", "import rl.scoring  # noqa")
     result = _lint_imports(root)
     assert result.returncode != 0, result.stdout
-    assert "rl.flyte.envs -> rl.memory.worlds" in result.stdout, result.stdout
+    assert "rl.flyte.envs -> rl.simulated.worlds" in result.stdout, result.stdout
+    assert "rl.sim is not allowed to import rl.scoring" in result.stdout, result.stdout
 
 
 def test_strings_naming_rl_modules_respect_the_layers() -> None:
@@ -170,4 +175,5 @@ def test_the_string_check_sees_a_violation(tmp_path: Path) -> None:
         "from __future__ import annotations\n",
         'import importlib\n_S = importlib.import_module("rl.sim.swarm")',
     )
-    assert _dynamic_violations(root) == ["rl.loss (line 19) names rl.sim.swarm, a layer above it"]
+    line = (root / "rl" / "loss.py").read_text().splitlines().index('_S = importlib.import_module("rl.sim.swarm")') + 1
+    assert _dynamic_violations(root) == [f"rl.loss (line {line}) names rl.sim.swarm, a layer above it"]

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from report_rows import rows
 
+from rl import platform
 from rl.artifacts import LocalArtifacts
 from rl.checkpoint.file_store import FileStateStore
 from rl.cli import main
@@ -43,6 +44,15 @@ def snapshot(root: Path) -> dict[str, object]:
             else:
                 out[rel] = path.read_bytes()
     return out
+
+
+@pytest.fixture(autouse=True, params=["openat2", "walk"])
+def resolution(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every attack twice: directories opened by Linux's openat2 in one syscall, and walked one component at a time
+    (macOS, older kernels, sandboxes that refuse openat2)."""
+    if request.param == "walk" or platform.OPENAT2 is None:
+        monkeypatch.setattr(platform, "OPENAT2", None)
+    return str(request.param)
 
 
 @pytest.fixture

@@ -3,8 +3,8 @@
 The measurement is torch's own: the profiler's allocator events (every tensor allocation and free, in bytes) over one
 train step, whose running sum peaks at what the step added on top of the loaded model. The estimator is a formula over
 the architecture (`rl.memory_plan`), never fitted to these numbers; it must land within 15% below and 25% above the
-measured peak (measured here: 0.91-1.17 across dtypes, kernels, checkpointing and vocabularies), and the weights
-exactly.
+measured peak (docs/benchmarks.md has the ratios across dtypes, kernels, checkpointing and vocabularies), and the
+weights exactly.
 """
 
 from __future__ import annotations

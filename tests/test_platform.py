@@ -4,6 +4,7 @@ outside that layer importing a POSIX-only module at module level (macOS lacks so
 from __future__ import annotations
 
 import ast
+import ctypes
 import errno
 import os
 import shutil
@@ -186,3 +187,40 @@ def test_bytes_written_is_none_where_the_platform_does_not_count_them(tmp_path, 
         assert before is not None and after is not None and after - before >= 4096
     monkeypatch.setattr(platform, "PROC_SELF_IO", str(tmp_path / "no-such-proc-io"))
     assert platform.bytes_written() is None
+
+
+def test_open_beneath_opens_a_plain_path_in_one_call_and_refuses_links_and_escapes(tmp_path):
+    """openat2 (Linux 5.6+) or None; None means the caller walks the path and names what it met."""
+    (tmp_path / "top" / "a" / "b").mkdir(parents=True)
+    (tmp_path / "top" / "link").symlink_to(tmp_path / "top" / "a")
+    (tmp_path / "top" / "a" / "up").symlink_to(tmp_path)
+    top = os.open(tmp_path / "top", os.O_RDONLY | os.O_DIRECTORY)
+    flags = os.O_RDONLY | os.O_DIRECTORY
+    try:
+        fd = platform.open_beneath(top, "a/b", flags)
+        if platform.OPENAT2 is None:
+            pytest.skip("this kernel or sandbox has no openat2: the walk is all there is (tests/test_link_swaps.py)")
+        assert fd is not None and os.path.samestat(os.fstat(fd), os.stat(tmp_path / "top" / "a" / "b"))
+        os.close(fd)
+        for refused in ("link/b", "link", "a/up", "a/../..", "a/missing"):
+            assert platform.open_beneath(top, refused, flags) is None, refused
+        assert platform.OPENAT2 is not None  # a refusal is not a missing syscall
+    finally:
+        os.close(top)
+
+
+def test_a_platform_without_openat2_is_found_once_and_walked_from_then_on(tmp_path, monkeypatch):
+    calls = []
+
+    def refused(*args):
+        calls.append(args)
+        ctypes.set_errno(errno.ENOSYS)
+        return -1
+
+    monkeypatch.setattr(platform, "OPENAT2", refused)
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    tree = Tree(tmp_path)
+    for _ in range(2):
+        tree.write_atomic(tmp_path / "a" / "b" / "f", b"x", tmp_name="f.tmp")
+    assert len(calls) == 1 and platform.OPENAT2 is None
+    assert (tmp_path / "a" / "b" / "f").read_bytes() == b"x"

@@ -166,7 +166,7 @@ def test_configs_replace_revalidates():
 
 def test_an_unknown_reward_fails_before_the_grpo_driver_starts_a_task(monkeypatch):
     """A config built without validation (`model_construct`) is still refused by `run_driver` before `build_base`
-    (before: 75 s in, at the first `score_group`)."""
+    (before: only at the first `score_group`, after the base model was built)."""
     import asyncio
 
     import rl.flyte.grpo as grpo

@@ -18,9 +18,9 @@ from rl.checkpoint.memory_store import MemoryStateStore
 from rl.cli import main
 from rl.errors import CheckpointConfigMismatchError
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
-from rl.memory.artifacts import MemoryArtifacts
 from rl.problems import DigitSuccessor
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
 from rl.types import ArtifactRef, Rollout
 from rl.volumes.buffer import RolloutBuffer, rollout_rows
 from rl.volumes.sink import BUFFER_NAME
@@ -44,7 +44,7 @@ class _ListSink:
         return f"v{len(self.iterations)}"
 
 
-class _CrashingScorer(FakeScorer):
+class _CrashingScorer(MemoryScorer):
     """Scores until iteration `crash_at`, then raises: the driver dies with iterations 0..crash_at-1 checkpointed."""
 
     def __init__(self, crash_at: int) -> None:
@@ -59,9 +59,9 @@ class _CrashingScorer(FakeScorer):
 
 def _tiers(artifacts, *, buffer, scorer=None) -> GrpoTiers:
     return GrpoTiers(
-        engine=FakeEngine(artifacts),
-        scorer=scorer or FakeScorer(),
-        trainer=FakeTrainer(artifacts, max_staleness=CONFIG.max_staleness),
+        engine=MemoryEngine(artifacts),
+        scorer=scorer or MemoryScorer(),
+        trainer=MemoryTrainer(artifacts, max_staleness=CONFIG.max_staleness),
         artifacts=artifacts,
         prompts=DigitSuccessor(),
         buffer=buffer,

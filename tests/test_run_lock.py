@@ -59,7 +59,7 @@ def _assert_names_the_holder(done: subprocess.CompletedProcess[str], child: subp
     assert "is being written by" in last and "use another directory" in last
 
 
-@pytest.mark.slow  # a holder process and an `rl demo` process, each importing torch (~5 s on 2 quiet cores)
+@pytest.mark.slow  # a holder process and an `rl demo` process, each importing torch
 def test_a_second_demo_on_a_directory_being_written_is_refused_naming_the_holder(tmp_path):
     out = tmp_path / "run"
     with _holder(out) as child:
@@ -68,7 +68,7 @@ def test_a_second_demo_on_a_directory_being_written_is_refused_naming_the_holder
     assert sorted(p.name for p in out.iterdir()) == [".rl-writer.lock"]  # it wrote nothing
 
 
-@pytest.mark.slow  # a holder process and an `rl demo --fresh` process, each importing torch (~4 s on 2 quiet cores)
+@pytest.mark.slow  # a holder process and an `rl demo --fresh` process, each importing torch
 def test_fresh_never_deletes_a_directory_another_process_is_writing(tmp_path):
     out = tmp_path / "run"
     out.mkdir()

@@ -44,7 +44,7 @@ def test_every_count_flag_refuses_a_value_below_its_minimum_at_parse_time(data, 
 
 
 def test_demo_iterations_zero_is_refused_before_anything_is_written(tmp_path, capsys):
-    """Before: ~30 s, then an error, with a base model, artifacts and volumes left in --out."""
+    """Before: an error only after the run's set-up, with a base model, artifacts and volumes left in --out."""
     out = tmp_path / "run"
     assert _usage_error(["demo", "grpo", "--iterations", "0", "--out", str(out)]) == 2
     assert "--iterations: must be >= 1, got 0" in capsys.readouterr().err

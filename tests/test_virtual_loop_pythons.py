@@ -10,10 +10,11 @@ from asyncio import base_events
 import pytest
 
 from rl.loop.awaiting import results_in_order
-from rl.sim import grpo_tiers, virtual_loop
-from rl.sim.chaos import grpo_random
-from rl.sim.chaos_agentic import agentic_report
+from rl.sim import virtual_loop
 from rl.sim.virtual_loop import UnsupportedAsyncio, VirtualTimeLoop, loop_path
+from rl.simulated import grpo_tiers
+from rl.simulated.chaos import grpo_random
+from rl.simulated.chaos_agentic import agentic_report
 
 # sha256 prefixes of `rl chaos --loop L --seed S --trace`'s report lines, recorded on CPython 3.11.7; CI runs this file
 # on 3.13 too (`nox -s unit-py313`), so a scheduling change between Pythons fails here.
@@ -52,8 +53,8 @@ def test_a_seeds_trace_is_the_same_bytes_on_every_python(loop, seed):
 
 @pytest.mark.parametrize("loop", ["grpo", "grpo-pipelined"])
 def test_a_seeds_trace_does_not_depend_on_what_ran_before_it_in_the_process(loop):
-    """The fakes' process-wide memos (held-out evaluations) must not change the interleaving: a scenario that misses
-    them, as the first in a process does, takes the same loop turns as one that hits them."""
+    """The GRPO tiers' process-wide memos (held-out evaluations) must not change the interleaving: a scenario that
+    misses them, as the first in a process does, takes the same loop turns as one that hits them."""
     grpo_tiers._EVALUATIONS.clear()
     first = _trace(loop, 0)
     assert _trace(loop, 0) == first

@@ -8,7 +8,7 @@ a version back. The parent never changes: a trial writes only into its fork.
 Two implementations:
 - `VolumeWorlds` (here) over any volume store shaped like `rl.protocols.VolumeVersion` / `WritableVolume` — the local
   copy-on-write volumes of `rl.volumes.LocalVolumeStore` outside the simulator, Union volumes in production;
-- `rl.memory.worlds.MemoryWorlds`, an in-memory copy-on-write overlay, for the simulator (no disk, microseconds).
+- `rl.simulated.worlds.MemoryWorlds`, an in-memory copy-on-write overlay, for the simulator (no disk, microseconds).
 """
 
 from __future__ import annotations

@@ -1,3 +1,3 @@
-"""`rl bench`'s measurements, one module per section: `sim` (the simulator and the loops on fakes), `cpu` (the real
-stack on the tiny model), `volumes` (a fork against a full copy), `gpu` (`rl bench --gpu`); `figures` holds what they
-share. Above the simulator in the layers: the core never imports a benchmark."""
+"""`rl bench`'s measurements, one module per section: `sim` (the simulator and the loops on in-memory tiers), `cpu`
+(the real stack on the tiny model), `volumes` (a fork against a full copy), `gpu` (`rl bench --gpu`); `figures` holds
+what they share. Above the simulator in the layers: the core never imports a benchmark."""

@@ -1,18 +1,12 @@
 """`rl bench --gpu`: the vLLM sampler's tokens/s against Hugging Face `generate` on the same model, and the CUDA train
 step's time, measured side by side in one process on one GPU.
 
-The model is `rl.gpu.VLLM_MODEL` (built offline), the policy its version-0 LoRA adapter from `PeftTrainer.init_adapter`.
-Both samplers draw the same work: every digit prompt, `n` samples each, exactly `max_tokens` new tokens per sample
-(vLLM `ignore_eos=True`, HF `min_new_tokens`), temperature 1 and top_p 1, in bf16, all sequences in one call.
-
-- vLLM: `LLM(enable_lora=True, dtype=bfloat16)` with CUDA graphs (`enforce_eager=False`, as production runs it), the
-  adapter as a `LoRARequest`, `SamplingParams(n=..., logprobs=0)`: what `VLLMEngine` asks for.
-- HF: the trainer's float32 model with the adapter merged, cast to bf16, `model.generate(do_sample=True, top_k=0)`.
-- Train step: `PeftTrainer(device="cuda").compute_step` on a batch of the HF samples (old log-probs teacher-forced, so
-  ratios are 1) with rewards that differ within every group, so every sample contributes.
-
-Each figure is the median of `repeats` timed runs after one warm-up. Without CUDA nothing is measured and the command
-exits 2 with the reason; without vllm the HF and train-step figures are printed and it exits 1.
+The model is `rl.gpu.VLLM_MODEL`, the policy its version-0 LoRA adapter. Both samplers draw the same work (every digit
+prompt, `n` samples each, exactly `max_tokens` new tokens, temperature 1, bf16, one call); the train step is
+`PeftTrainer(device="cuda").compute_step` on the HF samples. Each figure is the median of `repeats` timed runs after
+one warm-up. Without CUDA nothing is measured and the command exits 2 with the reason; without vllm the HF and
+train-step figures are printed and it exits 1. How each side is set up:
+docs/benchmarks.md#how-the-other-sections-measure.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Benchmarks of the simulator and the GRPO loop on fakes; `rl bench` prints them side by side."""
+"""Benchmarks of the simulator and the GRPO loop on in-memory tiers; `rl bench` prints them side by side."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import Any
 
 from rl.bench.figures import check_repeats, spread
 from rl.loop.grpo import GrpoConfig
-from rl.sim.chaos import CHAOS_GRPO, grpo_random
-from rl.sim.chaos_agentic import agentic_report
 from rl.sim.durable_sim import DurableSimulator
-from rl.sim.grpo_sim import Latencies, grpo_sim, outcome_violations
-from rl.sim.grpo_tiers import LatencyModel
+from rl.simulated.chaos import CHAOS_GRPO, grpo_random
+from rl.simulated.chaos_agentic import agentic_report
+from rl.simulated.grpo_sim import Latencies, grpo_sim, outcome_violations
+from rl.simulated.grpo_tiers import LatencyModel
 
 # The training-loop tutorial's measured loop: 434 s per iteration sequential, 298 s pipelined (Qwen3-8B, two nodes of
 # four GPUs). Pipelining hides the trainer, so generation is ~298 s and the train step (cold start included) ~434 - 298
@@ -46,8 +46,8 @@ def replay_speed(actions: int = 2000) -> dict[str, float]:
 
 
 def scenario_speed(scenarios: int = 100, repeats: int = 1) -> dict[str, Any]:
-    """Swarm fault scenarios of the GRPO and agentic loops on fakes, every invariant checked, in this one process:
-    `repeats` timed passes of `scenarios` new seeds each, as the median rate and its spread (`_min`, `_max`).
+    """Swarm fault scenarios of the GRPO and agentic loops on in-memory tiers, every invariant checked, in this one
+    process: `repeats` timed passes of `scenarios` new seeds each, as the median rate and its spread (`_min`, `_max`).
 
     Each loop first runs `scenarios` other seeds, which warms what a long `rl chaos` run has warmed: GRPO's
     uninterrupted references (one per run seed, 32 in all) and the caches. An agentic reference depends on the
@@ -72,8 +72,8 @@ def scenario_speed(scenarios: int = 100, repeats: int = 1) -> dict[str, Any]:
 
 def simulator_floor(runs: int = 32, repeats: int = 1) -> dict[str, float]:
     """What the simulator costs over the code it runs: an uninterrupted run of the chaos scenarios' GRPO shape
-    (`CHAOS_GRPO`, run seeds 0..`runs`-1) on the simulator, and the same runs with the driver calling the same fakes
-    directly (`grpo_sim(tasks=False)`: no records, copies, journal or faults), timed alternately `repeats` times.
+    (`CHAOS_GRPO`, run seeds 0..`runs`-1) on the simulator, and the same runs with the driver calling the same in-memory
+    tiers directly (`grpo_sim(tasks=False)`: no records, copies, journal or faults), timed alternately `repeats` times.
 
     The direct run is a floor no speed-up of the simulator can pass: a chaos scenario is at least one such run (about
     1.45 on average, with its faults' retries, crashes and replays), so `1000 / grpo_direct_run_ms / 1.45` bounds the
@@ -81,7 +81,7 @@ def simulator_floor(runs: int = 32, repeats: int = 1) -> dict[str, float]:
     """
     check_repeats(repeats)
     configs = [(replace(CHAOS_GRPO, seed=seed), seed) for seed in range(runs)]
-    for config, seed in configs:  # warms the fakes' process-wide memos for both, and checks they agree
+    for config, seed in configs:  # warms the in-memory tiers' process-wide memos for both, and checks they agree
         simulated, direct = (grpo_sim(config, seed=seed, tasks=tasks).run() for tasks in (True, False))
         if not (simulated.ok and direct.ok) or outcome_violations(simulated.output, direct.output):
             raise RuntimeError(f"run seed {seed}: the direct run's outcome differs from the simulated run's")
@@ -108,7 +108,7 @@ def parallel_scenario_speed(scenarios: int = 400, jobs: int | None = None) -> di
     import functools
     import os
 
-    from rl.sim.scenarios import scenario_in_worker, scenario_pool
+    from rl.simulated.scenarios import scenario_in_worker, scenario_pool
 
     jobs = jobs or os.cpu_count() or 1
     rates: dict[str, float] = {}

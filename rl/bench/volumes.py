@@ -1,14 +1,10 @@
 """What a fork costs against a full copy, measured in the same run: the figures `rl bench` reports for volumes.
 
-The tutorial quotes 0.1 s fork + 0.55 s mount against a 6 s download for a 1 GB world on Union's volumes. Here a world
-of `size_bytes` in many files is built once and sealed, then forked (what every trial does) and, for comparison, copied
-with `shutil.copytree` (what a private copy per trial costs without copy-on-write).
-
-Bytes copied are counted two ways: `*_bytes_written` is what this process passed to write-like syscalls (Linux's
-/proc/self/io `wchar`, which counts write, sendfile and copy_file_range but not links or reflinks; None elsewhere), and
-`*_disk_bytes` is the drop in the filesystem's free space (it sees reflinked extents too, but also anything else writing
-to that filesystem meanwhile). A fork's only write is its writer lock's pid (a few bytes). The copy reads a world still
-in the page cache, which is its best case.
+A world of `size_bytes` in many files is built once and sealed, then forked (what every trial does) and, for
+comparison, copied with `shutil.copytree`. `*_bytes_written` counts what this process passed to write-like syscalls
+(Linux's /proc/self/io `wchar`: not links or reflinks; None elsewhere), `*_disk_bytes` the drop in the filesystem's
+free space (reflinked extents too, and anything else writing meanwhile). What each misses, and the tutorial's figures
+to compare with: docs/benchmarks.md#how-the-other-sections-measure.
 
 Run: `python -m rl.bench.volumes [SIZE_BYTES [DIR]]`.
 """

@@ -20,6 +20,7 @@ import hmac
 import json
 import math
 import os
+import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -84,17 +85,60 @@ def encode_state(state: DriverState) -> bytes:
     # A NaN loss or an infinite grad norm in the history is written as {"__float__": "nan"}, the form the digest
     # already hashes it in, so the checkpoint is strict JSON and a resume restores the exact value.
     try:
-        body = _plain_body(state)
+        text, canonical_text = _plain_texts(state)
     except _NotPlain:  # a value of another type (a float subclass, a non-str key): the general path, same bytes
         body = tag_non_finite(state.to_json())
         digest = content_digest(body)
+        text = json.dumps(body, allow_nan=False)
     else:
-        digest = _plain_digest(body)
-    doc = {"schema": SCHEMA_VERSION, "digest": digest, "state": body}
+        digest = hashlib.blake2b(f"[{canonical_text}]".encode(), digest_size=16).hexdigest()  # = _plain_digest(body)
     key = os.environ.get(RUN_KEY_ENV)
-    if key:
-        doc["seal"] = seal(key, SCHEMA_VERSION, digest)
-    return json.dumps(doc, allow_nan=False).encode()
+    sealed = f', "seal": {json.dumps(seal(key, SCHEMA_VERSION, digest), allow_nan=False)}' if key else ""
+    head = f'"schema": {SCHEMA_VERSION}, "digest": {json.dumps(digest, allow_nan=False)}'
+    return f'{{{head}, "state": {text}{sealed}}}'.encode()
+
+
+_ROW_LISTS = ("history", "evals")  # the fields that grow by a row an iteration; each row's text is made once
+_ROW_TEXTS: dict[int, tuple[weakref.ref[Any], str, str]] = {}
+
+
+def _plain_texts(state: DriverState) -> tuple[str, str]:
+    """`json.dumps(_plain_body(state))` and its canonical form (sorted keys, no spaces), built from each history and
+    eval row's texts, made once per row object (rows are frozen and never edited in place, only replaced): writing
+    every row again each iteration made a run's checkpoints quadratic in its length."""
+    parts: dict[str, tuple[str, str]] = {}
+    for name in _field_names(DriverState):
+        value = getattr(state, name)
+        if name in _ROW_LISTS and type(value) is list:
+            texts = [_row_texts(row) for row in value]
+            parts[name] = ("[" + ", ".join(t for t, _ in texts) + "]", "[" + ",".join(c for _, c in texts) + "]")
+        else:
+            parts[name] = _texts(_plain_body(value))
+    text = "{" + ", ".join(f"{json.dumps(k, allow_nan=False)}: {t}" for k, (t, _) in parts.items()) + "}"
+    canonical_text = "{" + ",".join(f"{json.dumps(k, allow_nan=False)}:{parts[k][1]}" for k in sorted(parts)) + "}"
+    return text, canonical_text
+
+
+def _texts(body: Any) -> tuple[str, str]:
+    return json.dumps(body, allow_nan=False), json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def _forget_row(key: int, _: weakref.ref[Any]) -> None:
+    _ROW_TEXTS.pop(key, None)
+
+
+def _row_texts(row: Any) -> tuple[str, str]:
+    key = id(row)
+    cached = _ROW_TEXTS.get(key)
+    if cached is not None and cached[0]() is row:
+        return cached[1], cached[2]
+    texts = _texts(_plain_body(row))
+    try:
+        ref = weakref.ref(row, functools.partial(_forget_row, key))  # the texts go with the row
+    except TypeError:  # a row that cannot be weakly referenced: made each time
+        return texts
+    _ROW_TEXTS[key] = (ref, *texts)
+    return texts
 
 
 def seal(key: str, schema: int, digest: str) -> str:

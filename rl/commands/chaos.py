@@ -19,10 +19,10 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rl.sim.chaos import ScenarioReport
+    from rl.simulated.chaos import ScenarioReport
 
 from rl.argtypes import non_negative_int, positive_int
-from rl.sim.scenarios import LOOPS, grouped_by_reference, scenario_and_sweep, scenario_pool, scenarios_in_worker
+from rl.simulated.scenarios import LOOPS, grouped_by_reference, scenario_and_sweep, scenario_pool, scenarios_in_worker
 from rl.strict_json import flag_non_finite
 
 
@@ -127,7 +127,7 @@ def _kinds(loop: str) -> tuple[str, ...]:
     from rl.sim.swarm import FAULT_KINDS
 
     if loop == "agentic":
-        from rl.sim.chaos_agentic import AGENTIC_KINDS, SIM_KINDS
+        from rl.simulated.chaos_agentic import AGENTIC_KINDS, SIM_KINDS
 
         return SIM_KINDS + AGENTIC_KINDS
     return FAULT_KINDS

@@ -1,6 +1,6 @@
 """The conformance suite: the laws of every tier protocol and of the GRPO driver, as pytest base classes.
 
-Two ways to run it against your implementation:
+Two ways to run it against your implementation (docs/conformance.md):
 
 - subclass a contract and provide its fixtures (`class TestMyEngine(RolloutEngineContract): ...`), or
 - bind an `Implementation` and run the packaged suite:
@@ -9,8 +9,7 @@ Two ways to run it against your implementation:
 Public API (names are stable): the contracts of each tier and of the drivers (`LoopContract` gathers the loop's; the
 multi-rank `DdpShardStepContract` and the storage contracts stand apart), `Implementation` and the helpers to bind and
 record one. `_HOMES` lists them (`__all__` is its keys) with the module each loads from, on first use, so the pytest
-plugin that imports this package stays cheap. The `TYPE_CHECKING` imports give type checkers the same names (a test
-holds the two in step).
+plugin that imports this package stays cheap; the `TYPE_CHECKING` imports name the same (a test holds the two in step).
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """The advantage laws: GRPO's group-relative advantages, checked as a function `(group_ids, rewards) -> advantages`.
 
-Subclass the contract and provide its fixture (and, when your choices differ from ours, the `algorithm` fixture):
-
-    class TestMyAdvantages(AdvantageContract):
-        @pytest.fixture
-        def advantages(self):
-            return my_group_advantages  # (group_ids, rewards) -> list[float]
-
-        @pytest.fixture
-        def algorithm(self):
-            return AlgorithmSpec(advantage_scale="sample_std", std_eps=1e-6)
-
-Two kinds of law. An invariant holds for every GRPO variant whatever it declares (a no-signal group gives exact zeros;
-centred; ranked as the rewards; order, labels and other groups do not matter). A choice law compares to the float64
-reference computed from the declaration (`rl.conformance.reference`) at the declared dtype's tolerance (the scale,
-its eps and where eps enters; the singleton convention), and says which declaration the values would match. The
-hazardous cells (all-equal groups of rewards that are not exact in binary, at every group size from 2 to 64; large
-magnitudes; tiny spreads) are explicit examples, run before anything is drawn. Pure Python: no torch import.
+Subclass `AdvantageContract` and provide its `advantages` fixture (and, when your choices differ from ours, the
+`algorithm` fixture returning your `AlgorithmSpec`). An invariant holds for every GRPO variant whatever it declares
+(a no-signal group gives exact zeros; centred; ranked as the rewards; order, labels and other groups do not matter).
+A choice law compares to the float64 reference computed from the declaration (`rl.conformance.reference`) at the
+declared dtype's tolerance, and says which declaration the values would match. The hazardous cells (all-equal groups
+of rewards not exact in binary, large magnitudes, tiny spreads) are explicit examples, run before anything is drawn.
+Pure Python: no torch import. An example subclass and every law: docs/conformance.md
+(#the-other-way-in-subclass-the-contracts, #declaring-your-choices-algorithmspec).
 """
 
 from __future__ import annotations

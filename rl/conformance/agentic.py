@@ -22,7 +22,8 @@ import pytest
 
 from rl.conformance._base import ContractBase, tier
 from rl.loop.agentic import AgenticOutcome, run_agentic
-from rl.sim.agentic_sim import (
+from rl.sim.faults import FaultPlan
+from rl.simulated.agentic_sim import (
     AgenticDriver,
     AgenticSim,
     JudgeTierFactory,
@@ -31,8 +32,7 @@ from rl.sim.agentic_sim import (
     default_inputs,
     traced_judge_tier,
 )
-from rl.sim.chaos_agentic import SEED_FAILURES, agentic_sweep, all_trial_ids
-from rl.sim.faults import FaultPlan
+from rl.simulated.chaos_agentic import SEED_FAILURES, agentic_sweep, all_trial_ids
 from rl.types import Reward, Rubric, TrainerInfo, Weights
 
 __all__ = ["AgenticContract"]

@@ -26,10 +26,9 @@ REL_TOLERANCE = 1e-4
 """How far the 2-rank step's loss and gradient norm may be from the single-process step's, relative. Only the order of
 float32 sums differs: each rank sums its shard's per-sample gradients, then gloo's all-reduce adds the ranks' buffers in
 an order of its own (its ring or halving-doubling schedule, per bucket), where one process sums the batch in sample
-order. Reordering a sum of 5 to 8 float32 terms moves it by a few 2^-24 (~6e-8) relative at most, before cancellation
-(measured on REAL_CPU's 5-sample batch: equal to the bit, since two ranks add each element once). 1e-4 leaves three
-orders of magnitude above that, and is far below what a scale by the local shard gives on 5 samples over 2 ranks
-(weights 1/3 and 1/2 for 2/5 each): the gradient norm 10.8% off, measured."""
+order. Reordering a sum of 5 to 8 float32 terms moves it by a few 2^-24 (~6e-8) relative at most, before cancellation.
+1e-4 leaves three orders of magnitude above that, and is far below what a scale by the local shard gives on 5 samples
+over 2 ranks (weights 1/3 and 1/2 for 2/5 each). Measured: docs/conformance.md's `DataParallelTrainerLaws` row."""
 UNEVEN_GROUPS = ((0, (1.0, 0.0, 0.25)), (1, (1.0, 0.0)))
 """(group id, rewards of its first samples) of the uneven law's batch: 5 samples, every advantage non-zero, so every
 sample contributes and the ranks hold 3 and 2."""

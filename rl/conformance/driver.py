@@ -1,8 +1,8 @@
-"""The GRPO driver's contract: a driver with `run_grpo`'s signature, run on the durable simulator with the fake tiers.
+"""The GRPO driver's contract: a driver with `run_grpo`'s signature, run on the durable simulator with in-memory tiers.
 
-The fake tiers are deterministic and their adapters carry a lineage (every step behind them), so the laws can read from
-the final adapter alone whether any iteration was trained twice or skipped. The simulator kills the driver at chosen
-await points, fails and hangs tasks and tears checkpoint writes, all from one seed (`--rl-seed`).
+The in-memory tiers are deterministic and their adapters carry a lineage (every step behind them), so the laws can read
+from the final adapter alone whether any iteration was trained twice or skipped. The simulator kills the driver at
+chosen await points, fails and hangs tasks and tears checkpoint writes, all from one seed (`--rl-seed`).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from rl.conformance._base import ContractBase, Run, tier
 from rl.conformance.capabilities import Capabilities, require
 from rl.conformance.driver_checkpoint import DriverCheckpointLaws
 from rl.errors import NonFiniteRewardError
-from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
-from rl.memory.artifacts import MemoryArtifacts
+from rl.loop.grpo import GrpoConfig, GrpoDriver, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor
-from rl.sim.chaos import grpo_random, grpo_sweep
-from rl.sim.grpo_sim import GrpoDriver, Latencies, grpo_sim
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer, LatencyModel
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.chaos import grpo_random, grpo_sweep
+from rl.simulated.grpo_sim import Latencies, grpo_sim
+from rl.simulated.grpo_tiers import LatencyModel, MemoryEngine, MemoryScorer, MemoryTrainer
 from rl.types import Rollout, RolloutRequest, TrainBatch, TrainResult
 
 __all__ = ["LAW_RUN_SHAPE", "MODES", "RANDOM_SCENARIOS", "GrpoDriver", "GrpoDriverContract", "pipelined_mode"]
@@ -51,8 +51,8 @@ def _violations(lines: Sequence[str], limit: int = 12) -> str:
     return "\n".join(lines[:limit]) + more
 
 
-class _NanScorer(FakeScorer):
-    """The fake scorer, except one `value` (NaN unless told) at (policy version 1, group 1, sample 2)."""
+class _NanScorer(MemoryScorer):
+    """The in-memory scorer, except one `value` (NaN unless told) at (policy version 1, group 1, sample 2)."""
 
     def __init__(self, value: float = float("nan")) -> None:
         super().__init__()
@@ -96,12 +96,12 @@ class _RecordingTrainer:
 
 
 def _plain_tiers(
-    config: GrpoConfig, artifacts: MemoryArtifacts, scorer: FakeScorer, buffer: _RecordingBuffer | None = None
+    config: GrpoConfig, artifacts: MemoryArtifacts, scorer: MemoryScorer, buffer: _RecordingBuffer | None = None
 ) -> GrpoTiers:
     return GrpoTiers(
-        engine=FakeEngine(artifacts),
+        engine=MemoryEngine(artifacts),
         scorer=scorer,
-        trainer=FakeTrainer(artifacts, max_staleness=config.max_staleness),
+        trainer=MemoryTrainer(artifacts, max_staleness=config.max_staleness),
         artifacts=artifacts,
         prompts=DigitSuccessor(),
         buffer=buffer,
@@ -233,7 +233,7 @@ class GrpoDriverContract(DriverCheckpointLaws, ContractBase):
         config = self._nan_config(driver_config)
         clean_artifacts, clean_buffer = MemoryArtifacts(), _RecordingBuffer()
         clean = rl_run(
-            driver(config, _plain_tiers(config, clean_artifacts, FakeScorer(), clean_buffer), MemoryStateStore())
+            driver(config, _plain_tiers(config, clean_artifacts, MemoryScorer(), clean_buffer), MemoryStateStore())
         )
         artifacts, store, buffer = MemoryArtifacts(), MemoryStateStore(), _RecordingBuffer()
         with pytest.raises(NonFiniteRewardError):
@@ -244,7 +244,7 @@ class GrpoDriverContract(DriverCheckpointLaws, ContractBase):
             f"a NaN reward stopped in iteration {_NAN_VERSION}: part of the failed iteration was committed. "
             "Check every group's rewards before anything of the iteration is written"
         )
-        resumed = rl_run(driver(config, _plain_tiers(config, artifacts, FakeScorer(), buffer), store))
+        resumed = rl_run(driver(config, _plain_tiers(config, artifacts, MemoryScorer(), buffer), store))
         assert buffer.rows == clean_buffer.rows, (
             "the rollout buffer after the NaN and the resume differs from the run that never saw the NaN"
         )

@@ -26,11 +26,10 @@ from rl.errors import (
     CheckpointSchemaError,
     MissingAdapterError,
 )
-from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
-from rl.memory.artifacts import MemoryArtifacts
+from rl.loop.grpo import GrpoConfig, GrpoDriver, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor
-from rl.sim.grpo_sim import GrpoDriver
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
 from rl.types import ArtifactRef, TrainBatch, TrainResult
 
 __all__ = ["FOREIGN_BLOB", "DriverCheckpointLaws"]
@@ -50,9 +49,9 @@ class _TrainerStopped(RuntimeError):
 
 
 class _Trainer:
-    """The fake trainer, recording every step and every adapter it returns; `stop_at` fails that step."""
+    """The in-memory trainer, recording every step and every adapter it returns; `stop_at` fails that step."""
 
-    def __init__(self, inner: FakeTrainer, stop_at: int | None = None) -> None:
+    def __init__(self, inner: MemoryTrainer, stop_at: int | None = None) -> None:
         self.inner, self.stop_at = inner, stop_at
         self.steps: list[int] = []
         self.adapters: list[ArtifactRef] = []
@@ -101,8 +100,8 @@ class _Checkpointed:
 
 def _tiers(config: GrpoConfig, artifacts: MemoryArtifacts, trainer: _Trainer) -> GrpoTiers:
     return GrpoTiers(
-        engine=FakeEngine(artifacts),
-        scorer=FakeScorer(),
+        engine=MemoryEngine(artifacts),
+        scorer=MemoryScorer(),
         trainer=trainer,
         artifacts=artifacts,
         prompts=DigitSuccessor(),
@@ -216,7 +215,7 @@ class DriverCheckpointLaws:
         """Run sequentially until the trainer fails the last step; the driver has checkpointed by then."""
         config = replace(driver_config, pipelined=False, iterations=max(driver_config.iterations, 2))
         artifacts, store = MemoryArtifacts(), _Store()
-        trainer = _Trainer(FakeTrainer(artifacts, max_staleness=config.max_staleness), stop_at=config.iterations - 1)
+        trainer = _Trainer(MemoryTrainer(artifacts, max_staleness=config.max_staleness), stop_at=config.iterations - 1)
         try:
             rl_run(driver(config, _tiers(config, artifacts, trainer), store))
         except Exception as exc:  # the stopped trainer's failure, however the driver wraps it
@@ -248,7 +247,7 @@ class DriverCheckpointLaws:
         """Resume from `planted`: the driver must raise `expected` having trained nothing and saved nothing."""
         config = config or run.config
         store = _Store(planted)
-        trainer = _Trainer(FakeTrainer(run.artifacts, max_staleness=config.max_staleness))
+        trainer = _Trainer(MemoryTrainer(run.artifacts, max_staleness=config.max_staleness))
         outcome: Any = None
         raised: Exception | None = None
         try:

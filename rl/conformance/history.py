@@ -1,18 +1,15 @@
 """Replay compatibility: a driver must issue the actions of a run recorded by the driver it replaces.
 
 Flyte resumes a crashed driver by replaying its recorded actions, matched by identity (task, content digest of the
-inputs, call occurrence). When a new driver version is deployed while runs are in flight, the retried attempt runs the
-new code against the old run's record: every action the new code issues under an identity the record lacks executes
-again, from scratch. A change to how rollouts are seeded, how a batch is ordered or what a step is given re-keys every
-action after it, and an in-flight run silently retrains instead of resuming.
-
-The law runs the driver under test on the simulator with the fake tiers and compares the actions it issues with a
-recorded history: by default the one shipped in the wheel (`data/grpo_history.json`, recorded from
-`rl.loop.grpo.run_grpo`), or a fork's own, recorded from its previous release with
+inputs, call occurrence); a new driver that re-keys an action (seeds rollouts, orders a batch or builds a step another
+way) makes an in-flight run silently retrain from there instead of resuming. The law runs the driver under test on the
+simulator with the in-memory tiers and compares the actions it issues with a recorded history: by default the wheel's
+(`data/grpo_history.json`, recorded from `rl.loop.grpo.run_grpo`), or a fork's own, recorded from its previous
+release and bound through the `recorded_history` fixture:
 
     python -m rl.conformance.history --driver my_pkg.loop:run_grpo --out tests/data/grpo_history.json
 
-and bound through the `recorded_history` fixture.
+Why, and how to bind a record: docs/conformance.md#replay-compatibility-across-releases.
 """
 
 from __future__ import annotations
@@ -32,7 +29,7 @@ from rl.conformance.capabilities import Capabilities
 from rl.conformance.driver import LAW_RUN_SHAPE, MODES, pipelined_mode
 
 if TYPE_CHECKING:
-    from rl.sim.grpo_sim import GrpoDriver
+    from rl.loop.grpo import GrpoDriver
 
 __all__ = [
     "HISTORY_SCHEMA",
@@ -87,7 +84,7 @@ def _config(base: dict[str, Any], mode: str) -> Any:
 
 def issued_actions(driver: GrpoDriver, config_dict: dict[str, Any], mode: str) -> list[tuple[str, str]]:
     """The `(task, action_id)` of every action `driver` issues in one uninterrupted simulated run of `config_dict`."""
-    from rl.sim.grpo_sim import grpo_sim
+    from rl.simulated.grpo_sim import grpo_sim
 
     config = _config(config_dict, mode)
     result = grpo_sim(config, seed=config.seed, driver=driver).run()

@@ -12,8 +12,8 @@ from rl.conformance.sizes import LawSizes
 from rl.conformance.spec import AlgorithmSpec
 
 if TYPE_CHECKING:
+    from rl.loop.grpo import GrpoDriver
     from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer, VolumeStore
-    from rl.sim.grpo_sim import GrpoDriver
     from rl.types import ArtifactRef
 
 __all__ = ["TIERS", "Implementation", "ImplementationError", "load_implementation"]
@@ -50,57 +50,12 @@ class ImplementationError(ValueError):
 class Implementation:
     """The tiers a fork provides, as factories; None for a tier it does not provide (its laws then skip, saying so).
 
-    Each factory is called afresh for every test, so every law starts from new objects.
+    Each factory is called afresh for every test, so every law starts from new objects; `engine`, `adapter` and
+    `trainer` receive the test's store (`artifacts()` when given, else an in-memory one). `driver`, `advantages`, the
+    losses and the other plain functions are bound as they are. `capabilities`, `algorithm` and `sizes` declare what the
+    implementation claims, its GRPO choices and how much the sampling laws draw; each default is ours.
 
-    - `artifacts()`: a fresh, empty `rl.protocols.Artifacts` store.
-    - `state_store()`: a fresh `rl.protocols.StateStore` nothing has saved to.
-    - `engine(artifacts)`: a `RolloutEngine` reading adapters from `artifacts`.
-    - `adapter(artifacts)`: the `ArtifactRef` (or an awaitable of it) of a version-0 adapter the engine can sample,
-      stored in `artifacts`. Optional when `trainer` is given: the trainer's `init_adapter(0)` adapter is used.
-    - `scorer()`: a `Scorer`.
-    - `trainer(artifacts)`: a `Trainer` storing its adapters in `artifacts` (its laws sample batches with `engine`).
-    - `driver`: the GRPO driver itself (not a factory): `async (config, tiers, store) -> GrpoOutcome`, like
-      `rl.loop.grpo.run_grpo`; its laws run it on the simulator with the fake tiers.
-    - `checkpoint_from_another_version`: `(blob) -> bytes`, a checkpoint `driver` saved, rewritten as another schema
-      version of it would have saved the same state (what a resume by an older or newer release meets), like
-      `rl.checkpoint.format.as_another_schema_version`. Optional when `driver` is `run_grpo` (ours is used); without
-      it, the law that a driver refuses another schema version's checkpoint skips.
-    - `checkpoint_altered`: `(blob) -> bytes`, a checkpoint `driver` saved with part of its state changed afterwards
-      and its integrity check left as it was, like `rl.checkpoint.format.as_altered`. Optional when `driver` is
-      `run_grpo` (ours is used); without it, the law that a driver refuses an altered checkpoint skips.
-    - `advantages`: `(group_ids, rewards) -> list[float]`, like `rl.advantages.group_normalized_advantages`.
-    - `sample_loss`: `(new_logp, old_logp, ref_logp, advantage, clip_eps, kl_beta) -> (loss, stats)` on 1-D torch
-      tensors, like `rl.loss.grpo_sample_loss`; the loss laws lift it to the batch form (each completion, then the
-      mean over completions).
-    - `batch_loss`: `(new_logp, old_logp, ref_logp, advantages, mask, *, clip_eps, kl_beta) -> loss` or
-      `(loss, stats)` on `[B, T]` tensors, `[B]` advantages and a `[B, T]` completion mask (1.0 on tokens, 0.0 on
-      padding), as TRL-style trainers compute it. Bind one of `sample_loss` and `batch_loss`.
-    - `ddp_shard_step`: `(ddp_model, sample_loss_fns, sync_forward) -> None`, like `rl.trainer.ddp.ddp_shard_step`
-      (a module-level function: it is pickled to spawned gloo ranks).
-    - `agentic_driver`: `async (config, tiers) -> AgenticOutcome`, like `rl.loop.agentic.run_agentic`.
-    - `judge_tier(judge, trace)`: an object with `async verify_and_judge(traj, rubric)`, given the vendor `judge`
-      and the durable `trace` decorator to memoise it with, like `rl.agentic.tiers.JudgeTier(trace(judge))`.
-    - `policy_trainer(world_ids, identity)`: a `rl.agentic.bandit.PolicyTrainer` with exactly-once `update`, like
-      `rl.agentic.bandit.BanditTrainer(world_ids, identity=identity)`.
-    - `volume_store()`: a fresh, empty `rl.protocols.VolumeStore` (versioned copy-on-write volumes), a new one each
-      call, like `rl.volumes.LocalVolumeStore(tempfile.mkdtemp())`.
-    - `rollout_buffer()`: a fresh, empty rollout buffer with `append`, `read`, `iterations`, `versions` and `rescore`
-      (the surface `rl.conformance.rollout_buffer` describes), a new one each call, like
-      `rl.volumes.RolloutBuffer(LocalVolumeStore(tempfile.mkdtemp()), "rollouts")`.
-    - `extract_answer`: `(completion) -> str | None`, like `rl.rewards.extract_answer`; `pass_at_k`: `(n, c, k) ->
-      float`, like `rl.metrics.pass_at_k` (`rl.conformance.scoring_utilities`).
-    - `distributed_trainer(artifacts, world_size)`: a `Trainer` whose `train_step` runs one step on `world_size`
-      data-parallel ranks (`rl.conformance.ddp_trainer`), like `rl.conformance.ours.local_ddp_trainer`.
-    - `micro_batched_trainer(artifacts, micro_batch_size)`: a `Trainer` that back-propagates `micro_batch_size`
-      samples at a time and accumulates (`rl.conformance.micro_batch`), like
-      `rl.conformance.ours.micro_batched_trainer`.
-    - `capabilities`: what the implementation claims (`Capabilities()`, the default, claims everything).
-    - `algorithm`: the GRPO choices its advantages and loss make (`AlgorithmSpec()`, the default, is ours); the
-      algorithm laws compute their reference from it.
-    - `sizes`: the share of their seeded groups the sampling engine laws draw (`LawSizes()`, the default, draws all;
-      `LawSizes(draw_fraction=1/8)` for an engine whose forward pass is too dear for them, at less power).
-
-    `engine`, `adapter` and `trainer` receive the test's store: `artifacts()` when given, else an in-memory store.
+    Every field's signature and the function of ours it mirrors: docs/conformance.md#implementation-every-field.
     """
 
     name: str

@@ -1,30 +1,15 @@
 """The loss laws: GRPO's clipped-ratio loss with its KL penalty, checked on a padded batch as a trainer calls it.
 
-Provide the loss in one of two forms (and, when your choices differ from ours, the `algorithm` fixture):
-
-    class TestMyLoss(LossContract):
-        @pytest.fixture
-        def batch_loss(self):
-            return my_batch_loss  # (new_logp, old_logp, ref_logp, advantages, mask, *, clip_eps, kl_beta) -> loss
-
-        @pytest.fixture
-        def algorithm(self):
-            return AlgorithmSpec(loss_aggregation="token_mean", kl_estimator="none")
-
-`batch_loss` takes `[B, T]` log-prob tensors, `[B]` advantages and a `[B, T]` completion mask (1.0 on a completion's
-tokens, 0.0 on padding), as TRL-style trainers do, and returns the loss or `(loss, stats)`. A per-completion
-`sample_loss(new_logp, old_logp, ref_logp, advantage, clip_eps, kl_beta) -> (loss, stats)` (like
-`rl.loss.grpo_sample_loss`) is lifted to that form by `sample_loss_as_batch_loss`: each row's unmasked tokens, then
-the mean over rows.
-
-Invariants hold for every declaration: REINFORCE's gradient at ratio 1 (up to the aggregation's positive per-token
-weight), a KL penalty that is >= 0, 0 at the reference and never pushes away from it, a clip that caps a stale
-sample's gain on both sides of the trust region, padding that changes nothing, a finite differentiable scalar. Choice
-laws compare to the float64 reference computed from the declaration (`rl.conformance.reference`) at the declared
-dtype's tolerance: the aggregation's weights, the KL estimator. Every law but the aggregation law divides out the
-implementation's own per-token weight, measured at ratio 1, so an aggregation mismatch fails that law alone. The
-hazardous cells (ratios exactly 1, at and far beyond 1 ± eps, log-prob gaps of 5 and 8 nats, completions of 1 and 64
-tokens) are explicit examples run before anything is drawn. torch is imported inside the laws, never at import.
+Subclass `LossContract` and provide `batch_loss`, `(new_logp, old_logp, ref_logp, advantages, mask, *, clip_eps,
+kl_beta) -> loss` or `(loss, stats)` on `[B, T]` log-probs, `[B]` advantages and a `[B, T]` mask (1.0 on tokens, 0.0
+on padding), as TRL-style trainers do; or a per-completion `sample_loss` like `rl.loss.grpo_sample_loss`, which
+`sample_loss_as_batch_loss` lifts to that form (each row's unmasked tokens, then the mean over rows). Provide the
+`algorithm` fixture when your choices differ from ours. Invariants hold for every declaration (REINFORCE at ratio 1,
+a non-negative KL that pulls towards the reference, the clip, padding, a finite scalar); choice laws compare to the
+float64 reference of the declaration (`rl.conformance.reference`) at its dtype's tolerance, each dividing out the
+loss's own per-token weight but the aggregation law. Hazardous cells run first as explicit examples. torch is imported
+inside the laws, never at import. An example subclass and every law: docs/conformance.md
+(#the-other-way-in-subclass-the-contracts, #declaring-your-choices-algorithmspec).
 """
 
 from __future__ import annotations

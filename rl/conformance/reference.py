@@ -1,25 +1,15 @@
 """The float64 reference the algorithm laws compare against, computed from an `AlgorithmSpec`, never from the code under
-test, and the tolerance each declared dtype earns.
+test, and the tolerance each declared dtype earns. Pure Python (`math`, `statistics`, `fractions`), written formula by
+formula independently of torch, so a law's expected value is a second computation, not the first one again.
 
-Pure Python (`math`, `statistics`, `fractions`): written out formula by formula, independently of torch, so a law's
-expected value is a second computation, not the first one again.
-
-Advantages (DeepSeekMath §4.1.2; Dr. GRPO, Liu et al. 2025):
-
-    A_i = (r_i - mean(r_g)) / D_g       D_g = std_g + eps | sqrt(var_g + eps) | 1   (std: population or sample)
-
-Loss, per token of a completion with advantage A (DeepSeekMath eq. 3; k3 and k2 from Schulman, "Approximating KL
-divergence"), and its aggregation over a batch of B completions of lengths T_i:
+Advantages (DeepSeekMath §4.1.2; Dr. GRPO, Liu et al. 2025): `A_i = (r_i - mean(r_g)) / D_g`. Loss per token of a
+completion with advantage A (DeepSeekMath eq. 3; k3, k2: Schulman, "Approximating KL divergence"):
 
     l_t  = -min(r_t A, clip(r_t, 1 - eps, 1 + eps) A) + kl_beta k(d_t)     r_t = exp(new_t - old_t), d_t = ref_t - new_t
-
-(with a dual clip c, for A < 0: -max(min(...), c A); with a KL clamp C: min(k, C); k3_ratio: r_t k3(d_t);
-k3_value_k2_grad: k3's value, k2's gradient; GSPO: r_t = s_i = exp(mean_t(new - old)) on every token of completion i;
-CISPO: -sg(min(r_t, C)) A new_t), and its aggregation over a batch of B completions of lengths T_i:
-
     loss = sum_i sum_t w_i l_it                                          w_i = 1/(B T_i) | 1/(B L) | 1/B | 1/sum_i T_i
 
-(the KL part of l_it weighted by the declared kl_aggregation's w_i instead, when it declares one).
+Each function states its variant (`D_g`, dual clip, KL clamp, k3_ratio, GSPO, CISPO, the KL's own aggregation); all
+of them together, with their sources: docs/conformance.md#the-reference.
 """
 
 from __future__ import annotations

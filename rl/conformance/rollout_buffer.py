@@ -2,27 +2,10 @@
 iteration added per version, every version readable later exactly as it was, and re-scoring into a new version that
 samples nothing.
 
-There is no tier protocol for reading a buffer (the driver only appends, through `rl.protocols.RolloutSink`), so the
-laws use the surface of `rl.volumes.RolloutBuffer`, which yours must have:
-
-- `append(iteration, rows, *, parent=None) -> version`: fork `parent` (default: the latest version; none before the
-  first append), add one iteration's rows, return the new version. Appending rows the parent already holds for that
-  iteration (a retried task) returns the parent; different rows for a held iteration raise.
-- `read(version, iterations=None) -> list[dict]`: the rows of those iterations (default: all), by iteration, each
-  exactly as appended; an iteration the version does not hold raises `LookupError` naming it.
-- `iterations(version) -> list[int]`: the iterations a version holds, ascending.
-- `versions() -> list[version]`: every version, oldest first.
-- `rescore(version, reward_fn) -> version` (or a tuple whose first item is the version, as ours returns
-  `(version, RescoreStats)`): every stored rollout re-scored by `reward_fn(Rollout) -> float` into a new version
-  forked from `version`; only the rewards change.
-
-A version is whatever `append` returns (ours a `LocalVolumeVersion`, yours may be a string); the laws only hand it
-back. A row is `rl.volumes.rollout_rows`'s: a `Rollout`'s fields plus `iteration` and `reward`.
-
-    class TestMyBuffer(RolloutBufferContract):
-        @pytest.fixture
-        def rollout_buffer_factory(self, tmp_path):
-            return lambda: MyBuffer(tempfile.mkdtemp(dir=tmp_path))
+There is no tier protocol for reading a buffer, so the laws use the surface of `rl.volumes.RolloutBuffer`, which
+yours must have: `append(iteration, rows, *, parent=None) -> version`, `read(version, iterations=None)`,
+`iterations(version)`, `versions()` and `rescore(version, reward_fn)`. What each must do, and an example subclass
+(`rollout_buffer_factory` returns a factory of fresh buffers): docs/conformance.md#the-rollout-buffers-surface.
 """
 
 from __future__ import annotations

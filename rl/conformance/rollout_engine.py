@@ -14,9 +14,9 @@ from rl.conformance.capabilities import Capabilities, require
 from rl.conformance.engine_lifetime import EngineLifetimeLaws
 from rl.conformance.sampling import SamplerFidelityLaws, first_difference
 from rl.conformance.sizes import LawSizes
-from rl.memory.artifacts import MemoryArtifacts
 from rl.protocols import Artifacts, RolloutEngine
 from rl.seeding import derive_seed
+from rl.simulated.artifacts import MemoryArtifacts
 from rl.types import ArtifactRef, Prompt, Rollout, RolloutRequest
 
 __all__ = ["RolloutEngineContract"]

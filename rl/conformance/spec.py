@@ -159,42 +159,8 @@ class AlgorithmSpec:
 
     Bind it as `Implementation(..., algorithm=AlgorithmSpec(advantage_scale="sample_std", std_eps=1e-6))`, or
     return it from the `algorithm` fixture of a contract subclass. `AlgorithmSpec.choices()` lists every field's
-    values and what each means. The advantage fields:
-
-    - `advantage_scale`: "population_std" (ours), "sample_std" (torch.std's default) or "none" (Dr. GRPO).
-    - `advantage_baseline`: "group_mean" (ours) or "leave_one_out" (the mean and std of the sample's other group
-      members, NeMo-RL's default; a member whose others all agree is not scaled).
-    - `std_scope`: "group" (ours) or "batch" (one std over the whole batch, TRL's `scale_rewards="batch"`).
-    - `std_eps`: the epsilon of the denominator (ours 1e-4; TRL 1e-4, verl 1e-6, OpenRLHF 1e-9); ignored when the
-      scale is "none".
-    - `std_eps_placement`: "std" (`std + eps`, ours), "variance" (`sqrt(var + eps)`) or "floor" (`max(std, eps)`).
-    - `singleton_groups`: what a group of one sample gets: "zero" (ours), "reward" (verl's mean 0, std 1) or
-      "refused" (it never occurs: the function raises, or returns NaN for it).
-    - `advantage_dtype`: "float64" (ours) or "float32": the tolerance of the advantage choice laws.
-
-    The loss fields:
-
-    - `loss_aggregation`: "sequence_mean" (ours), "constant" (Dr. GRPO, with `loss_normalizer`), "sequence_sum" or
-      "token_mean" (the batch's token mean; only a `batch_loss` can declare it).
-    - `loss_normalizer`: the constant L of "constant" (e.g. the max completion length); None otherwise.
-    - `kl_estimator`: "k3" (ours), "k2", "k3_ratio" (k3 times the importance ratio, TRL's), "k3_value_k2_grad" (k3's
-      value with k2's gradient at every ratio, NeMo-RL's) or "none" (no KL term; kl_beta = 0 is a valid
-      configuration).
-    - `kl_clamp`: None (ours), or the bound C each token's KL estimate is clamped to, min(k, C) (verl's low_var_kl
-      clamps k3 at 10): beyond it the penalty is flat. It clamps k3 before k3_ratio's ratio weight multiplies it
-      (r min(k3, C)), and k3_value_k2_grad's whole term, value and gradient (NeMo-RL clamps after its weight).
-    - `kl_aggregation`: None (ours: the KL term is aggregated as the surrogate is), or the aggregation of the KL term
-      alone: "sequence_mean" (SkyRL), "sequence_sum" or "token_mean".
-    - `importance_ratio`: "clipped" (ours: stale samples are clipped), "sequence" (GSPO: each completion's
-      geometric-mean ratio, clipped), "cispo" (a truncated, detached ratio weighting REINFORCE, with `ratio_cap`) or
-      "on_policy" (the loss never sees a stale sample).
-    - `ratio_cap`: the bound C of "cispo"'s weight min(r, C) (TRL's epsilon_high, 5.0 recommended); None otherwise.
-    - `dual_clip`: None (ours), or the bound c > 1 of a dual clip (Ye et al. 2020, "Mastering Complex Control in MOBA
-      Games"; verl's clip_ratio_c = 3): for A < 0 the objective is max(min(r A, clip(r) A), c A), so a ratio above c
-      is flat. Only stale samples reach it, so it changes nothing under importance_ratio="on_policy".
-    - `loss_dtype`: "float64", "float32" or "bfloat16": the dtype of the new, old and reference log-prob, advantage
-      and mask tensors the loss laws pass, and the precision their comparisons allow; a loss that casts them to
-      another dtype inside is judged at the declared one (declare the dtype it computes in).
+    values and what each means; docs/conformance.md#declaring-your-choices-algorithmspec has them as a table, with the
+    library each value comes from and the combinations that cannot be declared.
 
     Raises:
         ValueError: an unknown value (the message lists the choices), a negative or non-finite `std_eps`, or a

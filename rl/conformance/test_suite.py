@@ -33,11 +33,10 @@ from rl.conformance.state_store import StateStoreContract
 from rl.conformance.trainer import TrainerContract, trained_adapter
 from rl.conformance.volumes import StoreFactory, VolumeStoreContract
 from rl.loop.agentic import run_agentic
-from rl.loop.grpo import run_grpo
-from rl.memory.artifacts import MemoryArtifacts
+from rl.loop.grpo import GrpoDriver, run_grpo
 from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer
-from rl.sim.agentic_sim import bandit_trainer, traced_judge_tier
-from rl.sim.grpo_sim import GrpoDriver
+from rl.simulated.agentic_sim import bandit_trainer, traced_judge_tier
+from rl.simulated.artifacts import MemoryArtifacts
 from rl.types import ArtifactRef
 
 

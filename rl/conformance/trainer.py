@@ -15,9 +15,9 @@ from rl.conformance.ddp_trainer import DataParallelTrainerLaws
 from rl.conformance.micro_batch import MicroBatchTrainerLaws
 from rl.conformance.spec import AlgorithmSpec
 from rl.conformance.trainer_fidelity import TrainerRestoreLaws
-from rl.memory.artifacts import MemoryArtifacts
 from rl.protocols import Artifacts, RolloutEngine, Trainer
 from rl.seeding import derive_seed
+from rl.simulated.artifacts import MemoryArtifacts
 from rl.types import ArtifactRef, Prompt, Rollout, RolloutRequest, TrainBatch, TrainResult
 
 __all__ = ["TrainerContract", "digit_groups", "trained_adapter"]

@@ -2,20 +2,11 @@
 `Volume` / `ROVolume` of the training-loop and agentic tutorials, whose forks each have one writer and whose versions
 never change.
 
-Subclass the contract and provide one fixture:
-
-    class TestMyVolumes(VolumeStoreContract):
-        @pytest.fixture
-        def volume_store_factory(self, tmp_path):
-            return lambda: MyVolumeStore(tempfile.mkdtemp(dir=tmp_path))
-
-Only what the protocols let a caller do is checked: the laws write a fork's files through `mount()` (a new file
-renamed over the old name, `os.unlink` to delete: what user code in a forked task does, and what never writes an
-inherited file in place), read versions through `path()`, and lose a writer the way a killed process does (every
-reference dropped, garbage collected). If your volumes need another way to write or to lose a writer, subclass
-`VolumeStoreMachine`, override `write_file`, `delete_file` or `lose_writer`, and set `machine = YourMachine` on your
-test class. How a store shares files (links, reflinks, copies), file modes and what root can do behind its back are
-the store's own business, for its own tests.
+Subclass the contract and provide one fixture, `volume_store_factory`: a callable returning a fresh, empty store.
+Only what the protocols let a caller do is checked: files are written through `mount()` and versions read through
+`path()`. A store that needs another way to write or to lose a writer subclasses `VolumeStoreMachine` (`write_file`,
+`delete_file`, `lose_writer`) and sets `machine = YourMachine` on its test class. How, and what is left to the
+store's own tests: docs/conformance.md#the-volume-laws-how-they-write.
 """
 
 from __future__ import annotations

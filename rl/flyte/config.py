@@ -1,17 +1,9 @@
-"""Run configuration for the Flyte tasks: typed task inputs and the `smoke` and `stress` profiles.
+"""Run configuration for the Flyte tasks: typed task inputs and the `smoke`, `gpu-smoke` and `stress` profiles.
 
 Everything a run can vary travels as a task input (frozen dataclasses Flyte's type engine serialises), so it is part of
 each action's identity and shows in the UI. What a run *cannot* vary — the resources, GPUs and replica counts of each
 tier — is fixed when the environments are declared; `rl.flyte.envs` reads it from environment variables at deploy time.
-
-Profiles:
-
-- `smoke`: the tiny character model built offline from a seed, the torch sampler, a CPU-friendly PEFT step, the
-  digit-successor task; 3 iterations of 4 prompts x 8 samples. Runs in Flyte's local mode in seconds and on any cluster.
-- `gpu-smoke`: the same loop with vLLM rollouts, on a tiny model vLLM can serve (`rl.gpu.VLLM_MODEL`); needs a GPU.
-- `stress`: the examples' large shape — a real model you prefetched (`base_uri`, e.g. Qwen3-8B), vLLM rollouts,
-  20 pipelined iterations of 32 prompts x 6 samples at 512 tokens, LoRA rank 16 on the attention projections, a seeded
-  arithmetic task. Needs GPUs (and the multi-GPU tiers for the clustered trainer); it is not exercised by the tests.
+Each profile's model, engine, shape and trainer: docs/flyte.md (Profiles).
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """One `flyte.TaskEnvironment` per tier, each its own failure domain: resources, retries and timeouts are its own.
 
-GRPO (the training-loop and rollouts tutorials): `rollout` (an L4 per replica; vLLM), `reward` (CPU), `train` (an L4;
-PEFT), `train-cluster` (a `ClusteredTaskEnvironment`: `replicas` pods x `nproc_per_node` ranks under `TorchRun`, the
-whole set restarted together by `ClusterFailurePolicy`), and two small CPU drivers whose `depends_on` names every tier
-they call, so deploying a driver deploys its loop. Agentic (the agentic tutorial): `sandbox`, `judge`, `trainer` and a
-driver, all CPU.
+GRPO: `rollout` (vLLM), `reward`, `train` (PEFT), `train-cluster` (a `ClusteredTaskEnvironment` under `TorchRun`,
+restarted together by `ClusterFailurePolicy`) and two small CPU drivers whose `depends_on` names every tier they call,
+so deploying a driver deploys its loop. Agentic: `sandbox`, `judge`, `trainer` and a driver, all CPU.
 
-Sizing is fixed at deploy time, from the client's environment (re-injected into every environment so a task's import
-in its container sees the same values):
-
-- `RL_FLYTE_TIERS`: `gpu` (default: the tutorial's sizes, one GPU per rollout replica and trainer, a 2 x 1-GPU clustered
-  trainer), `cpu` (no GPU anywhere: the `smoke` profile on any cluster), or `stress` (bigger pods, a 2 x 4-GPU
-  clustered trainer; the `stress` profile).
-- `RL_FLYTE_GPU`: the GPU model for the GPU tiers (default `L4`).
-- `RL_FLYTE_REUSE=1`: keep rollout replicas warm with `flyte.ReusePolicy` (the engine stays loaded between calls).
-  Reusable containers need Union; off by default so the loop deploys on open-source Flyte.
-
-The image is built from this package: the Debian base image plus `uv sync` of this project's `pyproject.toml` with the
-`gpu` extra (vLLM) on GPU tiers — `Image.with_uv_project(..., project_install_mode="install_project")`. Inside a task's
-container the package is already installed and the pyproject is absent, so the layer is only declared client-side.
+Sizing is fixed at deploy time from the client's environment, re-injected into every environment so a task's import
+in its container sees the same values: `RL_FLYTE_TIERS` (`gpu`, the default, `cpu` or `stress`), `RL_FLYTE_GPU`
+(default `L4`) and `RL_FLYTE_REUSE=1` (warm rollout replicas; Union only). The image is this package installed by
+`uv sync`, a layer declared only client-side. Each tier's size: docs/flyte.md (Tier sizes).
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ def grpo_tiers(config: GrpoRunConfig, base: Dir, *, step_task: TrainTask, title:
         prompts=problems,
         evaluator=_TaskEvaluator(base, config) if config.grpo.evaluate else None,
         reporter=reporter,
-        group=flyte.group,
+        span=flyte.group,
         buffer=_TaskBuffer() if config.keep_rollouts else None,
         task_metrics=problems.metrics,
     )

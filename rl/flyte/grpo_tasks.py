@@ -1,15 +1,11 @@
 """The GRPO loop's Flyte tasks (the training-loop and rollouts tutorials): thin recipes over the tested components, each
 one action.
 
-- `build_base` (train tier, cached): the tiny base model, built offline from its config, as a `flyte.io.Dir`.
-- `init_adapter` (train tier): version 0 — a fresh LoRA adapter and AdamW state (`PeftTrainer.init_adapter`).
-- `generate` (rollout tier): one group per call, seeded, with sampling log-probs — vLLM on a GPU or the torch sampler
-  on a CPU, as `EngineSpec.kind` says. The engine is built once per process, so a warm replica keeps it.
-- `score_group` (reward tier): the named verifiable reward over one group (`RewardScorer`).
-- `train_step` (train tier): one GRPO step (`PeftTrainer.train_step`); adapter and optimizer state in and out as Dirs,
-  the rest of the batch as one `TrainInput`.
-- `evaluate` (rollout tier): k samples per held-out problem, avg@k and pass@k (`SamplingEvaluator`).
-- `add_rollouts` (buffer tier): the rollout buffer's next version.
+`build_base` (train tier, cached: the tiny base model as a `flyte.io.Dir`), `init_adapter` (train tier: version 0),
+`generate` (rollout tier: one seeded group per call, vLLM or the torch sampler as `EngineSpec.kind` says, the engine
+built once per process), `score_group` (reward tier), `train_step` (train tier: adapter and optimizer state in and
+out as Dirs), `evaluate` (rollout tier: avg@k and pass@k) and `add_rollouts` (buffer tier). Each in full:
+docs/flyte.md#the-modules.
 
 Every pure step is `cache="auto"` and a pure function of its inputs (seeded sampling, pinned torch threads, adapters
 identified by content digest), so a retried task or a rerun of the loop recomputes — or reuses — the same outputs.

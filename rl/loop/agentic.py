@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from rl.errors import AgenticInputError
 from rl.loop.awaiting import results_in_order
-from rl.loop.groups import Group, scope
+from rl.loop.spans import Span, scope
 from rl.protocols import AgenticTiers
 from rl.types import Reward, Rubric, StepResult, TrialSpec, Weights, WorldRef
 
@@ -148,11 +148,11 @@ async def run_step(
     return rewards, skipped
 
 
-async def run_agentic(config: AgenticConfig, tiers: AgenticTiers, group: Group | None = None) -> AgenticOutcome:
+async def run_agentic(config: AgenticConfig, tiers: AgenticTiers, span: Span | None = None) -> AgenticOutcome:
     """The agentic tutorial's `train`: build worlds, attach the trainer, then per step generate → judge → one durable
     train step.
 
-    `group(name)`, when given, is entered around each step's actions (`step-<N>`: its trials, judgments and train
+    `span(name)`, when given, is entered around each step's actions (`step-<N>`: its trials, judgments and train
     step), the `flyte.group` role.
     """
     config.validate()
@@ -168,7 +168,7 @@ async def run_agentic(config: AgenticConfig, tiers: AgenticTiers, group: Group |
         specs = trial_specs(
             step, world_ids, config.prompts_per_step, config.n_samples, seed=config.seed, max_turns=config.max_turns
         )
-        with scope(group, f"step-{step}"):
+        with scope(span, f"step-{step}"):
             rewards, lost = await run_step(tiers, specs, weights, worlds, config.rubric)
             skipped.extend(sorted(lost, key=lambda s: s.trial_id))
             result = await tiers.train_step(step, canonical_rewards(rewards), world_ids, config.lr)

@@ -2,7 +2,8 @@
 critical path.
 
 Plain async code over the tier protocols (no flyte import): in production each tier method awaits a Flyte task, in
-tests it is a fake on the durable simulator. The driver owns ordering, identity and resume; the tiers own the work.
+tests it is an in-memory tier on the durable simulator. The driver owns ordering, identity and resume; the tiers own
+the work.
 
 Guarantees (each is a test): train-step inputs are canonical (groups in id order, whatever order they finished in);
 rollouts are seeded per (run seed, iteration, group); a checkpoint after every iteration lets a later attempt continue
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
@@ -26,8 +27,8 @@ from rl.checks import check_staleness, finite_rewards
 from rl.errors import EngineContractError, GrpoInputError
 from rl.identity import canonical, content_digest
 from rl.loop.awaiting import results_in_order
-from rl.loop.groups import scope
 from rl.loop.phase_timing import Scored, now, timed, with_eval_time
+from rl.loop.spans import Span, scope
 from rl.metrics import finite_mean
 from rl.protocols import (
     Artifacts,
@@ -101,9 +102,9 @@ class GrpoConfig:
 
 @dataclass(frozen=True)
 class GrpoTiers:
-    """The tiers the driver calls. `evaluator`, `reporter`, `buffer`, `group` and `task_metrics` are optional.
+    """The tiers the driver calls. `evaluator`, `reporter`, `buffer`, `span` and `task_metrics` are optional.
 
-    `group(name)` is entered around the work of one iteration (`iter-<N>`: its rollouts, rewards and train step) and
+    `span(name)` is entered around the work of one iteration (`iter-<N>`: its rollouts, rewards and train step) and
     around each evaluation launch (`eval-v<version>`), the `flyte.group` role: every action started inside it, in
     tasks created there too, belongs to that group. Pipelined, iteration N+1's generation is launched inside its own
     group while iteration N trains in `iter-<N>`.
@@ -120,12 +121,12 @@ class GrpoTiers:
     evaluator: Evaluator | None = None
     reporter: Reporter | None = None
     buffer: RolloutSink | None = None
-    group: Callable[[str], AbstractContextManager[object]] | None = None
+    span: Span | None = None
     task_metrics: TaskMetrics | None = None
 
     def scope(self, name: str) -> AbstractContextManager[object]:
-        """`group(name)`, or a no-op when no grouping is bound."""
-        return scope(self.group, name)
+        """`span(name)`, or a no-op when no span is bound."""
+        return scope(self.span, name)
 
 
 @dataclass(frozen=True)
@@ -366,6 +367,10 @@ class _BatchSchedule:
     def cancel(self) -> None:
         if self.pending is not None:
             self.pending.cancel()
+
+
+# A driver with `run_grpo`'s signature: ours, or a fork's under the conformance suite.
+GrpoDriver = Callable[[GrpoConfig, GrpoTiers, StateStore], Awaitable[GrpoOutcome]]
 
 
 async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> GrpoOutcome:

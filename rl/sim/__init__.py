@@ -1,2 +1,2 @@
-"""The durable-execution simulator and its chaos: a deterministic stand-in for Flyte's durable semantics that the
-driver laws, `rl chaos` and `rl bench` run on a laptop CPU."""
+"""The durable-execution simulator: a deterministic stand-in for Flyte's durable semantics (tasks, retries, crashes,
+replay, virtual time, swarm fault plans). It knows nothing of RL; `rl.simulated` runs the loops on it."""

@@ -1,23 +1,15 @@
 """Swarm testing: one scenario seed draws its whole fault environment, not just where the faults land.
 
-TigerBeetle's VOPR draws which fault kinds are on and their probabilities from the seed; FoundationDB's BUGGIFY turns
-each fault site on in only some runs. A fixed mix of every fault at once explores a narrow space (a rare fault is
-always drowned by a common one); a swarm of plans, each with a few kinds on at their own rates, reaches corners a
-fixed mix does not. `draw_swarm(seed, ...)` draws, from `seed` alone:
+A fixed mix of every fault at once drowns a rare fault in common ones; a swarm of plans, each with a few kinds on at
+their own rates (TigerBeetle's VOPR, FoundationDB's BUGGIFY), reaches corners it does not. `draw_swarm(seed, ...)`
+draws, from `seed` alone:
 
 - the run seed (which prompts, which initial weights);
-- which fault kinds are enabled (each on with probability 1/2, exhaustion 1/6) and each enabled kind's rate;
+- which fault kinds (`FAULT_KINDS`) are enabled (each on with probability 1/2, exhaustion 1/6) and each one's rate;
 - the tasks' retry budgets and the driver's, including budgets a scenario is meant to run out of;
 - the latency model's scale and jitter, and the seed that breaks ties among tasks ready at the same instant.
 
-Fault kinds (`FAULT_KINDS`), as `DurableSimulator.fired` counts them:
-- `task_failure`: an attempt fails before or after its body, within the task's retries;
-- `task_hang`: an attempt hangs past the task's timeout, within its retries;
-- `driver_crash`: the driver is killed at an await point (at most `max_driver_crashes` per run);
-- `torn_checkpoint`: the driver is killed in the middle of a checkpoint write;
-- `exhausted_task`: an outage fails one action on every attempt: the task runs out of retries and the run fails;
-- `exhausted_driver`: the driver is given fewer retries than the crashes it may suffer, so it can run out of attempts.
-A loop adds its own kinds (the agentic loop's flaky sandboxes, judge flakes, dead trials, scripted crash).
+Each fault kind is described beside `FAULT_KINDS`; a loop adds its own. More: docs/chaos.md#swarm-testing.
 """
 
 from __future__ import annotations
@@ -29,6 +21,10 @@ from dataclasses import dataclass, field
 from rl.seeding import derive_seed
 from rl.sim.faults import FaultPlan
 
+# As `DurableSimulator.fired` counts them: task_failure (an attempt fails before or after its body, within its retries),
+# task_hang (an attempt hangs past its timeout, within its retries), driver_crash (the driver killed at an await point,
+# at most `max_driver_crashes` a run), torn_checkpoint (killed in the middle of a checkpoint write), exhausted_task (an
+# outage fails one action on every attempt: the run fails), exhausted_driver (fewer driver retries than its crashes).
 FAULT_KINDS = ("task_failure", "task_hang", "driver_crash", "torn_checkpoint", "exhausted_task", "exhausted_driver")
 
 # Exhaustion ends a run early (its liveness phase runs it again), so each is on in a sixth of scenarios; others half.

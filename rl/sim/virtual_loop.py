@@ -7,7 +7,7 @@ Interleaving: by default the ready queue is FIFO and timers due together fire in
 always insertion order). With `tie_break_seed`, the
 callbacks ready in one loop iteration (tasks woken at the same virtual instant, timers due together) run in an order
 drawn from that seed instead (TigerBeetle's VOPR: the seed picks the interleaving), so one seed is one interleaving,
-the same on every run, and another seed explores another. Threads and real I/O are not simulated: a fake that needs
+the same on every run, and another seed explores another. Threads and real I/O are not simulated: a tier that needs
 them does not belong on this loop.
 """
 
@@ -200,7 +200,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         context: Context | None = None,
     ) -> asyncio.TimerHandle:
         """asyncio's `call_later` (`call_at(time() + delay)`) in one step when debug is off: the same timer, pushed
-        on the same heap. Every `asyncio.sleep` of a fake's latency comes through here."""
+        on the same heap. Every `asyncio.sleep` of a simulated tier's latency comes through here."""
         this: Any = self
         if not self._fast or this._debug or this._closed or delay is None:
             return super().call_later(delay, callback, *args, context=context)

@@ -1,17 +1,11 @@
 """The multi-rank GRPO step: the tutorial's `ddp_shard_step` and a train step that runs on every rank of a process
 group.
 
-Gradient normalisation. The batch objective is the mean over the N contributing samples of each sample's token-mean
-loss. DDP's default all-reduce *averages* over the W ranks, so each rank scales its samples' losses by `W / N` (not
-`1 / N`): after the average the gradient is `sum_i grad(loss_i) / N`, the single-process full-batch gradient up to
-summation order (relative error ~1e-7 in float32). We keep DDP's default communication hook rather than registering a
-sum hook, so nothing about DDP's bucketing or hook setup is ours to get wrong.
-
-Deadlock discipline. DDP all-reduces inside `backward()`, so every rank must run the same number of synchronising
-backwards whatever its shard holds (possibly nothing). `ddp_shard_step` gives every rank exactly one, by construction.
-Every rank sees the same batch, so decisions that depend on the batch (staleness errors, "no contributing sample, no
-step") are taken identically everywhere; failures that could differ per rank (reading an artifact) are agreed on with
-one all-reduce before any DDP collective, so one rank's error is every rank's error instead of a hang until the timeout.
+Each rank scales its samples' losses by `W / N` (W ranks, N contributing samples), so DDP's default averaging
+all-reduce gives the single-process full-batch gradient up to summation order; DDP's communication hook stays its
+own. Every rank runs exactly one synchronising backward whatever its shard holds (possibly nothing), takes the
+batch's decisions identically, and agrees on per-rank failures (reading an artifact) with one all-reduce before any
+DDP collective, so one rank's error is every rank's error instead of a hang. Why: docs/design.md#data-parallel-steps.
 """
 
 from __future__ import annotations
@@ -135,14 +129,10 @@ def ddp_train_step(
     """One GRPO step on every rank of the initialised default process group; every rank returns the same TrainResult.
 
     `device` is this rank's compute device: "cpu" under gloo, this rank's `cuda:<local rank>` under NCCL (the caller
-    sets `torch.cuda.set_device` to it before `init_process_group`, as NCCL's object collectives expect).
-
-    Each rank loads the same adapter and optimizer state from the `LocalArtifacts` store at `artifacts_root`, computes
-    the losses of its `shard` of the contributing samples on `config.loss_path` (the single-process trainer's own
-    closures: `batched_loss_fns`, one per micro-batch, or `sample_loss_fns`, one per sample), and calls
-    `ddp_shard_step`; the all-reduced gradient equals the single-process full-batch gradient (see
-    the module docstring), so every rank clips and steps identically. Rank 0 stores the new adapter and optimizer state
-    and broadcasts the refs (`dist.broadcast_object_list`).
+    sets `torch.cuda.set_device` to it before `init_process_group`). Each rank loads the adapter and optimizer state
+    from the `LocalArtifacts` store at `artifacts_root`, computes its `shard`'s losses on `config.loss_path` and calls
+    `ddp_shard_step`; every rank then clips and steps identically, and rank 0 stores the new adapter and optimizer
+    state and broadcasts the refs. In full: docs/design.md#data-parallel-steps.
 
     Raises:
         ValueError: no default process group, or `rank`/`world_size` disagree with it.

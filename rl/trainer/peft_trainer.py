@@ -40,11 +40,10 @@ class PeftTrainer:
     `device` is where a step's forward and backward run ("cpu", or "cuda"/"cuda:N" on a GPU). Version 0 is always
     initialised on the CPU, so its bytes are the same on every machine; artifacts never name a device.
 
-    Warm: after a step the trainer keeps its model and optimizer in memory beside the digests of the adapter and
-    optimizer artifacts it wrote. A batch naming exactly those digests continues from memory instead of loading the
-    base model, the adapter and the optimizer from the artifacts; anything else (another adapter, a restarted process,
-    a step that raised) loads them as before. The in-memory state is what those bytes decode to, so both paths give
-    the same bytes (`tests/test_peft_trainer.py` checks it); `cold_loads` counts the loads.
+    Warm: after a step the trainer keeps its model and optimizer in memory beside the digests of the artifacts it wrote.
+    A batch naming exactly those digests continues from memory; anything else (another adapter, a restarted process, a
+    step that raised) loads the base, adapter and optimizer from the artifacts. Both paths give the same bytes
+    (`tests/test_peft_trainer.py` checks it); `cold_loads` counts the loads.
     """
 
     def __init__(

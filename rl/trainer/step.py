@@ -1,19 +1,12 @@
 """One GRPO step as a pure function of (base model, adapter, optimizer state, batch): check, prepare, back-propagate.
 
-Everything a step needs comes in as artifact files and everything it produces goes out as artifact files (the tutorial's
-"pass weights and optimizer state in and out of the train task as flyte.io.Dir"), so a retried or replayed step
-recomputes the same bytes: the thread count is pinned and every random draw is seeded from (config seed, step, sample).
-
-The objective is `rl.loss`'s (`grpo_sample_loss` for one sample, `grpo_masked_row_losses` for a padded micro-batch). A
-step evaluates it along the path `TrainerConfig.loss_path` names: `batched` (`rl.trainer.batched_loss`, one padded
-forward per micro-batch; the default) or `per_sample` (`sample_loss_fns` here, one forward per sample: the reference the
-batched path is tested against). The single-process step (`rl.trainer.peft_trainer`) and the multi-rank step
-(`rl.trainer.ddp`) call either, differing only in which samples and what scale.
-
-Zero-advantage samples (all of a group that scored the same, or a sample scoring exactly its group's mean) are skipped
-entirely — surrogate *and* KL term — as the tutorial says ("a group where every completion scored the same gives no
-signal and is skipped"). So a batch in which no sample carries signal takes no optimizer step: the new version's adapter
-and optimizer state are byte-identical to the old ones.
+Everything a step needs comes in as artifact files and everything it produces goes out as artifact files, so a
+retried or replayed step recomputes the same bytes: the thread count is pinned and every random draw is seeded from
+(config seed, step, sample). The objective is `rl.loss`'s, evaluated along `TrainerConfig.loss_path`: `batched`
+(`rl.trainer.batched_loss`, one padded forward per micro-batch; the default) or `per_sample` (`sample_loss_fns` here,
+the reference the batched path is tested against). Zero-advantage samples are skipped entirely, surrogate *and* KL
+term, so a batch in which no sample carries signal takes no optimizer step: the new version's adapter and optimizer
+state are byte-identical to the old ones. Why: docs/design.md#the-train-step.
 """
 
 from __future__ import annotations
@@ -109,19 +102,13 @@ def sample_loss_fns(
 ) -> list[Callable[[], torch.Tensor]]:
     """One closure per sample in `indices`; calling it runs that sample's forward and returns `loss_i * loss_scale`.
 
-    The reference log-probs (the base with the adapter disabled) are computed here, for all of `indices` in one
-    adapter-disabled block, one unbatched forward per sample (so a sample's values do not depend on its neighbours):
-    PEFT's `disable_adapter` costs milliseconds per toggle, more than a tiny model's forward. Each closure computes the
-    new log-probs with the adapter (with grad), takes the rollout's sampling log-probs as old, and returns the
-    tutorial's per-sample GRPO loss (token mean). Building the graph only when called lets the caller backward and free
-    one sample at a time. Each call appends that sample's unscaled stats (loss, ratio, kl, clip_frac) to `stats_out`.
-
-    `loss_scale` turns the per-sample losses into the batch objective: `1 / n_contributing` in one process gives the
-    mean over samples; a DDP rank uses `world_size / n_contributing` because DDP averages gradients over ranks.
-
-    Dropout masks (if `lora_dropout > 0`) are seeded from (config seed, step, sample index) by
-    `rl.seeding.dropout_seed`, so a sample's gradient is the same whichever rank or position computes it, and the same
-    as the batched path's at a micro-batch size of 1.
+    The reference log-probs (the base with the adapter disabled) are computed here for all of `indices`, in one
+    adapter-disabled block of unbatched forwards; each closure computes the new log-probs with the adapter (with grad),
+    takes the rollout's sampling log-probs as old, and returns the per-sample GRPO loss (token mean), so the caller can
+    backward and free one sample at a time. Each call appends that sample's unscaled stats (loss, ratio, kl, clip_frac)
+    to `stats_out`. `loss_scale` is `1 / n_contributing` in one process, `world_size / n_contributing` on a DDP rank.
+    Dropout masks are seeded by `rl.seeding.dropout_seed` (config seed, step, sample index). Why each of these:
+    docs/design.md#the-train-step.
 
     Shape: each closure returns a 0-d tensor; internally new/old/ref log-probs are [T_i] over sample i's completion.
     """

@@ -1,17 +1,11 @@
 """The rollout buffer of the training-loop tutorial ("Keep rollouts on a volume"), on local copy-on-write volumes.
 
 The buffer is a chain of versions of one volume: each `append` forks the previous version and adds `iter-NNNNN.jsonl`,
-so a version stores only its own iteration's file and shares the rest with the version before it. Every version stays
-addressable: any later task can read the buffer as it was after any iteration, and readers open only the iteration files
-they ask for.
-
-One rollout per line, with the fields of `rl.types.Rollout` plus `iteration` and `reward` (`ROW_FIELDS`). The files
-load directly with `pandas.read_json(path, lines=True)`; pandas then infers dtypes, so a numeric-looking answer ("42")
-becomes an integer. Pass `dtype=PANDAS_DTYPES` to keep the text columns text, and `precise_float=True` for floats exact
-to the bit (pandas' default parser can be off in the 12th significant digit).
-
-`rescore` re-scores every stored rollout with another reward function into a new version, generating nothing: the core
-of `rl rescore`.
+so a version stores only its own iteration's file and shares the rest with the version before it; any version stays
+readable as it was. One rollout per line, with the fields of `rl.types.Rollout` plus `iteration` and `reward`
+(`ROW_FIELDS`); read them with pandas through `dtype=PANDAS_DTYPES` and `precise_float=True` to keep text text and
+floats exact (docs/volumes.md#the-rollout-buffer). `rescore` re-scores every stored rollout with another reward
+function into a new version, generating nothing: the core of `rl rescore`.
 """
 
 from __future__ import annotations

@@ -287,8 +287,8 @@ class LocalWritableVolume:
             return {"sha256": inh.entry.sha256, "size": inh.size, "executable": inh.entry.executable}
         # Still the parent's inode: its bytes were made durable when the parent was published, and if they changed
         # in place the check below refuses the fork; so only a file this writer created or unshared is fsynced. (A
-        # parent published within the racy window is rehashed on every fork: a fast loop's buffer did that for its last
-        # ~2 s of iterations each time, and the redundant fsyncs were most of an iteration.)
+        # parent published within the racy window is rehashed on every fork, as a fast loop's buffer is: the redundant
+        # fsyncs were most of an iteration, docs/benchmarks.md.)
         inherited_inode = inh is not None and inh.shares_parent_inode and st.st_ino == inh.ino
         digest = self._store.fs.hash_file(path, fsync=self._store.durable and not inherited_inode)
         if inh is not None and inh.shares_parent_inode and st.st_ino == inh.ino and digest != inh.entry.sha256:

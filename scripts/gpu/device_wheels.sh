@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Download, here (where PyPI is reachable), the wheels the lent device machine lacks, for its Python 3.12 on x86_64
-# Linux: pydantic (uv.lock's pin) and its dependencies, about 2.5 MB, into .device-wheels/ (git-ignored). The device
+# Linux: pydantic (uv.lock's pin) and its dependencies, a few MB, into .device-wheels/ (git-ignored). The device
 # check (gpu_tests/device_check.py --wheels .device-wheels) installs them there with pip --no-index: no network.
 #
 #   scripts/gpu/device_wheels.sh [DIR]      # default DIR: .device-wheels in the repository root

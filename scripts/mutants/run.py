@@ -1,5 +1,6 @@
 """Plant each catalogued bug (`catalogue.py`) in a copy of the repository and see who catches it: our `tests/`, and the
-packaged conformance suite run as a fork runs it (from a directory outside the repo, against `FAKES` and `REAL_CPU`).
+packaged conformance suite run as a fork runs it (from a directory outside the repo, against `IN_MEMORY` and
+`REAL_CPU`).
 
     python scripts/mutants/run.py                       # every mutant; writes mutants.json and mutants.md in --out
     python scripts/mutants/run.py --only adv-eps-dropped,loss-kl-k1 --out /tmp/m
@@ -13,7 +14,7 @@ importing the copy.
 
 Outcomes per side: `killed` (a test failed), `timeout` (a hang: killed, reported as such), `error` (pytest could not
 run, e.g. a collection error: killed, reported as such), `survived`. The kill rate is
-|killed by the suite (FAKES or REAL_CPU) and by tests/| / |killed by tests/|.
+|killed by the suite (IN_MEMORY or REAL_CPU) and by tests/| / |killed by tests/|.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ MARKERS = "not gpu and not slow and not ray and not browser and not flyte"
 """The `unit` session's selection (noxfile.py): what `tests/` means here."""
 SKIP_TESTS = ("tests/test_mutants_catalogue.py",)
 """Checks the catalogue's snippets are in the tree: in a mutated copy one is not, by construction."""
-IMPLS = {"fakes": "rl.conformance.ours:FAKES", "real_cpu": "rl.conformance.ours:REAL_CPU"}
+IMPLS = {"in_memory": "rl.conformance.ours:IN_MEMORY", "real_cpu": "rl.conformance.ours:REAL_CPU"}
 ENV = {"HYPOTHESIS_PROFILE": "dev", "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 
 SANITY = Mutant(
@@ -186,20 +187,22 @@ def kill_rates(rows: list[dict[str, object]]) -> dict[str, object]:
     by_tests = [r for r in rows if caught(r, "tests")]
     rates: dict[str, object] = {"mutants": len(rows), "killed_by_tests": len(by_tests)}
     for label, sides in (
-        ("suite", ("suite_fakes", "suite_real_cpu")),
-        ("suite_fakes", ("suite_fakes",)),
+        ("suite", ("suite_in_memory", "suite_real_cpu")),
+        ("suite_in_memory", ("suite_in_memory",)),
         ("suite_real_cpu", ("suite_real_cpu",)),
     ):
         both = [r for r in by_tests if any(caught(r, s) for s in sides)]
         rates[f"killed_by_{label}"] = sum(any(caught(r, s) for s in sides) for r in rows)
         rates[f"killed_by_{label}_and_tests"] = len(both)
         rates[f"rate_{label}"] = round(len(both) / len(by_tests), 4) if by_tests else None
-    rates["gaps"] = [r["id"] for r in by_tests if not any(caught(r, s) for s in ("suite_fakes", "suite_real_cpu"))]
+    rates["gaps"] = [r["id"] for r in by_tests if not any(caught(r, s) for s in ("suite_in_memory", "suite_real_cpu"))]
     rates["suite_only"] = [
-        r["id"] for r in rows if not caught(r, "tests") and any(caught(r, s) for s in ("suite_fakes", "suite_real_cpu"))
+        r["id"]
+        for r in rows
+        if not caught(r, "tests") and any(caught(r, s) for s in ("suite_in_memory", "suite_real_cpu"))
     ]
     rates["survived_everything"] = [
-        r["id"] for r in rows if not any(caught(r, s) for s in ("tests", "suite_fakes", "suite_real_cpu"))
+        r["id"] for r in rows if not any(caught(r, s) for s in ("tests", "suite_in_memory", "suite_real_cpu"))
     ]
     return rates
 
@@ -216,22 +219,22 @@ def markdown(rows: list[dict[str, object]], rates: dict[str, object], command: s
         return mark[outcome]
 
     lines = [
-        "| mutant | tier | the fork's mistake | tests/ | suite FAKES | suite REAL_CPU |",
+        "| mutant | tier | the fork's mistake | tests/ | suite IN_MEMORY | suite REAL_CPU |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         lines.append(
-            f"| `{r['id']}` | {r['tier']} | {r['models']} | {cell(r['tests'])} | {cell(r['suite_fakes'])} | "  # type: ignore[arg-type]
+            f"| `{r['id']}` | {r['tier']} | {r['models']} | {cell(r['tests'])} | {cell(r['suite_in_memory'])} | "  # type: ignore[arg-type]
             f"{cell(r['suite_real_cpu'])} |"  # type: ignore[arg-type]
         )
     rate = rates["rate_suite"]
     summary = [
         f"Command: `{command}`",
         "",
-        f"- mutants: {rates['mutants']}; killed by tests/: {rates['killed_by_tests']}; by the suite (FAKES or "
+        f"- mutants: {rates['mutants']}; killed by tests/: {rates['killed_by_tests']}; by the suite (IN_MEMORY or "
         f"REAL_CPU): {rates['killed_by_suite']}",
         f"- kill rate |suite ∩ tests/| / |tests/|: {rates['killed_by_suite_and_tests']}/{rates['killed_by_tests']}"
-        f" = {rate if rate is None else f'{100 * float(rate):.1f}%'} (FAKES alone {rates['rate_suite_fakes']}, "  # type: ignore[arg-type]
+        f" = {rate if rate is None else f'{100 * float(rate):.1f}%'} (IN_MEMORY alone {rates['rate_suite_in_memory']}, "  # type: ignore[arg-type]
         f"REAL_CPU alone {rates['rate_suite_real_cpu']})",
         f"- killed by tests/ but survived by the suite: {', '.join(f'`{g}`' for g in rates['gaps']) or 'none'}",  # type: ignore[attr-defined]
         f"- killed by the suite only: {', '.join(f'`{g}`' for g in rates['suite_only']) or 'none'}",  # type: ignore[attr-defined]
@@ -272,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.no_sanity:
         sanity = measure(SANITY, args)
-        blind = [s for s in ("tests", "suite_fakes", "suite_real_cpu") if sanity[s]["outcome"] == "survived"]  # type: ignore[index]
+        blind = [s for s in ("tests", "suite_in_memory", "suite_real_cpu") if sanity[s]["outcome"] == "survived"]  # type: ignore[index]
         if blind:
             sys.exit(f"[mutants] the sanity mutant survived on {blind}: those runs do not import the mutated copy")
 

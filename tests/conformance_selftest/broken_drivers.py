@@ -18,7 +18,7 @@ import rl.checkpoint.resume as resume
 import rl.loop.grpo as grpo
 from rl.checkpoint.format import DriverState, decode_state, encode_state
 from rl.conformance import Implementation
-from rl.conformance.ours import FAKES
+from rl.conformance.ours import IN_MEMORY
 from rl.errors import CheckpointCorruptError
 from rl.identity import content_digest
 from rl.loop.grpo import GrpoConfig, GrpoOutcome, GrpoTiers, run_grpo
@@ -187,7 +187,7 @@ _train, _refuse_non_finite = grpo._train, grpo.refuse_non_finite
 
 
 def _driver(name: str, driver) -> Implementation:  # type: ignore[no-untyped-def]
-    return replace(FAKES, name=name, driver=driver)
+    return replace(IN_MEMORY, name=name, driver=driver)
 
 
 HISTORY_DROPPED = _driver("history-dropped-on-resume", _saving(lambda s: replace(s, history=[])))

@@ -7,7 +7,7 @@ import re
 from rl.conformance import Implementation
 from rl.metrics import pass_at_k
 from rl.rewards import extract_answer
-from rl.sim.grpo_tiers import FakeScorer
+from rl.simulated.grpo_tiers import MemoryScorer
 
 
 def biased_pass_at_k(n: int, c: int, k: int) -> float:
@@ -25,8 +25,8 @@ def unseparated_extract_answer(completion: str) -> str | None:
 
 
 BIASED_PASS_AT_K = Implementation(
-    name="biased-pass-at-k", scorer=FakeScorer, extract_answer=extract_answer, pass_at_k=biased_pass_at_k
+    name="biased-pass-at-k", scorer=MemoryScorer, extract_answer=extract_answer, pass_at_k=biased_pass_at_k
 )
 UNSEPARATED_EXTRACTION = Implementation(
-    name="unseparated-extraction", scorer=FakeScorer, extract_answer=unseparated_extract_answer, pass_at_k=pass_at_k
+    name="unseparated-extraction", scorer=MemoryScorer, extract_answer=unseparated_extract_answer, pass_at_k=pass_at_k
 )

@@ -16,13 +16,22 @@ from pathlib import Path
 from rl.advantages import group_normalized_advantages
 from rl.checkpoint.memory_store import MemoryStateStore
 from rl.conformance import AlgorithmSpec, Implementation, LawSizes
-from rl.conformance.ours import fake_version0_adapter
-from rl.memory.artifacts import MemoryArtifacts
-from rl.sim.grpo_tiers import DIGITS, FakeEngine, FakeTrainer, _decoded, _row, _softmax, decode_table, encode_table
+from rl.conformance.ours import memory_version0_adapter
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_tiers import (
+    DIGITS,
+    MemoryEngine,
+    MemoryTrainer,
+    _decoded,
+    _row,
+    _softmax,
+    decode_table,
+    encode_table,
+)
 from rl.types import ArtifactRef, Rollout, RolloutRequest, TrainBatch, TrainResult
 
 
-class UnseededEngine(FakeEngine):
+class UnseededEngine(MemoryEngine):
     """Draws from one process-wide stream instead of the request's seed (it only labels rollouts with it): a retried
     request samples a different group."""
 
@@ -33,7 +42,7 @@ class UnseededEngine(FakeEngine):
         return [replace(r, seed=request.seed) for r in group]
 
 
-class StaleAdapterEngine(FakeEngine):
+class StaleAdapterEngine(MemoryEngine):
     """Caches the loaded adapter by its policy-version label: a new adapter under a reused label is never loaded."""
 
     def __init__(self, artifacts: MemoryArtifacts) -> None:
@@ -45,7 +54,7 @@ class StaleAdapterEngine(FakeEngine):
         return await super().generate(replace(request, adapter=adapter))
 
 
-class TopKEngine(FakeEngine):
+class TopKEngine(MemoryEngine):
     """Samples from the three most probable tokens only (a top-k applied to sampling) but records the full
     distribution's log-probs: the importance ratio's denominator is not the probability the token was drawn with."""
 
@@ -62,7 +71,7 @@ class TopKEngine(FakeEngine):
         ]
 
 
-class AdapterBlindBatchEngine(FakeEngine):
+class AdapterBlindBatchEngine(MemoryEngine):
     """Batches one call's requests and samples each distinct (prompt, seed, n, max_tokens) once, from the first
     request's adapter: a batching dedupe keyed without the adapter. Single requests are right."""
 
@@ -77,10 +86,10 @@ class AdapterBlindBatchEngine(FakeEngine):
         return out
 
 
-class KeepsDecodingEngine(FakeEngine):
-    """A fake with an end-of-sequence token (10) that keeps decoding a row after it: each completion is the digit,
-    `<eos>`, then another digit and `<eos>` (cut at `max_tokens`), so the row ends at its last `<eos>`, not its first.
-    Every token records the log-prob it was drawn with."""
+class KeepsDecodingEngine(MemoryEngine):
+    """The in-memory engine with an end-of-sequence token (10) that keeps decoding a row after it: each completion is
+    the digit, `<eos>`, then another digit and `<eos>` (cut at `max_tokens`), so the row ends at its last `<eos>`, not
+    its first. Every token records the log-prob it was drawn with."""
 
     eos_token_id = DIGITS
     EOS_LOGPROB = math.log(0.5)
@@ -98,7 +107,7 @@ class KeepsDecodingEngine(FakeEngine):
         return out
 
 
-class SeedPlusIndexEngine(FakeEngine):
+class SeedPlusIndexEngine(MemoryEngine):
     """Draws sample i of a group seeded s with its own stream seeded s + i (vLLM's per-sample seeds, used as they are):
     the groups seeded s and s + 1 share all samples but one, one position apart."""
 
@@ -110,7 +119,7 @@ class SeedPlusIndexEngine(FakeEngine):
         return samples
 
 
-class DeletedPathEngine(FakeEngine):
+class DeletedPathEngine(MemoryEngine):
     """Copies each adapter to a directory of its own and reads it from there, keyed by digest; `close` deletes the
     directory but keeps the paths, so the engine used again reads adapters from files it deleted."""
 
@@ -135,7 +144,7 @@ class DeletedPathEngine(FakeEngine):
             root.cleanup()
 
 
-class FreshOptimizerTrainer(FakeTrainer):
+class FreshOptimizerTrainer(MemoryTrainer):
     """Builds a fresh optimizer state for every step instead of continuing from the batch's: momentum is lost."""
 
     async def train_step(self, batch: TrainBatch) -> TrainResult:
@@ -143,7 +152,7 @@ class FreshOptimizerTrainer(FakeTrainer):
         return await super().train_step(replace(batch, optimizer_state=fresh))
 
 
-class LossyRestoreTrainer(FakeTrainer):
+class LossyRestoreTrainer(MemoryTrainer):
     """Saves the optimizer state rounded to float32 (half the bytes) but keeps the exact state in memory for the step
     that continues it: correct while the process lives, another run after any restore."""
 
@@ -162,7 +171,7 @@ class LossyRestoreTrainer(FakeTrainer):
         return replace(result, optimizer_state=saved)
 
 
-class UnboundedStalenessTrainer(FakeTrainer):
+class UnboundedStalenessTrainer(MemoryTrainer):
     """Trains any batch, however stale: its staleness bound is effectively off."""
 
     def __init__(self, artifacts: MemoryArtifacts) -> None:
@@ -176,28 +185,30 @@ class UnboundedStalenessTrainer(FakeTrainer):
 
 
 def _impl(name: str, **tiers: object) -> Implementation:
-    return Implementation(name=name, adapter=fake_version0_adapter, **tiers)  # type: ignore[arg-type]
+    return Implementation(name=name, adapter=memory_version0_adapter, **tiers)  # type: ignore[arg-type]
 
 
-UNSEEDED_ENGINE = _impl("unseeded-engine", engine=UnseededEngine, trainer=FakeTrainer)
-STALE_ADAPTER_ENGINE = _impl("stale-adapter-engine", engine=StaleAdapterEngine, trainer=FakeTrainer)
-TOP_K_ENGINE = _impl("top-k-engine", engine=TopKEngine, trainer=FakeTrainer)
-KEEPS_DECODING_ENGINE = _impl("keeps-decoding-engine", engine=KeepsDecodingEngine, trainer=FakeTrainer)
-SEED_PLUS_INDEX_ENGINE = _impl("seed-plus-index-engine", engine=SeedPlusIndexEngine, trainer=FakeTrainer)
-DELETED_PATH_ENGINE = _impl("deleted-path-engine", engine=DeletedPathEngine, trainer=FakeTrainer)
-ADAPTER_BLIND_BATCH_ENGINE = _impl("adapter-blind-batch-engine", engine=AdapterBlindBatchEngine, trainer=FakeTrainer)
-LOSSY_RESTORE_TRAINER = _impl("lossy-restore-trainer", engine=FakeEngine, trainer=LossyRestoreTrainer)
-UNBOUNDED_STALENESS_TRAINER = _impl("unbounded-staleness-trainer", engine=FakeEngine, trainer=UnboundedStalenessTrainer)
+UNSEEDED_ENGINE = _impl("unseeded-engine", engine=UnseededEngine, trainer=MemoryTrainer)
+STALE_ADAPTER_ENGINE = _impl("stale-adapter-engine", engine=StaleAdapterEngine, trainer=MemoryTrainer)
+TOP_K_ENGINE = _impl("top-k-engine", engine=TopKEngine, trainer=MemoryTrainer)
+KEEPS_DECODING_ENGINE = _impl("keeps-decoding-engine", engine=KeepsDecodingEngine, trainer=MemoryTrainer)
+SEED_PLUS_INDEX_ENGINE = _impl("seed-plus-index-engine", engine=SeedPlusIndexEngine, trainer=MemoryTrainer)
+DELETED_PATH_ENGINE = _impl("deleted-path-engine", engine=DeletedPathEngine, trainer=MemoryTrainer)
+ADAPTER_BLIND_BATCH_ENGINE = _impl("adapter-blind-batch-engine", engine=AdapterBlindBatchEngine, trainer=MemoryTrainer)
+LOSSY_RESTORE_TRAINER = _impl("lossy-restore-trainer", engine=MemoryEngine, trainer=LossyRestoreTrainer)
+UNBOUNDED_STALENESS_TRAINER = _impl(
+    "unbounded-staleness-trainer", engine=MemoryEngine, trainer=UnboundedStalenessTrainer
+)
 TRAINER_NOT_AS_DECLARED = Implementation(
     name="trainer-not-as-declared",
-    adapter=fake_version0_adapter,
-    engine=FakeEngine,
-    trainer=FakeTrainer,
+    adapter=memory_version0_adapter,
+    engine=MemoryEngine,
+    trainer=MemoryTrainer,
     # The advantages it binds went Dr. GRPO (no std) and so did its declaration; its trainer still divides by the std.
     advantages=functools.partial(group_normalized_advantages, scale="none"),
     algorithm=AlgorithmSpec(advantage_scale="none"),
 )
-FRESH_OPTIMIZER_TRAINER = _impl("fresh-optimizer-trainer", engine=FakeEngine, trainer=FreshOptimizerTrainer)
+FRESH_OPTIMIZER_TRAINER = _impl("fresh-optimizer-trainer", engine=MemoryEngine, trainer=FreshOptimizerTrainer)
 
 # The sampling laws' three bugs again, declaring REAL_LM's sizes: an eighth of each law's groups still catches each.
 AN_EIGHTH = LawSizes(draw_fraction=1 / 8)

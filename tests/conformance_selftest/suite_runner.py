@@ -31,8 +31,8 @@ class SuiteRun:
 
 NO_SHRINK = tuple(p for p in Phase if p not in (Phase.shrink, Phase.explain))
 """The phases the self-test runs the laws with: it checks which laws fail and what they say, never a shrunk example,
-and shrinking the broken implementations' failures took two thirds of the algorithm cases' time (36 s with it, 13 s
-without, measured on 2 cores). Which laws fail does not depend on shrinking, the laws' messages are templates over
+and shrinking the broken implementations' failures took most of the algorithm cases' time (docs/benchmarks.md).
+Which laws fail does not depend on shrinking, the laws' messages are templates over
 whatever example failed, and `derandomize=True` makes that example the same on every run."""
 
 

@@ -100,7 +100,7 @@ CASES = [
 ]
 
 
-# slow: one in-process run of the algorithm laws per bug (~1 s each on 2 quiet cores; together a twelfth of `unit`);
+# slow: one in-process run of the algorithm laws per bug (together too long for `unit`: docs/benchmarks.md);
 # `nox -s slow` runs them in CI, and the reference run below stays in `unit`.
 @pytest.mark.slow
 @pytest.mark.parametrize(("attr", "expected"), CASES, ids=[attr for attr, _ in CASES])

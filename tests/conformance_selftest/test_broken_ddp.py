@@ -19,7 +19,8 @@ pytest_plugins = ("pytester",)
 HERE = Path(__file__).resolve().parent
 LAW = "TestDdpShardStep::test_ddp_shard_step_syncs_once_on_every_rank_and_gives_the_full_batch_gradient"
 SUITE_TIMEOUT_S = 300.0
-"""Generous: a run is ~10 s, ~35 s with a deadlock; the law itself fails a deadlock within its collective timeout."""
+"""Generous: several times a run, deadlocked or not (docs/benchmarks.md); the law itself fails a deadlock within its
+collective timeout."""
 
 
 @pytest.fixture

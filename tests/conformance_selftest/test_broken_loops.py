@@ -364,8 +364,8 @@ COLLATERAL = {
 """Laws a bug may also break, besides the ones it must."""
 
 
-# slow: one in-process run of the packaged suite per broken loop (~1 s each on 2 quiet cores; together a tenth of
-# `unit`); `nox -s slow` runs them in CI, and the reference run below stays in `unit`.
+# slow: one in-process run of the packaged suite per broken loop (together too long for `unit`: docs/benchmarks.md);
+# `nox -s slow` runs them in CI, and the reference run below stays in `unit`.
 @pytest.mark.slow
 @pytest.mark.parametrize(("impl", "tiers", "law", "message", "failing"), CASES)
 def test_the_suite_fails_a_broken_implementation_on_the_law_it_breaks(pytester, impl, tiers, law, message, failing):
@@ -385,7 +385,7 @@ def test_the_suite_fails_a_broken_implementation_on_the_law_it_breaks(pytester, 
 def test_the_reference_passes_every_law_these_cases_run(pytester):
     run = run_suite(
         pytester,
-        "rl.conformance.ours:FAKES",
+        "rl.conformance.ours:IN_MEMORY",
         "rl_engine or rl_trainer or rl_scorer or rl_state_store or rl_agentic or " + DRIVER_TIERS,
     )
     assert not run.failed, run.reports

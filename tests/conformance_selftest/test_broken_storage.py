@@ -1,6 +1,6 @@
 """The volume and rollout-buffer laws catch real storage bugs: each broken store or buffer fails the laws it breaks,
 with a message naming the bug, and only those; a correct store and buffer written independently of ours pass, and so
-does FAKES (our `LocalVolumeStore` and `RolloutBuffer`).
+does IN_MEMORY (our `LocalVolumeStore` and `RolloutBuffer`).
 
 Every case runs the packaged suite the way a fork does (`--pyargs rl.conformance.test_suite --rl-impl ...`).
 """
@@ -12,8 +12,8 @@ import re
 import pytest
 from suite_runner import run_suite
 
-# slow: each case runs the volume state machine in process (up to ~12 s each on 2 quiet cores; the module was a fifth
-# of `unit`); `nox -s slow` runs them in CI, and tests/test_volumes.py runs every volume law on our store in `unit`.
+# slow: each case runs the volume state machine in process (too long for `unit`: docs/benchmarks.md); `nox -s slow`
+# runs them in CI, and tests/test_volumes.py runs every volume law on our store in `unit`.
 pytestmark = pytest.mark.slow
 
 pytest_plugins = ("pytester",)
@@ -126,8 +126,8 @@ def test_the_storage_laws_fail_a_broken_implementation_on_the_law_it_breaks(
 
 @pytest.mark.parametrize(
     "impl",
-    ["rl.conformance.ours:FAKES", "broken_volumes:DIR_STORE", "broken_buffers:MEMORY_BUFFER"],
-    ids=["ours (FAKES)", "a copying directory store", "an in-memory buffer"],
+    ["rl.conformance.ours:IN_MEMORY", "broken_volumes:DIR_STORE", "broken_buffers:MEMORY_BUFFER"],
+    ids=["ours (IN_MEMORY)", "a copying directory store", "an in-memory buffer"],
 )
 def test_correct_stores_and_buffers_pass_every_storage_law(pytester, impl):
     """Ours and two written independently of it (so the laws ask for the protocol, not for our design)."""
@@ -135,7 +135,7 @@ def test_correct_stores_and_buffers_pass_every_storage_law(pytester, impl):
     assert not run.failed, run.reports
     provided = {name.split("[")[0] for name in run.passed}
     laws = {case.values[2].split("[")[0] for case in CASES}
-    if impl.endswith("FAKES"):
+    if impl.endswith("IN_MEMORY"):
         assert not run.skipped, sorted(run.skipped)
         assert laws <= provided, f"laws the cases rely on did not run and pass: {sorted(laws - provided)}"
     else:

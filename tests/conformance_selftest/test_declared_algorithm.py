@@ -73,7 +73,7 @@ def _tier(impl: Implementation) -> set[str]:
     return ADVANTAGE_LAWS if impl.advantages is not None else LOSS_LAWS
 
 
-# slow: two in-process runs of the algorithm laws per choice (~1 s each on 2 quiet cores; together a tenth of `unit`);
+# slow: two in-process runs of the algorithm laws per choice (together too long for `unit`: docs/benchmarks.md);
 # `nox -s slow` runs them in CI, and our functions' runs below stay in `unit`.
 @pytest.mark.slow
 @pytest.mark.parametrize(("attr", "undeclared"), CHOICES, ids=[attr for attr, _ in CHOICES])

@@ -10,7 +10,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rl.sim.chaos import ScenarioReport
+    from rl.simulated.chaos import ScenarioReport
 
 LOOPS = ("grpo", "grpo-pipelined", "agentic")
 
@@ -23,10 +23,10 @@ def scenario_and_sweep(loop: str, trace: bool) -> tuple[Callable[[int], Scenario
     if loop not in LOOPS:
         raise ValueError(f"unknown loop {loop!r}: expected one of {', '.join(LOOPS)}")
     if loop == "agentic":
-        from rl.sim.chaos_agentic import agentic_report, agentic_sweep
+        from rl.simulated.chaos_agentic import agentic_report, agentic_sweep
 
         return (lambda seed: agentic_report(seed, trace=trace)), agentic_sweep
-    from rl.sim.chaos import grpo_random, grpo_sweep
+    from rl.simulated.chaos import grpo_random, grpo_sweep
 
     pipelined = loop == "grpo-pipelined"
 
@@ -37,7 +37,7 @@ def scenario_and_sweep(loop: str, trace: bool) -> tuple[Callable[[int], Scenario
     return grpo_random(pipelined, trace=trace), sweep
 
 
-WORKER_MODULES = ("__main__", "rl.sim.chaos", "rl.sim.chaos_agentic")
+WORKER_MODULES = ("__main__", "rl.simulated.chaos", "rl.simulated.chaos_agentic")
 """What a scenario process imports. "__main__": the server imports the caller's main script once (the `rl` script,
 so `rl.cli`), and a worker forked from it does not re-run that script as spawn made it do."""
 
@@ -79,10 +79,10 @@ def reference_key(loop: str, seed: int) -> Hashable:
     if loop not in LOOPS:
         raise ValueError(f"unknown loop {loop!r}: expected one of {', '.join(LOOPS)}")
     if loop == "agentic":
-        from rl.sim.chaos_agentic import agentic_swarm, reference_key
+        from rl.simulated.chaos_agentic import agentic_swarm, reference_key
 
         return reference_key(*agentic_swarm(seed))
-    from rl.sim.chaos import grpo_swarm
+    from rl.simulated.chaos import grpo_swarm
 
     return grpo_swarm(seed).run_seed
 

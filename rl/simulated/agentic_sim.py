@@ -1,23 +1,13 @@
 """The agentic tutorial's agentic loop on the durable simulator: its tiers bound as simulator tasks, with the tutorial's
 faults.
 
-Bindings (the tutorial's task options): `sandbox.build_world` cached; `sandbox.generate` retries=1, timeout 300 s;
-`judge.verify_and_judge` retries=2 with the judge call under `sim.trace` (`judge.call_judge`); `trainer.setup_trainer`;
-`trainer.train_step` retries=1, timeout 600 s. Latency runs on the virtual clock: 0.2 s per tool call (turn), 0.5 s per
-judge call.
-
-Fault model, each injector seeded and documented:
-- `flaky_trial_rate`, `judge_flake_rate`, `crash_driver_at_step` (run inputs beside the driver's config): the tutorial's
-  faults (`rl.agentic.faults.AgenticFaults`), injected by wrapping the tiers of that run.
-- `dead_trials`: these trials' sandboxes die on every attempt, so their generate fails after its retries and the driver
-  must skip them.
-- `dead_judgings`: these trials' judging fails on every attempt (before the vendor is called), so the driver must skip
-  them at `verify_and_judge`.
-- a `FaultPlan`: task failures (before or after the body), hung sandboxes past their timeout, driver crashes.
-
-The trainer lives on a run-scoped "cluster" (`RunScopedCluster`): created once per run by name, surviving driver
-attempts — the tutorial's `ReusePolicy(scope="run")` Ray cluster — with a fake process id per trainer.
-The judge (`BilledJudge`) bills a call when its answer arrives; a call cut off by a driver crash was never answered.
+Bindings follow the tutorial's task options (`build_world` cached; `generate` and `train_step` retried once, with
+300 s and 600 s timeouts; `verify_and_judge` retried twice, its judge call under `sim.trace`), on the virtual clock.
+Fault model, each injector seeded: the tutorial's `AgenticFaults` (run inputs wrapping the tiers); `dead_trials`
+(their sandboxes die on every attempt) and `dead_judgings` (their judging fails before the vendor is called), which
+the driver must skip; and a `FaultPlan` (task failures, hung sandboxes, driver crashes). The trainer lives on a
+run-scoped "cluster" (`RunScopedCluster`) that survives driver attempts; `BilledJudge` bills a call when its answer
+arrives. Each binding, latency and injector in full: docs/agentic.md#on-the-simulator.
 """
 
 from __future__ import annotations
@@ -42,12 +32,12 @@ from rl.agentic.faults import (
 from rl.agentic.judge import judge_score
 from rl.agentic.tiers import JudgeTier, SandboxTier, TrainerTier
 from rl.loop.agentic import AgenticConfig, AgenticOutcome, run_agentic
-from rl.memory.worlds import MemoryWorlds
 from rl.protocols import AgenticTiers, WorldStore
 from rl.sim.attempts import attempt_number, run_name
 from rl.sim.durable_sim import DurableSimulator
 from rl.sim.faults import FaultPlan
 from rl.sim.records import RunResult
+from rl.simulated.worlds import MemoryWorlds
 from rl.types import Reward, Rubric, Trajectory, TrialSpec, Weights, WorldRef
 
 GENERATE = "sandbox.generate"

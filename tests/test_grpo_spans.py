@@ -1,6 +1,6 @@
-"""The GRPO driver's `group` hook (the `flyte.group` role): every action of an iteration runs inside `iter-<N>`.
+"""The GRPO driver's `span` hook (the `flyte.group` role): every action of an iteration runs inside `iter-<N>`.
 
-The Flyte binding (`rl.flyte.grpo`) passes `flyte.group` as `GrpoTiers.group`; these tests pin which group each tier
+The Flyte binding (`rl.flyte.grpo`) passes `flyte.group` as `GrpoTiers.span`; these tests pin which group each tier
 call sees, sequential and pipelined, with a context variable standing in for Flyte's task context.
 """
 
@@ -16,10 +16,10 @@ import pytest
 
 from rl.checkpoint.memory_store import MemoryStateStore
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
-from rl.memory.artifacts import MemoryArtifacts
 from rl.problems import DigitSuccessor
 from rl.seeding import rollout_seed
-from rl.sim.grpo_tiers import FakeEngine, FakeEvaluator, FakeScorer, FakeTrainer
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_tiers import MemoryEngine, MemoryEvaluator, MemoryScorer, MemoryTrainer
 from rl.types import ArtifactRef, EvalResult, RolloutRequest, TrainBatch, TrainResult
 
 CONFIG = GrpoConfig(iterations=3, prompts_per_iteration=2, group_size=2, seed=5, eval_k=2)
@@ -40,7 +40,7 @@ class _Seen:
         self.calls: list[tuple[str, object, str | None]] = []
 
 
-class _Engine(FakeEngine):
+class _Engine(MemoryEngine):
     def __init__(self, artifacts: MemoryArtifacts, seen: _Seen) -> None:
         super().__init__(artifacts)
         self.seen = seen
@@ -50,7 +50,7 @@ class _Engine(FakeEngine):
         return await super().generate(request)
 
 
-class _Trainer(FakeTrainer):
+class _Trainer(MemoryTrainer):
     def __init__(self, artifacts: MemoryArtifacts, seen: _Seen) -> None:
         super().__init__(artifacts)
         self.seen = seen
@@ -60,7 +60,7 @@ class _Trainer(FakeTrainer):
         return await super().train_step(batch)
 
 
-class _Evaluator(FakeEvaluator):
+class _Evaluator(MemoryEvaluator):
     def __init__(self, artifacts: MemoryArtifacts, seen: _Seen) -> None:
         super().__init__(artifacts, DigitSuccessor().eval_prompts())
         self.seen = seen
@@ -70,17 +70,17 @@ class _Evaluator(FakeEvaluator):
         return await super().evaluate(adapter, policy_version, k, seed)
 
 
-def _run(config: GrpoConfig, *, grouped: bool = True) -> _Seen:
+def _run(config: GrpoConfig, *, spanned: bool = True) -> _Seen:
     seen = _Seen()
     artifacts = MemoryArtifacts()
     tiers = GrpoTiers(
         engine=_Engine(artifacts, seen),
-        scorer=FakeScorer(),
+        scorer=MemoryScorer(),
         trainer=_Trainer(artifacts, seen),
         artifacts=artifacts,
         prompts=DigitSuccessor(),
         evaluator=_Evaluator(artifacts, seen),
-        group=_group if grouped else None,
+        span=_group if spanned else None,
     )
     asyncio.run(run_grpo(config, tiers, MemoryStateStore()))
     return seen
@@ -115,7 +115,7 @@ def test_each_evaluation_runs_in_a_group_named_for_the_version_it_scores():
     assert evaluations == [(v, f"eval-v{v}") for v in range(1, CONFIG.iterations + 1)]
 
 
-def test_without_a_group_binding_the_driver_opens_none():
-    """The hook is optional: fakes and the local stack run exactly as before."""
-    seen = _run(CONFIG, grouped=False)
+def test_without_a_span_binding_the_driver_opens_none():
+    """The hook is optional: the in-memory tiers and the local stack run exactly as before."""
+    seen = _run(CONFIG, spanned=False)
     assert {group for _, _, group in seen.calls} == {None}

@@ -1,4 +1,4 @@
-"""The agentic driver's `group` hook (the `flyte.group` role): each step's actions run inside `step-<N>`.
+"""The agentic driver's `span` hook (the `flyte.group` role): each step's actions run inside `step-<N>`.
 
 The Flyte binding (`rl.flyte.agentic`) passes `flyte.group`; a context variable stands in for Flyte's task context.
 """
@@ -14,7 +14,7 @@ from rl.agentic.bandit import BanditTrainer
 from rl.agentic.judge import judge_score
 from rl.agentic.tiers import JudgeTier, LocalAgenticTiers, SandboxTier, TrainerTier
 from rl.loop.agentic import AgenticConfig, run_agentic
-from rl.memory.worlds import MemoryWorlds
+from rl.simulated.worlds import MemoryWorlds
 from rl.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
 
 _GROUP: contextvars.ContextVar[str | None] = contextvars.ContextVar("group", default=None)
@@ -65,7 +65,7 @@ def test_every_trial_judgment_and_train_step_runs_inside_its_steps_group():
     """The agentic tutorial: `with flyte.group(f"step-{step}")` holds a step's trials, judgments and train step; worlds
     are outside."""
     tiers = _Recording()
-    asyncio.run(run_agentic(SMALL, tiers, group=_group))
+    asyncio.run(run_agentic(SMALL, tiers, span=_group))
     for kind, key, group in tiers.seen:
         if kind == "build_world":
             assert group is None
@@ -74,7 +74,7 @@ def test_every_trial_judgment_and_train_step_runs_inside_its_steps_group():
     assert {kind for kind, _, _ in tiers.seen} == {"build_world", "generate", "verify_and_judge", "train_step"}
 
 
-def test_without_a_group_the_agentic_driver_opens_none():
+def test_without_a_span_the_agentic_driver_opens_none():
     tiers = _Recording()
     asyncio.run(run_agentic(SMALL, tiers))
     assert {group for _, _, group in tiers.seen} == {None}

@@ -1,11 +1,11 @@
-"""Deterministic fakes of the GRPO tiers: the engine's policy is a small logits table the fake trainer really updates.
+"""Deterministic in-memory GRPO tiers: the engine's policy is a small logits table the trainer really updates.
 
 The policy is a table `W[row][digit]` of logits, one row per prompt (prompt "d=" is row d). The engine samples a digit
 `a` from softmax(W[row]) and answers "####a"; the trainer takes a clipped-ratio policy-gradient step on the table with
 the rollouts' sampling log-probs, so a wrong advantage, a stale sample or a reordered batch changes the bits of the
 result. Everything is pure Python floats: the same inputs give bitwise-identical outputs on every machine.
 
-Fault model: these fakes raise nothing on their own; failures, hangs and crashes come from the simulator's FaultPlan.
+Fault model: these tiers raise nothing on their own; failures, hangs and crashes come from the simulator's FaultPlan.
 Latency model: `LatencyModel` draws each call's virtual duration from a digest of its inputs (so a replay agrees).
 """
 
@@ -89,7 +89,7 @@ def _decoded(files: dict[str, bytes]) -> dict[str, Any]:
     return table
 
 
-class FakeEngine:
+class MemoryEngine:
     """RolloutEngine over the logits table stored in the adapter artifact."""
 
     def __init__(self, artifacts: Artifacts, *, rows: int = DIGITS, latency: LatencyModel = LatencyModel()) -> None:
@@ -142,11 +142,11 @@ class FakeEngine:
 
 @functools.lru_cache(maxsize=1 << 14)
 def _score(completion: str, answer: str) -> float:
-    """`rl.rewards.score`, pure in its two strings: the fake engine's few distinct completions are scored once each."""
+    """`rl.rewards.score`, pure in its two strings: the in-memory engine's few distinct completions are scored once."""
     return score(completion, answer)
 
 
-class FakeScorer:
+class MemoryScorer:
     """Scorer: the tutorial's reward (`rl.rewards.score`), one call per group."""
 
     def __init__(self, *, latency: LatencyModel = LatencyModel()) -> None:
@@ -160,7 +160,7 @@ class FakeScorer:
         return rewards
 
 
-class FakeTrainer:
+class MemoryTrainer:
     """Trainer: a clipped-ratio policy-gradient step with momentum on the logits table.
 
     Pure in its inputs (adapter and optimizer state in and out as artifacts), so a replayed step recomputes the same
@@ -200,7 +200,7 @@ class FakeTrainer:
         self.executions.append(batch.step)
         policy_files = await self.artifacts.get(batch.adapter)
         if batch.optimizer_state is None:
-            raise ValueError("FakeTrainer.train_step needs the optimizer state that init_adapter returned")
+            raise ValueError("MemoryTrainer.train_step needs the optimizer state that init_adapter returned")
         optimizer_files = await self.artifacts.get(batch.optimizer_state)
         # Pure in (adapter bytes, optimizer bytes, batch, hyper-parameters): chaos repeats each run seed's steps in its
         # reference, every scenario drawn on it, their replays and reruns, so the step is memoised process-wide by
@@ -279,16 +279,16 @@ def _without_yielding(coro: Coroutine[Any, Any, T]) -> T:
         while True:
             if coro.send(None) is not None:
                 coro.close()
-                raise RuntimeError("a latency-free fake awaited a future: it cannot be run without the loop")
+                raise RuntimeError("a latency-free tier awaited a future: it cannot be run without the loop")
     except StopIteration as done:
         return done.value
 
 
-class FakeEvaluator(SamplingEvaluator):
-    """Evaluator: the real `SamplingEvaluator` over a latency-free FakeEngine, taking `latency` virtual seconds."""
+class MemoryEvaluator(SamplingEvaluator):
+    """Evaluator: the real `SamplingEvaluator` over a latency-free MemoryEngine, taking `latency` virtual seconds."""
 
     def __init__(self, artifacts: Artifacts, prompts: Sequence[Prompt], *, latency: LatencyModel = LatencyModel()):
-        super().__init__(FakeEngine(artifacts), prompts)
+        super().__init__(MemoryEngine(artifacts), prompts)
         self.latency = latency
         self.calls = 0
 

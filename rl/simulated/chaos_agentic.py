@@ -1,20 +1,14 @@
 """Chaos for the agentic loop: seeded fault scenarios and a kill-at-every-await-point sweep, checked against invariants.
 
-`agentic_scenario(seed)` draws one swarm scenario from `seed` (`rl.sim.swarm`): the run's shape, which fault kinds are
-on and their rates — the simulator's (task failures before or after the body, hung sandboxes, driver crashes, outages
-that exhaust a task's retries, a driver short of attempts) and the loop's own (dead trials, flaky sandboxes, judge
-flakes, a scripted `crash_driver_at_step`) — the retry budgets, the latencies and the tie-breaking of simultaneous
-tasks; runs it, and returns the violated invariants. A run that exhausted retries must fail with a
-`RetriesExhaustedError` naming the task; the outage then ends and `rerun(recover=True)` must reach the uninterrupted
-result without executing again any action the failed run committed.
-`agentic_sweep()` kills the driver at every await point of the tutorial's failure-injected run in turn.
+`agentic_scenario(seed)` draws one swarm scenario from `seed` (`rl.sim.swarm`: the run's shape, which fault kinds are
+on and their rates, the retry budgets, the latencies, the tie-breaking), runs it, and returns the violated invariants.
+A run that exhausted retries must fail naming the task; `rerun(recover=True)` must then reach the uninterrupted result
+without executing again any action the failed run committed. `agentic_sweep()` kills the driver at every await point
+of the tutorial's failure-injected run in turn.
 
-The invariants (`check_agentic_run`), each violation a readable sentence:
-- the run finishes; every trial is judged or skipped, and only dead trials are skipped;
-- the judge is billed exactly once per (trial, rubric) for every judged trial;
-- each training step is applied exactly once, on one trainer, which every step reports;
-- the history (final weights included) equals the uninterrupted, fault-free run's;
-- the parent world never changes, and a trial writes only its own files into its fork.
+The invariants (`check_agentic_run`), each violation a readable sentence: the run finishes, skipping only dead trials;
+the judge is billed once per (trial, rubric); each step is applied exactly once, on one trainer; the history equals
+the uninterrupted, fault-free run's; the parent world never changes. In full: docs/chaos.md#the-agentic-scenarios.
 """
 
 from __future__ import annotations
@@ -28,11 +22,11 @@ from typing import Any
 
 from rl.agentic.world import ANSWER_FILE, SCRATCH_FILE, world_files
 from rl.loop.agentic import AgenticOutcome, trial_specs, world_ids_for
-from rl.memory.worlds import MemoryWorlds
-from rl.sim.agentic_sim import BUILD_WORLD, GENERATE, JUDGE, SETUP, TRAIN_STEP, AgenticSim, default_inputs
-from rl.sim.chaos import ScenarioReport, exhaustion_violations
 from rl.sim.records import RunResult
 from rl.sim.swarm import FAULT_KINDS, Swarm, draw_swarm, swarm_rng, trace_summary
+from rl.simulated.agentic_sim import BUILD_WORLD, GENERATE, JUDGE, SETUP, TRAIN_STEP, AgenticSim, default_inputs
+from rl.simulated.chaos import ScenarioReport, exhaustion_violations
+from rl.simulated.worlds import MemoryWorlds
 
 SEED_FAILURES: dict[str, Any] = {"flaky_trial_rate": 0.25, "judge_flake_rate": 0.3}
 """The tutorial's failure-injected run (without its driver crash, which the sweep supplies at every point instead)."""
@@ -206,7 +200,7 @@ def reference_key(
     swarm: Swarm, inputs: dict[str, Any], dead: frozenset[str]
 ) -> tuple[int, frozenset[str], tuple[int, ...]]:
     """What scenario `agentic_swarm(seed)`'s uninterrupted reference run depends on: `_cached_reference`'s arguments
-    (`rl.sim.scenarios.grouped_by_reference` groups seeds by it)."""
+    (`rl.simulated.scenarios.grouped_by_reference` groups seeds by it)."""
     return swarm.run_seed, dead, tuple(inputs[k] for k in SHAPE)
 
 

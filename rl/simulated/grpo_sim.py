@@ -1,4 +1,4 @@
-"""The GRPO driver on the durable simulator with fake tiers, and the invariants every run of it must satisfy.
+"""The GRPO driver on the durable simulator with in-memory tiers, and the invariants every run of it must satisfy.
 
 Tier options follow the tutorial: rollouts and rewards retry twice, the trainer once; latencies are virtual seconds
 in the proportions of the training-loop tutorial's measured loop (generation dominates, the trainer has a cold start).
@@ -6,18 +6,24 @@ in the proportions of the training-loop tutorial's measured loop (generation dom
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from rl.loop.grpo import GrpoConfig, GrpoOutcome, GrpoTiers, run_grpo, sample_prompts
-from rl.memory.artifacts import MemoryArtifacts
+from rl.loop.grpo import GrpoConfig, GrpoDriver, GrpoOutcome, GrpoTiers, run_grpo, sample_prompts
 from rl.problems import DigitSuccessor, marked_answer_metrics
-from rl.protocols import StateStore
 from rl.sim.durable_sim import DurableSimulator
 from rl.sim.faults import FaultPlan
-from rl.sim.grpo_tiers import FakeEngine, FakeEvaluator, FakeScorer, FakeTrainer, LatencyModel, RecordingReporter
 from rl.sim.records import RunResult
+from rl.simulated.artifacts import MemoryArtifacts
+from rl.simulated.grpo_tiers import (
+    LatencyModel,
+    MemoryEngine,
+    MemoryEvaluator,
+    MemoryScorer,
+    MemoryTrainer,
+    RecordingReporter,
+)
 
 T = TypeVar("T")
 
@@ -30,9 +36,6 @@ GENERATE, SCORE, INIT, TRAIN, EVALUATE = (
 )
 TASK_RETRIES = {GENERATE: 2, SCORE: 2, INIT: 1, TRAIN: 1, EVALUATE: 1}
 """The tiers' tasks and their retry budgets (the tutorial's options)."""
-
-# A driver with `run_grpo`'s signature: ours, or a fork's under the conformance suite.
-GrpoDriver = Callable[[GrpoConfig, GrpoTiers, StateStore], Awaitable[GrpoOutcome]]
 
 
 @dataclass(frozen=True)
@@ -48,13 +51,13 @@ class Latencies:
 
 @dataclass
 class GrpoSim:
-    """One simulated GRPO deployment: the simulator, the tiers as its tasks, and the raw fakes behind them."""
+    """One simulated GRPO deployment: the simulator, the tiers as its tasks, and the raw in-memory tiers behind them."""
 
     sim: DurableSimulator
     config: GrpoConfig
     tiers: GrpoTiers
     artifacts: MemoryArtifacts
-    trainer: FakeTrainer
+    trainer: MemoryTrainer
     reporter: RecordingReporter
     driver_fn: GrpoDriver = run_grpo
 
@@ -78,8 +81,9 @@ def grpo_sim(
 ) -> GrpoSim:
     """`retries` overrides tasks' retry budgets by name (`{"train.train_step": 0}`); `tie_break_seed` shuffles ties.
 
-    `tasks=False` binds the fakes to the driver directly, not as simulator tasks: no records, copies, journal or task
-    faults, only the driver's checkpoint and the virtual clock. `rl bench` times it as the floor under a simulated run.
+    `tasks=False` binds the in-memory tiers to the driver directly, not as simulator tasks: no records, copies, journal
+    or task faults, only the driver's checkpoint and the virtual clock. `rl bench` times it as the floor under a
+    simulated run.
     """
     budget = {**TASK_RETRIES, **(retries or {})}
     unknown = set(budget) - set(TASK_RETRIES)
@@ -89,8 +93,8 @@ def grpo_sim(
     bind = sim.tier if tasks else _direct
     artifacts = MemoryArtifacts()
     prompts = DigitSuccessor()
-    engine = FakeEngine(artifacts, latency=latencies.generate)
-    trainer = FakeTrainer(
+    engine = MemoryEngine(artifacts, latency=latencies.generate)
+    trainer = MemoryTrainer(
         artifacts,
         max_staleness=config.max_staleness,
         latency=latencies.train,
@@ -99,17 +103,17 @@ def grpo_sim(
     reporter = RecordingReporter()
     tiers = GrpoTiers(
         engine=bind(engine, "rollout", generate={"retries": budget[GENERATE], "timeout_s": 600.0}),
-        scorer=bind(FakeScorer(latency=latencies.score), "reward", score_group={"retries": budget[SCORE]}),
+        scorer=bind(MemoryScorer(latency=latencies.score), "reward", score_group={"retries": budget[SCORE]}),
         trainer=bind(trainer, "train", init_adapter={"retries": budget[INIT]}, train_step={"retries": budget[TRAIN]}),
         artifacts=artifacts,
         prompts=prompts,
         evaluator=bind(
-            FakeEvaluator(artifacts, prompts.eval_prompts(), latency=latencies.evaluate),
+            MemoryEvaluator(artifacts, prompts.eval_prompts(), latency=latencies.evaluate),
             "eval",
             evaluate={"retries": budget[EVALUATE]},
         ),
         reporter=reporter,
-        task_metrics=marked_answer_metrics,  # the fake engine answers "####<digit>"
+        task_metrics=marked_answer_metrics,  # the in-memory engine answers "####<digit>"
     )
     return GrpoSim(sim, config, tiers, artifacts, trainer, reporter, driver)
 
@@ -120,7 +124,7 @@ def _direct(obj: T, name: str, **methods: dict[str, Any]) -> T:
 
 def lineage_violations(config: GrpoConfig, setup: GrpoSim, outcome: GrpoOutcome) -> list[str]:
     """Read the final adapter's lineage: versions 1..N once each, and every iteration's prompts trained exactly once."""
-    from rl.sim.grpo_tiers import decode_table
+    from rl.simulated.grpo_tiers import decode_table
 
     files = _resolved(setup.artifacts.get(outcome.adapter))
     lineage: list[dict[str, Any]] = decode_table(files)["lineage"]

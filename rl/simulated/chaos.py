@@ -19,25 +19,24 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from rl.loop.grpo import GrpoConfig, GrpoOutcome, run_grpo
+from rl.loop.grpo import GrpoConfig, GrpoDriver, GrpoOutcome, run_grpo
 from rl.sim.errors import DriverAttemptsExhausted, TaskFailed
 from rl.sim.faults import FaultPlan, InjectedTaskFailure
-from rl.sim.grpo_sim import (
+from rl.sim.records import RunResult
+from rl.sim.swarm import Swarm, draw_swarm, swarm_rng, trace_summary
+from rl.simulated.grpo_sim import (
     EVALUATE,
     GENERATE,
     INIT,
     SCORE,
     TRAIN,
-    GrpoDriver,
     GrpoSim,
     Latencies,
     grpo_sim,
     lineage_violations,
     outcome_violations,
 )
-from rl.sim.grpo_tiers import LatencyModel
-from rl.sim.records import RunResult
-from rl.sim.swarm import Swarm, draw_swarm, swarm_rng, trace_summary
+from rl.simulated.grpo_tiers import LatencyModel
 
 # The floor: >= 4 iterations of >= 4 groups x 4 samples.
 CHAOS_GRPO = GrpoConfig(iterations=4, prompts_per_iteration=4, group_size=4, seed=0)
