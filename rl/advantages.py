@@ -41,7 +41,6 @@ def group_normalized_advantages(
 
     `scale="population_std"` (the default) is the tutorial's formula exactly:
     `(r - fmean(group)) / (pstdev(group) + eps)`. `scale="none"` is Dr. GRPO's `r - fmean(group)`.
-
     A group whose rewards are all equal (a single-sample group included) gives exactly 0.0 for each member under either
     scale: its mean can differ from its members by rounding (`fmean([0.1] * 3) != 0.1`), and a stray 1e-17 would
     otherwise become a gradient for a prompt that taught nothing. Samples of one group need not be contiguous;
