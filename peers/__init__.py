@@ -5,7 +5,8 @@ thin adapters that only change shapes and arguments (no formula is written):
 
 - `peers.trl_grpo`: TRL's `GRPOTrainer` (advantages and loss), `nox -s "peers(peer='trl')"`.
 - `peers.verl_grpo`: verl's `compute_grpo_outcome_advantage` and actor `ppo_loss`, `nox -s "peers(peer='verl')"`.
-- `peers.trl_choices`: TRL's GSPO, CISPO and batch-std configurations (re-exported by `peers.trl_grpo`).
+- `peers.trl_choices`: the adapters of TRL's GSPO, CISPO and batch-std configurations (bound in `peers.trl_grpo`).
+- `peers.trl_trainer`: the one `GRPOTrainer` both run TRL's code through.
 
 Libraries that cannot be installed here are copied verbatim, with their provenance (repository, path, lines,
 commit) in each module's docstring and the copied lines between marker comments; only the glue that feeds them the

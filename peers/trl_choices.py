@@ -1,6 +1,6 @@
-"""TRL 1.16.0's other GRPO configurations, bound like `peers.trl_grpo` (the same trainer, TRL's own code run on given
-numbers), each with the choice it makes declared: `--rl-impl peers.trl_grpo:IMPL_GSPO` (re-exported there, as
-`nox -s peers` names `peers.trl_grpo`).
+"""TRL 1.16.0's other GRPO configurations, run like `peers.trl_grpo`'s default (the same trainer, TRL's own code run on
+given numbers): the adapters, which `peers.trl_grpo` binds with the choice each makes declared, as
+`--rl-impl peers.trl_grpo:IMPL_GSPO` (`nox -s peers` names `peers.trl_grpo`).
 
 - `IMPL_GSPO`: `importance_sampling_level="sequence"` with `loss_type="grpo"` (the GSPO paper's setup, which TRL's
   warning recommends): `log_importance_weights = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)`, one ratio
@@ -19,21 +19,21 @@ numbers), each with the choice it makes declared: `--rl-impl peers.trl_grpo:IMPL
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from torch import Tensor
 
 from peers._adapt import check_pair, groups_by_size
-from peers.trl_grpo import ALGORITHM, VERSION, _trainer, compute_loss
-from rl.conformance import Implementation
+from peers.trl_trainer import compute_loss, tiny_trainer
 
-__all__ = ["IMPL_BATCH_STD", "IMPL_CISPO", "IMPL_GSPO"]
+__all__ = ["CISPO_EPSILON_HIGH", "batch_std_advantages", "configured_loss"]
 
 CISPO_EPSILON_HIGH = 5.0
 
 
-def _configured(loss_type: str, level: str, epsilon_high: float | None) -> Any:
+def configured_loss(loss_type: str, level: str, epsilon_high: float | None) -> Any:
+    """TRL's loss under `loss_type`, `importance_sampling_level=level` and (CISPO) `epsilon_high`, as a `batch_loss`."""
+
     def loss(
         new_logp: Tensor,
         old_logp: Tensor,
@@ -46,7 +46,7 @@ def _configured(loss_type: str, level: str, epsilon_high: float | None) -> Any:
     ) -> tuple[Tensor, dict[str, float]]:
         """TRL's `_compute_loss` with its `loss_type` and `importance_sampling_level` (and CISPO's `epsilon_high`, its
         ratio bound, in place of clip_eps) set on the trainer, as `GRPOTrainer.__init__` copies them from its config."""
-        trainer = _trainer()
+        trainer = tiny_trainer()
         trainer.loss_type, trainer.importance_sampling_level = loss_type, level
         trainer.epsilon_low, trainer.epsilon_high = clip_eps, clip_eps if epsilon_high is None else epsilon_high
         trainer.beta = kl_beta
@@ -62,7 +62,7 @@ def batch_std_advantages(group_ids: Sequence[int], rewards: Sequence[float]) -> 
     """TRL's advantages under `scale_rewards="batch"`, one call for the whole batch: each group padded to the largest
     group's size with unscorable rows (reward None), which TRL leaves out of its nan-aware mean and std."""
     check_pair(group_ids, rewards)
-    trainer = _trainer()
+    trainer = tiny_trainer()
     groups = [idx for bucket in groups_by_size(group_ids).values() for idx in bucket]
     size = max(len(idx) for idx in groups)
     rows: list[dict[str, Any]] = []
@@ -82,20 +82,3 @@ def batch_std_advantages(group_ids: Sequence[int], rewards: Sequence[float]) -> 
         if i is not None:
             out[i] = a
     return out
-
-
-ALGORITHM_GSPO = replace(ALGORITHM, importance_ratio="sequence", loss_aggregation="sequence_mean")
-ALGORITHM_CISPO = replace(ALGORITHM, importance_ratio="cispo", ratio_cap=CISPO_EPSILON_HIGH)
-ALGORITHM_BATCH_STD = replace(ALGORITHM, std_scope="batch")
-
-IMPL_GSPO = Implementation(
-    name=f"trl-{VERSION}-gspo", batch_loss=_configured("grpo", "sequence", None), algorithm=ALGORITHM_GSPO
-)
-IMPL_CISPO = Implementation(
-    name=f"trl-{VERSION}-cispo",
-    batch_loss=_configured("cispo", "token", CISPO_EPSILON_HIGH),
-    algorithm=ALGORITHM_CISPO,
-)
-IMPL_BATCH_STD = Implementation(
-    name=f"trl-{VERSION}-batch-std", advantages=batch_std_advantages, algorithm=ALGORITHM_BATCH_STD
-)

@@ -35,27 +35,15 @@ as `ALGORITHM`:
 
 from __future__ import annotations
 
-import atexit
-import functools
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # `rollout_func` warns that it is experimental
-
-import torch
-import trl
-from datasets import Dataset
 from torch import Tensor
-from trl import GRPOConfig, GRPOTrainer
 
 from peers._adapt import check_pair, groups_by_size
+from peers.trl_choices import CISPO_EPSILON_HIGH, batch_std_advantages, configured_loss
+from peers.trl_trainer import VERSION, compute_loss, tiny_trainer
 from rl.conformance import AlgorithmSpec, Implementation
-from rl.models.tiny import build_tiny_model, load_base_model, load_tokenizer
 
 __all__ = [
     "ALGORITHM",
@@ -67,46 +55,7 @@ __all__ = [
     "IMPL_KL",
     "advantages",
     "batch_loss",
-    "compute_loss",
 ]
-
-VERSION = trl.__version__
-
-
-def _rollout(prompts: list[Any], trainer: GRPOTrainer) -> dict[str, list[list[Any]]]:
-    """TRL's `rollout_func` hook: one fixed prompt token and one fixed completion token per row; nothing is
-    generated (the rewards under test do not depend on the text)."""
-    n = len(prompts)
-    return {"prompt_ids": [[2]] * n, "completion_ids": [[4]] * n, "logprobs": [[-1.0]] * n}
-
-
-def _reward_column(completions: list[Any], reward: list[float], **_: Any) -> list[float]:
-    """A TRL reward function returning the dataset column `reward`: the rewards under test, in row order."""
-    return list(reward)
-
-
-@functools.cache
-def _trainer() -> GRPOTrainer:
-    root = tempfile.mkdtemp(prefix="peers-trl-")
-    atexit.register(shutil.rmtree, root, ignore_errors=True)
-    model_dir = build_tiny_model(os.path.join(root, "model"))
-    args = GRPOConfig(
-        output_dir=os.path.join(root, "out"),
-        per_device_train_batch_size=8,  # the defaults otherwise: num_generations=8, loss_type="dapo", beta=0.0, ...
-        report_to=[],
-        use_cpu=True,
-    )
-    trainer = GRPOTrainer(
-        model=load_base_model(model_dir),
-        reward_funcs=[_reward_column],
-        args=args,
-        train_dataset=Dataset.from_dict({"prompt": ["a"] * 8}),
-        processing_class=load_tokenizer(model_dir),
-        rollout_func=_rollout,
-    )
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1  # what Trainer sets for an accumulation window of one batch
-    return trainer
 
 
 def advantages(group_ids: Sequence[int], rewards: Sequence[float]) -> list[float]:
@@ -115,7 +64,7 @@ def advantages(group_ids: Sequence[int], rewards: Sequence[float]) -> list[float
     Each group size is one `_generate_and_score_completions` call with `num_generations` set to that size and the
     groups of that size laid out contiguously, as TRL's sampler lays them out; results are scattered back."""
     check_pair(group_ids, rewards)
-    trainer = _trainer()
+    trainer = tiny_trainer()
     out = [0.0] * len(rewards)
     for size, groups in groups_by_size(group_ids).items():
         order = [i for idx in groups for i in idx]
@@ -140,31 +89,10 @@ def batch_loss(
 
     Shape: `new_logp`, `old_logp`, `ref_logp`, `mask`: `[B, T]`; `advantages`: `[B]` -> loss `[]`.
     """
-    trainer = _trainer()
+    trainer = tiny_trainer()
     trainer.epsilon_low = trainer.epsilon_high = clip_eps
     trainer.beta = kl_beta
     return compute_loss(trainer, new_logp, old_logp, ref_logp, advantages, mask)
-
-
-def compute_loss(
-    trainer: GRPOTrainer, new_logp: Tensor, old_logp: Tensor, ref_logp: Tensor, advantages: Tensor, mask: Tensor
-) -> tuple[Tensor, dict[str, float]]:
-    """`trainer._compute_loss` on given log-probs, as the trainer is configured (clip, beta, loss type)."""
-    # The model forward, replaced: TRL computes every other term from these log-probs.
-    trainer._get_per_token_logps_and_entropies = lambda *a, **k: (new_logp, torch.zeros_like(new_logp).detach(), None)
-    batch, length = new_logp.shape
-    inputs = {
-        "prompt_ids": torch.full((batch, 1), 2, dtype=torch.long),
-        "prompt_mask": torch.ones(batch, 1, dtype=torch.long),
-        "completion_ids": torch.full((batch, length), 4, dtype=torch.long),
-        "completion_mask": mask.long(),
-        "advantages": advantages,
-        "old_per_token_logps": old_logp,
-        "ref_per_token_logps": ref_logp,
-        "num_items_in_batch": mask.sum(),
-    }
-    loss = trainer._compute_loss(trainer.model, inputs)
-    return loss, {"loss": float(loss.detach())}
 
 
 ALGORITHM = AlgorithmSpec(
@@ -186,5 +114,20 @@ ALGORITHM_KL = replace(ALGORITHM, kl_estimator="k3_ratio")
 IMPL = Implementation(name=f"trl-{VERSION}", advantages=advantages, batch_loss=batch_loss, algorithm=ALGORITHM)
 IMPL_KL = Implementation(name=f"trl-{VERSION}-kl", advantages=advantages, batch_loss=batch_loss, algorithm=ALGORITHM_KL)
 
-# The other configurations (GSPO, CISPO, a batch std) live in peers.trl_choices; `nox -s peers` names this module.
-from peers.trl_choices import IMPL_BATCH_STD, IMPL_CISPO, IMPL_GSPO  # noqa: E402
+# TRL's other configurations, through the adapters of peers.trl_choices (whose docstring says what each runs), bound
+# here beside the default because `nox -s peers` names this module.
+ALGORITHM_GSPO = replace(ALGORITHM, importance_ratio="sequence", loss_aggregation="sequence_mean")
+ALGORITHM_CISPO = replace(ALGORITHM, importance_ratio="cispo", ratio_cap=CISPO_EPSILON_HIGH)
+ALGORITHM_BATCH_STD = replace(ALGORITHM, std_scope="batch")
+
+IMPL_GSPO = Implementation(
+    name=f"trl-{VERSION}-gspo", batch_loss=configured_loss("grpo", "sequence", None), algorithm=ALGORITHM_GSPO
+)
+IMPL_CISPO = Implementation(
+    name=f"trl-{VERSION}-cispo",
+    batch_loss=configured_loss("cispo", "token", CISPO_EPSILON_HIGH),
+    algorithm=ALGORITHM_CISPO,
+)
+IMPL_BATCH_STD = Implementation(
+    name=f"trl-{VERSION}-batch-std", advantages=batch_std_advantages, algorithm=ALGORITHM_BATCH_STD
+)

@@ -23,23 +23,24 @@ from rl.checks import finite_rewards
 
 __all__ = ["Scale", "group_normalized_advantages", "no_signal_groups"]
 
-Scale = Literal["group", "none"]
-"""`"group"`: divide by the group's population std plus eps (GRPO); `"none"`: subtract the mean only (Dr. GRPO)."""
+Scale = Literal["population_std", "none"]
+"""`"population_std"`: divide by the group's population std plus eps (GRPO); `"none"`: subtract the mean only (Dr.
+GRPO). The names `rl.conformance.AlgorithmSpec.advantage_scale` declares them by."""
 
-_SCALES: tuple[str, ...] = ("group", "none")
+_SCALES: tuple[str, ...] = ("population_std", "none")
 
 
 def group_normalized_advantages(
     group_ids: Sequence[int],
     rewards: Sequence[float],
     *,
-    scale: Scale = "group",
+    scale: Scale = "population_std",
     eps: float = 1e-4,
 ) -> list[float]:
     """Each sample's reward relative to the other samples of its group, in input order.
 
-    `scale="group"` (the default) is the tutorial's formula exactly: `(r - fmean(group)) / (pstdev(group) + eps)`.
-    `scale="none"` is Dr. GRPO's `r - fmean(group)`.
+    `scale="population_std"` (the default) is the tutorial's formula exactly:
+    `(r - fmean(group)) / (pstdev(group) + eps)`. `scale="none"` is Dr. GRPO's `r - fmean(group)`.
     A group whose rewards are all equal (a single-sample group included) gives exactly 0.0 for each member under either
     scale: its mean can differ from its members by rounding (`fmean([0.1] * 3) != 0.1`), and a stray 1e-17 would
     otherwise become a gradient for a prompt that taught nothing. Samples of one group need not be contiguous;
@@ -67,7 +68,7 @@ def group_normalized_advantages(
         # fmean (via fsum) and pstdev (via exact fractions) are correctly rounded from exact sums, so the advantages do
         # not depend on the order of the samples.
         mean = statistics.fmean(group_rewards)
-        if scale == "group":
+        if scale == "population_std":
             denominator, unscale = statistics.pstdev(group_rewards) + math.ldexp(eps, -shift), 0
         else:
             denominator, unscale = 1.0, shift
@@ -79,7 +80,7 @@ def group_normalized_advantages(
                 raise ValueError(
                     f"reward {rewards_f[i]!r} (index {i}) is {rewards_f[i] - _unscaled(mean, shift)!r} from its "
                     "group's mean, beyond the float range: with scale='none' the advantage is that difference; "
-                    "rescale the rewards or use scale='group'"
+                    "rescale the rewards or use scale='population_std'"
                 )
     return advantages
 

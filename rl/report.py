@@ -110,16 +110,32 @@ def panels(
     had equal rewards has taken no step yet); the task's charts are the metrics its rows carry, the held-out chart
     needs evaluations and the phase chart timings (rows of older releases have none).
     """
-    out = [
-        Panel(
-            "reward",
-            "reward",
-            [
-                _series("mean", history, lambda r: r.mean_reward),
-                _series("max", history, lambda r: r.max_reward, dashed=True),
-            ],
-        )
+    return [
+        _reward_panel(history),
+        *_task_panels(history, evals, baseline_accuracy),
+        *_trainer_panels(history),
+        *_batch_panels(history),
+        *_phase_panels(history),
     ]
+
+
+def _reward_panel(history: Sequence[IterationMetrics]) -> Panel:
+    return Panel(
+        "reward",
+        "reward",
+        [
+            _series("mean", history, lambda r: r.mean_reward),
+            _series("max", history, lambda r: r.max_reward, dashed=True),
+        ],
+    )
+
+
+def _task_panels(
+    history: Sequence[IterationMetrics], evals: Sequence[EvalResult], baseline_accuracy: float | None
+) -> list[Panel]:
+    """One chart per task metric the rows carry, accuracy with the held-out evaluations beside it (or on a chart of
+    their own when the task has no accuracy)."""
+    out = []
     held_out = Series(
         f"held-out avg@{evals[-1].k}" if evals else "held-out",
         [float(e.policy_version - 1) for e in evals],
@@ -142,7 +158,12 @@ def panels(
         )
     if evals and "accuracy" not in names:
         out.append(Panel("heldout", "held-out accuracy", [held_out], unit_range=True))
-    out += [
+    return out
+
+
+def _trainer_panels(history: Sequence[IterationMetrics]) -> list[Panel]:
+    """The train step's statistics, a point only where a step was taken."""
+    return [
         Panel("loss", "loss", [_stepped("loss", history, lambda r: r.mean_loss)]),
         Panel("kl", "KL to the reference (k3)", [_stepped("kl", history, lambda r: r.kl)], from_zero=True),
         Panel("clip_frac", "clip fraction", [_stepped("clip fraction", history, lambda r: r.clip_frac)], True),
@@ -152,6 +173,12 @@ def panels(
             [_stepped("grad norm", history, lambda r: r.grad_norm)],
             from_zero=True,
         ),
+    ]
+
+
+def _batch_panels(history: Sequence[IterationMetrics]) -> list[Panel]:
+    """What each iteration's batch held: its groups without signal, its completions' lengths."""
+    return [
         Panel(
             "no_signal",
             "groups with no signal (all rewards equal)",
@@ -170,19 +197,23 @@ def panels(
             from_zero=True,
         ),
     ]
+
+
+def _phase_panels(history: Sequence[IterationMetrics]) -> list[Panel]:
+    """The seconds per phase, when the rows carry timings (rows of older releases have none)."""
     phases = [series for p in _PHASES if (series := _entry_series(p, history, lambda r: r.phase_s, p)).x]
-    if phases:
-        out.append(
-            Panel(
-                "phase_s",
-                "seconds per phase",
-                phases,
-                from_zero=True,
-                caption="On the driver's clock. Evaluation runs beside the next iteration, and pipelined generation "
-                "beside training, so the phases can add up to more than an iteration took.",
-            )
+    if not phases:
+        return []
+    return [
+        Panel(
+            "phase_s",
+            "seconds per phase",
+            phases,
+            from_zero=True,
+            caption="On the driver's clock. Evaluation runs beside the next iteration, and pipelined generation "
+            "beside training, so the phases can add up to more than an iteration took.",
         )
-    return out
+    ]
 
 
 def _svg(panel: Panel, iterations: tuple[int, int]) -> str:

@@ -15,7 +15,7 @@ from strategies import Groups, dyadic_rewards, groups
 from rl.advantages import group_normalized_advantages, no_signal_groups
 from rl.conformance import AdvantageContract, AlgorithmSpec
 
-SCALES = st.sampled_from(["group", "none"])
+SCALES = st.sampled_from(["population_std", "none"])
 
 
 class TestOurAdvantagesWithoutEps(AdvantageContract):

@@ -26,7 +26,7 @@ def test_unscaled_advantages_of_huge_rewards_are_their_exact_differences_from_th
 
 
 def test_a_difference_beyond_the_float_range_is_refused_naming_the_reward():
-    with pytest.raises(ValueError, match=r"index 2\).*beyond the float range.*scale='group'"):
+    with pytest.raises(ValueError, match=r"index 2\).*beyond the float range.*scale='population_std'"):
         group_normalized_advantages([0, 0, 0], [1.7e308, 1.7e308, -1.7e308], scale="none")
 
 

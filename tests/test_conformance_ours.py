@@ -80,7 +80,7 @@ class TestTrainerConfigAlgorithms(AdvantageContract):
     @pytest.fixture
     def advantages(self):
         config = TrainerConfig(advantage_scale="none")
-        return functools.partial(group_normalized_advantages, scale=config.advantage_scale, eps=config.advantage_eps)
+        return functools.partial(group_normalized_advantages, scale=config.advantage_scale, eps=config.std_eps)
 
     @pytest.fixture
     def algorithm(self):

@@ -381,15 +381,15 @@ def test_dropout_masks_agree_between_loss_paths_at_micro_batch_one(
 
 def test_the_step_scales_its_advantages_as_configured(tiny_model_dir: Path, rollouts: list, tmp_path: Path) -> None:
     """`TrainerConfig.advantage_scale` reaches the step: with every group's rewards {0, 1, 0, 1} (population std 0.5),
-    "group" divides each centred reward by 0.5 + eps and "none" leaves it, so on the first, on-policy step (KL 0) the
-    pre-clip gradient of "none" is (0.5 + eps) times that of "group"."""
+    "population_std" divides each centred reward by 0.5 + eps and "none" leaves it, so on the first, on-policy step (KL
+    0) the pre-clip gradient of "none" is (0.5 + eps) times that of "population_std"."""
     group = rollouts[:4]  # one group: the law needs no more, and the test stays fast
     rewards = [float(i % 2) for i in range(len(group))]
     norms = {}
-    for scale in ("group", "none"):
+    for scale in ("population_std", "none"):
         config = dataclasses.replace(CONFIG, advantage_scale=scale)
         trainer = PeftTrainer(tiny_model_dir, LocalArtifacts(tmp_path / scale), config)
         init = run(trainer.init_adapter(seed=5))
         norms[scale] = run(trainer.train_step(make_batch(group, rewards, init.adapter, init.optimizer_state)))
-    scaled, unscaled = norms["group"].metrics.grad_norm, norms["none"].metrics.grad_norm
-    assert scaled > 0 and unscaled == pytest.approx(scaled * (0.5 + CONFIG.advantage_eps), rel=1e-4)
+    scaled, unscaled = norms["population_std"].metrics.grad_norm, norms["none"].metrics.grad_norm
+    assert scaled > 0 and unscaled == pytest.approx(scaled * (0.5 + CONFIG.std_eps), rel=1e-4)

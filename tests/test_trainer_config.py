@@ -32,7 +32,7 @@ def test_defaults_are_valid_and_match_the_seed_loss_constants() -> None:
         ("clip_eps_high", -0.1),
         ("kl_beta", -0.1),
         ("advantage_scale", "batch"),
-        ("advantage_eps", 0.0),
+        ("std_eps", 0.0),
         ("max_staleness", -1),
         ("seed", -1),
         ("threads", 0),

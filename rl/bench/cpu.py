@@ -41,7 +41,7 @@ async def _measure(root: Path, groups: int, group_size: int, max_tokens: int, re
     sample_wall, sample_cpu = [], []
     for _ in range(repeats):  # the same seeded call each time: the same work, so the spread is the machine's
         wall, cpu = time.perf_counter(), time.process_time()
-        rollouts, _ = await generate_and_score(config, tiers, 1, init.adapter, 0)
+        rollouts = (await generate_and_score(config, tiers, 1, init.adapter, 0)).rollouts
         sample_wall.append(time.perf_counter() - wall)
         sample_cpu.append(time.process_time() - cpu)
     sampled_tokens = sum(len(r.token_ids) for r in rollouts)

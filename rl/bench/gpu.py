@@ -59,135 +59,185 @@ def gpu_bench(config: GpuBenchConfig = GpuBenchConfig(), *, with_vllm: bool = Tr
     """Measure and return the figures (see the module docstring). Needs CUDA; vLLM only when `with_vllm`."""
     import torch
 
-    from rl.artifacts import LocalArtifacts
-    from rl.engines.decoding import teacher_forced_logprobs
-    from rl.models import build_tiny_model, load_tokenizer
     from rl.trainer.adapter import load_policy
-    from rl.trainer.config import TrainerConfig
-    from rl.trainer.peft_trainer import PeftTrainer
-    from rl.types import Rollout, TrainBatch
 
     device = torch.device("cuda", 0)
     figures: dict[str, Any] = {"gpu": torch.cuda.get_device_name(device), **asdict(config)}
     with tempfile.TemporaryDirectory(prefix="rl-bench-gpu-") as tmp:
-        root = Path(tmp)
-        base = build_tiny_model(root / "model", VLLM_MODEL)
-        tokenizer = load_tokenizer(base)
-        artifacts = LocalArtifacts(root / "artifacts")
-        trainer = PeftTrainer(base, artifacts, TrainerConfig(lr=1e-3), device=device)
-        init = asyncio.run(trainer.init_adapter(seed=0))
-        adapter = asyncio.run(artifacts.get(init.adapter))
-        opt_state = asyncio.run(artifacts.get(init.optimizer_state)) if init.optimizer_state else None
-        questions = [f"{d % 10}=" for d in range(config.prompts)]
-        prompt_ids = [[int(t) for t in tokenizer(q)["input_ids"]] for q in questions]
-        sequences = config.prompts * config.n
-        tokens = sequences * config.max_tokens
-
-        def sync() -> None:
-            torch.cuda.synchronize(device)
-
+        bench = _setup(Path(tmp), config, device)
         if with_vllm:
-            import vllm
-            from vllm.lora.request import LoRARequest
-
-            adapter_dir = root / "adapter-v0"
-            adapter_dir.mkdir()
-            for name, content in adapter.items():
-                (adapter_dir / name).write_bytes(content)
-            kwargs = vllm_llm_kwargs(
-                gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=config.enforce_eager
-            )
-            start = time.perf_counter()
-            llm = vllm.LLM(model=str(base), enable_lora=True, **kwargs)
-            figures["vllm_startup_s"] = round(time.perf_counter() - start, 1)
-            lora = LoRARequest("policy-v0", 1, str(adapter_dir))
-            sampling = vllm.SamplingParams(
-                n=config.n,
-                temperature=1.0,
-                top_p=1.0,
-                seed=0,
-                logprobs=0,
-                max_tokens=config.max_tokens,
-                ignore_eos=True,
-            )
-            requests = [{"prompt_token_ids": ids} for ids in prompt_ids]
-
-            def vllm_generate() -> int:
-                outputs = llm.generate(requests, sampling, lora_request=lora, use_tqdm=False)
-                return sum(len(c.token_ids) for o in outputs for c in o.outputs)
-
-            seconds, produced = _median_seconds(vllm_generate, config.repeats, sync)
-            if produced != tokens:
-                raise RuntimeError(f"vLLM produced {produced} tokens, expected {tokens} (ignore_eos was not honoured)")
-            figures["vllm_s"] = round(seconds, 4)
-            figures["vllm_tokens_per_s"] = round(tokens / seconds, 1)
-            del llm
-
+            figures.update(_vllm_figures(bench, config))
         # merge_and_unload and .to() change a model in place: HF gets its own copy, the float32 one scores the batch.
-        policy = load_policy(base, adapter, trainable=False, device=device).eval()
-        hf_model = load_policy(base, adapter, trainable=False, device=device).merge_and_unload()
-        hf_model = hf_model.to(torch.bfloat16).eval()
-        input_ids = torch.tensor([ids for ids in prompt_ids for _ in range(config.n)], device=device)  # [P*n, 3]
-        torch.manual_seed(0)
-
-        @torch.inference_mode()
-        def hf_generate() -> Any:
-            return hf_model.generate(
-                input_ids=input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                do_sample=True,
-                temperature=1.0,
-                top_p=1.0,
-                top_k=0,
-                max_new_tokens=config.max_tokens,
-                min_new_tokens=config.max_tokens,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-            )
-
-        seconds, generated = _median_seconds(hf_generate, config.repeats, sync)
-        figures["hf_generate_s"] = round(seconds, 4)
-        figures["hf_generate_tokens_per_s"] = round(tokens / seconds, 1)
+        policy = load_policy(bench.base, bench.adapter, trainable=False, device=device).eval()
+        hf_figures, completions = _hf_generate_figures(bench, config)
+        figures.update(hf_figures)
         if "vllm_tokens_per_s" in figures:
             figures["vllm_speedup"] = round(figures["vllm_tokens_per_s"] / figures["hf_generate_tokens_per_s"], 2)
-
-        # The train step on those samples: old log-probs teacher-forced under version 0, so ratios start at 1.
-        completions = generated[:, input_ids.shape[1] :].tolist()
-        rollouts = []
-        with torch.no_grad():
-            for i, completion in enumerate(completions):
-                group = i // config.n
-                ids = prompt_ids[group]
-                old = teacher_forced_logprobs(policy, ids, completion).tolist()
-                rollouts.append(
-                    Rollout(
-                        group_id=group,
-                        question=questions[group],
-                        answer=str((group + 1) % 10),
-                        completion="",
-                        prompt_token_ids=ids,
-                        token_ids=completion,
-                        logprobs=old,
-                        policy_version=0,
-                        seed=0,
-                    )
-                )
-        rewards = [float(i % config.n) for i in range(len(rollouts))]  # distinct within every group: all contribute
-        batch = TrainBatch(
-            step=0,
-            rollouts=rollouts,
-            rewards=rewards,
-            adapter=init.adapter,
-            optimizer_state=init.optimizer_state,
-            new_version=1,
-        )
-        seconds, (_, _, metrics) = _median_seconds(
-            lambda: trainer.compute_step(batch, adapter, opt_state), config.repeats, sync
-        )
-        figures["train_step_s"] = round(seconds, 4)
-        figures["train_samples"] = metrics.contributing
-        figures["train_tokens_per_s"] = round(tokens / seconds, 1)
+        figures.update(_train_step_figures(bench, config, _rollouts(bench, config, policy, completions)))
     return figures
+
+
+@dataclass(frozen=True)
+class _Bench:
+    """What every measurement shares: the model, its version-0 adapter and the trainer that made it, the prompts."""
+
+    root: Path
+    base: Path
+    device: Any  # torch.device
+    tokenizer: Any
+    trainer: Any  # PeftTrainer
+    init: Any  # TrainResult: the version-0 adapter's and optimizer state's refs
+    adapter: dict[str, bytes]
+    opt_state: dict[str, bytes] | None
+    questions: list[str]
+    prompt_ids: list[list[int]]
+    tokens: int  # new tokens in one call: prompts x n x max_tokens
+
+    def sync(self) -> None:
+        import torch
+
+        torch.cuda.synchronize(self.device)
+
+
+def _setup(root: Path, config: GpuBenchConfig, device: Any) -> _Bench:
+    """Build the model under `root`, its version-0 adapter on `device`, and the prompts' token ids."""
+    from rl.artifacts import LocalArtifacts
+    from rl.models import build_tiny_model, load_tokenizer
+    from rl.trainer.config import TrainerConfig
+    from rl.trainer.peft_trainer import PeftTrainer
+
+    base = build_tiny_model(root / "model", VLLM_MODEL)
+    tokenizer = load_tokenizer(base)
+    artifacts = LocalArtifacts(root / "artifacts")
+    trainer = PeftTrainer(base, artifacts, TrainerConfig(lr=1e-3), device=device)
+    init = asyncio.run(trainer.init_adapter(seed=0))
+    adapter = asyncio.run(artifacts.get(init.adapter))
+    opt_state = asyncio.run(artifacts.get(init.optimizer_state)) if init.optimizer_state else None
+    questions = [f"{d % 10}=" for d in range(config.prompts)]
+    prompt_ids = [[int(t) for t in tokenizer(q)["input_ids"]] for q in questions]
+    tokens = config.prompts * config.n * config.max_tokens
+    return _Bench(root, base, device, tokenizer, trainer, init, adapter, opt_state, questions, prompt_ids, tokens)
+
+
+def _vllm_figures(bench: _Bench, config: GpuBenchConfig) -> dict[str, Any]:
+    """vLLM's start-up and sampling time, the adapter as a `LoRARequest`; the engine is gone when this returns."""
+    import vllm
+    from vllm.lora.request import LoRARequest
+
+    adapter_dir = bench.root / "adapter-v0"
+    adapter_dir.mkdir()
+    for name, content in bench.adapter.items():
+        (adapter_dir / name).write_bytes(content)
+    kwargs = vllm_llm_kwargs(gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=config.enforce_eager)
+    start = time.perf_counter()
+    llm = vllm.LLM(model=str(bench.base), enable_lora=True, **kwargs)
+    figures: dict[str, Any] = {"vllm_startup_s": round(time.perf_counter() - start, 1)}
+    lora = LoRARequest("policy-v0", 1, str(adapter_dir))
+    sampling = vllm.SamplingParams(
+        n=config.n,
+        temperature=1.0,
+        top_p=1.0,
+        seed=0,
+        logprobs=0,
+        max_tokens=config.max_tokens,
+        ignore_eos=True,
+    )
+    requests = [{"prompt_token_ids": ids} for ids in bench.prompt_ids]
+
+    def vllm_generate() -> int:
+        outputs = llm.generate(requests, sampling, lora_request=lora, use_tqdm=False)
+        return sum(len(c.token_ids) for o in outputs for c in o.outputs)
+
+    seconds, produced = _median_seconds(vllm_generate, config.repeats, bench.sync)
+    if produced != bench.tokens:
+        raise RuntimeError(f"vLLM produced {produced} tokens, expected {bench.tokens} (ignore_eos was not honoured)")
+    figures["vllm_s"] = round(seconds, 4)
+    figures["vllm_tokens_per_s"] = round(bench.tokens / seconds, 1)
+    return figures
+
+
+def _hf_generate_figures(bench: _Bench, config: GpuBenchConfig) -> tuple[dict[str, Any], list[list[int]]]:
+    """Hugging Face `generate`'s sampling time on the merged bf16 model, and the completions of its last call."""
+    import torch
+
+    from rl.trainer.adapter import load_policy
+
+    hf_model = load_policy(bench.base, bench.adapter, trainable=False, device=bench.device).merge_and_unload()
+    hf_model = hf_model.to(torch.bfloat16).eval()
+    rows = [ids for ids in bench.prompt_ids for _ in range(config.n)]
+    input_ids = torch.tensor(rows, device=bench.device)  # [P*n, 3]
+    torch.manual_seed(0)
+
+    @torch.inference_mode()
+    def hf_generate() -> Any:
+        return hf_model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=config.max_tokens,
+            min_new_tokens=config.max_tokens,
+            pad_token_id=bench.tokenizer.pad_token_id,
+            eos_token_id=bench.tokenizer.eos_token_id,
+        )
+
+    seconds, generated = _median_seconds(hf_generate, config.repeats, bench.sync)
+    figures = {"hf_generate_s": round(seconds, 4), "hf_generate_tokens_per_s": round(bench.tokens / seconds, 1)}
+    return figures, generated[:, input_ids.shape[1] :].tolist()
+
+
+def _rollouts(bench: _Bench, config: GpuBenchConfig, policy: Any, completions: list[list[int]]) -> list[Any]:
+    """The completions as version-0 rollouts, old log-probs teacher-forced by `policy`, so ratios start at 1."""
+    import torch
+
+    from rl.engines.decoding import teacher_forced_logprobs
+    from rl.types import Rollout
+
+    rollouts = []
+    with torch.no_grad():
+        for i, completion in enumerate(completions):
+            group = i // config.n
+            ids = bench.prompt_ids[group]
+            old = teacher_forced_logprobs(policy, ids, completion).tolist()
+            rollouts.append(
+                Rollout(
+                    group_id=group,
+                    question=bench.questions[group],
+                    answer=str((group + 1) % 10),
+                    completion="",
+                    prompt_token_ids=ids,
+                    token_ids=completion,
+                    logprobs=old,
+                    policy_version=0,
+                    seed=0,
+                )
+            )
+    return rollouts
+
+
+def _train_step_figures(bench: _Bench, config: GpuBenchConfig, rollouts: list[Any]) -> dict[str, Any]:
+    """The CUDA train step's time on `rollouts`, with rewards distinct within every group (all contribute)."""
+    from rl.types import TrainBatch
+
+    rewards = [float(i % config.n) for i in range(len(rollouts))]  # distinct within every group: all contribute
+    batch = TrainBatch(
+        step=0,
+        rollouts=rollouts,
+        rewards=rewards,
+        adapter=bench.init.adapter,
+        optimizer_state=bench.init.optimizer_state,
+        new_version=1,
+    )
+    seconds, (_, _, metrics) = _median_seconds(
+        lambda: bench.trainer.compute_step(batch, bench.adapter, bench.opt_state), config.repeats, bench.sync
+    )
+    return {
+        "train_step_s": round(seconds, 4),
+        "train_samples": metrics.contributing,
+        "train_tokens_per_s": round(bench.tokens / seconds, 1),
+    }
 
 
 def run_gpu_bench(*, json_out: bool = False, config: GpuBenchConfig = GpuBenchConfig()) -> int:

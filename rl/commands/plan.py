@@ -60,7 +60,7 @@ def _arch(config: Any, model_config: str | None) -> tuple[Any, int]:
 
     from rl.memory_plan import ModelArch
     from rl.models.qwen3 import QWEN3_8B, qwen3_config
-    from rl.models.tiny import _qwen2_config, build_tokenizer
+    from rl.models.tiny import build_tokenizer, qwen2_config
 
     if model_config is not None:
         path = Path(model_config).expanduser()
@@ -69,7 +69,7 @@ def _arch(config: Any, model_config: str | None) -> tuple[Any, int]:
         return arch, int(json.loads(path.read_text()).get("max_position_embeddings", 0))
     if config.model.uri:
         return ModelArch.from_hf_config(qwen3_config(QWEN3_8B).to_dict()), QWEN3_8B.max_position
-    hf = _qwen2_config(config.model.tiny, build_tokenizer())
+    hf = qwen2_config(config.model.tiny, build_tokenizer())
     return ModelArch.from_hf_config(hf.to_dict()), config.model.tiny.max_position
 
 

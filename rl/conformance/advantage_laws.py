@@ -37,10 +37,10 @@ from rl.conformance.advantage_cases import (
 )
 from rl.conformance.advantage_support import (
     AdvantageFn,
-    _call,
-    _invariant_tolerance,
-    _matching_declaration,
-    _same,
+    call_advantages,
+    invariant_tolerance,
+    matching_declaration,
+    same_within,
 )
 from rl.conformance.reference import (
     TOLERANCE_FACTOR,
@@ -92,7 +92,7 @@ class AdvantageContract(ContractBase):
         NaN, inf, a rounding residue like 1e-13 (which a trainer's `advantage == 0` skip misses) or the same-sign
         advantages a float32 mean divided by a near-zero std gives, whatever the declaration and the other groups."""
         check_spec(algorithm)
-        got = _call(advantages, case, algorithm)
+        got = call_advantages(advantages, case, algorithm)
         for gid, idx in case.members().items():
             group = case.group(gid)
             if len(group) < 2 or len(set(group)) > 1:
@@ -131,7 +131,7 @@ class AdvantageContract(ContractBase):
         centres too (`r_i - mean of the others` is `n / (n - 1)` times `r_i - mean`), but divides each member by its
         own std: there the numerators `A_i D_i` sum to zero, `D_i` the declared denominators."""
         spec = check_spec(algorithm)
-        got = _call(advantages, case, spec)
+        got = call_advantages(advantages, case, spec)
         for gid, idx in case.members().items():
             group = case.group(gid)
             if len(group) < 2 or len(set(group)) == 1:
@@ -141,10 +141,10 @@ class AdvantageContract(ContractBase):
                 denominators = advantage_denominators(spec, group, case.rewards)
                 out = [a * d / max(denominators) for a, d in zip(out, denominators, strict=True)]
             total = math.fsum(out)
-            tolerance = len(group) * _invariant_tolerance(algorithm, group, out)
+            tolerance = len(group) * invariant_tolerance(algorithm, group, out)
             hint = ""
             if abs(total) > tolerance:
-                fits = _matching_declaration(spec, advantages, case, got)
+                fits = matching_declaration(spec, advantages, case, got)
                 hint = f" They match {fits}: declare it if that is your design." if fits else ""
             assert abs(total) <= tolerance, (
                 f"zero mean: group {gid} with rewards {group} got advantages {[got[i] for i in idx]}, which "
@@ -166,7 +166,7 @@ class AdvantageContract(ContractBase):
         """Within a group, a higher reward gets a strictly higher advantage (where the declared dtype can tell the two
         rewards apart): a better completion is never pushed down relative to a worse one of the same prompt."""
         eps = invariant_precision(check_spec(algorithm).advantage_dtype).eps
-        got = _call(advantages, case, algorithm)
+        got = call_advantages(advantages, case, algorithm)
         for gid, idx in case.members().items():
             group = case.group(gid)
             resolution = TOLERANCE_FACTOR * 2 * len(group) * eps * max(abs(r) for r in group)
@@ -192,14 +192,14 @@ class AdvantageContract(ContractBase):
         depends on its group's rewards, not on where the group's samples sit (they need not be contiguous)."""
         check_spec(algorithm)
         batch, order = case
-        got = _call(advantages, batch, algorithm)
+        got = call_advantages(advantages, batch, algorithm)
         moved = RewardBatch(tuple(batch.group_ids[i] for i in order), tuple(batch.rewards[i] for i in order))
-        permuted = _call(advantages, moved, algorithm)
+        permuted = call_advantages(advantages, moved, algorithm)
         members = batch.members()
         for k, i in enumerate(order):
             gid = batch.group_ids[i]
-            tolerance = _invariant_tolerance(algorithm, batch.group(gid), [got[j] for j in members[gid]])
-            assert _same(permuted[k], got[i], tolerance), (
+            tolerance = invariant_tolerance(algorithm, batch.group(gid), [got[j] for j in members[gid]])
+            assert same_within(permuted[k], got[i], tolerance), (
                 f"permutation equivariance: sample {i} (group {gid}, reward {batch.rewards[i]!r}) has advantage "
                 f"{got[i]!r} in {batch}, but {permuted[k]!r} once moved to position {k} by the permutation "
                 f"{list(order)}"
@@ -216,14 +216,14 @@ class AdvantageContract(ContractBase):
         check_spec(algorithm)
         batch, new_labels = case
         rename = dict(zip(batch.members(), new_labels, strict=True))
-        got = _call(advantages, batch, algorithm)
+        got = call_advantages(advantages, batch, algorithm)
         renamed = RewardBatch(tuple(rename[gid] for gid in batch.group_ids), batch.rewards)
-        relabelled = _call(advantages, renamed, algorithm)
+        relabelled = call_advantages(advantages, renamed, algorithm)
         members = batch.members()
         for i, (a, b) in enumerate(zip(got, relabelled, strict=True)):
             gid = batch.group_ids[i]
-            tolerance = _invariant_tolerance(algorithm, batch.group(gid), [got[j] for j in members[gid]])
-            assert _same(a, b, tolerance), (
+            tolerance = invariant_tolerance(algorithm, batch.group(gid), [got[j] for j in members[gid]])
+            assert same_within(a, b, tolerance), (
                 f"relabelling: sample {i} (reward {batch.rewards[i]!r}) has advantage {a!r} with "
                 f"group_ids={list(batch.group_ids)} and {b!r} with group_ids={list(renamed.group_ids)} (the renaming "
                 f"{rename}); rewards={list(batch.rewards)}"
@@ -244,8 +244,8 @@ class AdvantageContract(ContractBase):
             batch.group_ids,
             tuple(r if gid == target else 3 * r + 1 for gid, r in zip(batch.group_ids, batch.rewards, strict=True)),
         )
-        before = _call(advantages, batch, spec)
-        after = _call(advantages, changed, spec)
+        before = call_advantages(advantages, batch, spec)
+        after = call_advantages(advantages, changed, spec)
         idx = batch.members()[target]
         factor = 1.0
         if spec.std_scope == "batch":
@@ -256,13 +256,13 @@ class AdvantageContract(ContractBase):
                 f"once only the other groups' rewards changed to {list(changed.rewards)}: {before[largest]!r} became "
                 f"{after[largest]!r}"
             )
-        tolerance = _invariant_tolerance(spec, batch.group(target), [before[i] for i in idx]) * max(1.0, factor)
+        tolerance = invariant_tolerance(spec, batch.group(target), [before[i] for i in idx]) * max(1.0, factor)
         hint = ""
-        if not all(_same(before[i] * factor, after[i], tolerance) for i in idx):
-            fits = _matching_declaration(spec, advantages, batch, before)
+        if not all(same_within(before[i] * factor, after[i], tolerance) for i in idx):
+            fits = matching_declaration(spec, advantages, batch, before)
             hint = f" They match {fits}: declare it if that is your design." if fits else ""
         for i in idx:
-            assert _same(before[i] * factor, after[i], tolerance), (
+            assert same_within(before[i] * factor, after[i], tolerance), (
                 f"independent groups: sample {i} of group {target} (reward {batch.rewards[i]!r}) has advantage "
                 f"{before[i]!r} in {batch}, but {after[i]!r} once only the other groups' rewards changed to "
                 f"{list(changed.rewards)}"
@@ -288,7 +288,7 @@ class AdvantageContract(ContractBase):
         it enters) within the declared dtype's tolerance. The group [0, 1] thus gets ±0.5 / (0.5 + 1e-4) by default
         (the sample std, 0.7071, would give ±0.7070)."""
         spec = check_spec(algorithm)
-        got = _call(advantages, case, spec)
+        got = call_advantages(advantages, case, spec)
         expected = reference_advantages(spec, case.group_ids, case.rewards)
         for gid, idx in case.members().items():
             group = case.group(gid)
@@ -299,11 +299,11 @@ class AdvantageContract(ContractBase):
             for k, (r, a, i) in enumerate(zip(group, out, idx, strict=True)):
                 want = expected[i]
                 tolerance = advantage_tolerance(spec, group, want, case.rewards)
-                if _same(a, want, tolerance) and not math.isnan(a):
+                if same_within(a, want, tolerance) and not math.isnan(a):
                     continue
                 mean = statistics.fmean(group)
                 implied = (r - mean) / a if a and math.isfinite(a) else math.nan
-                fits = _matching_declaration(spec, advantages, case, got)
+                fits = matching_declaration(spec, advantages, case, got)
                 raise AssertionError(
                     f"declared scale: group {gid} with rewards {group} got advantages {out}; reward {r!r} has "
                     f"{a!r}, but {spec.declared(ADVANTAGE_FIELDS)} gives {want!r}, dividing by "
@@ -346,7 +346,7 @@ class AdvantageContract(ContractBase):
             )
             return
         try:
-            got = _call(advantages, case, spec)
+            got = call_advantages(advantages, case, spec)
         except Exception as exc:
             refused = replace(spec, singleton_groups="refused").declared(ADVANTAGE_FIELDS)
             raise AssertionError(
@@ -356,14 +356,18 @@ class AdvantageContract(ContractBase):
         for i in singles:
             gid = case.group_ids[i]
             r, a, want = case.rewards[i], got[i], singleton_advantage(spec, case.rewards[i])
-            ok = a == 0.0 if spec.singleton_groups == "zero" else _same(a, want, advantage_tolerance(spec, [r], want))
+            ok = (
+                a == 0.0
+                if spec.singleton_groups == "zero"
+                else same_within(a, want, advantage_tolerance(spec, [r], want))
+            )
             if ok:
                 continue
             other = replace(spec, singleton_groups="reward" if spec.singleton_groups == "zero" else "zero")
             alt = singleton_advantage(other, r)
             hint = (
                 f"It is {alt!r}, which matches {other.declared(ADVANTAGE_FIELDS)}: declare it if that is your design."
-                if _same(a, alt, 1e-6 * max(1.0, abs(alt)))
+                if same_within(a, alt, 1e-6 * max(1.0, abs(alt)))
                 else ""
             )
             if math.isnan(a):

@@ -1,4 +1,4 @@
-"""What the advantage laws share: calling the function under test (`_call`, which keeps groups of one out of a
+"""What the advantage laws share: calling the function under test (`call_advantages`, which keeps groups of one out of a
 `singleton_groups="refused"` call), the rounding tolerance of the invariants, and the hints a failure gives (the
 declaration the advantages would match, on the failing batch and on fixed probe groups). Pure Python: no torch."""
 
@@ -29,7 +29,7 @@ AdvantageFn = Callable[[Sequence[int], Sequence[float]], Sequence[float]]
 `rl.advantages.group_normalized_advantages`."""
 
 
-def _call(advantages: AdvantageFn, batch: RewardBatch, spec: AlgorithmSpec) -> list[float]:
+def call_advantages(advantages: AdvantageFn, batch: RewardBatch, spec: AlgorithmSpec) -> list[float]:
     """The advantages as floats, after checking the one-output-per-input law every other law relies on. Under
     `singleton_groups="refused"` the groups of one are left out of the call (they never occur) and get 0.0."""
     kept = list(range(len(batch.rewards)))
@@ -63,7 +63,7 @@ def _spread_scale(group: Sequence[float]) -> float:
     return max(abs(r) for r in group) / spread if spread > 0 else 0.0
 
 
-def _invariant_tolerance(spec: AlgorithmSpec, group: Sequence[float], outputs: Iterable[float]) -> float:
+def invariant_tolerance(spec: AlgorithmSpec, group: Sequence[float], outputs: Iterable[float]) -> float:
     """How far two advantages of one group may differ by rounding alone, at no finer than float32 resolution, from the
     implementation's own output scale (so that it holds whatever the declared scale): `G * eps * (max|r| / spread)`
     relative to the largest advantage, squared in that advantage for the std's own error."""
@@ -73,7 +73,7 @@ def _invariant_tolerance(spec: AlgorithmSpec, group: Sequence[float], outputs: I
     return TOLERANCE_FACTOR * (eps * len(group) * (_spread_scale(group) + 1.0) * size * (1.0 + size) + tiny)
 
 
-def _same(a: float, b: float, tolerance: float) -> bool:
+def same_within(a: float, b: float, tolerance: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or a == b or abs(a - b) <= tolerance
 
 
@@ -136,15 +136,15 @@ def _fits_reference(candidate: AlgorithmSpec, batch: RewardBatch, got: Sequence[
             continue
         for i in idx:
             tolerance = advantage_tolerance(candidate, group, expected[i], batch.rewards)
-            if not _same(got[i], expected[i], tolerance) or math.isnan(got[i]):
+            if not same_within(got[i], expected[i], tolerance) or math.isnan(got[i]):
                 return False
     return True
 
 
-def _matching_declaration(spec: AlgorithmSpec, advantages: AdvantageFn, case: RewardBatch, got: Sequence[float]) -> str:
+def matching_declaration(spec: AlgorithmSpec, advantages: AdvantageFn, case: RewardBatch, got: Sequence[float]) -> str:
     """The declaration closest to `spec` (fewest fields changed, never `spec` itself) whose reference the
     implementation's advantages match, both on `_PROBE` and on the failing `case`; "" if none does."""
-    probe = _call(advantages, _PROBE, spec)
+    probe = call_advantages(advantages, _PROBE, spec)
     for candidate in _candidates(spec):
         if _fits_reference(candidate, case, got) and _fits_reference(candidate, _PROBE, probe):
             return candidate.declared(ADVANTAGE_FIELDS)

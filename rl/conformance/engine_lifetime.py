@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from rl.conformance._base import Run, tier
-from rl.conformance.sampling import LOGPROB_TOLERANCE, _differs
+from rl.conformance.sampling import LOGPROB_TOLERANCE, first_difference
 from rl.conformance.sizes import LawSizes
 from rl.errors import EngineClosedError
 from rl.protocols import RolloutEngine
@@ -171,7 +171,7 @@ class EngineLifetimeLaws:
                     "rl.errors.EngineClosedError",
                     pytrace=False,
                 )
-            difference = _differs(again, earlier)
+            difference = first_difference(again, earlier)
             assert difference is None, (
                 f"after close(), the request for adapter {request.adapter.digest[:19]} got {difference} it got "
                 "before: an engine used after close serves each adapter as before, or refuses with EngineClosedError"

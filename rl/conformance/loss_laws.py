@@ -30,13 +30,13 @@ from rl.conformance.loss_support import (
     BatchLossFn,
     LossUnderTest,
     SampleLossFn,
-    _aggregations,
-    _call,
-    _fits,
-    _fresh,
-    _mismatch,
-    _weights,
+    aggregations,
+    call_loss,
+    fresh,
     implied_normalizer,
+    matching_declaration,
+    measured_weights,
+    mismatch,
     sample_loss_as_batch_loss,
 )
 from rl.conformance.reference import TOLERANCE_FACTOR, invariant_precision, precision, token_weights
@@ -132,7 +132,7 @@ class LossContract(RatioLaws, KlLaws, ContractBase):
         of tokens alike)."""
         law = "padding"
         spec = check_spec(algorithm)
-        case = _fresh(spec, case)
+        case = fresh(spec, case)
         eps = invariant_precision(spec.loss_dtype).eps
         # Far from the padding's first values: ratios of e^-25 and gaps of 25 nats where nothing may look.
         padded = replace(
@@ -143,8 +143,8 @@ class LossContract(RatioLaws, KlLaws, ContractBase):
         )
         if spec.importance_ratio == "on_policy":
             padded = as_on_policy(padded)
-        first = _call(loss_under_test, spec, case, law)
-        second = _call(loss_under_test, spec, padded, law)
+        first = call_loss(loss_under_test, spec, case, law)
+        second = call_loss(loss_under_test, spec, padded, law)
         for outcome in (first, second):
             for i, length in enumerate(case.lengths):
                 leaked = [g for g in outcome.grad[i][length:] if g != 0.0]
@@ -188,7 +188,7 @@ class LossContract(RatioLaws, KlLaws, ContractBase):
 
         law = "finite differentiable scalar"
         spec = check_spec(algorithm)
-        case = _fresh(spec, case)
+        case = fresh(spec, case)
         dtype = getattr(torch, spec.loss_dtype)
         if loss_under_test.sample_loss is not None:
             row = [
@@ -250,18 +250,20 @@ class LossContract(RatioLaws, KlLaws, ContractBase):
         spec = check_spec(algorithm)
         case = replace(as_on_policy(case), kl_beta=0.0)
         declared = token_weights(spec, case.lengths)
-        got = _call(loss_under_test, spec, case, law)
-        wrong = _mismatch(spec, got, declared, precision(spec.loss_dtype))
+        got = call_loss(loss_under_test, spec, case, law)
+        wrong = mismatch(spec, got, declared, precision(spec.loss_dtype))
         if wrong:
-            measured = _weights(loss_under_test, spec, case, law)
+            measured = measured_weights(loss_under_test, spec, case, law)
             implied = implied_normalizer(case.lengths, measured)
-            elsewhere = implied_normalizer(_OTHER_SHAPE.lengths, _weights(loss_under_test, spec, _OTHER_SHAPE, law))
+            elsewhere = implied_normalizer(
+                _OTHER_SHAPE.lengths, measured_weights(loss_under_test, spec, _OTHER_SHAPE, law)
+            )
             stable = math.isfinite(implied) and abs(implied - elsewhere) <= 1e-6 * implied
             candidates = [
                 (candidate, token_weights(candidate, case.lengths))
-                for candidate in _aggregations(spec, implied if stable else math.nan)
+                for candidate in aggregations(spec, implied if stable else math.nan)
             ]
-            fits = _fits(candidates, spec, got) or (
+            fits = matching_declaration(candidates, spec, got) or (
                 f"The loss weighs the tokens of completions of lengths {list(case.lengths)} by {measured}."
             )
             if math.isfinite(implied) and not stable:

@@ -14,21 +14,21 @@ from hypothesis import strategies as st
 from rl.conformance._base import explicit_examples, law_settings, tier
 from rl.conformance.loss_cases import KL_CELLS, KL_LOG_RATIO, LossBatch, loss_batches
 from rl.conformance.loss_support import (
-    _HINT_DTYPES,
-    _KL_AGGREGATIONS,
-    _KL_CLAMPS,
-    _KL_ESTIMATORS,
+    HINT_DTYPES,
+    KL_AGGREGATIONS,
+    KL_CLAMPS,
+    KL_ESTIMATORS,
+    LossOutcome,
     LossUnderTest,
-    _call,
-    _fits,
-    _fresh,
-    _mismatch,
-    _Outcome,
-    _skip_unless,
-    _tokens,
-    _weights,
+    call_loss,
+    fresh,
     kl_part,
     kl_weights,
+    matching_declaration,
+    measured_weights,
+    mismatch,
+    skip_unless,
+    token_references,
 )
 from rl.conformance.reference import TOLERANCE_FACTOR, invariant_precision, precision
 from rl.conformance.spec import LOSS_FIELDS, AlgorithmSpec, check_spec
@@ -56,10 +56,10 @@ class KlLaws:
         penalty."""
         law = "KL penalty"
         spec = check_spec(algorithm)
-        _skip_unless(spec, law)
-        case = replace(_fresh(spec, case), advantages=(0.0,) * len(case.lengths))
+        skip_unless(spec, law)
+        case = replace(fresh(spec, case), advantages=(0.0,) * len(case.lengths))
         eps = invariant_precision(spec.loss_dtype).eps
-        at_ref = _call(loss_under_test, spec, replace(case, ref=case.new), law)
+        at_ref = call_loss(loss_under_test, spec, replace(case, ref=case.new), law)
         assert abs(at_ref.value) <= TOLERANCE_FACTOR * eps * case.kl_beta, (
             f"{law}: with new == ref and advantage 0 the loss must be 0, got {at_ref.value!r}\n({at_ref.case})"
         )
@@ -69,7 +69,7 @@ class KlLaws:
                 f"{law}: at new == ref the KL penalty is at its minimum, so d loss / d new_logp[{i}][{t}] must be 0, "
                 f"got {g!r}; a k1 penalty (mean(new - ref)) has gradient kl_beta / T there\n({at_ref.case})"
             )
-        got = _call(loss_under_test, spec, case, law)
+        got = call_loss(loss_under_test, spec, case, law)
         floor = TOLERANCE_FACTOR * eps * case.kl_beta * len(case.tokens())
         assert got.value >= -floor, (
             f"{law}: with advantage 0 and new != ref the loss is kl_beta * KL >= 0, got {got.value!r}: a negative "
@@ -98,16 +98,16 @@ class KlLaws:
         and gradient within the declared dtype's tolerance. Skipped when the declaration has no KL penalty."""
         law = "declared KL estimator"
         spec = check_spec(algorithm)
-        _skip_unless(spec, law)
-        case = _fresh(spec, case)
-        weights = _weights(loss_under_test, spec, case, law)
-        whole = _call(loss_under_test, spec, case, law)
-        got = kl_part(whole, _call(loss_under_test, spec, replace(case, kl_beta=0.0), law))
-        wrong = _mismatch(spec, got, weights, precision(spec.loss_dtype), kl_only=True)
+        skip_unless(spec, law)
+        case = fresh(spec, case)
+        weights = measured_weights(loss_under_test, spec, case, law)
+        whole = call_loss(loss_under_test, spec, case, law)
+        got = kl_part(whole, call_loss(loss_under_test, spec, replace(case, kl_beta=0.0), law))
+        wrong = mismatch(spec, got, weights, precision(spec.loss_dtype), kl_only=True)
         if wrong:
             candidates = []
             for kl, clamp, aggregation, dtype in itertools.product(
-                _KL_ESTIMATORS, _KL_CLAMPS, _KL_AGGREGATIONS, _HINT_DTYPES
+                KL_ESTIMATORS, KL_CLAMPS, KL_AGGREGATIONS, HINT_DTYPES
             ):
                 try:
                     candidate = replace(
@@ -116,15 +116,15 @@ class KlLaws:
                 except ValueError:
                     continue  # not declarable (a clamp without a KL term, a token mean of a sample_loss's ...)
                 candidates.append((candidate, weights))
-            probe = _fresh(spec, KL_CELLS[-1])  # ratios away from 1, where k3_ratio and k3_value_k2_grad differ
+            probe = fresh(spec, KL_CELLS[-1])  # ratios away from 1, where k3_ratio and k3_value_k2_grad differ
             probe_got = kl_part(
-                _call(loss_under_test, spec, probe, law),
-                _call(loss_under_test, spec, replace(probe, kl_beta=0.0), law),
+                call_loss(loss_under_test, spec, probe, law),
+                call_loss(loss_under_test, spec, replace(probe, kl_beta=0.0), law),
             )
-            probe_weights = _weights(loss_under_test, spec, probe, law)
-            fits = _fits(candidates, spec, got, kl_only=True, also=[(probe_got, probe_weights)]) or _kl_diagnosis(
-                spec, got, weights
-            )
+            probe_weights = measured_weights(loss_under_test, spec, probe, law)
+            fits = matching_declaration(
+                candidates, spec, got, kl_only=True, also=[(probe_got, probe_weights)]
+            ) or _kl_diagnosis(spec, got, weights)
             aggregated = (
                 "weighted as the surrogate is"
                 if spec.kl_aggregation is None
@@ -137,16 +137,16 @@ class KlLaws:
             )
 
 
-def _kl_diagnosis(spec: AlgorithmSpec, got: _Outcome, weights: Sequence[float]) -> str:
+def _kl_diagnosis(spec: AlgorithmSpec, got: LossOutcome, weights: Sequence[float]) -> str:
     """When no declaration fits: whether the KL part of the gradient is some declarable estimator weighted by another
     per-completion factor (the weighting is wrong), or no estimator under any weighting (the estimator is wrong)."""
     case = got.case
-    for kl in _KL_ESTIMATORS[:-1]:
+    for kl in KL_ESTIMATORS[:-1]:
         try:
             candidate = replace(spec, kl_estimator=kl)
         except ValueError:
             continue
-        tokens = _tokens(candidate, case)
+        tokens = token_references(candidate, case)
         kl_w = kl_weights(candidate, case.lengths, weights)
         factors: dict[int, list[float]] = {}
         for (i, t), token in tokens.items():

@@ -13,15 +13,15 @@ from hypothesis import strategies as st
 from rl.conformance._base import explicit_examples, law_settings, tier
 from rl.conformance.loss_cases import AT_RATIO_ONE, CLIP_CELLS, LOG_RATIO, LossBatch, as_on_policy, loss_batches
 from rl.conformance.loss_support import (
+    LossOutcome,
     LossUnderTest,
-    _call,
-    _dual_clip_hint,
-    _mismatch,
-    _Outcome,
-    _skip_unless,
-    _tokens,
-    _value_tolerance,
-    _weights,
+    call_loss,
+    dual_clip_hint,
+    measured_weights,
+    mismatch,
+    skip_unless,
+    token_references,
+    value_tolerance,
 )
 from rl.conformance.reference import TOLERANCE_FACTOR, Precision, invariant_precision, token_tolerance
 from rl.conformance.spec import LOSS_FIELDS, AlgorithmSpec, ImportanceRatio, check_spec
@@ -47,7 +47,7 @@ class RatioLaws:
         case = replace(as_on_policy(case), kl_beta=0.0)
         at = invariant_precision(spec.loss_dtype)
         probe = replace(case, ref=case.new, advantages=(1.0,) * len(case.lengths))
-        unit = _call(loss_under_test, spec, probe, law).grad
+        unit = call_loss(loss_under_test, spec, probe, law).grad
         for i, t in case.tokens():
             w, first = -unit[i][t], -unit[i][0]
             assert math.isfinite(w) and w > 0, (
@@ -61,12 +61,12 @@ class RatioLaws:
                 f"{-first!r}: every token of a completion must weigh the same\n({probe})"
             )
         weights = [-unit[i][0] for i in range(len(case.lengths))]
-        got = _call(loss_under_test, spec, case, law)
-        wrong = _mismatch(spec, got, weights, at)
+        got = call_loss(loss_under_test, spec, case, law)
+        wrong = mismatch(spec, got, weights, at)
         hint = ""
         if wrong and spec.importance_ratio in ("clipped", "sequence"):
             cispo = replace(spec, importance_ratio="cispo", ratio_cap=_CISPO_CAPS[0])
-            if not _mismatch(cispo, got, weights, at):
+            if not mismatch(cispo, got, weights, at):
                 hint = (
                     " Its gradient is REINFORCE's and its value is not -sum A T w, so the value is a convention, as "
                     "CISPO's -sg(min(r, C)) A new is (any ratio_cap fits at ratio 1; the clip law tells which): the "
@@ -91,11 +91,11 @@ class RatioLaws:
         weight. Skipped when the declaration is on-policy only."""
         law = "clipped ratio"
         spec = check_spec(algorithm)
-        _skip_unless(spec, law)
+        skip_unless(spec, law)
         case = replace(case, kl_beta=0.0, ref=case.new)
         at = invariant_precision(spec.loss_dtype)
-        weights = _weights(loss_under_test, spec, case, law)
-        got = _call(loss_under_test, spec, case, law)
+        weights = measured_weights(loss_under_test, spec, case, law)
+        got = call_loss(loss_under_test, spec, case, law)
         rounded = got.case
         ignores_old = all(
             abs(got.grad[j][s] + weights[j] * rounded.advantages[j]) <= 1e-3 * abs(weights[j] * rounded.advantages[j])
@@ -108,15 +108,15 @@ class RatioLaws:
             if ignores_old
             else ""
         )
-        hint += _dual_clip_hint(spec, rounded, weights, got, at) or _ratio_hint(spec, got, weights, at)
+        hint += dual_clip_hint(spec, rounded, weights, got, at) or _ratio_hint(spec, got, weights, at)
         if spec.importance_ratio == "cispo":
-            wrong = _mismatch(spec, got, weights, at)
+            wrong = mismatch(spec, got, weights, at)
             assert not wrong, (
                 f"{law}: {wrong}: CISPO's token gradient is -min(r, {spec.ratio_cap!r}) A w, its weight truncated and "
                 f"detached, never zero.{hint}\n({rounded})"
             )
             return
-        for (i, t), token in _tokens(spec, rounded).items():
+        for (i, t), token in token_references(spec, rounded).items():
             have, unclipped = got.grad[i][t], -weights[i] * rounded.advantages[i] * token.ratio
             tolerance = token_tolerance(at, weights[i], token)
             band = TOLERANCE_FACTOR * at.eps * token.ratio * (2.0 + abs(rounded.new[i][t]) + abs(rounded.old[i][t]))
@@ -157,10 +157,10 @@ class RatioLaws:
                     )
                     + f".{hint}\n({rounded})"
                 )
-        tokens = _tokens(spec, rounded)
+        tokens = token_references(spec, rounded)
         ratio = "s" if spec.importance_ratio == "sequence" else "r"
         want_value = math.fsum(weights[i] * token.value for (i, _), token in tokens.items())
-        tolerance = _value_tolerance(at, weights, tokens)
+        tolerance = value_tolerance(at, weights, tokens)
         assert abs(got.value - want_value) <= tolerance, (
             f"{law}: the loss is {got.value!r}, expected {want_value!r}, the weighted sum of "
             f"-min({ratio} A, clip({ratio}, 1 - eps, 1 + eps) A) (tolerance {tolerance:.3g}).{hint}\n({rounded})"
@@ -171,7 +171,7 @@ _CISPO_CAPS = (5.0, 2.0, 10.0)
 """The CISPO caps a failure suggests: TRL's recommended epsilon_high (ScaleRL's 5.0), and two round others."""
 
 
-def _ratio_hint(spec: AlgorithmSpec, got: _Outcome, weights: Sequence[float], at: Precision) -> str:
+def _ratio_hint(spec: AlgorithmSpec, got: LossOutcome, weights: Sequence[float], at: Precision) -> str:
     """When the loss matches another declarable importance ratio (GSPO's sequence ratio, CISPO's truncated weight):
     a sentence saying to declare it, or ""."""
     candidates = []
@@ -182,6 +182,6 @@ def _ratio_hint(spec: AlgorithmSpec, got: _Outcome, weights: Sequence[float], at
         except ValueError:
             continue  # not declarable with the rest of `spec` (a sequence ratio weighting k3)
     for candidate in candidates:
-        if candidate != spec and not _mismatch(candidate, got, weights, at):
+        if candidate != spec and not mismatch(candidate, got, weights, at):
             return f" The loss matches {candidate.declared(LOSS_FIELDS)}: declare it if that is your design."
     return ""

@@ -1,6 +1,6 @@
 """What every loss law shares: the loss under test in batch form (`sample_loss_as_batch_loss` lifts a per-completion
 loss), calling it on a `LossBatch` at the declared dtype, the float64 reference of a call from the declaration
-(`_mismatch`), and the hints a failure gives (the declaration the loss would match). torch is imported inside the
+(`mismatch`), and the hints a failure gives (the declaration the loss would match). torch is imported inside the
 functions, never at import."""
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ class LossUnderTest:
 
 
 @dataclass(frozen=True)
-class _Outcome:
+class LossOutcome:
     """A call's loss and d loss / d new_logp, and the inputs as the declared dtype rounded them (what the reference
     is computed from)."""
 
@@ -100,7 +100,7 @@ class _Outcome:
     case: LossBatch
 
 
-def _call(loss: LossUnderTest, spec: AlgorithmSpec, case: LossBatch, law: str) -> _Outcome:
+def call_loss(loss: LossUnderTest, spec: AlgorithmSpec, case: LossBatch, law: str) -> LossOutcome:
     import torch
 
     dtype = getattr(torch, spec.loss_dtype)
@@ -127,22 +127,22 @@ def _call(loss: LossUnderTest, spec: AlgorithmSpec, case: LossBatch, law: str) -
     assert value.requires_grad, f"{law}: {where} returned a loss that carries no gradient to new_logp"
     value.reshape(()).backward()
     assert new.grad is not None, f"{law}: {where} gave new_logp no gradient"
-    return _Outcome(float(value.detach()), new.grad.double().tolist(), rounded)
+    return LossOutcome(float(value.detach()), new.grad.double().tolist(), rounded)
 
 
-def _weights(loss: LossUnderTest, spec: AlgorithmSpec, case: LossBatch, law: str) -> list[float]:
+def measured_weights(loss: LossUnderTest, spec: AlgorithmSpec, case: LossBatch, law: str) -> list[float]:
     """The implementation's own weight of each completion's tokens: `-d loss / d new_logp` at ratio 1, advantage 1
     and kl_beta 0 (where the per-token loss is -r A), on the batch's shape; the declared weights where that is 0 or
     not finite (so that a loss with no usable gradient is still compared with something)."""
     probe = replace(case, old=case.new, ref=case.new, advantages=(1.0,) * len(case.lengths), kl_beta=0.0)
-    grad = _call(loss, spec, probe, law).grad
+    grad = call_loss(loss, spec, probe, law).grad
     measured = [-grad[i][0] for i in range(len(case.lengths))]
     if all(math.isfinite(w) and w != 0.0 for w in measured):
         return measured
     return token_weights(spec, case.lengths)
 
 
-def _tokens(spec: AlgorithmSpec, case: LossBatch) -> dict[tuple[int, int], TokenReference]:
+def token_references(spec: AlgorithmSpec, case: LossBatch) -> dict[tuple[int, int], TokenReference]:
     """Each unmasked token's reference; under `importance_ratio="sequence"` with its completion's mean log ratio."""
     log_ratios: dict[int, float | None] = {}
     for i, length in enumerate(case.lengths):
@@ -178,7 +178,7 @@ def _compares_value(spec: AlgorithmSpec) -> bool:
     return spec.importance_ratio in ("clipped", "sequence")
 
 
-def _value_tolerance(
+def value_tolerance(
     at: Precision,
     weights: Sequence[float],
     tokens: Mapping[tuple[int, int], TokenReference],
@@ -200,10 +200,12 @@ def _weighted(weights: Sequence[float], kl: Sequence[float], i: int, token: Toke
 def weighted_value(spec: AlgorithmSpec, case: LossBatch, weights: Sequence[float]) -> float:
     """The reference loss of `case` with the surrogate weighted by `weights` and the KL as declared."""
     kl = kl_weights(spec, case.lengths, weights)
-    return math.fsum(_weighted(weights, kl, i, token, "value") for (i, _), token in _tokens(spec, case).items())
+    return math.fsum(
+        _weighted(weights, kl, i, token, "value") for (i, _), token in token_references(spec, case).items()
+    )
 
 
-def kl_part(got: _Outcome, without: _Outcome) -> _Outcome:
+def kl_part(got: LossOutcome, without: LossOutcome) -> LossOutcome:
     """The KL term's own share of `got`: its value and gradient less those of the same call with kl_beta 0
     (`without`), so that the KL laws see the KL term whatever surrogate or importance ratio the loss has."""
     return replace(
@@ -213,15 +215,15 @@ def kl_part(got: _Outcome, without: _Outcome) -> _Outcome:
     )
 
 
-def _mismatch(
-    spec: AlgorithmSpec, got: _Outcome, weights: Sequence[float], at: Precision, *, kl_only: bool = False
+def mismatch(
+    spec: AlgorithmSpec, got: LossOutcome, weights: Sequence[float], at: Precision, *, kl_only: bool = False
 ) -> str:
     """Where the outcome's gradient (and, for a loss whose value is not a convention, its value) differs from the
     reference of `spec` weighted by `weights` (the KL part by `kl_weights`), token by token, beyond the tolerance
     precision `at` earns; "" where it does not. With `kl_only`, `got` is a `kl_part` and only the reference's KL part
     is compared (its value always: a KL term's value is no convention)."""
     case = got.case
-    tokens = _tokens(spec, case)
+    tokens = token_references(spec, case)
     kl = kl_weights(spec, case.lengths, weights)
     if kl_only:
         tokens = {key: replace(token, value=token.kl_value, grad=token.kl_grad) for key, token in tokens.items()}
@@ -239,7 +241,7 @@ def _mismatch(
             )
     if kl_only or _compares_value(spec):
         want_value = math.fsum(_weighted(weights, kl, i, token, "value") for (i, _), token in tokens.items())
-        tolerance = _value_tolerance(at, weights, tokens, kl)
+        tolerance = value_tolerance(at, weights, tokens, kl)
         if not abs(got.value - want_value) <= tolerance:
             return (
                 f"the loss is {got.value!r}, expected {want_value!r} (the weighted sum of the tokens' losses; "
@@ -248,13 +250,13 @@ def _mismatch(
     return ""
 
 
-def _fits(
+def matching_declaration(
     candidates: Sequence[tuple[AlgorithmSpec, Sequence[float]]],
     declared: AlgorithmSpec,
-    got: _Outcome,
+    got: LossOutcome,
     *,
     kl_only: bool = False,
-    also: Sequence[tuple[_Outcome, Sequence[float]]] = (),
+    also: Sequence[tuple[LossOutcome, Sequence[float]]] = (),
 ) -> str:
     """The first candidate declaration (other than `declared`, fewest fields changed first) whose reference, with its
     weights and at its dtype's precision, the outcome matches (and each outcome of `also`, with its weights: a hint
@@ -266,8 +268,8 @@ def _fits(
         at = precision(candidate.loss_dtype)
         if (
             candidate != declared
-            and not _mismatch(candidate, got, weights, at, kl_only=kl_only)
-            and not any(_mismatch(candidate, other, w, at, kl_only=kl_only) for other, w in also)
+            and not mismatch(candidate, got, weights, at, kl_only=kl_only)
+            and not any(mismatch(candidate, other, w, at, kl_only=kl_only) for other, w in also)
         ):
             return f"The loss matches {candidate.declared(LOSS_FIELDS)}: declare it if that is your design."
     return ""
@@ -277,7 +279,7 @@ def _values(spec: AlgorithmSpec) -> tuple[Any, ...]:
     return tuple(getattr(spec, name) for name in LOSS_FIELDS)
 
 
-def _skip_unless(spec: AlgorithmSpec, law: str) -> None:
+def skip_unless(spec: AlgorithmSpec, law: str) -> None:
     if law in _NEEDS_KL and spec.kl_estimator == "none":
         pytest.skip(
             f"{spec.declared(LOSS_FIELDS)} declares no KL penalty (the laws pass kl_beta=0.0), so this law does not "
@@ -298,17 +300,17 @@ def _kl_beta(spec: AlgorithmSpec, beta: float) -> float:
     return 0.0 if spec.kl_estimator == "none" else beta
 
 
-def _fresh(spec: AlgorithmSpec, case: LossBatch) -> LossBatch:
+def fresh(spec: AlgorithmSpec, case: LossBatch) -> LossBatch:
     """`case` with old_logp = new_logp when the declared loss is on-policy only, and kl_beta 0 when it has no KL."""
     case = replace(case, kl_beta=_kl_beta(spec, case.kl_beta))
     return as_on_policy(case) if spec.importance_ratio == "on_policy" else case
 
 
-def _dual_clip_hint(
+def dual_clip_hint(
     spec: AlgorithmSpec,
     case: LossBatch,
     weights: Sequence[float],
-    got: _Outcome,
+    got: LossOutcome,
     at: Precision,
 ) -> str:
     """When tokens with A < 0 and a ratio above 1 get zero gradient and no dual clip is declared: the c whose dual clip
@@ -316,7 +318,7 @@ def _dual_clip_hint(
     or "" when none does."""
     if spec.dual_clip is not None:
         return ""
-    tokens = _tokens(spec, case)
+    tokens = token_references(spec, case)
     flat = [
         (i, t)
         for (i, t), token in tokens.items()
@@ -332,7 +334,7 @@ def _dual_clip_hint(
     if not (math.isfinite(c) and c > 1.0):
         return ""
     candidate = replace(spec, dual_clip=c)
-    for (i, t), token in _tokens(candidate, case).items():
+    for (i, t), token in token_references(candidate, case).items():
         want = weights[i] * token.grad
         if abs(got.grad[i][t] - want) > token_tolerance(at, weights[i], token) + 1e-6 * abs(want):
             return ""
@@ -342,12 +344,12 @@ def _dual_clip_hint(
     )
 
 
-_HINT_DTYPES: tuple[LossDtype, ...] = ("float64", "float32")
+HINT_DTYPES: tuple[LossDtype, ...] = ("float64", "float32")
 """The dtypes a failure suggests declaring: not bfloat16, whose tolerance is wide enough to fit many a bug."""
 
-_KL_ESTIMATORS: tuple[KlEstimator, ...] = ("k3", "k2", "k3_ratio", "k3_value_k2_grad", "none")
-_KL_AGGREGATIONS: tuple[LossAggregation | None, ...] = (None, "sequence_mean", "sequence_sum", "token_mean")
-_KL_CLAMPS: tuple[float | None, ...] = (None, 10.0)
+KL_ESTIMATORS: tuple[KlEstimator, ...] = ("k3", "k2", "k3_ratio", "k3_value_k2_grad", "none")
+KL_AGGREGATIONS: tuple[LossAggregation | None, ...] = (None, "sequence_mean", "sequence_sum", "token_mean")
+KL_CLAMPS: tuple[float | None, ...] = (None, 10.0)
 """The KL clamps a failure suggests: none, and verl's low_var_kl bound."""
 _PER_SEQUENCE: tuple[LossAggregation, ...] = ("sequence_mean", "sequence_sum", "token_mean")
 
@@ -360,12 +362,12 @@ def implied_normalizer(lengths: Sequence[int], measured: Sequence[float]) -> flo
     return 1.0 / (len(lengths) * measured[0])
 
 
-def _aggregations(spec: AlgorithmSpec, implied: float) -> list[AlgorithmSpec]:
+def aggregations(spec: AlgorithmSpec, implied: float) -> list[AlgorithmSpec]:
     """Every declarable aggregation at every suggested dtype, the constant one with `implied` as its L (none when
     `implied` is NaN: the weights imply no constant that holds beyond one batch), each also with CISPO's value
     convention (whose value is not compared: at ratio 1 any ratio_cap fits)."""
     out = []
-    for dtype in _HINT_DTYPES:
+    for dtype in HINT_DTYPES:
         for name in _PER_SEQUENCE:
             out.append(replace(spec, loss_aggregation=name, loss_normalizer=None, loss_dtype=dtype))
         if math.isfinite(implied) and implied > 0:

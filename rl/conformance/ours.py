@@ -94,12 +94,12 @@ def ddp_shard_step(ddp_model: Any, sample_loss_fns: Any, sync_forward: Any) -> N
 
 
 def trainer_algorithm(config: TrainerConfig) -> AlgorithmSpec:
-    """The GRPO choices our PEFT trainer makes under `config`: the group's population std plus `advantage_eps` (or
-    none, Dr. GRPO's `advantage_scale="none"`), the k3 penalty unless `kl_beta` is 0, the clipped ratio, and the loss
-    on float32 log-probs (advantages in float64: pure Python)."""
+    """The GRPO choices our PEFT trainer makes under `config`: its `advantage_scale` and `std_eps` (named as declared
+    here), the k3 penalty unless `kl_beta` is 0, the clipped ratio, and the loss on float32 log-probs (advantages in
+    float64: pure Python)."""
     return AlgorithmSpec(
-        advantage_scale="population_std" if config.advantage_scale == "group" else "none",
-        std_eps=config.advantage_eps,
+        advantage_scale=config.advantage_scale,
+        std_eps=config.std_eps,
         kl_estimator="k3" if config.kl_beta > 0 else "none",
         loss_dtype="float32",
     )

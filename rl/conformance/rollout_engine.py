@@ -12,7 +12,7 @@ import pytest
 from rl.conformance._base import ContractBase, Run, must_provide, tier
 from rl.conformance.capabilities import Capabilities, require
 from rl.conformance.engine_lifetime import EngineLifetimeLaws
-from rl.conformance.sampling import SamplerFidelityLaws, _differs
+from rl.conformance.sampling import SamplerFidelityLaws, first_difference
 from rl.conformance.sizes import LawSizes
 from rl.protocols import Artifacts, RolloutEngine
 from rl.seeding import derive_seed
@@ -194,7 +194,7 @@ class RolloutEngineContract(SamplerFidelityLaws, EngineLifetimeLaws, ContractBas
         first_other = rl_run(engine.generate(other))
         mine = rl_run(engine.generate(rollout_request))
         # Log-probs too: from one seed, close adapters draw the same tokens (a real model's after 3 steps at lr 3e-4).
-        assert _differs(mine, first_other) is not None, (
+        assert first_difference(mine, first_other) is not None, (
             f"a request for adapter {rollout_request.adapter.digest[:12]} returned the same group (token ids and "
             f"log-probs) as the previous request for adapter {other_adapter.digest[:12]} (both labelled policy version "
             f"{rollout_request.policy_version}): the engine served a stale adapter. Key a loaded adapter by its "

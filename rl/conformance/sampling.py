@@ -78,7 +78,7 @@ async def _concurrently(engine: RolloutEngine, requests: Sequence[RolloutRequest
     return list(await asyncio.gather(*(engine.generate(r) for r in requests)))
 
 
-def _differs(a: Sequence[Rollout], b: Sequence[Rollout]) -> str | None:
+def first_difference(a: Sequence[Rollout], b: Sequence[Rollout]) -> str | None:
     if [r.token_ids for r in a] != [r.token_ids for r in b]:
         return f"token ids {[r.token_ids for r in a]} instead of {[r.token_ids for r in b]}"
     for i, (x, y) in enumerate(zip(a, b, strict=True)):
@@ -155,7 +155,7 @@ class SamplerFidelityLaws:
             together = rl_run(_concurrently(engine, order))
             assert len(together) == len(order), f"one call of {len(order)} requests returned {len(together)} groups"
             for request, group in zip(order, together, strict=True):
-                difference = _differs(group, alone[id(request)])
+                difference = first_difference(group, alone[id(request)])
                 assert difference is None, (
                     f"in one call with requests for adapters {[r.adapter.digest[:19] for r in order]} (same prompt, "
                     f"seed and policy-version label), the request for adapter {request.adapter.digest[:19]} got "

@@ -115,7 +115,7 @@ async def node_base(base: Dir, rank: int, device: str) -> Path:
     """
     import torch
 
-    from rl.trainer.ddp import PeerRankError, _agree
+    from rl.trainer.ddp import PeerRankError, ranks_agree
 
     if "LOCAL_RANK" not in os.environ:  # not under torchrun (Flyte's local mode): one rank, nothing to share
         return await local_base(base)
@@ -131,7 +131,7 @@ async def node_base(base: Dir, rank: int, device: str) -> Path:
 
     waiting = dist.new_group(backend="gloo", timeout=DOWNLOAD_TIMEOUT)  # every rank calls it, in the same order
     try:
-        agreed = _agree(error is None, torch.device("cpu"), group=waiting)
+        agreed = ranks_agree(error is None, torch.device("cpu"), group=waiting)
     finally:
         dist.destroy_process_group(waiting)
     if not agreed:

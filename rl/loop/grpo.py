@@ -27,7 +27,7 @@ from rl.checks import check_staleness, finite_rewards
 from rl.errors import EngineContractError, GrpoInputError
 from rl.identity import canonical, content_digest
 from rl.loop.awaiting import results_in_order
-from rl.loop.phase_timing import Scored, timed, timed_generation, with_eval_time
+from rl.loop.phase_timing import Scored, now, timed, with_eval_time
 from rl.loop.spans import Span, scope
 from rl.metrics import finite_mean
 from rl.protocols import (
@@ -148,8 +148,10 @@ def sample_prompts(config: GrpoConfig, prompts: Sequence[Prompt], iteration: int
 
 async def generate_and_score(
     config: GrpoConfig, tiers: GrpoTiers, iteration: int, adapter: ArtifactRef, version: int
-) -> tuple[list[Rollout], list[float]]:
-    """Launch every group at once, score each the moment it lands, return both in canonical (group id) order."""
+) -> Scored:
+    """Launch every group at once, score each the moment it lands, return both in canonical (group id) order with the
+    seconds of each phase: `generate` until the last group landed, `score` the scoring left after it."""
+    start = now()
     prompts = sample_prompts(config, tiers.prompts.train_prompts(), iteration)
     requests = [
         RolloutRequest(
@@ -166,8 +168,11 @@ async def generate_and_score(
     groups: dict[int, list[Rollout]] = {}
     scoring: dict[int, asyncio.Future[list[float]]] = {}
     generating: list[asyncio.Future[list[Rollout]]] = []
+    last_landed = start
 
     def landed(group: list[Rollout]) -> None:
+        nonlocal last_landed
+        last_landed = now()
         gid = _check_group(group, requests, version)
         groups[gid] = group
         scoring[gid] = asyncio.ensure_future(tiers.scorer.score_group(group))
@@ -189,6 +194,7 @@ async def generate_and_score(
             fut.cancel()
         for scored in scoring.values():
             scored.cancel()
+    end = now()
     rollouts: list[Rollout] = []
     rewards: list[float] = []
     for gid in sorted(groups):
@@ -200,7 +206,7 @@ async def generate_and_score(
         refuse_non_finite(iteration, groups[gid], group_rewards)
         rollouts.extend(groups[gid])
         rewards.extend(float(r) for r in group_rewards)
-    return rollouts, rewards
+    return Scored(rollouts, rewards, {"generate": last_landed - start, "score": end - last_landed})
 
 
 def refuse_non_finite(iteration: int, group: Sequence[Rollout], rewards: Sequence[float]) -> None:
@@ -262,17 +268,6 @@ def iteration_metrics(
         max_completion_tokens=max(lengths),
         task_metrics=dict(task_metrics),
         phase_s=dict(phase_s),
-    )
-
-
-async def _generate_and_score_timed(
-    config: GrpoConfig, tiers: GrpoTiers, iteration: int, adapter: ArtifactRef, version: int
-) -> Scored:
-    """`generate_and_score` (looked up here at each call, so a fork or test that substitutes it is timed too) and its
-    phase seconds."""
-    return await timed_generation(
-        tiers.engine,
-        lambda engine: generate_and_score(config, replace(tiers, engine=engine), iteration, adapter, version),
     )
 
 
@@ -356,9 +351,7 @@ class _BatchSchedule:
     async def take(self, iteration: int, state: DriverState) -> Scored:
         """Iteration `iteration`'s batch; pipelined, iteration + 1's is launched (by `state`'s adapter) first."""
         if not self.config.pipelined:
-            return await _generate_and_score_timed(
-                self.config, self.tiers, iteration, state.adapter, state.adapter_version
-            )
+            return await generate_and_score(self.config, self.tiers, iteration, state.adapter, state.adapter_version)
         assert self.pending is not None
         scored = await self.pending
         if iteration + 1 < self.config.iterations:
@@ -368,7 +361,7 @@ class _BatchSchedule:
     def _launch(self, iteration: int, adapter: ArtifactRef, version: int) -> None:
         with self.tiers.scope(f"iter-{iteration}"):
             self.pending = asyncio.ensure_future(
-                _generate_and_score_timed(self.config, self.tiers, iteration, adapter, version)
+                generate_and_score(self.config, self.tiers, iteration, adapter, version)
             )
 
     def cancel(self) -> None:

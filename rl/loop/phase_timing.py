@@ -9,13 +9,12 @@ virtual under the simulator, so no timing, and no test, depends on the machine r
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import NamedTuple, TypeVar
 
 from rl.checkpoint.format import DriverState
-from rl.protocols import BatchedRolloutEngine, RolloutEngine, is_batched
-from rl.types import EvalResult, Rollout, RolloutRequest
+from rl.types import EvalResult, Rollout
 
 T = TypeVar("T")
 
@@ -42,20 +41,6 @@ async def timed(call: Callable[[], Awaitable[T]]) -> tuple[T, float]:
     return result, now() - started
 
 
-async def timed_generation(
-    engine: RolloutEngine, generate_and_score: Callable[[RolloutEngine], Awaitable[tuple[list[Rollout], list[float]]]]
-) -> Scored:
-    """`generate_and_score(engine)`, with `engine` wrapped to note when each group lands: the split between generating
-    and the scoring left after it. Timing the engine from outside keeps the wrapped function's shape, which forks and
-    tests substitute."""
-    clock = _BatchLandingClock(engine) if is_batched(engine) else _LandingClock(engine)
-    start = now()
-    rollouts, rewards = await generate_and_score(clock)
-    end = now()
-    landed = clock.last_landed if clock.last_landed is not None else end
-    return Scored(rollouts, rewards, {"generate": landed - start, "score": end - landed})
-
-
 def with_eval_time(state: DriverState, finished: tuple[EvalResult, float]) -> DriverState:
     """The state with the evaluation appended and its seconds noted on the row of the adapter it evaluated."""
     result, seconds = finished
@@ -66,25 +51,3 @@ def with_eval_time(state: DriverState, finished: tuple[EvalResult, float]) -> Dr
         for row in state.history
     ]
     return replace(state, history=history, evals=[*state.evals, result])
-
-
-class _LandingClock:
-    """The engine, noting when each group lands."""
-
-    def __init__(self, inner: RolloutEngine) -> None:
-        self.inner = inner
-        self.last_landed: float | None = None
-
-    async def generate(self, request: RolloutRequest) -> list[Rollout]:
-        group = await self.inner.generate(request)
-        self.last_landed = now()
-        return group
-
-
-class _BatchLandingClock(_LandingClock):
-    inner: BatchedRolloutEngine
-
-    async def generate_groups(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
-        groups = await self.inner.generate_groups(requests)
-        self.last_landed = now()
-        return groups

@@ -65,7 +65,7 @@ REQUIRED_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attenti
 # Keys with which transformers (or vLLM) would import Python from the directory: never honoured, so refused.
 CODE_KEYS = ("auto_map", "custom_pipelines")
 
-_FIX = (
+MODEL_DIR_FIX = (
     "point at a complete Hugging Face model directory (config.json plus safetensors weights), e.g. one written by "
     "save_pretrained, `flyte prefetch hf-model` or rl.models.build_tiny_model"
 )
@@ -94,13 +94,13 @@ def check_model_listing(
     required = ([CONFIG_FILE] if weights else []) + (list(TOKENIZER_FILES) if tokenizer else [])
     missing = [name for name in required if name not in present]
     if missing:
-        raise ModelDirError(f"model directory {where} lacks {', '.join(missing)}; {_FIX}")
+        raise ModelDirError(f"model directory {where} lacks {', '.join(missing)}; {MODEL_DIR_FIX}")
     if tokenizer:
         tok = _json(where, TOKENIZER_CONFIG, read_text)
         if isinstance(tok, dict) and any(key in tok for key in CODE_KEYS):
             raise ModelDirError(
                 f"model directory {where}: tokenizer_config.json names code to run ({', '.join(CODE_KEYS)}); this "
-                f"tool never runs code from a model directory. {_FIX}"
+                f"tool never runs code from a model directory. {MODEL_DIR_FIX}"
             )
     if not weights:
         return []
@@ -109,19 +109,22 @@ def check_model_listing(
         index = _json(where, INDEX_FILE, read_text)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
-            raise ModelDirError(f"model directory {where}: {INDEX_FILE} has no weight_map of tensors to shards; {_FIX}")
+            raise ModelDirError(
+                f"model directory {where}: {INDEX_FILE} has no weight_map of tensors to shards; {MODEL_DIR_FIX}"
+            )
         shards = sorted({str(shard) for shard in weight_map.values()})
         bad = [s for s in shards if "/" in s or not s.endswith(".safetensors")]
         if bad:
             raise ModelDirError(
                 f"model directory {where}: {INDEX_FILE} names shards that are not .safetensors files in the "
-                f"directory ({', '.join(bad[:3])}); {_FIX}"
+                f"directory ({', '.join(bad[:3])}); {MODEL_DIR_FIX}"
             )
         absent = [s for s in shards if s not in present]
         if absent:
             raise ModelDirError(
                 f"model directory {where} lacks {len(absent)} of the {len(shards)} shards its {INDEX_FILE} names "
-                f"({', '.join(absent[:3])}{', ...' if len(absent) > 3 else ''}); the download was incomplete: {_FIX}"
+                f"({', '.join(absent[:3])}{', ...' if len(absent) > 3 else ''}); the download was incomplete: "
+                f"{MODEL_DIR_FIX}"
             )
         return shards
     if SINGLE_WEIGHTS_FILE in present:
@@ -129,7 +132,7 @@ def check_model_listing(
     found = sorted(n for n in present if n.endswith((".bin", ".pt", ".pth", ".safetensors")))
     raise ModelDirError(
         f"model directory {where} has no {SINGLE_WEIGHTS_FILE} and no {INDEX_FILE}"
-        f"{f' (it holds {found[:3]}: only safetensors weights are loaded)' if found else ''}; {_FIX}"
+        f"{f' (it holds {found[:3]}: only safetensors weights are loaded)' if found else ''}; {MODEL_DIR_FIX}"
     )
 
 
@@ -141,19 +144,19 @@ def check_model_config(config: object, where: str, *, expect: Mapping[str, objec
     Called before anything loads a model directory, so transformers is never asked to import (or prompt about) code
     a directory someone sent holds; a real Hugging Face llama, qwen2 or qwen3 directory passes."""
     if not isinstance(config, dict):
-        raise ModelDirError(f"model directory {shown(where)}: {CONFIG_FILE} is not a JSON object; {_FIX}")
+        raise ModelDirError(f"model directory {shown(where)}: {CONFIG_FILE} is not a JSON object; {MODEL_DIR_FIX}")
     model_type = config.get("model_type")
     if model_type not in KNOWN_MODEL_TYPES:
         raise ModelDirError(
             f"model directory {shown(where)}: {CONFIG_FILE} has model_type {shown(repr(model_type), 60)}, not one of "
             f"{', '.join(sorted(KNOWN_MODEL_TYPES))} (the architectures this tool loads without running the "
-            f"directory's code); {_FIX}"
+            f"directory's code); {MODEL_DIR_FIX}"
         )
     code = [key for key in CODE_KEYS if key in config]
     if code:
         raise ModelDirError(
             f"model directory {shown(where)}: {CONFIG_FILE} names code to run ({', '.join(code)}); this tool never "
-            f"runs code from a model directory. {_FIX}"
+            f"runs code from a model directory. {MODEL_DIR_FIX}"
         )
     for key, bound in SIZE_BOUNDS.items():
         value = config.get(key)
@@ -162,7 +165,7 @@ def check_model_config(config: object, where: str, *, expect: Mapping[str, objec
         if type(value) is not int or not 1 <= value <= bound:
             raise ModelDirError(
                 f"model directory {shown(where)}: {CONFIG_FILE}'s {key} is {shown(repr(value), 60)}, not an integer "
-                f"from 1 to {bound}; {_FIX}"
+                f"from 1 to {bound}; {MODEL_DIR_FIX}"
             )
     wrong = [key for key, value in (expect or {}).items() if config.get(key) != value]
     if wrong:
@@ -311,7 +314,9 @@ def _json(where: str, name: str, read_text: Callable[[str], str]) -> Any:
     try:
         return parse_json(read_text(name))
     except (UntrustedValueError, UnicodeDecodeError, OverflowError) as exc:
-        raise ModelDirError(f"model directory {shown(where)}: {name} is not valid JSON ({exc}); {_FIX}") from None
+        raise ModelDirError(
+            f"model directory {shown(where)}: {name} is not valid JSON ({exc}); {MODEL_DIR_FIX}"
+        ) from None
 
 
 def check_model_dir(
@@ -320,7 +325,7 @@ def check_model_dir(
     """`model_dir` if it holds what loading asks for (see `check_model_listing`); `ModelDirError` otherwise."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
-        raise ModelDirError(f"model directory {model_dir} does not exist or is not a directory; {_FIX}")
+        raise ModelDirError(f"model directory {model_dir} does not exist or is not a directory; {MODEL_DIR_FIX}")
     fs = Tree(model_dir)  # a FIFO, device or link at a file's name is refused, never opened or followed
     names = [name for name in fs.listdir(model_dir) if fs.kind(model_dir / name) == "file"]
     # The JSON files a loader reads whole (the tokenizer's included): refused by size before anything reads them.
@@ -329,7 +334,7 @@ def check_model_dir(
     if large:
         raise ModelDirError(
             f"model directory {shown(model_dir)}: {', '.join(large)} holds more than {MAX_JSON_BYTES} bytes, more than "
-            f"a model's JSON files do; {_FIX}"
+            f"a model's JSON files do; {MODEL_DIR_FIX}"
         )
     check_model_listing(
         str(model_dir),

@@ -23,7 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
 from rl.errors import InputError
-from rl.models.tiny import _declare_tokenizer_class, build_tokenizer
+from rl.models.tiny import build_tokenizer, declare_tokenizer_class
 
 __all__ = ["QWEN3_8B", "Qwen3Shape", "build_qwen3_model", "qwen3_config"]
 
@@ -91,5 +91,5 @@ def build_qwen3_model(out_dir: Path, shape: Qwen3Shape = Qwen3Shape(), *, max_sh
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True, max_shard_size=max_shard_size)
     tokenizer.save_pretrained(out_dir)
-    _declare_tokenizer_class(out_dir / "tokenizer_config.json")
+    declare_tokenizer_class(out_dir / "tokenizer_config.json")
     return out_dir

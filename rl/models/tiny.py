@@ -27,7 +27,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config
 
 from rl.errors import InputError, shown
-from rl.models.model_dir import _FIX, ModelDirError, check_model_dir
+from rl.models.model_dir import MODEL_DIR_FIX, ModelDirError, check_model_dir
 
 # What loading a damaged or foreign weights file raises: safetensors' own error, a pickle's, a short read, a shape or
 # dtype transformers cannot place. Each is the directory's fault, never a bug.
@@ -118,7 +118,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def _qwen2_config(config: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen2Config:
+def qwen2_config(config: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen2Config:
     return Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=config.hidden_size,
@@ -159,18 +159,18 @@ def build_tiny_model(out_dir: Path, config: TinyModelConfig = TinyModelConfig())
     """
     out_dir = Path(out_dir)
     tokenizer = build_tokenizer()
-    hf_config = _qwen2_config(config, tokenizer)
+    hf_config = qwen2_config(config, tokenizer)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    _declare_tokenizer_class(out_dir / "tokenizer_config.json")
+    declare_tokenizer_class(out_dir / "tokenizer_config.json")
     return out_dir
 
 
-def _declare_tokenizer_class(path: Path) -> None:
+def declare_tokenizer_class(path: Path) -> None:
     """Name the tokenizer class by its transformers 4.x name, which 5.x keeps as an alias.
 
     transformers 5 writes `TokenizersBackend`, a class 4.x lacks, so 4.x's `AutoTokenizer` (what vLLM builds on) would
@@ -190,9 +190,13 @@ def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerFast:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model_dir), trust_remote_code=False)
     except Exception as exc:  # json raises ValueError, the tokenizers library a bare Exception, on a damaged file
         # A damaged tokenizer file is the directory's fault: one line, as for a missing one (found by the fuzzer).
-        raise ModelDirError(f"model directory {model_dir}: its tokenizer cannot be read ({exc}); {_FIX}") from exc
+        raise ModelDirError(
+            f"model directory {model_dir}: its tokenizer cannot be read ({exc}); {MODEL_DIR_FIX}"
+        ) from exc
     if tokenizer.eos_token_id is None:  # a tokenizer_config.json emptied or foreign: sampling could never stop
-        raise ModelDirError(f"model directory {shown(model_dir)}: its tokenizer has no end-of-sequence token; {_FIX}")
+        raise ModelDirError(
+            f"model directory {shown(model_dir)}: its tokenizer has no end-of-sequence token; {MODEL_DIR_FIX}"
+        )
     return tokenizer
 
 
@@ -225,7 +229,7 @@ def load_base_model(
         # A weights file that is present but damaged (truncated, emptied, a header claiming 2**40 bytes) is the
         # directory's fault, not a bug: one line naming it, as for a missing file (the fuzzer found these as exit 70).
         raise ModelDirError(
-            f"model directory {shown(model_dir)}: its weights cannot be read ({shown(exc, 300)}); {_FIX}"
+            f"model directory {shown(model_dir)}: its weights cannot be read ({shown(exc, 300)}); {MODEL_DIR_FIX}"
         ) from exc
     model.eval()
     return model

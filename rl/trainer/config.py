@@ -47,8 +47,8 @@ class TrainerConfig:
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
     kl_beta: float = 0.03
-    advantage_scale: Scale = "group"
-    advantage_eps: float = 1e-4
+    advantage_scale: Scale = "population_std"
+    std_eps: float = 1e-4
     max_staleness: int = 1
     seed: int = 0
     threads: int = 1
@@ -102,8 +102,8 @@ class TrainerConfig:
             raise InputError(f"kl_beta must be a finite number >= 0, got {self.kl_beta!r}")
         if self.advantage_scale not in ADVANTAGE_SCALES:
             raise InputError(f"advantage_scale must be one of {ADVANTAGE_SCALES}, got {self.advantage_scale!r}")
-        if not self.advantage_eps > 0:
-            raise InputError(f"advantage_eps must be > 0, got {self.advantage_eps!r}")
+        if not self.std_eps > 0:
+            raise InputError(f"std_eps must be > 0, got {self.std_eps!r}")
         if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
             raise InputError(f"max_staleness must be an int >= 0 (0: strictly on-policy), got {self.max_staleness!r}")
         if not isinstance(self.seed, int) or self.seed < 0:

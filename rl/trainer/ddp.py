@@ -36,6 +36,7 @@ from rl.trainer.batched_loss import batched_loss_fns, batched_stat_sums
 from rl.trainer.config import TrainerConfig
 from rl.trainer.optimizer_state import optimizer_files
 from rl.trainer.step import (
+    PreparedStep,
     clip_and_step,
     pinned_threads,
     prepare_step,
@@ -43,7 +44,7 @@ from rl.trainer.step import (
     stat_sums,
     step_metrics,
 )
-from rl.types import StepMetrics, TrainBatch, TrainResult
+from rl.types import ArtifactRef, StepMetrics, TrainBatch, TrainResult
 
 T = TypeVar("T")
 
@@ -107,7 +108,7 @@ def _run_sync(coro: Coroutine[Any, Any, T]) -> T:
         return pool.submit(asyncio.run, coro).result()
 
 
-def _agree(ok: bool, device: torch.device, group: Any = None) -> bool:
+def ranks_agree(ok: bool, device: torch.device, group: Any = None) -> bool:
     """Whether every rank is `ok` (one all-reduce over `group`, the default group when None); ranks call it at the
     same point so it cannot deadlock."""
     flag = torch.tensor([1 if ok else 0], dtype=torch.int64, device=device)  # NCCL reduces CUDA tensors only
@@ -138,6 +139,21 @@ def ddp_train_step(
         BatchError, StaleBatchError: as `PeftTrainer.train_step` (raised on every rank alike).
         PeerRankError: this rank was fine but another failed before the collective step or while saving.
     """
+    _check_process_group(rank, world_size)
+    artifacts = LocalArtifacts(Path(artifacts_root))
+    device = torch.device(device)
+
+    with pinned_threads(config.threads), torch.random.fork_rng(devices=[]):
+        prepared = _prepare_on_every_rank(rank, artifacts, Path(base_dir), batch, config, device)
+        grad_norm, local = _step_on_shard(rank, world_size, prepared, batch, config, device)
+        sums = torch.tensor(local, dtype=torch.float64, device=device)
+        dist.all_reduce(sums)
+        metrics: StepMetrics = step_metrics(sums.tolist(), prepared, grad_norm)
+        adapter_ref, opt_ref = _save_on_rank_zero(rank, artifacts, prepared, batch)
+        return TrainResult(adapter=adapter_ref, optimizer_state=opt_ref, version=batch.new_version, metrics=metrics)
+
+
+def _check_process_group(rank: int, world_size: int) -> None:
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError(
             "ddp_train_step needs an initialised default process group (torch.distributed.init_process_group)"
@@ -147,71 +163,88 @@ def ddp_train_step(
             f"ddp_train_step was told rank {rank} of {world_size} but the process group says rank "
             f"{dist.get_rank()} of {dist.get_world_size()}"
         )
-    artifacts = LocalArtifacts(Path(artifacts_root))
-    device = torch.device(device)
 
-    with pinned_threads(config.threads), torch.random.fork_rng(devices=[]):
-        error: BaseException | None = None
+
+def _prepare_on_every_rank(
+    rank: int, artifacts: LocalArtifacts, base_dir: Path, batch: TrainBatch, config: TrainerConfig, device: torch.device
+) -> PreparedStep:
+    """This rank's model, optimizer and batch signal, once every rank has loaded its own (else each raises)."""
+    error: BaseException | None = None
+    try:
+        adapter = _run_sync(artifacts.get(batch.adapter))
+        opt_state = _run_sync(artifacts.get(batch.optimizer_state)) if batch.optimizer_state else None
+        prepared = prepare_step(base_dir, batch, config, adapter, opt_state, device=device)
+    except Exception as exc:
+        error = exc
+    if not ranks_agree(error is None, device):
+        if error is not None:
+            raise error
+        raise PeerRankError(f"rank {rank}: another rank failed to load the step's inputs; see its error")
+    return prepared
+
+
+def _step_on_shard(
+    rank: int,
+    world_size: int,
+    prepared: PreparedStep,
+    batch: TrainBatch,
+    config: TrainerConfig,
+    device: torch.device,
+) -> tuple[float, list[float]]:
+    """Back-propagate this rank's shard through DDP, clip and step (every rank alike, or none when no sample
+    contributes); return the pre-clip gradient norm and this rank's statistic sums."""
+    stats: list[dict[str, float]] = []  # per sample, from sample_loss_fns
+    rows: dict[str, list[float]] = {"loss": [], "kl": [], "clip_frac": []}  # per sample, from batched_loss_fns
+    grad_norm = 0.0
+    n = len(prepared.contributing)
+    if n:  # the same on every rank: all ranks step, or none does
+        ddp_model = DistributedDataParallel(
+            prepared.model,
+            # Every rank loaded the same bytes (verified by digest); broadcasting a large frozen base is waste.
+            init_sync=False,
+        )
+        # This rank's shard on the loss path the config names, as the single-process step runs its batch.
+        mine, scale = shard(prepared.contributing, rank, world_size), world_size / n
+        fns = (
+            batched_loss_fns(
+                prepared.model, batch, prepared.advantages, config, indices=mine, loss_scale=scale, stats_out=rows
+            )
+            if config.loss_path == "batched"
+            else sample_loss_fns(
+                prepared.model, batch, prepared.advantages, config, indices=mine, loss_scale=scale, stats_out=stats
+            )
+        )
+        # Any in-vocabulary token will do: the forward only has to pass through DDP.forward.
+        sync_ids = torch.tensor([batch.rollouts[0].prompt_token_ids[:1]], dtype=torch.long, device=device)  # [1, 1]
+        ddp_shard_step(ddp_model, fns, lambda: ddp_model(input_ids=sync_ids).logits)
+        grad_norm = clip_and_step(prepared, config)
+    return grad_norm, batched_stat_sums(rows) if config.loss_path == "batched" else stat_sums(stats)
+
+
+def _save_on_rank_zero(
+    rank: int, artifacts: LocalArtifacts, prepared: PreparedStep, batch: TrainBatch
+) -> tuple[ArtifactRef, ArtifactRef]:
+    """Rank 0 stores the new adapter and optimizer state and broadcasts their refs; every rank returns them (or
+    raises: rank 0 its own error, the others `PeerRankError`)."""
+    error: BaseException | None = None
+    message: list[Any] = [None]
+    if rank == 0:
         try:
-            adapter = _run_sync(artifacts.get(batch.adapter))
-            opt_state = _run_sync(artifacts.get(batch.optimizer_state)) if batch.optimizer_state else None
-            prepared = prepare_step(Path(base_dir), batch, config, adapter, opt_state, device=device)
+            new_adapter = adapter_files(prepared.model)
+            new_opt = optimizer_files(prepared.optimizer, [name for name, _ in prepared.params])
+            adapter_ref = _run_sync(artifacts.put(new_adapter, name=f"adapter-v{batch.new_version}"))
+            opt_ref = _run_sync(artifacts.put(new_opt, name=f"optimizer-v{batch.new_version}"))
+            message = [("ok", adapter_ref, opt_ref)]
         except Exception as exc:
+            message = [("error", f"{type(exc).__name__}: {exc}")]
             error = exc
-        if not _agree(error is None, device):
-            if error is not None:
-                raise error
-            raise PeerRankError(f"rank {rank}: another rank failed to load the step's inputs; see its error")
-
-        stats: list[dict[str, float]] = []  # per sample, from sample_loss_fns
-        rows: dict[str, list[float]] = {"loss": [], "kl": [], "clip_frac": []}  # per sample, from batched_loss_fns
-        grad_norm = 0.0
-        n = len(prepared.contributing)
-        if n:  # the same on every rank: all ranks step, or none does
-            ddp_model = DistributedDataParallel(
-                prepared.model,
-                # Every rank loaded the same bytes (verified by digest); broadcasting a large frozen base is waste.
-                init_sync=False,
-            )
-            # This rank's shard on the loss path the config names, as the single-process step runs its batch.
-            mine, scale = shard(prepared.contributing, rank, world_size), world_size / n
-            fns = (
-                batched_loss_fns(
-                    prepared.model, batch, prepared.advantages, config, indices=mine, loss_scale=scale, stats_out=rows
-                )
-                if config.loss_path == "batched"
-                else sample_loss_fns(
-                    prepared.model, batch, prepared.advantages, config, indices=mine, loss_scale=scale, stats_out=stats
-                )
-            )
-            # Any in-vocabulary token will do: the forward only has to pass through DDP.forward.
-            sync_ids = torch.tensor([batch.rollouts[0].prompt_token_ids[:1]], dtype=torch.long, device=device)  # [1, 1]
-            ddp_shard_step(ddp_model, fns, lambda: ddp_model(input_ids=sync_ids).logits)
-            grad_norm = clip_and_step(prepared, config)
-
-        local = batched_stat_sums(rows) if config.loss_path == "batched" else stat_sums(stats)
-        sums = torch.tensor(local, dtype=torch.float64, device=device)
-        dist.all_reduce(sums)
-        metrics: StepMetrics = step_metrics(sums.tolist(), prepared, grad_norm)
-
-        message: list[Any] = [None]
-        if rank == 0:
-            try:
-                new_adapter = adapter_files(prepared.model)
-                new_opt = optimizer_files(prepared.optimizer, [name for name, _ in prepared.params])
-                adapter_ref = _run_sync(artifacts.put(new_adapter, name=f"adapter-v{batch.new_version}"))
-                opt_ref = _run_sync(artifacts.put(new_opt, name=f"optimizer-v{batch.new_version}"))
-                message = [("ok", adapter_ref, opt_ref)]
-            except Exception as exc:
-                message = [("error", f"{type(exc).__name__}: {exc}")]
-                error = exc
-        dist.broadcast_object_list(message, src=0)
-        if message[0][0] != "ok":
-            if error is not None:
-                raise error
-            raise PeerRankError(f"rank {rank}: rank 0 failed to save the step's outputs: {message[0][1]}")
-        _, adapter_ref, opt_ref = message[0]
-        return TrainResult(adapter=adapter_ref, optimizer_state=opt_ref, version=batch.new_version, metrics=metrics)
+    dist.broadcast_object_list(message, src=0)
+    if message[0][0] != "ok":
+        if error is not None:
+            raise error
+        raise PeerRankError(f"rank {rank}: rank 0 failed to save the step's outputs: {message[0][1]}")
+    _, adapter_ref, opt_ref = message[0]
+    return adapter_ref, opt_ref
 
 
 def _free_port() -> int:

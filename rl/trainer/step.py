@@ -185,7 +185,7 @@ def _batch_signal(batch: TrainBatch, config: TrainerConfig) -> tuple[int, list[f
     """The batch checked: its largest staleness, its advantages and the samples that carry signal."""
     worst = check_batch(batch, config)
     advantages = group_normalized_advantages(
-        [r.group_id for r in batch.rollouts], batch.rewards, scale=config.advantage_scale, eps=config.advantage_eps
+        [r.group_id for r in batch.rollouts], batch.rewards, scale=config.advantage_scale, eps=config.std_eps
     )
     return worst, advantages, [i for i, a in enumerate(advantages) if a != 0.0]
 

@@ -84,13 +84,13 @@ class LocalVolumeStore:
 
     def new(self, name: str) -> LocalWritableVolume:
         """An empty writable volume named `name` (the first version of a buffer or a world)."""
-        return self._open_writer(name, parent=None)
+        return self.open_writer(name, parent=None)
 
     def open(self, name_or_version: str) -> LocalVolumeVersion:
         """A finalized version: by version id, by volume name (its latest version), or by a unique version-id prefix."""
         key = name_or_version
         if VERSION_RE.fullmatch(key) and self.fs.kind(self.root / "versions" / key / "manifest.json") == "file":
-            return self._version(key)
+            return self.version(key)
         if NAME_RE.fullmatch(key):
             named = self.versions(key)
             if named:
@@ -98,7 +98,7 @@ class LocalVolumeStore:
         if len(key) >= MIN_PREFIX and re.fullmatch(r"[0-9a-f]+", key):
             matches = [v for v in self._version_ids() if v.startswith(key)]
             if len(matches) == 1:
-                return self._version(matches[0])
+                return self.version(matches[0])
             if len(matches) > 1:
                 raise VersionNotFoundError(
                     f"version prefix {key!r} is ambiguous in {self.root}: it matches {len(matches)} versions; "
@@ -112,7 +112,7 @@ class LocalVolumeStore:
 
     def versions(self, name: str | None = None) -> list[LocalVolumeVersion]:
         """Every finalized version (of volume `name` if given), oldest first by publication time."""
-        found = [self._version(v) for v in self._version_ids()]
+        found = [self.version(v) for v in self._version_ids()]
         if name is not None:
             found = [v for v in found if v.name == name]
         return sorted(found, key=lambda v: (v.published_at_ns, v.version))
@@ -138,7 +138,8 @@ class LocalVolumeStore:
     def _version_ids(self) -> list[str]:
         return [name for name in self.fs.listdir(self.root / "versions") if VERSION_RE.fullmatch(name)]
 
-    def _version(self, version: str) -> LocalVolumeVersion:
+    def version(self, version: str) -> LocalVolumeVersion:
+        """The finalized version with id `version` (64 hex digits), its manifest checked before it is trusted."""
         cached = self._manifests.get(version)
         if cached is not None:
             return LocalVolumeVersion(self, cached)
@@ -163,7 +164,9 @@ class LocalVolumeStore:
         self._manifests[version] = manifest
         return LocalVolumeVersion(self, manifest)
 
-    def _open_writer(self, name: str, parent: LocalVolumeVersion | None) -> LocalWritableVolume:
+    def open_writer(self, name: str, parent: LocalVolumeVersion | None) -> LocalWritableVolume:
+        """A writable volume `name` holding `parent`'s files (shared, not copied, where the filesystem allows), or
+        empty when `parent` is None: `new` and `LocalVolumeVersion.fork` call it."""
         check_name(name)
         fd = acquire_writer(self.root, name)
         staging = self.root / "staging" / name
@@ -198,7 +201,7 @@ class LocalVolumeStore:
         for rel, entry in parent.files.items():
             src = src_root / rel
             st = self.fs.lstat(src)
-            problem = parent._stat_problem(rel, st)
+            problem = parent.stat_problem(rel, st)
             if problem:
                 raise VolumeCorruptedError(
                     f"cannot fork version {parent.version} ({parent.name!r}): {problem}; it was modified after it "

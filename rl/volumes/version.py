@@ -117,7 +117,7 @@ class LocalVolumeVersion:
 
     def fork(self, name: str) -> LocalWritableVolume:
         """A writable volume `name` sharing this version's files without copying them; this version never changes."""
-        return self._store._open_writer(name, parent=self)
+        return self._store.open_writer(name, parent=self)
 
     def as_ref(self) -> ArtifactRef:
         """This version as an `ArtifactRef` (its directory's file URI and its version id)."""
@@ -136,7 +136,7 @@ class LocalVolumeVersion:
                 if entry is None:
                     problems.append(f"{rel} is not in the manifest")
                     continue
-                problem = self._stat_problem(rel, st)
+                problem = self.stat_problem(rel, st)
                 if problem:
                     problems.append(problem)
                 elif deep and fs.hash_file(root / rel) != entry.sha256:
@@ -153,7 +153,9 @@ class LocalVolumeVersion:
                 + "; ".join(problems)
             )
 
-    def _stat_problem(self, rel: str, st: os.stat_result) -> str | None:
+    def stat_problem(self, rel: str, st: os.stat_result) -> str | None:
+        """What file `rel`'s stat `st` shows changed since the version was sealed, or None (`verify` and a fork's
+        `LocalVolumeStore.open_writer` check each file by it)."""
         entry = self._files[rel]
         if not stat.S_ISREG(st.st_mode):
             return f"{rel} is no longer a regular file"

@@ -200,7 +200,7 @@ class LocalWritableVolume:
         with contextlib.suppress(OSError):
             fs.chmod(target, 0o555)
         self._close(f"finalized as {version}")
-        return self._store._version(version)
+        return self._store.version(version)
 
     def abandon(self) -> None:
         """Discard everything written and release the name; nothing becomes visible."""

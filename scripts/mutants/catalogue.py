@@ -371,8 +371,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         "trainer-advantage-scale-ignored",
         "trainer",
         "rl/trainer/step.py",
-        "batch.rewards, scale=config.advantage_scale, eps=config.advantage_eps",
-        'batch.rewards, scale="none", eps=config.advantage_eps',
+        "batch.rewards, scale=config.advantage_scale, eps=config.std_eps",
+        'batch.rewards, scale="none", eps=config.std_eps',
         "the trainer ignores its configured advantage scale (Dr. GRPO whatever the config declares): the bound "
         "advantages function is right, the step is not",
         ("tests/test_peft_trainer.py",),
@@ -685,8 +685,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         "ddp-train-step-scale-forgets-world-size",
         "ddp",
         "rl/trainer/ddp.py",
-        "            mine, scale = shard(prepared.contributing, rank, world_size), world_size / n\n",
-        "            mine, scale = shard(prepared.contributing, rank, world_size), 1.0 / n\n",
+        "        mine, scale = shard(prepared.contributing, rank, world_size), world_size / n\n",
+        "        mine, scale = shard(prepared.contributing, rank, world_size), 1.0 / n\n",
         "each rank's losses scaled by 1 / batch: DDP's average over ranks divides the full-batch gradient by the world "
         "size (the shard step itself is right)",
         ("tests/test_ddp.py",),
@@ -695,9 +695,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         "ddp-train-step-scale-by-local-shard",
         "ddp",
         "rl/trainer/ddp.py",
-        "            mine, scale = shard(prepared.contributing, rank, world_size), world_size / n\n",
-        "            mine = shard(prepared.contributing, rank, world_size)\n"
-        "            scale = 1.0 / max(1, len(mine))\n",
+        "        mine, scale = shard(prepared.contributing, rank, world_size), world_size / n\n",
+        "        mine = shard(prepared.contributing, rank, world_size)\n        scale = 1.0 / max(1, len(mine))\n",
         "each rank's loss is the mean over its own shard: right on even shards, on 5 samples over 2 ranks the samples "
         "weigh 1/3 and 1/2 where each should weigh 2/5",
         ("tests/test_ddp.py",),

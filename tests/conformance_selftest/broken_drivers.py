@@ -22,6 +22,7 @@ from rl.conformance.ours import IN_MEMORY
 from rl.errors import CheckpointCorruptError
 from rl.identity import content_digest
 from rl.loop.grpo import GrpoConfig, GrpoOutcome, GrpoTiers, run_grpo
+from rl.loop.phase_timing import Scored
 from rl.protocols import StateStore
 from rl.seeding import derive_seed
 from rl.types import RolloutRequest
@@ -61,7 +62,7 @@ async def _in_finish_order(config, tiers, iteration, adapter, version):  # type:
         grpo.refuse_non_finite(iteration, group, group_rewards)
         rollouts.extend(group)
         rewards.extend(group_rewards)
-    return rollouts, rewards
+    return Scored(rollouts, rewards, {})  # untimed: no law reads the phase seconds
 
 
 async def finish_order_driver(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> GrpoOutcome:
