@@ -197,34 +197,52 @@ class LocalVolumeStore:
             self.fs.mkdir(data / d, parents=True, exist_ok=True)
         for rel, target in parent.symlinks.items():
             self.fs.symlink(target, data / rel)
-        inherited: dict[str, Inherited] = {}
-        for rel, entry in parent.files.items():
-            src = src_root / rel
-            st = self.fs.lstat(src)
-            problem = parent.stat_problem(rel, st)
-            if problem:
-                raise VolumeCorruptedError(
-                    f"cannot fork version {parent.version} ({parent.name!r}): {problem}; it was modified after it "
-                    f"was finalized (see docs/volumes.md on writers that bypass file modes); fork an intact version"
-                )
-            dst = data / rel
-            shares = False
-            if self._share_mode == "hardlink":
-                try:
-                    self.fs.link(src, dst)
-                    shares = True
-                except OSError as exc:
-                    # The link limit, protected_hardlinks (another user's file) or another mount: copy this one.
-                    if exc.errno not in (errno.EMLINK, errno.EPERM, errno.EXDEV):
-                        raise
-            if not shares:
-                self.fs.copy_file(src, dst, reflink=self._share_mode == "reflink")
-                self.fs.chmod(dst, read_only_mode(entry.executable))
-                # Keeping the parent's mtime keeps the copy out of the racy window, so finalize can trust its stat.
-                self.fs.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
-            ino = st.st_ino if shares else self.fs.lstat(dst).st_ino
-            inherited[rel] = Inherited(ino, st.st_size, st.st_mtime_ns, entry, shares)
+        # Each directory's files through one held descriptor of it and of its copy: a fork of a version with N files
+        # costs N stat and N link calls, not a walk from the store's top for each (a buffer's versions grow by a file
+        # an iteration, so this was most of an append).
+        by_dir: dict[str, list[tuple[str, str]]] = {}
+        for rel in parent.files:
+            d, _, name = rel.rpartition("/")
+            by_dir.setdefault(d, []).append((rel, name))
+        shared: dict[str, Inherited] = {}
+        for d, items in by_dir.items():
+            with self.fs.directory(src_root / d) as sfd, self.fs.directory(data / d) as dfd:
+                for rel, name in items:
+                    shared[rel] = self._inherit(parent, rel, (sfd, dfd, name), src_root, data)
+        inherited = {rel: shared[rel] for rel in parent.files}
         return inherited
+
+    def _inherit(
+        self, parent: LocalVolumeVersion, rel: str, at: tuple[int, int, str], src_root: Path, data: Path
+    ) -> Inherited:
+        """File `rel` of `parent` into the fork: linked where the store shares files, else copied (`at`: the held
+        source and destination directories and the file's name in them)."""
+        sfd, dfd, name = at
+        entry = parent.files[rel]
+        st = os.stat(name, dir_fd=sfd, follow_symlinks=False)
+        problem = parent.stat_problem(rel, st)
+        if problem:
+            raise VolumeCorruptedError(
+                f"cannot fork version {parent.version} ({parent.name!r}): {problem}; it was modified after it "
+                f"was finalized (see docs/volumes.md on writers that bypass file modes); fork an intact version"
+            )
+        shares = False
+        if self._share_mode == "hardlink":
+            try:
+                os.link(name, name, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
+                shares = True
+            except OSError as exc:
+                # The link limit, protected_hardlinks (another user's file) or another mount: copy this one.
+                if exc.errno not in (errno.EMLINK, errno.EPERM, errno.EXDEV):
+                    raise
+        if not shares:
+            src, dst = src_root / rel, data / rel
+            self.fs.copy_file(src, dst, reflink=self._share_mode == "reflink")
+            self.fs.chmod(dst, read_only_mode(entry.executable))
+            # Keeping the parent's mtime keeps the copy out of the racy window, so finalize can trust its stat.
+            self.fs.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+        ino = st.st_ino if shares else os.stat(name, dir_fd=dfd, follow_symlinks=False).st_ino
+        return Inherited(ino, st.st_size, st.st_mtime_ns, entry, shares)
 
 
 def check_name(name: str) -> None:
