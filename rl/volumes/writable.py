@@ -180,7 +180,7 @@ class LocalWritableVolume:
         durable = self._store.durable
         fs = self._store.fs
         self._seal_modes(data, durable=durable)
-        body = json.dumps(manifest, sort_keys=True, indent=1, allow_nan=False).encode()
+        body = json.dumps(manifest, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()  # json's C encoder
         fs.write_atomic(
             self._staging / "manifest.json", body, tmp_name=".manifest.json.tmp", perm=0o444, durable=durable
         )
