@@ -6,9 +6,8 @@ The Flyte binding (`rl.flyte.agentic`) passes `flyte.group`; a context variable 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
-from collections.abc import Iterator
+
+from span_support import CURRENT, recording_span
 
 from rl.agentic.bandit import BanditTrainer
 from rl.agentic.judge import judge_score
@@ -17,17 +16,7 @@ from rl.loop.agentic import AgenticConfig, run_agentic
 from rl.simulated.worlds import MemoryWorlds
 from rl.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
 
-_GROUP: contextvars.ContextVar[str | None] = contextvars.ContextVar("group", default=None)
 SMALL = AgenticConfig(n_steps=2, n_worlds=2, prompts_per_step=2, n_samples=2)
-
-
-@contextlib.contextmanager
-def _group(name: str) -> Iterator[None]:
-    token = _GROUP.set(name)
-    try:
-        yield
-    finally:
-        _GROUP.reset(token)
 
 
 async def _judge(traj: Trajectory, rubric: Rubric) -> float:
@@ -45,19 +34,19 @@ class _Recording(LocalAgenticTiers):
         self.seen: list[tuple[str, str, str | None]] = []
 
     async def build_world(self, world_id: str, seed: int) -> WorldRef:
-        self.seen.append(("build_world", world_id, _GROUP.get()))
+        self.seen.append(("build_world", world_id, CURRENT.get()))
         return await super().build_world(world_id, seed)
 
     async def generate(self, spec: TrialSpec, weights: Weights, world: WorldRef) -> Trajectory:
-        self.seen.append(("generate", spec.trial_id, _GROUP.get()))
+        self.seen.append(("generate", spec.trial_id, CURRENT.get()))
         return await super().generate(spec, weights, world)
 
     async def verify_and_judge(self, traj: Trajectory, rubric: Rubric) -> Reward:
-        self.seen.append(("verify_and_judge", traj.trial_id, _GROUP.get()))
+        self.seen.append(("verify_and_judge", traj.trial_id, CURRENT.get()))
         return await super().verify_and_judge(traj, rubric)
 
     async def train_step(self, step: int, rewards: list[Reward], world_ids: list[str], lr: float) -> StepResult:
-        self.seen.append(("train_step", f"s{step}", _GROUP.get()))
+        self.seen.append(("train_step", f"s{step}", CURRENT.get()))
         return await super().train_step(step, rewards, world_ids, lr)
 
 
@@ -65,7 +54,7 @@ def test_every_trial_judgment_and_train_step_runs_inside_its_steps_group():
     """The agentic tutorial: `with flyte.group(f"step-{step}")` holds a step's trials, judgments and train step; worlds
     are outside."""
     tiers = _Recording()
-    asyncio.run(run_agentic(SMALL, tiers, span=_group))
+    asyncio.run(run_agentic(SMALL, tiers, span=recording_span))
     for kind, key, group in tiers.seen:
         if kind == "build_world":
             assert group is None

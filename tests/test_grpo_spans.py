@@ -7,12 +7,10 @@ call sees, sequential and pipelined, with a context variable standing in for Fly
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
-from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
+from span_support import CURRENT, recording_span
 
 from rl.checkpoint.memory_store import MemoryStateStore
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
@@ -23,16 +21,6 @@ from rl.simulated.grpo_tiers import MemoryEngine, MemoryEvaluator, MemoryScorer,
 from rl.types import ArtifactRef, EvalResult, RolloutRequest, TrainBatch, TrainResult
 
 CONFIG = GrpoConfig(iterations=3, prompts_per_iteration=2, group_size=2, seed=5, eval_k=2)
-_GROUP: contextvars.ContextVar[str | None] = contextvars.ContextVar("group", default=None)
-
-
-@contextlib.contextmanager
-def _group(name: str) -> Iterator[None]:
-    token = _GROUP.set(name)
-    try:
-        yield
-    finally:
-        _GROUP.reset(token)
 
 
 class _Seen:
@@ -46,7 +34,7 @@ class _Engine(MemoryEngine):
         self.seen = seen
 
     async def generate(self, request: RolloutRequest):
-        self.seen.calls.append(("generate", request.seed, _GROUP.get()))
+        self.seen.calls.append(("generate", request.seed, CURRENT.get()))
         return await super().generate(request)
 
 
@@ -56,7 +44,7 @@ class _Trainer(MemoryTrainer):
         self.seen = seen
 
     async def train_step(self, batch: TrainBatch) -> TrainResult:
-        self.seen.calls.append(("train", batch.step, _GROUP.get()))
+        self.seen.calls.append(("train", batch.step, CURRENT.get()))
         return await super().train_step(batch)
 
 
@@ -66,7 +54,7 @@ class _Evaluator(MemoryEvaluator):
         self.seen = seen
 
     async def evaluate(self, adapter: ArtifactRef, policy_version: int, k: int, seed: int) -> EvalResult:
-        self.seen.calls.append(("evaluate", policy_version, _GROUP.get()))
+        self.seen.calls.append(("evaluate", policy_version, CURRENT.get()))
         return await super().evaluate(adapter, policy_version, k, seed)
 
 
@@ -80,7 +68,7 @@ def _run(config: GrpoConfig, *, spanned: bool = True) -> _Seen:
         artifacts=artifacts,
         prompts=DigitSuccessor(),
         evaluator=_Evaluator(artifacts, seen),
-        span=_group if spanned else None,
+        span=recording_span if spanned else None,
     )
     asyncio.run(run_grpo(config, tiers, MemoryStateStore()))
     return seen
