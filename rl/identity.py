@@ -77,4 +77,9 @@ def canonical(value: Any) -> Any:
 def content_digest(*parts: Any) -> str:
     """A 32-hex-digit blake2b digest of the canonical JSON of `parts`."""
     payload = json.dumps([canonical(p) for p in parts], sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return json_digest(payload)
+
+
+def json_digest(payload: str) -> str:
+    """The 32-hex-digit blake2b digest of canonical JSON text already made (what `content_digest` hashes)."""
     return hashlib.blake2b(payload.encode(), digest_size=16).hexdigest()

@@ -26,7 +26,7 @@ from typing import Any
 
 from rl.checkpoint.schema import STATE
 from rl.errors import CheckpointCorruptError, CheckpointSchemaError, CheckpointSealError
-from rl.identity import content_digest
+from rl.identity import content_digest, json_digest
 from rl.strict_json import tag_non_finite, untag_non_finite
 from rl.types import ArtifactRef, EvalResult, IterationMetrics
 from rl.untrusted import UntrustedValueError, parse_json, validate
@@ -91,7 +91,7 @@ def encode_state(state: DriverState) -> bytes:
         digest = content_digest(body)
         text = json.dumps(body, allow_nan=False)
     else:
-        digest = hashlib.blake2b(f"[{canonical_text}]".encode(), digest_size=16).hexdigest()  # = _plain_digest(body)
+        digest = json_digest(f"[{canonical_text}]")  # = _plain_digest(body)
     key = os.environ.get(RUN_KEY_ENV)
     sealed = f', "seal": {json.dumps(seal(key, SCHEMA_VERSION, digest), allow_nan=False)}' if key else ""
     head = f'"schema": {SCHEMA_VERSION}, "digest": {json.dumps(digest, allow_nan=False)}'
@@ -189,7 +189,7 @@ def _plain_digest(body: Any) -> str:
         payload = json.dumps([body], sort_keys=True, separators=(",", ":"), allow_nan=False)
     except ValueError:
         return content_digest(body)
-    return hashlib.blake2b(payload.encode(), digest_size=16).hexdigest()
+    return json_digest(payload)
 
 
 def decode_state(blob: bytes, source: str = "the driver checkpoint") -> DriverState:
