@@ -181,7 +181,7 @@ def test_rl_bench_volumes_section_compares_a_fork_with_a_full_copy(capsys, monke
     """The fork of a world writes (almost) nothing, the full copy writes every byte: both measured in one run."""
     import rl.bench.volumes as volumes_bench
 
-    # The bench sleeps out the 2 s racy-mtime window before forking, so that the trial's finalize it times does not
+    # The bench sleeps out the racy-mtime window before forking, so that the trial's finalize it times does not
     # re-hash; the bytes counted here are the same without the wait.
     monkeypatch.setattr(volumes_bench.time, "sleep", lambda seconds: None)
     assert main(["bench", "--sections", "volumes", "--world-gib", "0.01", "--json"]) == 0

@@ -20,6 +20,8 @@ from rl.conformance import VolumeStoreContract
 from rl.conformance.volumes import PATHS, VolumeStoreMachine, read_tree
 from rl.platform import bytes_written
 from rl.volumes import (
+    MIN_RACY_NS,
+    RACY_NS,
     InvalidNameError,
     InvalidPathError,
     LocalVolumeStore,
@@ -30,6 +32,7 @@ from rl.volumes import (
     VolumeSealedError,
     WriterConflictError,
     probe_share_mode,
+    racy_window_ns,
 )
 
 NOBODY = 65534
@@ -493,3 +496,56 @@ def test_a_fork_of_a_fresh_version_fsyncs_only_the_files_it_wrote(tmp_path, monk
     version = child.finalize("v2")
     assert synced == ["iter-3.jsonl"]
     assert version.read_bytes("iter-0.jsonl") == b"row\n"
+
+
+def test_the_racy_window_is_sized_from_the_timestamps_the_filesystem_gave():
+    """Eight times the larger of the timestamp step and the clock's lead over an mtime, kept within [100 ms, 2 s]; a
+    step too coarse to see twice in the probe (FAT's 2 s) gets the ceiling."""
+    ms = 1_000_000
+    jiffies = [(t * ms + 2 * ms, (t // 4) * 4 * ms) for t in range(12)]  # 4 ms steps, the clock up to 5 ms ahead
+    assert racy_window_ns(jiffies) == MIN_RACY_NS
+    coarse = [(t * 20 * ms, (t // 3) * 60 * ms) for t in range(9)]  # 60 ms steps: 8 x 60 ms
+    assert racy_window_ns(coarse) == 480 * ms
+    assert racy_window_ns([(t * ms, 0) for t in range(25)]) == RACY_NS  # one stamp for the whole probe
+    assert racy_window_ns([(0, 0), (ms, 0), (1000 * ms, 1000 * ms)]) == RACY_NS  # one step seen: not measured
+    assert racy_window_ns([(0, 0), (1, 1_000 * ms), (2, 2_000 * ms)]) == RACY_NS  # 1 s steps: the ceiling
+
+
+def test_the_store_probes_a_window_within_the_bounds(store):
+    """The probe runs on the store's own filesystem and leaves nothing in staging."""
+    assert MIN_RACY_NS <= store.racy_ns <= RACY_NS
+    assert not any(store.fs.listdir(store.root / "staging"))
+
+
+@pytest.mark.skipif(probe_share_mode(tempfile.gettempdir()) != "hardlink", reason="only hard links share an inode")
+def test_a_fork_rehashes_only_the_files_younger_than_the_racy_window(tmp_path, monkeypatch):
+    """A file whose mtime is older than the window is trusted from its stat; one inside it is read again, so an
+    in-place rewrite that kept its size, mode and mtime is still caught (git's racy clean)."""
+    store = LocalVolumeStore(tmp_path / "store", share="hardlink")
+    first = store.new("buf")
+    old = first.write_bytes("old.jsonl", b"old row\n")
+    young = first.write_bytes("young.jsonl", b"young row\n")
+    # Stamped well before and well after now, so how long the test takes cannot move either across the window.
+    past, future = (os.stat(old).st_mtime_ns + k * 10 * store.racy_ns for k in (-1, 1))
+    os.utime(old, ns=(past, past))
+    os.utime(young, ns=(future, future))
+    parent = first.finalize("v1")
+    hashed: list[str] = []
+    real = store.fs.hash_file
+    monkeypatch.setattr(store.fs, "hash_file", lambda path, **kw: hashed.append(Path(path).name) or real(path, **kw))
+    with parent.fork("buf") as child:
+        child.write_bytes("new.jsonl", b"new\n")
+        child.finalize("v2")
+    assert sorted(hashed) == ["new.jsonl", "young.jsonl"]
+
+    rw = parent.fork("buf")
+    young = rw.mount() / "young.jsonl"
+    st_before = os.stat(young)
+    os.chmod(young, 0o644)  # root's in-place write, its traces then put back
+    with open(young, "r+b") as f:
+        f.write(b"YOUNG")
+    os.chmod(young, stat.S_IMODE(st_before.st_mode))
+    os.utime(young, ns=(st_before.st_atime_ns, st_before.st_mtime_ns))
+    with pytest.raises(SharedFileModifiedError, match="written in place"):
+        rw.finalize("v3")
+    rw.abandon()

@@ -24,7 +24,6 @@ from rl.volumes.filesystem import ShareMode
 from rl.volumes.filesystem import force_rmtree as _force_rmtree
 from rl.volumes.store import LocalVolumeStore
 from rl.volumes.version import LocalVolumeVersion
-from rl.volumes.writable import RACY_NS as _RACY_NS
 
 GIB = 1 << 30
 
@@ -35,13 +34,13 @@ def bench_fork(
     directory: str | os.PathLike[str] | None = None,
     file_bytes: int = 1 << 20,
     share: ShareMode | None = None,
-    settle_s: float = _RACY_NS / 1e9,
+    settle_s: float | None = None,
 ) -> dict[str, Any]:
     """Fork time and bytes copied for a world of `size_bytes` (files of `file_bytes`), against a full copy.
 
     Everything lives in a fresh temporary directory under `directory` (default: the system's temp dir) and is removed
     afterwards. `share` forces a share mode; by default the filesystem is probed. `settle_s` is the pause between
-    building the world and forking it (see below).
+    building the world and forking it (default: the store's racy window; see below).
     """
     if size_bytes <= 0 or file_bytes <= 0:
         raise ValueError(f"size_bytes and file_bytes must be positive, not {size_bytes} and {file_bytes}")
@@ -55,7 +54,7 @@ def bench_fork(
         build_s = time.perf_counter() - t0
         # A world is built once and forked later; waiting out the racy-mtime window keeps the trial's finalize from
         # re-hashing files only because they were written a moment ago.
-        time.sleep(settle_s)
+        time.sleep(store.racy_ns / 1e9 if settle_s is None else settle_s)
 
         free, written = _free_bytes(tmp), _bytes_written()
         t0 = time.perf_counter()

@@ -31,14 +31,16 @@ from rl.volumes.errors import (
     VolumeSealedError,
     WriterConflictError,
 )
-from rl.volumes.filesystem import ShareMode, probe_share_mode
+from rl.volumes.filesystem import MIN_RACY_NS, RACY_NS, ShareMode, probe_share_mode, racy_window_ns
 from rl.volumes.manifest import FileEntry
 from rl.volumes.store import LocalVolumeStore
 from rl.volumes.version import LocalVolumeVersion
 from rl.volumes.writable import LocalWritableVolume
 
 __all__ = [
+    "MIN_RACY_NS",
     "PANDAS_DTYPES",
+    "RACY_NS",
     "ROW_FIELDS",
     "FileEntry",
     "InvalidNameError",
@@ -63,5 +65,6 @@ __all__ = [
     "encode_rows",
     "iteration_file",
     "probe_share_mode",
+    "racy_window_ns",
     "rollout_rows",
 ]

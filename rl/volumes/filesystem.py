@@ -5,9 +5,11 @@ Which filesystems get which sharing, and why: docs/volumes.md."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import uuid
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
@@ -18,6 +20,25 @@ ShareMode = Literal["reflink", "hardlink", "copy"]
 SHARE_MODES: tuple[ShareMode, ...] = ("reflink", "hardlink", "copy")
 
 WRITE_BITS = 0o222
+
+# The racy-clean window (git's "racy clean"): an inherited file whose mtime is this close to a fork could be rewritten
+# in place without its mtime changing, so finalize re-hashes it. Sized per filesystem by `racy_window_ns`, within these
+# bounds: 2 s is FAT's timestamp step, and no filesystem is trusted below 100 ms.
+RACY_NS = 2_000_000_000
+MIN_RACY_NS = 100_000_000
+RACY_FACTOR = 8
+
+
+def racy_window_ns(samples: Sequence[tuple[int, int]]) -> int:
+    """The racy window for a filesystem from `samples`, (clock just before the write, the mtime it got) for fresh files
+    written one after another: `RACY_FACTOR` times the larger of its timestamp step and the most an mtime lagged the
+    clock, within [MIN_RACY_NS, RACY_NS]. Fewer than two steps seen means a step too coarse to measure: RACY_NS."""
+    stamps = sorted({m for _, m in samples})
+    if len(stamps) < 3:
+        return RACY_NS
+    step = min(b - a for a, b in itertools.pairwise(stamps))
+    lag = max(t - m for t, m in samples)
+    return min(RACY_NS, max(MIN_RACY_NS, RACY_FACTOR * max(step, lag)))
 
 
 def probe_share_mode(directory: str | os.PathLike[str]) -> ShareMode:

@@ -14,13 +14,19 @@ from typing import Any, Literal
 
 from rl.safe_fs import Tree
 from rl.volumes.errors import InvalidNameError, VersionNotFoundError, VolumeCorruptedError, WriterConflictError
-from rl.volumes.filesystem import SHARE_MODES, ShareMode, read_only_mode
+from rl.volumes.filesystem import SHARE_MODES, ShareMode, racy_window_ns, read_only_mode
 from rl.volumes.manifest import NAME_RE, VERSION_RE, manifest_problem
 from rl.volumes.version import LocalVolumeVersion
 from rl.volumes.writable import Inherited, LocalWritableVolume
 from rl.volumes.writer_lock import acquire_writer, release_writer
 
 MIN_PREFIX = 8
+# The racy window's probe writes fresh files for this long (or this many) before reading their mtimes back: several
+# steps of a jiffy-stamped filesystem (4 ms at 250 Hz), and nothing of a 1 s or 2 s one, which then gets the ceiling.
+PROBE_S = 0.025
+PROBE_FILES = 256
+# Probed once per filesystem (device) per process: a test suite opens thousands of stores on one.
+_RACY_BY_DEVICE: dict[int, int] = {}
 # A manifest lists a version's files: far above any buffer's or world's, far below what would exhaust memory.
 MAX_MANIFEST_BYTES = 64 << 20
 
@@ -57,6 +63,28 @@ class LocalVolumeStore:
         else:
             raise ValueError(f"share must be 'auto' or one of {SHARE_MODES}, not {share!r}")
         self._manifests: dict[str, dict[str, Any]] = {}
+        device = os.stat(self.root).st_dev
+        if device not in _RACY_BY_DEVICE:
+            _RACY_BY_DEVICE[device] = self._probe_racy_ns()
+        self._racy_ns = _RACY_BY_DEVICE[device]
+
+    def _probe_racy_ns(self) -> int:
+        """`racy_window_ns` of the store's filesystem, from fresh files written in a row. Nothing is stat-ed until all
+        are written: a kernel with multigrain timestamps stamps a file finely once its times were read."""
+        probe = self.root / "staging" / f".probe-{uuid.uuid4().hex}"
+        self.fs.mkdir(probe)
+        try:
+            clock: list[int] = []
+            with self.fs.directory(probe) as dfd:
+                deadline = time.perf_counter() + PROBE_S
+                while len(clock) < PROBE_FILES and time.perf_counter() < deadline:
+                    clock.append(time.time_ns())
+                    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                    os.close(os.open(str(len(clock)), flags, 0o644, dir_fd=dfd))
+                stamps = [os.stat(str(i + 1), dir_fd=dfd, follow_symlinks=False).st_mtime_ns for i in range(len(clock))]
+            return racy_window_ns(list(zip(clock, stamps, strict=True)))
+        finally:
+            self.fs.rmtree(probe)
 
     def _probe_share_mode(self) -> ShareMode:
         """The cheapest sharing the store's filesystem supports: "reflink", else "hardlink", else "copy"."""
@@ -81,6 +109,12 @@ class LocalVolumeStore:
     def share_mode(self) -> ShareMode:
         """How forks share their parent's files on this store's filesystem."""
         return self._share_mode
+
+    @property
+    def racy_ns(self) -> int:
+        """An inherited file whose mtime is this close to a fork is re-hashed at finalize (`racy_window_ns`, probed
+        once per filesystem)."""
+        return self._racy_ns
 
     def new(self, name: str) -> LocalWritableVolume:
         """An empty writable volume named `name` (the first version of a buffer or a world)."""
@@ -163,6 +197,13 @@ class LocalVolumeStore:
             )
         self._manifests[version] = manifest
         return LocalVolumeVersion(self, manifest)
+
+    def adopt(self, manifest: bytes) -> LocalVolumeVersion:
+        """The version whose manifest this process has just written and published (`LocalWritableVolume.finalize`): it
+        was built from the writer's own scan, so it is not read back and checked as a manifest from disk is."""
+        parsed = json.loads(manifest)
+        self._manifests[parsed["version"]] = parsed
+        return LocalVolumeVersion(self, parsed)
 
     def open_writer(self, name: str, parent: LocalVolumeVersion | None) -> LocalWritableVolume:
         """A writable volume `name` holding `parent`'s files (shared, not copied, where the filesystem allows), or

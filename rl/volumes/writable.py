@@ -24,11 +24,6 @@ if TYPE_CHECKING:
     from rl.volumes.store import LocalVolumeStore
     from rl.volumes.version import LocalVolumeVersion
 
-# A write sets mtime to "now" at the filesystem's timestamp granularity (a jiffy on ext4, 2 s on FAT). An inherited file
-# whose mtime is this close to the fork could have been rewritten without its mtime changing, so finalize re-hashes it
-# (git's "racy clean").
-RACY_NS = 2_000_000_000
-
 
 @dataclass(frozen=True)
 class Inherited:
@@ -187,6 +182,7 @@ class LocalWritableVolume:
         if durable:
             fs.fsync_dir(self._staging)
         target = self._store.root / "versions" / version
+        published = True
         try:
             fs.rename(self._staging, target)
         except OSError as exc:
@@ -194,13 +190,15 @@ class LocalWritableVolume:
                 raise
             # The same name, parent, message and files were published before (a retried task): that version is this one.
             fs.rmtree(self._staging)
+            published = False
         if durable:
             fs.fsync_dir(target.parent)
             fs.fsync_dir(self._staging.parent)
         with contextlib.suppress(OSError):
             fs.chmod(target, 0o555)
         self._close(f"finalized as {version}")
-        return self._store.version(version)
+        # Ours is known without reading it back; an earlier publication's is read (and checked) from disk.
+        return self._store.adopt(body) if published else self._store.version(version)
 
     def abandon(self) -> None:
         """Discard everything written and release the name; nothing becomes visible."""
@@ -282,7 +280,7 @@ class LocalWritableVolume:
             inh is not None
             and (st.st_ino, st.st_size, st.st_mtime_ns) == (inh.ino, inh.size, inh.mtime_ns)
             and not st.st_mode & WRITE_BITS
-            and inh.mtime_ns < self._forked_at_ns - RACY_NS
+            and inh.mtime_ns < self._forked_at_ns - self._store.racy_ns
         ):
             return {"sha256": inh.entry.sha256, "size": inh.size, "executable": inh.entry.executable}
         # Still the parent's inode: its bytes were made durable when the parent was published, and if they changed
