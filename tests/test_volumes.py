@@ -506,6 +506,8 @@ def test_the_racy_window_is_sized_from_the_timestamps_the_filesystem_gave():
     assert racy_window_ns(jiffies) == MIN_RACY_NS
     coarse = [(t * 20 * ms, (t // 3) * 60 * ms) for t in range(9)]  # 60 ms steps: 8 x 60 ms
     assert racy_window_ns(coarse) == 480 * ms
+    fine_between = [*coarse, (61 * ms, 60 * ms + 17_935)]  # a multigrain kernel's fine stamp between two coarse ones
+    assert racy_window_ns(fine_between) == 480 * ms
     assert racy_window_ns([(t * ms, 0) for t in range(25)]) == RACY_NS  # one stamp for the whole probe
     assert racy_window_ns([(0, 0), (ms, 0), (1000 * ms, 1000 * ms)]) == RACY_NS  # one step seen: not measured
     assert racy_window_ns([(0, 0), (1, 1_000 * ms), (2, 2_000 * ms)]) == RACY_NS  # 1 s steps: the ceiling

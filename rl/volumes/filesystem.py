@@ -31,12 +31,13 @@ RACY_FACTOR = 8
 
 def racy_window_ns(samples: Sequence[tuple[int, int]]) -> int:
     """The racy window for a filesystem from `samples`, (clock just before the write, the mtime it got) for fresh files
-    written one after another: `RACY_FACTOR` times the larger of its timestamp step and the most an mtime lagged the
-    clock, within [MIN_RACY_NS, RACY_NS]. Fewer than two steps seen means a step too coarse to measure: RACY_NS."""
+    written one after another: `RACY_FACTOR` times the larger of its timestamp step (the widest seen: a finely stamped
+    file can fall between two coarse ones) and the most an mtime lagged the clock, within [MIN_RACY_NS, RACY_NS].
+    Fewer than two steps seen means a step too coarse to measure: RACY_NS."""
     stamps = sorted({m for _, m in samples})
     if len(stamps) < 3:
         return RACY_NS
-    step = min(b - a for a, b in itertools.pairwise(stamps))
+    step = max(b - a for a, b in itertools.pairwise(stamps))
     lag = max(t - m for t, m in samples)
     return min(RACY_NS, max(MIN_RACY_NS, RACY_FACTOR * max(step, lag)))
 

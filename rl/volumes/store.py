@@ -14,17 +14,19 @@ from typing import Any, Literal
 
 from rl.safe_fs import Tree
 from rl.volumes.errors import InvalidNameError, VersionNotFoundError, VolumeCorruptedError, WriterConflictError
-from rl.volumes.filesystem import SHARE_MODES, ShareMode, racy_window_ns, read_only_mode
+from rl.volumes.filesystem import RACY_NS, SHARE_MODES, ShareMode, racy_window_ns, read_only_mode
 from rl.volumes.manifest import NAME_RE, VERSION_RE, manifest_problem
 from rl.volumes.version import LocalVolumeVersion
 from rl.volumes.writable import Inherited, LocalWritableVolume
 from rl.volumes.writer_lock import acquire_writer, release_writer
 
 MIN_PREFIX = 8
-# The racy window's probe writes fresh files for this long (or this many) before reading their mtimes back: several
-# steps of a jiffy-stamped filesystem (4 ms at 250 Hz), and nothing of a 1 s or 2 s one, which then gets the ceiling.
+# The racy window's probe writes a fresh file every PROBE_S / PROBE_FILES seconds for PROBE_S before reading their
+# mtimes back: several steps of a jiffy-stamped filesystem (4 ms at 250 Hz), and nothing of a 1 s or 2 s one, which then
+# gets the ceiling. A round that saw under two steps is tried again, up to PROBE_ROUNDS.
 PROBE_S = 0.025
-PROBE_FILES = 256
+PROBE_FILES = 64
+PROBE_ROUNDS = 4
 # Probed once per filesystem (device) per process: a test suite opens thousands of stores on one.
 _RACY_BY_DEVICE: dict[int, int] = {}
 # A manifest lists a version's files: far above any buffer's or world's, far below what would exhaust memory.
@@ -71,20 +73,28 @@ class LocalVolumeStore:
     def _probe_racy_ns(self) -> int:
         """`racy_window_ns` of the store's filesystem, from fresh files written in a row. Nothing is stat-ed until all
         are written: a kernel with multigrain timestamps stamps a file finely once its times were read."""
-        probe = self.root / "staging" / f".probe-{uuid.uuid4().hex}"
-        self.fs.mkdir(probe)
-        try:
-            clock: list[int] = []
-            with self.fs.directory(probe) as dfd:
-                deadline = time.perf_counter() + PROBE_S
-                while len(clock) < PROBE_FILES and time.perf_counter() < deadline:
-                    clock.append(time.time_ns())
-                    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-                    os.close(os.open(str(len(clock)), flags, 0o644, dir_fd=dfd))
-                stamps = [os.stat(str(i + 1), dir_fd=dfd, follow_symlinks=False).st_mtime_ns for i in range(len(clock))]
-            return racy_window_ns(list(zip(clock, stamps, strict=True)))
-        finally:
-            self.fs.rmtree(probe)
+        window = RACY_NS
+        for _ in range(PROBE_ROUNDS):
+            probe = self.root / "staging" / f".probe-{uuid.uuid4().hex}"
+            self.fs.mkdir(probe)
+            try:
+                clock: list[int] = []
+                with self.fs.directory(probe) as dfd:
+                    deadline = time.perf_counter() + PROBE_S
+                    while len(clock) < PROBE_FILES and time.perf_counter() < deadline:
+                        clock.append(time.time_ns())
+                        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                        os.close(os.open(str(len(clock)), flags, 0o644, dir_fd=dfd))
+                        time.sleep(PROBE_S / PROBE_FILES)
+                    stamps = [
+                        os.stat(str(i), dir_fd=dfd, follow_symlinks=False).st_mtime_ns for i in range(1, len(clock) + 1)
+                    ]
+                window = racy_window_ns(list(zip(clock, stamps, strict=True)))
+            finally:
+                self.fs.rmtree(probe)
+            if window < RACY_NS:
+                break
+        return window
 
     def _probe_share_mode(self) -> ShareMode:
         """The cheapest sharing the store's filesystem supports: "reflink", else "hardlink", else "copy"."""
