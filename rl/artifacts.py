@@ -20,10 +20,10 @@ import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 
-from rl.dead_writers import discard_if_dead, lock_fd, locked_new_dir
+from rl.dead_writers import discard_if_dead, lock_at, locked_new_dir_at
 from rl.errors import ArtifactError, shown
 from rl.protocols import Artifacts
-from rl.safe_fs import Tree
+from rl.safe_fs import Tree, create_at, write_new_at
 from rl.types import ArtifactRef
 
 DIGEST_PREFIX = "sha256:"
@@ -212,26 +212,26 @@ class LocalArtifacts:
         checked = validate_files(files)
         ref = self._ref_for(_hex_of(ArtifactRef(uri="", digest=compute_digest(checked))))
         obj = self._object_dir(_hex_of(ref))
-        if self.fs.kind(obj) == "dir":
-            try:
-                self._read_verified(ref)
-            except ArtifactCorruptError:
-                self._replace(obj, checked)
-        else:
-            self._install(obj, checked)
-        self._write_ref(name, ref.digest)
+        # tmp/ held for the whole put: the staging directory and the ref's temp file are made in it by name, so each
+        # step is one call, not a walk from the top (a put was 64 calls; a step stores two).
+        with self.fs.directory(self._tmp) as tmp_fd:
+            if self.fs.kind(obj) == "dir":
+                try:
+                    self._read_verified(ref)
+                except ArtifactCorruptError:
+                    self._replace(obj, checked, tmp_fd)
+            else:
+                self._install(obj, checked, tmp_fd)
+            self._write_ref(name, ref.digest, tmp_fd)
         return ref
 
     @contextlib.contextmanager
-    def _stage(self, files: Mapping[str, bytes]) -> Iterator[Path]:
+    def _stage(self, files: Mapping[str, bytes], tmp_fd: int) -> Iterator[Path]:
         # Locked while this writer lives, so discard_abandoned deletes it only once the writer is dead.
-        with locked_new_dir(lambda: self._tmp / uuid.uuid4().hex, self.fs) as staging:
+        with locked_new_dir_at(tmp_fd, lambda: uuid.uuid4().hex) as (name, staging_fd):
             for rel, content in files.items():
-                target = staging / rel
-                self.fs.mkdir(target.parent, parents=True, exist_ok=True)
-                with self.fs.open_file(target, "xb", perm=0o644) as f:
-                    f.write(content)
-            yield staging
+                write_new_at(staging_fd, rel, content)
+            yield self._tmp / name
 
     def _object_files(self, obj: Path) -> list[str]:
         """The relative paths of an object's files, in digest order; anything but files and directories refused."""
@@ -273,8 +273,8 @@ class LocalArtifacts:
                 files[rel] = b""  # grown since it was hashed: the digest check below refuses it
         return files
 
-    def _install(self, obj: Path, files: Mapping[str, bytes]) -> None:
-        with self._stage(files) as staging:
+    def _install(self, obj: Path, files: Mapping[str, bytes], tmp_fd: int) -> None:
+        with self._stage(files, tmp_fd) as staging:
             try:
                 self.fs.rename(staging, obj)
             except OSError:
@@ -283,24 +283,25 @@ class LocalArtifacts:
                 if self.fs.kind(obj) != "dir":
                     raise
 
-    def _replace(self, obj: Path, files: Mapping[str, bytes]) -> None:
-        with self._stage(files) as staging:
+    def _replace(self, obj: Path, files: Mapping[str, bytes], tmp_fd: int) -> None:
+        with self._stage(files, tmp_fd) as staging:
             trash = self._tmp / f"corrupt-{uuid.uuid4().hex}"
             self.fs.rename(obj, trash)
             self.fs.rename(staging, obj)
             self.fs.rmtree(trash)
 
-    def _write_ref(self, name: str, digest: str) -> None:
+    def _write_ref(self, name: str, digest: str, tmp_fd: int) -> None:
         while True:
-            tmp = self._tmp / f"ref-{uuid.uuid4().hex}"
-            fd = self.fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            if lock_fd(fd, tmp, self.fs):
+            tmp = f"ref-{uuid.uuid4().hex}"
+            fd = create_at(tmp_fd, tmp)
+            if lock_at(fd, tmp_fd, tmp):
                 break
             os.close(fd)
         with open(fd, "w") as f:
             f.write(digest + "\n")
             f.flush()
-            self.fs.replace(tmp, self._refs / name)
+            with self.fs.directory(self._refs) as refs_fd:
+                os.replace(tmp, name, src_dir_fd=tmp_fd, dst_dir_fd=refs_fd)
 
     def discard_abandoned(self) -> list[str]:
         """Delete what writers that died left in tmp/ (staging directories, refs half-written, corrupt objects half

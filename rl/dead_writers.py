@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rl.platform import flock
-from rl.safe_fs import Tree
+from rl.safe_fs import Tree, open_dir_at
 
 
 def lock_fd(fd: int, path: Path, fs: Tree) -> bool:
@@ -32,6 +32,34 @@ def lock_fd(fd: int, path: Path, fs: Tree) -> bool:
         return fs.lstat(path).st_ino == os.fstat(fd).st_ino
     except FileNotFoundError:
         return False
+
+
+def lock_at(fd: int, dir_fd: int, name: str) -> bool:
+    """`lock_fd` for the entry `name` of the held directory `dir_fd`."""
+    try:
+        flock(fd)
+    except OSError:
+        return True  # no flock here: write unlocked (see the module docstring)
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+@contextlib.contextmanager
+def locked_new_dir_at(dir_fd: int, make_name: Callable[[], str]) -> Iterator[tuple[str, int]]:
+    """`locked_new_dir` in the held directory `dir_fd`: (its name, a descriptor of it), locked while the block runs."""
+    while True:
+        name = make_name()
+        os.mkdir(name, dir_fd=dir_fd)
+        fd = open_dir_at(dir_fd, name)
+        if lock_at(fd, dir_fd, name):
+            break
+        os.close(fd)
+    try:
+        yield name, fd
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

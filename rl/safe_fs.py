@@ -359,6 +359,41 @@ class Tree:
             _remove_at(dfd, name)
 
 
+def write_new_at(dir_fd: int, rel: str, data: bytes, perm: int = 0o644) -> None:
+    """Create the file `rel` (a checked relative path, its directories made as needed) below the held directory
+    `dir_fd` and write `data`: every name created exclusively or opened without following a link, so this is for a
+    directory this writer just made (a staging directory), where nothing else can be."""
+    *dirs, name = rel.split("/")
+    opened: list[int] = []
+    try:
+        fd = dir_fd
+        for part in dirs:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, dir_fd=fd)
+            fd = os.open(part, _DIR, dir_fd=fd)
+            opened.append(fd)
+        out = create_at(fd, name, perm)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(out, view) :]
+        finally:
+            os.close(out)
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
+def create_at(dir_fd: int, name: str, perm: int = 0o644) -> int:
+    """A new file `name` in the held directory `dir_fd`, open to write: created here (O_EXCL), never through a link."""
+    return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, perm, dir_fd=dir_fd)
+
+
+def open_dir_at(dir_fd: int, name: str) -> int:
+    """A descriptor of the directory `name` in the held directory `dir_fd`; a symlink there is not followed."""
+    return os.open(name, _DIR, dir_fd=dir_fd)
+
+
 def _walk_fd(fd: int, prefix: str) -> Iterator[tuple[str, str, os.stat_result]]:
     with os.scandir(fd) as it:
         entries = sorted(it, key=lambda e: e.name)

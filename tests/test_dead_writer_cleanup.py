@@ -60,3 +60,31 @@ async def test_a_checkpoint_write_cleans_nothing_of_its_own_and_leaves_no_temp_f
     assert store.discard_abandoned() == [tmp_path / ".checkpoint.json.dead0001"]
     await store.save(b"two")
     assert sorted(os.listdir(tmp_path)) == ["checkpoint.json"] and await store.load() == b"two"
+
+
+@pytest.mark.asyncio
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names an open descriptor's path through /proc")
+async def test_a_put_whose_new_entries_a_cleaner_took_before_the_lock_makes_new_ones(tmp_path, monkeypatch):
+    """The race `rl.dead_writers` closes from the writer's side: a cleaner that deletes a put's fresh staging
+    directory or ref temp file before the put locks it leaves the put to make another; the artifact lands whole and
+    tmp/ is left empty."""
+    import rl.dead_writers as dead_writers
+    from rl.artifacts import LocalArtifacts
+
+    store = LocalArtifacts(tmp_path / "artifacts")
+    real, taken = dead_writers.flock, []
+
+    def cleaner_first(fd: int, *args: object, **kwargs: object) -> None:
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        kinds = [p.name.startswith("ref-") for p in taken]
+        if path.parent == store.root / "tmp" and path.name.startswith("ref-") not in kinds:  # the first of each
+            taken.append(path)
+            os.rmdir(path) if path.is_dir() else os.unlink(path)
+        real(fd, *args, **kwargs)
+
+    monkeypatch.setattr(dead_writers, "flock", cleaner_first)
+    files = {"adapter_model.safetensors": b"weights", "sub/config.json": b"{}"}
+    ref = await store.put(files, name="adapter-v1")
+    assert [p.name.startswith("ref-") for p in taken] == [False, True]  # the staging directory, then the ref's file
+    assert await store.get(ref) == files and store.resolve("adapter-v1") == ref
+    assert os.listdir(store.root / "tmp") == []
