@@ -23,19 +23,17 @@ from rl.safe_fs import Tree, open_dir_at
 
 
 def lock_fd(fd: int, path: Path, fs: Tree) -> bool:
-    """Lock the new `path` (open as `fd`) for this writer; False when a cleaner removed it before the lock."""
+    """`lock_at` for the new `path` (open as `fd`)."""
     try:
-        flock(fd)
-    except OSError:
-        return True  # no flock here: write unlocked (see the module docstring)
-    try:
-        return fs.lstat(path).st_ino == os.fstat(fd).st_ino
+        with fs.parent(path) as (dfd, name):
+            return lock_at(fd, dfd, name)
     except FileNotFoundError:
         return False
 
 
 def lock_at(fd: int, dir_fd: int, name: str) -> bool:
-    """`lock_fd` for the entry `name` of the held directory `dir_fd`."""
+    """Lock the new entry `name` of the held directory `dir_fd` (open as `fd`) for this writer; False when a cleaner
+    removed it before the lock."""
     try:
         flock(fd)
     except OSError:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import uuid
 from pathlib import Path
 
-from rl.dead_writers import discard_if_dead, lock_fd
-from rl.safe_fs import Tree
+from rl.dead_writers import discard_if_dead, lock_at
+from rl.safe_fs import Tree, create_at
 
 # A checkpoint holds a run's history and evaluations: megabytes for a long run, never this.
 MAX_CHECKPOINT_BYTES = 256 << 20
@@ -41,21 +42,23 @@ class FileStateStore:
 
     async def save(self, data: bytes) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        while True:
-            tmp = self.path.with_name(f"{self._temp_prefix}{uuid.uuid4().hex[:8]}")
-            fd = self.fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            if lock_fd(fd, tmp, self.fs):
-                break
-            os.close(fd)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-                self.fs.replace(tmp, self.path)
-        except BaseException:
-            self.fs.unlink(tmp, missing_ok=True)
-            raise
+        with self.fs.directory(self.path.parent) as dfd:  # held: each step below is one call by name
+            while True:
+                tmp = f"{self._temp_prefix}{uuid.uuid4().hex[:8]}"
+                fd = create_at(dfd, tmp, 0o600)
+                if lock_at(fd, dfd, tmp):
+                    break
+                os.close(fd)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                    os.replace(tmp, self.path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=dfd)
+                raise
 
     def discard_abandoned(self) -> list[Path]:
         """Delete the temp files of writers that died mid-save (none a live writer holds); returns what went."""
