@@ -411,14 +411,13 @@ CATALOGUE: tuple[Mutant, ...] = (
         "state-in-place-write",
         "state-store",
         "rl/checkpoint/file_store.py",
-        '        while True:\n            tmp = self.path.with_name(f"{self._temp_prefix}{uuid.uuid4().hex[:8]}")\n',
+        "        with self.fs.directory(self.path.parent) as dfd:  # held: each step below is one call by name\n",
         '        with self.fs.open_file(self.path, "wb", perm=0o600) as f:  # no-follow kept: only the tear\n'
         "            f.write(data[: len(data) // 2])\n"
         '            await __import__("asyncio").sleep(0)  # an async file API awaits between chunks\n'
         "            f.write(data[len(data) // 2 :])\n"
         "        return\n"
-        "        while True:\n"
-        '            tmp = self.path.with_name(f"{self._temp_prefix}{uuid.uuid4().hex[:8]}")\n',
+        "        with self.fs.directory(self.path.parent) as dfd:  # held: each step below is one call by name\n",
         "checkpoint written in place (in chunks, yielding between them): a save cancelled midway leaves a torn blob",
         ("tests/test_kill_points.py",),
     ),
@@ -731,7 +730,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "volume-not-sealed",
         "volumes",
         "rl/volumes/writable.py",
-        "        self._seal_modes(data, durable=durable)\n",
+        "        self._seal_modes(data, modes, dirs, durable=durable)\n",
         "",
         "finalize does not seal modes: a published version stays writable and can be mutated",
         ("tests/test_volumes.py",),
