@@ -22,15 +22,6 @@ from rl.platform import flock
 from rl.safe_fs import Tree, open_dir_at
 
 
-def lock_fd(fd: int, path: Path, fs: Tree) -> bool:
-    """`lock_at` for the new `path` (open as `fd`)."""
-    try:
-        with fs.parent(path) as (dfd, name):
-            return lock_at(fd, dfd, name)
-    except FileNotFoundError:
-        return False
-
-
 def lock_at(fd: int, dir_fd: int, name: str) -> bool:
     """Lock the new entry `name` of the held directory `dir_fd` (open as `fd`) for this writer; False when a cleaner
     removed it before the lock."""
@@ -62,18 +53,11 @@ def locked_new_dir_at(dir_fd: int, make_name: Callable[[], str]) -> Iterator[tup
 
 @contextlib.contextmanager
 def locked_new_dir(make_path: Callable[[], Path], fs: Tree) -> Iterator[Path]:
-    """A new directory at `make_path()` (a fresh name each call), locked while the block runs; it stays behind after."""
-    while True:
-        path = make_path()
-        fs.mkdir(path)
-        fd = fs.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        if lock_fd(fd, path, fs):
-            break
-        os.close(fd)
-    try:
-        yield path
-    finally:
-        os.close(fd)
+    """A new directory at `make_path()` (a fresh name in one directory each call), locked while the block runs; it
+    stays behind after."""
+    parent = make_path().parent
+    with fs.directory(parent) as dfd, locked_new_dir_at(dfd, lambda: make_path().name) as (name, _):
+        yield parent / name
 
 
 def discard_if_dead(path: Path, fs: Tree) -> bool:
