@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal
 
-from rl.safe_fs import Tree
+from rl.safe_fs import Tree, create_at
 from rl.volumes.errors import InvalidNameError, VersionNotFoundError, VolumeCorruptedError, WriterConflictError
 from rl.volumes.filesystem import RACY_NS, SHARE_MODES, ShareMode, racy_window_ns, read_only_mode
 from rl.volumes.manifest import NAME_RE, VERSION_RE, manifest_problem
@@ -65,10 +65,7 @@ class LocalVolumeStore:
         else:
             raise ValueError(f"share must be 'auto' or one of {SHARE_MODES}, not {share!r}")
         self._manifests: dict[str, dict[str, Any]] = {}
-        device = os.stat(self.root).st_dev
-        if device not in _RACY_BY_DEVICE:
-            _RACY_BY_DEVICE[device] = self._probe_racy_ns()
-        self._racy_ns = _RACY_BY_DEVICE[device]
+        self._racy_ns: int | None = None  # probed when a finalize first asks (a store only read never does)
 
     def _probe_racy_ns(self) -> int:
         """`racy_window_ns` of the store's filesystem, from fresh files written in a row. Nothing is stat-ed until all
@@ -83,8 +80,7 @@ class LocalVolumeStore:
                     deadline = time.perf_counter() + PROBE_S
                     while len(clock) < PROBE_FILES and time.perf_counter() < deadline:
                         clock.append(time.time_ns())
-                        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-                        os.close(os.open(str(len(clock)), flags, 0o644, dir_fd=dfd))
+                        os.close(create_at(dfd, str(len(clock))))
                         time.sleep(PROBE_S / PROBE_FILES)
                     stamps = [
                         os.stat(str(i), dir_fd=dfd, follow_symlinks=False).st_mtime_ns for i in range(1, len(clock) + 1)
@@ -124,6 +120,11 @@ class LocalVolumeStore:
     def racy_ns(self) -> int:
         """An inherited file whose mtime is this close to a fork is re-hashed at finalize (`racy_window_ns`, probed
         once per filesystem)."""
+        if self._racy_ns is None:
+            device = os.stat(self.root).st_dev
+            if device not in _RACY_BY_DEVICE:
+                _RACY_BY_DEVICE[device] = self._probe_racy_ns()
+            self._racy_ns = _RACY_BY_DEVICE[device]
         return self._racy_ns
 
     def new(self, name: str) -> LocalWritableVolume:
