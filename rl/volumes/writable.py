@@ -167,14 +167,15 @@ class LocalWritableVolume:
         """Seal the mount into an immutable version and publish it atomically; this writer is closed afterwards."""
         self._check_open()
         data = self._staging / "data"
-        files, dirs, symlinks, mtimes, modes = self._scan(data)
+        files, dirs, symlinks, stats = self._scan(data)
         tree = {"files": files, "dirs": dirs, "symlinks": symlinks}
         parent = self._parent.version if self._parent else None
+        mtimes = {rel: st.st_mtime_ns for rel, st in stats.items()}
         manifest = new_manifest(self._name, parent, message, tree, published_at_ns=time.time_ns(), mtimes_ns=mtimes)
         version = manifest["version"]
         durable = self._store.durable
         fs = self._store.fs
-        self._seal_modes(data, modes, dirs, durable=durable)
+        self._seal_modes(data, stats, dirs, durable=durable)
         body = json.dumps(manifest, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()  # json's C encoder
         fs.write_atomic(
             self._staging / "manifest.json", body, tmp_name=".manifest.json.tmp", perm=0o444, durable=durable
@@ -230,13 +231,13 @@ class LocalWritableVolume:
                 )
         return root / rel
 
-    def _seal_modes(self, data: Path, modes: dict[str, int], dirs: list[str], *, durable: bool) -> None:
-        """Make the files `_scan` found (`modes`: each one's mode then) and its `dirs` (sorted) read-only."""
+    def _seal_modes(self, data: Path, stats: dict[str, os.stat_result], dirs: list[str], *, durable: bool) -> None:
+        """Make the files `_scan` found (`stats`: each one's lstat then) and its `dirs` (sorted) read-only."""
         fs = self._store.fs
-        for rel, mode in modes.items():
-            ro = read_only_mode(bool(mode & 0o111))
+        for rel, st in stats.items():
+            ro = read_only_mode(bool(st.st_mode & 0o111))
             # A shared inode is already read-only; leaving it alone keeps its ctime (and the parent's) untouched.
-            if stat.S_IMODE(mode) != ro:
+            if stat.S_IMODE(st.st_mode) != ro:
                 fs.chmod(data / rel, ro)
         for d in [*(data / rel for rel in reversed(dirs)), data]:  # below before above: sorted puts a parent first
             if durable:
@@ -245,13 +246,12 @@ class LocalWritableVolume:
 
     def _scan(
         self, data: Path
-    ) -> tuple[dict[str, dict[str, Any]], list[str], dict[str, str], dict[str, int], dict[str, int]]:
-        """The mount's files (manifest entries), sorted dirs, symlinks, and each file's mtime and mode."""
+    ) -> tuple[dict[str, dict[str, Any]], list[str], dict[str, str], dict[str, os.stat_result]]:
+        """The mount's files (manifest entries), sorted dirs, symlinks, and each file's lstat."""
         files: dict[str, dict[str, Any]] = {}
         dirs: list[str] = []
         symlinks: dict[str, str] = {}
-        mtimes: dict[str, int] = {}
-        modes: dict[str, int] = {}
+        stats: dict[str, os.stat_result] = {}
         fs = self._store.fs
         for rel, kind, st in fs.walk(data):
             if kind == "dir":
@@ -266,14 +266,13 @@ class LocalWritableVolume:
                     )
             elif kind == "file":
                 files[rel] = self._file_entry(data / rel, rel, st)
-                mtimes[rel] = st.st_mtime_ns
-                modes[rel] = st.st_mode
+                stats[rel] = st
             else:
                 raise UnsupportedFileError(
                     f"{rel} in volume {self._name!r} is a {kind}; a version holds only files, directories and "
                     f"symlinks. Delete it before finalizing"
                 )
-        return files, sorted(dirs), symlinks, mtimes, modes
+        return files, sorted(dirs), symlinks, stats
 
     def _file_entry(self, path: Path, rel: str, st: os.stat_result) -> dict[str, Any]:
         executable = bool(st.st_mode & 0o111)

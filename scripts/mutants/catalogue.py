@@ -730,7 +730,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "volume-not-sealed",
         "volumes",
         "rl/volumes/writable.py",
-        "        self._seal_modes(data, modes, dirs, durable=durable)\n",
+        "        self._seal_modes(data, stats, dirs, durable=durable)\n",
         "",
         "finalize does not seal modes: a published version stays writable and can be mutated",
         ("tests/test_volumes.py",),
