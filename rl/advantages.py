@@ -17,7 +17,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, get_args
 
 from rl.checks import finite_rewards
 
@@ -27,7 +27,7 @@ Scale = Literal["population_std", "none"]
 """`"population_std"`: divide by the group's population std plus eps (GRPO); `"none"`: subtract the mean only (Dr.
 GRPO). The names `rl.conformance.AlgorithmSpec.advantage_scale` declares them by."""
 
-_SCALES: tuple[str, ...] = ("population_std", "none")
+_SCALES: tuple[str, ...] = get_args(Scale)
 
 
 def group_normalized_advantages(
