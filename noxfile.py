@@ -498,9 +498,9 @@ def peers(session: nox.Session, peer: str) -> None:
         shutil.copytree(peers_dir, os.path.join(tmp, "path", "peers"))
         env = {**SESSION_ENV, "PYTHONPATH": os.path.join(tmp, "path")}
         for binding, recorded in dict(spec["fails"]).items():
-            impl = f"peers.{peer}_grpo:{binding}"
+            impl = f"{spec['module'][binding]}:{binding}"
             report = os.path.join(tmp, f"{binding}.xml")
-            args = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", impl, "-m", "rl_advantages or rl_loss")
+            args = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", impl, "-m", spec["laws"][binding])
             started = time.monotonic()
             if not session.run(
                 "pytest", *args, "-p", "no:cacheprovider", f"--junitxml={report}", *session.posargs,

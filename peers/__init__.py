@@ -7,6 +7,8 @@ thin adapters that only change shapes and arguments (no formula is written):
 - `peers.verl_grpo`: verl's `compute_grpo_outcome_advantage` and actor `ppo_loss`, `nox -s "peers(peer='verl')"`.
 - `peers.trl_choices`: the adapters of TRL's GSPO, CISPO and batch-std configurations (bound in `peers.trl_grpo`).
 - `peers.trl_trainer`: the one `GRPOTrainer` both run TRL's code through.
+- `peers.trl_whole`: TRL's whole step, its generation as a `RolloutEngine` and its training step as a `Trainer`,
+  under the engine and trainer laws (`IMPL_WHOLE`, bound in its own module: its record names it).
 
 Libraries that cannot be installed here are copied verbatim, with their provenance (repository, path, lines,
 commit) in each module's docstring and the copied lines between marker comments; only the glue that feeds them the

@@ -16,8 +16,14 @@ from typing import Any
 EXPECTED = Path(__file__).with_name("expected.toml")
 
 
+LAWS = "rl_advantages or rl_loss"
+"""The laws a binding runs unless its record says `laws` (a `-m` expression): the advantage and loss laws."""
+
+
 def load(path: Path = EXPECTED) -> dict[str, dict[str, Any]]:
-    """`{peer: {"pin": "lib==X" or None, "fails": {binding: {law, ...}}, "why": {binding: reason}}}`, in file order."""
+    """`{peer: {"pin": "lib==X" or None, "fails": {binding: {law, ...}}, "why": {binding: reason}, "module":
+    {binding: "peers.x"}, "laws": {binding: "-m expression"}}}`, in file order. A binding's module is
+    `peers.<peer>_grpo` and its laws `LAWS` unless its record names others (`module`, `laws`)."""
     peers = {}
     for peer, entry in tomllib.loads(path.read_text()).items():
         bindings = {name: value for name, value in entry.items() if isinstance(value, dict)}
@@ -25,6 +31,8 @@ def load(path: Path = EXPECTED) -> dict[str, dict[str, Any]]:
             "pin": entry.get("pin"),
             "fails": {name: set(binding["fails"]) for name, binding in bindings.items()},
             "why": {name: binding["why"] for name, binding in bindings.items()},
+            "module": {name: binding.get("module", f"peers.{peer}_grpo") for name, binding in bindings.items()},
+            "laws": {name: binding.get("laws", LAWS) for name, binding in bindings.items()},
         }
     return peers
 
@@ -51,7 +59,8 @@ def markdown_table(peers: dict[str, dict[str, Any]] | None = None) -> str:
         for binding, fails in spec["fails"].items():
             laws = ", ".join(f"`{law.partition('::')[2]}`" for law in sorted(fails)) or "nothing"
             installed = f"`{spec['pin']}`" if spec["pin"] else "copied verbatim"
-            rows.append(f"| `peers.{peer}_grpo:{binding}` | {installed} | {laws} | {spec['why'][binding]} |")
+            module = spec.get("module", {}).get(binding, f"peers.{peer}_grpo")
+            rows.append(f"| `{module}:{binding}` | {installed} | {laws} | {spec['why'][binding]} |")
     return "\n".join(rows)
 
 

@@ -303,6 +303,12 @@ def _hostile_adapters(files: dict[str, bytes]) -> dict[str, dict[str, bytes]]:
         "not LORA": _with_config(files, peft_type="PROMPT_TUNING"),
         "a pickle": {**files, "adapter_model.bin": b"\x80\x04K\x01."},
         "header of 2**40": {**files, "adapter_model.safetensors": (1 << 40).to_bytes(8, "little") + weights[8:]},
+        # Below safetensors' 100 MiB cap on a header, past the file's end: the file's size bounds it, not a constant.
+        "header of 1 MiB": {**files, "adapter_model.safetensors": (1 << 20).to_bytes(8, "little") + weights[8:]},
+        "header one byte past the end": {
+            **files,
+            "adapter_model.safetensors": (len(weights) - 7).to_bytes(8, "little") + weights[8:],
+        },
         "empty weights": {**files, "adapter_model.safetensors": b""},
     }
 
@@ -319,7 +325,9 @@ def test_the_adapter_this_tool_writes_passes_and_every_hostile_one_is_refused(ad
         assert name
 
 
-@pytest.mark.parametrize("hostile", ["regex target_modules", "a pickle", "header of 2**40", "rank_pattern"])
+@pytest.mark.parametrize(
+    "hostile", ["regex target_modules", "a pickle", "header of 2**40", "header of 1 MiB", "rank_pattern"]
+)
 def test_the_sampler_and_the_trainer_refuse_a_hostile_adapter_in_one_typed_line(
     tmp_path: Path, tiny_base: Path, adapter: dict[str, bytes], hostile: str
 ) -> None:

@@ -450,6 +450,27 @@ def test_an_adapter_vllm_would_die_loading_is_refused_before_vllm_sees_it(
     assert engine.llm.generate_calls == [] and not engine.llm._dead
 
 
+def test_a_refused_adapter_is_checked_again_on_the_retry_and_never_handed_to_vllm(
+    tiny_model_dir: Path, store: LocalArtifacts, refs: dict[str, ArtifactRef], tmp_path: Path
+) -> None:
+    """A rollout task retries a refused request as it retries any failure: the retry must check the adapter again
+    and refuse it again, not find its staged directory remembered from the refused call and hand it to vLLM (whose
+    worker would then fail the load and kill the engine core for every later request)."""
+    from rl.engines.vllm import AdapterRefused
+
+    engine = VLLMEngine(
+        tiny_model_dir, store, vllm_module=vllm_stub, adapter_root=tmp_path / "a", llm_kwargs={"max_lora_rank": 1}
+    )
+    req = request(refs["v0"], policy_version=0)
+    for attempt in range(3):
+        with pytest.raises(AdapterRefused, match="LoRA rank 4"):
+            run(engine.generate(req))
+        assert engine.llm.generate_calls == [], f"attempt {attempt} handed the refused adapter to vLLM"
+        assert not engine.llm._dead
+    servable = VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, adapter_root=tmp_path / "a")
+    assert len(run(servable.generate(req))) == req.n  # the staged copy left behind serves an engine that can load it
+
+
 def test_a_dead_vllm_engine_is_replaced_on_the_next_call(
     tiny_model_dir: Path, store: LocalArtifacts, refs: dict[str, ArtifactRef], tmp_path: Path
 ) -> None:

@@ -4,6 +4,7 @@ write helpers), then what only our store guarantees (share modes, sealed file mo
 from __future__ import annotations
 
 import gc
+import hashlib
 import os
 import shutil
 import stat
@@ -17,6 +18,7 @@ from hypothesis.stateful import invariant, rule
 
 from rl.bench.volumes import bench_fork, format_bench
 from rl.conformance import VolumeStoreContract
+from rl.conformance.volume_rewrites import rewrite_in_place
 from rl.conformance.volumes import PATHS, VolumeStoreMachine, read_tree
 from rl.platform import bytes_written
 from rl.volumes import (
@@ -336,6 +338,28 @@ def test_an_in_place_write_to_a_shared_inode_is_refused_at_finalize(tmp_path):
     rw.abandon()
     with pytest.raises(VolumeCorruptedError):
         world.verify()
+
+
+@pytest.mark.parametrize("share", ["copy", "reflink"])
+def test_a_forks_own_copy_rewritten_in_place_within_the_racy_window_is_hashed_again(tmp_path, share):
+    """A fork's copy keeps its parent's mtime, so a rewrite in place within one timestamp step (root's, or a copy made
+    writable) changes neither its inode, size nor mtime: only the racy window has it read again, into the new bytes'
+    digest; deep verify agrees."""
+    if share == "reflink" and probe_share_mode(tmp_path) != "reflink":
+        pytest.skip(f"{tmp_path}'s filesystem does not support reflinks")
+    store = LocalVolumeStore(tmp_path / "store", share=share)
+    first = store.new("buf")
+    young = first.write_bytes("iter-0.jsonl", b"reward 0.25\n")
+    future = os.stat(young).st_mtime_ns + 10 * store.racy_ns  # inside the window however long the test takes
+    os.utime(young, ns=(future, future))
+    parent = first.finalize("v1")
+    rw = parent.fork("buf")
+    rewrite_in_place(rw.mount() / "iter-0.jsonl", b"reward 0.75\n")
+    child = rw.finalize("v2")
+    assert child.files["iter-0.jsonl"].sha256 == hashlib.sha256(b"reward 0.75\n").hexdigest()
+    assert child.content_digest != parent.content_digest
+    child.verify(deep=True)
+    parent.verify(deep=True)
 
 
 def test_a_crash_between_writing_and_finalizing_leaves_no_version(store):

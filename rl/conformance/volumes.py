@@ -33,6 +33,7 @@ from hypothesis.stateful import (
 
 from rl.conformance._base import ContractBase, tier
 from rl.conformance.plugin import law_seed
+from rl.conformance.volume_rewrites import InPlaceRewriteLaws
 from rl.conformance.volume_symlinks import SymlinkContainmentLaws
 from rl.protocols import VolumeStore, VolumeVersion, WritableVolume
 
@@ -267,7 +268,7 @@ BAD_NAMES = ("", ".", "..", "../escape", "a/b", "/abs")
 
 
 @tier("volumes")
-class VolumeStoreContract(SymlinkContainmentLaws, ContractBase):
+class VolumeStoreContract(SymlinkContainmentLaws, InPlaceRewriteLaws, ContractBase):
     """Laws of `rl.protocols.VolumeStore` and its `VolumeVersion` / `WritableVolume`: a fork's writes stay in the fork,
     a published version never changes, one writer per name, a writer that dies publishes nothing, every version stays
     addressable, the same content is the same version, and names cannot leave the store."""

@@ -791,6 +791,53 @@ CATALOGUE: tuple[Mutant, ...] = (
         "a row read back is checked for a number, not a finite one: a stored 1e999 reward is read as infinity",
         ("tests/test_buffer.py",),
     ),
+    # --- issue 47 §4: planted in the last round's code, passed every test and law until these were added ---
+    Mutant(
+        "engine-vllm-refused-adapter-cached",
+        "engine",
+        "rl/engines/vllm.py",
+        "        check_adapter_dir(final)  # a pickle, a regex target, a damaged header: refused before vLLM's worker "
+        "reads it\n"
+        "        self._check_servable(adapter, final)\n"
+        "        self._adapter_dirs[adapter.digest] = final\n",
+        "        self._adapter_dirs[adapter.digest] = final\n"
+        "        check_adapter_dir(final)  # a pickle, a regex target, a damaged header: refused before vLLM's worker "
+        "reads it\n"
+        "        self._check_servable(adapter, final)\n",
+        "the staged adapter directory is cached before it is checked: a refused adapter's retry finds it cached and "
+        "hands it to vLLM, whose worker fails the load and kills the engine core",
+        ("tests/test_vllm_adapter.py",),
+    ),
+    Mutant(
+        "volume-racy-window-skipped-for-copies",
+        "volumes",
+        "rl/volumes/writable.py",
+        "            and inh.mtime_ns < self._forked_at_ns - self._store.racy_ns\n",
+        "            and (not inh.shares_parent_inode or inh.mtime_ns < self._forked_at_ns - self._store.racy_ns)\n",
+        "a fork's own copy (share='copy' or 'reflink') is trusted from its stat however young: rewritten in place "
+        "within one timestamp step, it keeps its parent's digest in the new manifest",
+        ("tests/test_volumes.py",),
+    ),
+    Mutant(
+        "volume-racy-window-skipped",
+        "volumes",
+        "rl/volumes/writable.py",
+        "            and inh.mtime_ns < self._forked_at_ns - self._store.racy_ns\n",
+        "",
+        "no racy window: an inherited file rewritten in place within one timestamp step (same inode, size and mtime) "
+        "keeps its parent's digest in the new manifest",
+        ("tests/test_volumes.py",),
+    ),
+    Mutant(
+        "adapter-header-bound-by-constant",
+        "artifacts",
+        "rl/models/model_dir.py",
+        "if not 2 <= length <= min(size - 8, MAX_SAFETENSORS_HEADER)",
+        "if not 2 <= length <= MAX_SAFETENSORS_HEADER",
+        "an adapter's safetensors header length is bounded by safetensors' 100 MiB cap, not by the file's size: a "
+        "header claiming more bytes than the file holds passes the check and reaches a loader",
+        ("tests/test_run_dir_attacks.py",),
+    ),
 )
 
 
