@@ -35,7 +35,8 @@ SAMPLINGS = {
 """The settings the batches are sampled and trained at: TRL #4159's T = 0.6, and a tempered top-k and top-p cut."""
 SHIFTS = (0.3, 0.7)
 """How far (nats) the law moves each recorded log-prob, to the trust region's pessimistic side (raised for A > 0, at
-most to 0; lowered for A < 0), where the loss is -r A whatever the clip's epsilon: two amounts, so the loss must move."""
+most to 0; lowered for A < 0), where the loss is -r A whatever the clip's epsilon: two amounts, so the loss must
+move."""
 LOSS_RTOL = 1e-4
 """The reported loss's tolerance relative to the size of its terms (float32 teacher forcing vs the engine's records)."""
 _REWARDS = (1.0, 0.0, 0.5, 0.0)

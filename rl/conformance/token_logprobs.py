@@ -3,9 +3,10 @@ trainer scores tokens with (`Implementation.token_logprobs`), on a tiny causal L
 
 Why: the loss's importance ratio divides the trainer's log-prob of a token by the engine's; when the engine samples at a
 temperature T (and under a top-k or top-p cut) and the trainer scores the token under softmax(logits) instead of
-softmax(logits / T), every ratio is off by a factor that grows with the logit's size, with no error anywhere. TRL shipped
-this until its PR #3029 (0.16.0: `_get_per_token_logps` divides the logits by the temperature); TRL #4159 is the same
-gap on the engine's side (vLLM's log-probs reported before the temperature: a first-token ratio of 2.0 at T = 0.6).
+softmax(logits / T), every ratio is off by a factor that grows with the logit's size, with no error anywhere. TRL
+shipped this until its PR #3029 (0.16.0: `_get_per_token_logps` divides the logits by the temperature); TRL #4159 is
+the same gap on the engine's side (vLLM's log-probs reported before the temperature: a first-token ratio of 2.0 at
+T = 0.6).
 """
 
 from __future__ import annotations
