@@ -255,3 +255,10 @@ class AgenticInputError(InputError):
 
 
 __all__ += ["AgenticInputError"]
+
+
+class SamplingSettingsError(InputError):
+    """A temperature, top-p or top-k that no sampler can use (`rl.types.SamplingSettings`); nothing was sampled."""
+
+
+__all__ += ["SamplingSettingsError"]

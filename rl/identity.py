@@ -24,6 +24,13 @@ def _field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
+@functools.cache
+def _omitted_at_default(cls: type) -> dict[str, Any]:
+    """The fields of `cls` marked `metadata={"identity": "omit_default"}`, with their defaults: a field added after
+    values were recorded leaves their identity unchanged while it holds its default (`rl.types.SamplingSettings`)."""
+    return {f.name: f.default for f in dataclasses.fields(cls) if f.metadata.get("identity") == "omit_default"}
+
+
 _SCALARS = frozenset({type(None), bool, int, str})
 
 
@@ -57,8 +64,11 @@ def canonical(value: Any) -> Any:
         return {"__bytes__": hashlib.blake2b(bytes(value), digest_size=16).hexdigest()}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields: dict[str, Any] = {"__type__": kind.__qualname__}
+        omitted = _omitted_at_default(kind)
         for name in _field_names(kind):
             v = getattr(value, name)
+            if omitted and name in omitted and v == omitted[name]:
+                continue
             fields[name] = v if type(v) in _SCALARS else canonical(v)
         return fields
     model_dump = getattr(value, "model_dump", None)

@@ -7,11 +7,13 @@ tier cannot rebind a field of a value it received.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
+from rl.errors import SamplingSettingsError
 from rl.strict_json import unflag_non_finite
 
 
@@ -32,8 +34,59 @@ class Prompt:
 
 
 @dataclass(frozen=True)
+class SamplingSettings:
+    """How a token is drawn from the policy's logits z: from softmax(z / temperature), cut to the `top_k` most probable
+    tokens (0: no cut), then to the smallest set of most probable tokens whose mass reaches `top_p` (1.0: no cut), and
+    renormalised over what is left (the order vLLM and transformers apply them in; ties at a cut are kept).
+
+    The log-prob an engine records for a token, and the one the trainer teacher-forces, is the token's log-prob under
+    that tempered, truncated, renormalised distribution (the distribution sampled), so the importance ratio at the
+    sampling policy is exactly 1 (`rl.engines.decoding.sampling_logprobs`; declared to the conformance suite as
+    `AlgorithmSpec(logprob_truncation="renormalised")`). The defaults sample the policy itself.
+
+    Raises:
+        SamplingSettingsError: a temperature that is not a finite number > 0, a top_p outside (0, 1], or a top_k that
+            is not an int >= 0.
+    """
+
+    # Validated from JSON (a Flyte `--config`) through pydantic: a key that is not a field is refused, not dropped.
+    __pydantic_config__: ClassVar[dict[str, str]] = {"extra": "forbid"}
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self) -> None:
+        t, p, k = self.temperature, self.top_p, self.top_k
+        if isinstance(t, bool) or not isinstance(t, int | float) or not (math.isfinite(t) and t > 0):
+            raise SamplingSettingsError(
+                f"temperature must be a finite number > 0, got {t!r}; use 1.0 to sample the policy itself (greedy "
+                "decoding is not a sampling policy: its log-probs are not a distribution's)"
+            )
+        if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 < p <= 1.0:
+            raise SamplingSettingsError(f"top_p must be a number in (0, 1], got {p!r}; use 1.0 for no top-p cut")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise SamplingSettingsError(
+                f"top_k must be an int >= 0, got {k!r}; use 0 for no top-k cut (vLLM's -1 is spelled 0 here)"
+            )
+
+    @property
+    def is_default(self) -> bool:
+        """True when the settings sample the policy's own distribution (temperature 1, no cut)."""
+        return self.temperature == 1.0 and self.top_p == 1.0 and self.top_k == 0
+
+
+DEFAULT_SAMPLING = SamplingSettings()
+"""The policy's own distribution. A field holding it is left out of a value's content identity (`rl.identity`), so
+traces, checkpoints and action ids recorded before sampling settings existed stay the same."""
+
+_OMIT_AT_DEFAULT = {"identity": "omit_default"}
+
+
+@dataclass(frozen=True)
 class RolloutRequest:
-    """One group: `n` completions of one prompt from adapter `adapter` (policy version `policy_version`), seeded."""
+    """One group: `n` completions of one prompt from adapter `adapter` (policy version `policy_version`), seeded,
+    drawn as `sampling` says."""
 
     group_id: int
     prompt: Prompt
@@ -42,6 +95,7 @@ class RolloutRequest:
     policy_version: int
     seed: int
     max_tokens: int = 16
+    sampling: SamplingSettings = field(default=DEFAULT_SAMPLING, metadata=_OMIT_AT_DEFAULT)
 
 
 @dataclass(frozen=True)
@@ -87,6 +141,8 @@ class TrainBatch:
     adapter: ArtifactRef
     optimizer_state: ArtifactRef | None
     new_version: int
+    # The settings the rollouts were sampled with: the trainer teacher-forces log-probs of the same distribution.
+    sampling: SamplingSettings = field(default=DEFAULT_SAMPLING, metadata=_OMIT_AT_DEFAULT)
 
 
 @dataclass(frozen=True)

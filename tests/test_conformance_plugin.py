@@ -54,9 +54,10 @@ def test_the_packaged_suite_binds_rl_impl_skips_missing_tiers_and_prints_the_rep
         "not rl_driver",
     )
     outcomes = result.parseoutcomes()
-    # An engine deaf to the seed also fails the frequency law (its 64 seeded groups of draws are one group 64 times)
-    # and the adjacent-seeds law (groups seeded s and s + 1 are the same group).
-    assert outcomes.get("failed") == 3, result.stdout.str()
+    # An engine deaf to the seed also fails the frequency law (its 64 seeded groups of draws are one group 64 times),
+    # the truncated-sampling law in its three cuts (the same draws, chi-square) and the adjacent-seeds law (groups
+    # seeded s and s + 1 are the same group).
+    assert outcomes.get("failed") == 6, result.stdout.str()
     result.stdout.fnmatch_lines(
         [
             "rl-conformance: seed=3 impl=broken_impl:IMPL",

@@ -93,6 +93,20 @@ def ddp_shard_step(ddp_model: Any, sample_loss_fns: Any, sync_forward: Any) -> N
     step(ddp_model, sample_loss_fns, sync_forward)
 
 
+def token_logprobs(model: Any, prompts: Any, completions: Any, sampling: Any) -> Any:
+    """`rl.engines.decoding.batched_teacher_forced_logprobs`, the log-probs our trainer's batched loss path scores with,
+    imported on first call. Shape: B prompts, B completions -> [B, T_max]."""
+    from rl.engines.decoding import batched_teacher_forced_logprobs
+
+    logprobs, _ = batched_teacher_forced_logprobs(model, prompts, completions, 0, sampling)
+    return logprobs
+
+
+def memory_trainer(artifacts: Artifacts) -> MemoryTrainer:
+    """`MemoryTrainer` accepting rollouts two versions old (the behaviour-policy law trains at staleness 1 and 2)."""
+    return MemoryTrainer(artifacts, max_staleness=2)
+
+
 def trainer_algorithm(config: TrainerConfig) -> AlgorithmSpec:
     """The GRPO choices our PEFT trainer makes under `config`: its `advantage_scale` and `std_eps` (named as declared
     here), the k3 penalty unless `kl_beta` is 0, the clipped ratio, and the loss on float32 log-probs (advantages in
@@ -140,7 +154,7 @@ IN_MEMORY = Implementation(
     engine=MemoryEngine,
     adapter=memory_version0_adapter,
     scorer=MemoryScorer,
-    trainer=MemoryTrainer,
+    trainer=memory_trainer,
     driver=run_grpo,
     checkpoint_from_another_version=as_another_schema_version,
     checkpoint_altered=as_altered,
@@ -189,7 +203,9 @@ def peft_trainer(artifacts: Artifacts) -> PeftTrainer:
     from rl.trainer.config import TrainerConfig
     from rl.trainer.peft_trainer import PeftTrainer
 
-    return PeftTrainer(tiny_base_model(), artifacts, TrainerConfig(lora_rank=4, lora_alpha=8, threads=1))
+    return PeftTrainer(
+        tiny_base_model(), artifacts, TrainerConfig(lora_rank=4, lora_alpha=8, threads=1, max_staleness=2)
+    )
 
 
 class LocalDdpTrainer:
@@ -249,6 +265,7 @@ REAL_CPU = Implementation(
     rollout_buffer=local_rollout_buffer,
     extract_answer=extract_answer,
     pass_at_k=pass_at_k,
+    token_logprobs=token_logprobs,
     capabilities=Capabilities(),
     algorithm=trainer_algorithm(TrainerConfig()),
 )

@@ -37,6 +37,7 @@ TIER_MARKERS = {
     "rl_agentic": "the agentic loop laws (skipped trials, memoised judge, canonical inputs, exactly-once steps)",
     "rl_volumes": "the versioned copy-on-write volume laws (fork isolation, immutable versions, one writer per name)",
     "rl_buffer": "the rollout buffer laws (immutable versions, exact rows, rescoring changes only rewards)",
+    "rl_token_logprobs": "the trainer log-prob laws (teacher forcing at the sampling temperature and cut)",
 }
 _REPRODUCE = pytest.StashKey[list[str]]()
 

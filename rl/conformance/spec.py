@@ -27,6 +27,7 @@ __all__ = [
     "AlgorithmSpec",
     "ImportanceRatio",
     "KlEstimator",
+    "LogprobTruncation",
     "LossAggregation",
     "LossDtype",
     "SingletonGroups",
@@ -45,6 +46,7 @@ LossAggregation = Literal["sequence_mean", "constant", "sequence_sum", "token_me
 KlEstimator = Literal["k3", "k2", "k3_ratio", "k3_value_k2_grad", "none"]
 ImportanceRatio = Literal["clipped", "sequence", "cispo", "on_policy"]
 LossDtype = Literal["float64", "float32", "bfloat16"]
+LogprobTruncation = Literal["renormalised", "ignored"]
 
 MACHINE_EPSILON = {"float64": 2.0**-52, "float32": 2.0**-23, "bfloat16": 2.0**-7}
 """`torch.finfo(dtype).eps` of each declarable dtype: the gap between 1 and the next representable number."""
@@ -126,6 +128,14 @@ _MEANING: dict[str, dict[Any, str]] = {
         "sequence_sum": "each completion's KL token sum, then the mean over completions",
         "token_mean": "the KL summed over the batch's tokens, divided by their number (needs batch_loss)",
     },
+    "logprob_truncation": {
+        "renormalised": "under a top-k or top-p cut, a token's recorded and teacher-forced log-prob is its log-prob "
+        "under softmax(logits / T) restricted to the cut and renormalised over it: the distribution sampled (ours; "
+        "vLLM's logprobs_mode='processed_logprobs')",
+        "ignored": "a token's log-prob is log softmax(logits / T) over the whole vocabulary, the cut deciding only "
+        "what is drawn (TRL's trainer: logits / temperature, no top-k or top-p): the ratio's denominator is not the "
+        "probability the token was drawn with, but engine and trainer agree",
+    },
 }
 
 ADVANTAGE_FIELDS = (
@@ -184,6 +194,7 @@ class AlgorithmSpec:
     ratio_cap: float | None = None
     dual_clip: float | None = None
     loss_dtype: LossDtype = "float64"
+    logprob_truncation: LogprobTruncation = "renormalised"
 
     def __post_init__(self) -> None:
         for name, meanings in _MEANING.items():

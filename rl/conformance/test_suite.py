@@ -30,6 +30,7 @@ from rl.conformance.scoring_utilities import ScoringUtilitiesContract
 from rl.conformance.sizes import LawSizes
 from rl.conformance.spec import AlgorithmSpec
 from rl.conformance.state_store import StateStoreContract
+from rl.conformance.token_logprobs import TokenLogprobContract
 from rl.conformance.trainer import TrainerContract, trained_adapter
 from rl.conformance.volumes import StoreFactory, VolumeStoreContract
 from rl.loop.agentic import run_agentic
@@ -99,6 +100,10 @@ class TestRolloutEngine(_Bound, RolloutEngineContract):
     @pytest.fixture
     def law_sizes(self, implementation: Implementation) -> LawSizes:
         return implementation.sizes
+
+    @pytest.fixture
+    def algorithm(self, implementation: Implementation) -> AlgorithmSpec:
+        return implementation.algorithm
 
     @pytest.fixture
     def adapter(self, implementation: Implementation, artifacts: Artifacts, rl_run: Run[Any]) -> ArtifactRef:
@@ -233,3 +238,13 @@ class TestRolloutBuffer(_Bound, RolloutBufferContract):
     @pytest.fixture
     def rollout_buffer_factory(self, implementation: Implementation) -> BufferFactory:
         return _factory(implementation, "rollout_buffer", "rollout buffer")
+
+
+class TestTokenLogprobs(_Bound, TokenLogprobContract):
+    @pytest.fixture
+    def token_logprobs(self, implementation: Implementation) -> Any:
+        return _factory(implementation, "token_logprobs", "trainer log-prob")
+
+    @pytest.fixture
+    def algorithm(self, implementation: Implementation) -> AlgorithmSpec:
+        return implementation.algorithm

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from rl.conformance._base import ContractBase, Run, must_provide, tier
+from rl.conformance.behaviour_policy import BehaviourPolicyLaws
 from rl.conformance.capabilities import Capabilities, require
 from rl.conformance.ddp_trainer import DataParallelTrainerLaws
 from rl.conformance.micro_batch import MicroBatchTrainerLaws
@@ -79,7 +80,9 @@ def trained_adapter(engine: RolloutEngine, trainer: Trainer, seed: int, run: Run
 
 
 @tier("trainer")
-class TrainerContract(TrainerRestoreLaws, DataParallelTrainerLaws, MicroBatchTrainerLaws, ContractBase):
+class TrainerContract(
+    TrainerRestoreLaws, DataParallelTrainerLaws, MicroBatchTrainerLaws, BehaviourPolicyLaws, ContractBase
+):
     """Laws of `rl.protocols.Trainer`: a seeded init and a step that is a pure function of its batch.
 
     Provide `trainer`, `another_trainer` (a new instance of it) and an `engine` that samples from its adapters (it

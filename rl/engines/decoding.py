@@ -1,8 +1,10 @@
 """Seeded decoding and teacher-forced log-probs on a torch causal LM: the CPU reference for what vLLM does on a GPU.
 
 One call samples one group: the prompt is forwarded once, its KV cache (`cache`, formerly `past_key_values`) repeated
-`n` times, and all `n` sequences decode together at temperature 1.0 and top_p 1.0, so the recorded
-log-probabilities are the policy's own (the same reason the tutorial samples vLLM at those settings). Randomness comes
+`n` times, and all `n` sequences decode together at the request's `SamplingSettings` (temperature 1.0, no top-k or
+top-p cut by default: the policy's own distribution, as the tutorial samples vLLM). The recorded log-prob of a token is
+its log-prob under the distribution it was drawn from: tempered, truncated and renormalised (`sampling_logprobs`), and
+the trainer teacher-forces the same (`teacher_forced_logprobs(..., sampling=...)`). Randomness comes
 only from a `torch.Generator` seeded with the request's seed: the driver derives that seed per (iteration, group)
 (rl.seeding), so a retried request samples the same tokens, and the `n` rows of a group draw independently from one
 stream, so they differ.
@@ -15,12 +17,15 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+
+from rl.types import DEFAULT_SAMPLING, SamplingSettings
 
 
 class InvalidRolloutRequestError(ValueError):
@@ -34,6 +39,39 @@ class SampledSequence:
     token_ids: list[int]
     logprobs: list[float]
     stopped_at_eos: bool
+
+
+def sampling_logprobs(
+    logits: torch.Tensor, sampling: SamplingSettings, *, keep: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Log-probs of the distribution `sampling` draws from: softmax(logits / temperature) cut to the top-k, then to the
+    top-p mass, renormalised over what is left (cut tokens get -inf). Differentiable; at the default settings exactly
+    `log_softmax(logits)`.
+
+    A token is cut by top-k when its tempered logit is below the k-th largest (ties kept), and by top-p when the mass
+    of the tokens at most as probable as it, itself included, is <= 1 - top_p (ascending order; the most probable is
+    always kept): vLLM's and transformers' rules. `keep` (bool, the shape of `logits`) marks tokens counted in
+    whatever the cut: the trainer passes the token it scores, so a token the engine drew is never given -inf by a
+    cut its rounding moved (on-policy it is inside the cut already).
+
+    Shape: logits [..., V] (float) -> [..., V].
+    """
+    if sampling.is_default:
+        return torch.log_softmax(logits, dim=-1)
+    scores = logits / sampling.temperature if sampling.temperature != 1.0 else logits
+    cut = torch.zeros_like(scores, dtype=torch.bool)  # [..., V]
+    if 0 < sampling.top_k < scores.shape[-1]:
+        kth = torch.topk(scores.detach(), sampling.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        cut |= scores.detach() < kth
+    if sampling.top_p < 1.0:
+        probs = torch.softmax(scores.detach().masked_fill(cut, -math.inf), dim=-1)  # [..., V]
+        ascending, order = torch.sort(probs, dim=-1, stable=True)
+        below = torch.cumsum(ascending, dim=-1) <= 1.0 - sampling.top_p  # [..., V] in ascending order
+        below[..., -1] = False  # the most probable token is always kept
+        cut |= torch.zeros_like(cut).scatter(-1, order, below)
+    if keep is not None:
+        cut &= ~keep
+    return torch.log_softmax(scores.masked_fill(cut, -math.inf), dim=-1)
 
 
 def _as_ids(ids: Sequence[int] | torch.Tensor) -> list[int]:
@@ -61,14 +99,17 @@ def sample_group(
     max_tokens: int,
     seed: int,
     eos_token_id: int,
+    sampling: SamplingSettings = DEFAULT_SAMPLING,
 ) -> list[SampledSequence]:
-    """Sample `n` continuations of one prompt in one batch with a KV cache, at temperature 1.0, top_p 1.0.
+    """Sample `n` continuations of one prompt in one batch with a KV cache, drawn as `sampling` says.
 
     The same arguments (and the same torch thread count) give the same tokens and bitwise-identical log-probs.
 
     Shape: prompt_ids [P] -> n sequences of length T_i <= max_tokens, each with T_i log-probs.
     """
-    return sample_groups(model, [prompt_ids], ns=[n], max_tokens=max_tokens, seeds=[seed], eos_token_id=eos_token_id)[0]
+    return sample_groups(
+        model, [prompt_ids], ns=[n], max_tokens=max_tokens, seeds=[seed], eos_token_id=eos_token_id, sampling=sampling
+    )[0]
 
 
 @torch.inference_mode()
@@ -81,6 +122,7 @@ def sample_groups(
     seeds: Sequence[int],
     eos_token_id: int,
     pad_token_id: int | None = None,
+    sampling: SamplingSettings = DEFAULT_SAMPLING,
 ) -> list[list[SampledSequence]]:
     """`sample_group` for several prompts, decoded together as one batch of `sum(ns)` rows.
 
@@ -119,7 +161,7 @@ def sample_groups(
     finished = torch.zeros(rows, dtype=torch.bool)  # [rows]
     lengths = torch.full((rows,), max_tokens, dtype=torch.long)  # [rows]
     for t in range(max_tokens):
-        logp = torch.log_softmax(logits.float(), dim=-1)  # [rows, V]
+        logp = sampling_logprobs(logits.float(), sampling)  # [rows, V]; -inf where a top-k/top-p cut removed a token
         probs = logp.exp()
         # Sample from exp(logp), not softmax(logits): the recorded log-prob is then exactly the distribution sampled.
         nxt = torch.cat(
@@ -214,9 +256,13 @@ def _repeatable(cache: Any) -> bool:
 
 
 def teacher_forced_logprobs(
-    model: nn.Module, prompt_ids: Sequence[int] | torch.Tensor, completion_ids: Sequence[int] | torch.Tensor
+    model: nn.Module,
+    prompt_ids: Sequence[int] | torch.Tensor,
+    completion_ids: Sequence[int] | torch.Tensor,
+    sampling: SamplingSettings = DEFAULT_SAMPLING,
 ) -> torch.Tensor:
-    """log π(completion_t | prompt, completion_<t) for each completion token, from one full forward pass.
+    """log π(completion_t | prompt, completion_<t) for each completion token, from one full forward pass, under the
+    distribution `sampling` draws from (`sampling_logprobs`, the scored token always counted in the cut).
 
     Differentiable (no `no_grad` here: the trainer calls it under autograd). Float32 whatever the model's dtype.
 
@@ -230,12 +276,18 @@ def teacher_forced_logprobs(
     device = next(model.parameters()).device  # the model's (CPU, or CUDA for the GPU trainer); the result lives there
     ids = torch.tensor([prompt + completion], dtype=torch.long, device=device)  # [1, P+T]
     logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 : -1, :]  # [T, V]
-    logp = torch.log_softmax(logits.float(), dim=-1)  # [T, V]
-    return logp.gather(1, torch.tensor(completion, device=device).unsqueeze(1)).squeeze(1)  # [T]
+    targets = torch.tensor(completion, device=device).unsqueeze(1)  # [T, 1]
+    keep = None if sampling.is_default else torch.zeros_like(logits, dtype=torch.bool).scatter(1, targets, True)
+    logp = sampling_logprobs(logits.float(), sampling, keep=keep)  # [T, V]
+    return logp.gather(1, targets).squeeze(1)  # [T]
 
 
 def batched_teacher_forced_logprobs(
-    model: nn.Module, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], pad_token_id: int
+    model: nn.Module,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    pad_token_id: int,
+    sampling: SamplingSettings = DEFAULT_SAMPLING,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`teacher_forced_logprobs` for a batch of (prompt, completion) pairs of any lengths, in one forward pass.
 
@@ -268,6 +320,8 @@ def batched_teacher_forced_logprobs(
     logits = model(input_ids=ids, use_cache=False).logits  # [B, L, V]; no KV cache to build: nothing decodes after
     # Only the predicting positions go through log_softmax: the prompt's other positions are never read.
     picked = logits.gather(1, positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))  # [B, T_max, V]
-    logp = torch.log_softmax(picked.float(), dim=-1)  # [B, T_max, V]
-    logprobs = logp.gather(2, targets.unsqueeze(-1)).squeeze(-1)  # [B, T_max]
+    index = targets.unsqueeze(-1)  # [B, T_max, 1]
+    keep = None if sampling.is_default else torch.zeros_like(picked, dtype=torch.bool).scatter(2, index, True)
+    logp = sampling_logprobs(picked.float(), sampling, keep=keep)  # [B, T_max, V]
+    logprobs = logp.gather(2, index).squeeze(-1)  # [B, T_max]
     return logprobs.masked_fill(~mask, 0.0), mask

@@ -27,7 +27,7 @@ from rl.engines.lora_merge import LoraWeights, MergedBase, UnsupportedLora, pars
 from rl.models import ModelDirError, load_tokenizer
 from rl.models.chat import encode_prompt
 from rl.protocols import Artifacts
-from rl.types import ArtifactRef, Rollout, RolloutRequest
+from rl.types import ArtifactRef, Rollout, RolloutRequest, SamplingSettings
 
 
 class TorchSampler:
@@ -142,9 +142,9 @@ class TorchSampler:
         return (await self.generate_groups([request]))[0]
 
     async def generate_groups(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
-        """`generate` of each request, the requests sharing an adapter and `max_tokens` sampled as one batch
-        (`sample_groups`, prompts of other lengths left-padded): one forward per decoding step for an iteration's
-        groups instead of one per group.
+        """`generate` of each request, the requests sharing an adapter, `max_tokens` and sampling settings sampled as
+        one batch (`sample_groups`, prompts of other lengths left-padded): one forward per decoding step for an
+        iteration's groups instead of one per group.
 
         Each group's tokens come from its own seeded stream, so result `i` is what `generate(requests[i])` returns (the
         log-probs up to float rounding of the larger batch; see `sample_groups`); the same list gives the same bits.
@@ -157,9 +157,9 @@ class TorchSampler:
                     f"{self.max_position} positions; shorten the prompt, lower max_tokens, or build a model with a "
                     "larger max_position"
                 )
-        buckets: dict[tuple[str, int], list[int]] = {}
+        buckets: dict[tuple[str, int, SamplingSettings], list[int]] = {}
         for i, request in enumerate(requests):
-            buckets.setdefault((request.adapter.digest, request.max_tokens), []).append(i)
+            buckets.setdefault((request.adapter.digest, request.max_tokens, request.sampling), []).append(i)
         results: list[list[Rollout]] = [[] for _ in requests]
         for members in buckets.values():
             first = requests[members[0]]
@@ -172,6 +172,7 @@ class TorchSampler:
                 max_tokens=first.max_tokens,
                 seeds=[requests[i].seed for i in members],
                 eos_token_id=self.eos_token_id,
+                sampling=first.sampling,
             )
             for i, seqs in zip(members, groups, strict=True):
                 request = requests[i]

@@ -15,7 +15,7 @@ The driver that calls them is `rl.flyte.grpo`.
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from flyte.io import Dir
@@ -37,7 +37,17 @@ from rl.models.tiny import TinyModelConfig
 from rl.problems import problem_set
 from rl.protocols import RolloutEngine
 from rl.trainer.config import TrainerConfig
-from rl.types import ArtifactRef, EvalResult, Rollout, RolloutRequest, StepMetrics, TrainBatch, TrainResult
+from rl.types import (
+    DEFAULT_SAMPLING,
+    ArtifactRef,
+    EvalResult,
+    Rollout,
+    RolloutRequest,
+    SamplingSettings,
+    StepMetrics,
+    TrainBatch,
+    TrainResult,
+)
 
 __all__ = [
     "TrainInput",
@@ -71,10 +81,12 @@ class TrainInput:
     step: int
     new_version: int
     trainer: TrainerConfig
+    # The batch's sampling settings: the trainer teacher-forces the distribution the rollouts were drawn from.
+    sampling: SamplingSettings = field(default=DEFAULT_SAMPLING, metadata={"identity": "omit_default"})
 
     @classmethod
     def of(cls, batch: TrainBatch, trainer: TrainerConfig) -> TrainInput:
-        return cls(list(batch.rollouts), list(batch.rewards), batch.step, batch.new_version, trainer)
+        return cls(list(batch.rollouts), list(batch.rewards), batch.step, batch.new_version, trainer, batch.sampling)
 
     def batch(self, adapter: ArtifactRef, optimizer_state: ArtifactRef | None) -> TrainBatch:
         """The TrainBatch of these inputs on `adapter` and `optimizer_state` (None: a fresh optimizer)."""
@@ -85,6 +97,7 @@ class TrainInput:
             adapter=adapter,
             optimizer_state=optimizer_state,
             new_version=self.new_version,
+            sampling=self.sampling,
         )
 
 

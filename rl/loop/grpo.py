@@ -45,12 +45,14 @@ from rl.protocols import (
 )
 from rl.seeding import adapter_init_seed, eval_seed, prompt_draw_seed, rollout_seed
 from rl.types import (
+    DEFAULT_SAMPLING,
     ArtifactRef,
     EvalResult,
     IterationMetrics,
     Prompt,
     Rollout,
     RolloutRequest,
+    SamplingSettings,
     StepMetrics,
     TrainBatch,
 )
@@ -73,6 +75,10 @@ class GrpoConfig:
     eval_k: int = 4
     evaluate: bool = True
     eval_every: int = 1  # evaluate adapter versions divisible by this, and always the last one
+    # How rollouts are drawn (temperature, top-p, top-k): set once here, the driver puts it on every request and every
+    # train batch, so the trainer teacher-forces the distribution the engine sampled. Left out of the run's digest
+    # while it holds the default (runs recorded before it existed resume).
+    sampling: SamplingSettings = field(default=DEFAULT_SAMPLING, metadata={"identity": "omit_default"})
 
     def digest(self) -> str:
         return content_digest(self)
@@ -162,6 +168,7 @@ async def generate_and_score(
             policy_version=version,
             seed=rollout_seed(config.seed, iteration, gid),
             max_tokens=config.max_tokens,
+            sampling=config.sampling,
         )
         for gid, p in enumerate(prompts)
     ]
@@ -291,6 +298,7 @@ async def _train(
         adapter=state.adapter,
         optimizer_state=state.optimizer_state,
         new_version=new_version,
+        sampling=config.sampling,
     )
     result, train_s = await timed(lambda: tiers.trainer.train_step(batch))
     if result.version != new_version:

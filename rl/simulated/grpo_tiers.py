@@ -27,7 +27,17 @@ from rl.checks import check_staleness
 from rl.protocols import Artifacts
 from rl.rewards import score
 from rl.scoring import SamplingEvaluator
-from rl.types import ArtifactRef, EvalResult, IterationMetrics, Prompt, Rollout, RolloutRequest, StepMetrics, TrainBatch
+from rl.types import (
+    ArtifactRef,
+    EvalResult,
+    IterationMetrics,
+    Prompt,
+    Rollout,
+    RolloutRequest,
+    SamplingSettings,
+    StepMetrics,
+    TrainBatch,
+)
 from rl.types import TrainResult as TrainResult
 
 DIGITS = 10
@@ -62,6 +72,31 @@ def _softmax(logits: Sequence[float]) -> list[float]:
     return [e / total for e in exps]
 
 
+def sampling_probs(logits: Sequence[float], sampling: SamplingSettings, keep: int | None = None) -> list[float]:
+    """The distribution `sampling` draws from (`rl.types.SamplingSettings`, the rule of
+    `rl.engines.decoding.sampling_logprobs`): softmax(logits / T), cut to the top-k and the top-p mass, renormalised
+    (cut tokens get 0). `keep` is a token counted in whatever the cut (the trainer's scored token). At the default
+    settings exactly `_softmax(logits)`."""
+    if sampling.is_default:
+        return _softmax(logits)
+    scores = [x / sampling.temperature for x in logits]
+    kept = [True] * len(scores)
+    if 0 < sampling.top_k < len(scores):
+        kth = sorted(scores, reverse=True)[sampling.top_k - 1]
+        kept = [x >= kth for x in scores]
+    if sampling.top_p < 1.0:
+        probs = _softmax([x if k else -math.inf for x, k in zip(scores, kept, strict=True)])
+        order = sorted(range(len(probs)), key=lambda j: probs[j])  # ascending, stable
+        mass = 0.0
+        for position, j in enumerate(order):
+            mass += probs[j]
+            if mass <= 1.0 - sampling.top_p and position < len(order) - 1:
+                kept[j] = False
+    if keep is not None:
+        kept[keep] = True
+    return _softmax([x if k else -math.inf for x, k in zip(scores, kept, strict=True)])
+
+
 def encode_table(table: list[list[float]], **meta: object) -> dict[str, bytes]:
     return {"policy.json": json.dumps({"table": table, **meta}, sort_keys=True, allow_nan=False).encode()}
 
@@ -71,7 +106,7 @@ def decode_table(files: dict[str, bytes]) -> dict[str, Any]:
 
 
 _DECODED: dict[bytes, dict[str, Any]] = {}
-_DRAWS: dict[tuple[str, int, int, int], list[tuple[int, float]]] = {}
+_DRAWS: dict[tuple[str, int, int, int, SamplingSettings], list[tuple[int, float]]] = {}
 _STEPS: dict[tuple[bytes, bytes, bytes, tuple[float, ...]], tuple[dict[str, bytes], dict[str, bytes], StepMetrics]] = {}
 
 
@@ -112,12 +147,12 @@ class MemoryEngine:
         row = _row(request.prompt.question, self.rows)
         # Pure in (adapter content, row, seed, n): memoised process-wide as the evaluations are (the adapter digest is
         # a content digest); each call still builds its own rollouts.
-        key = (request.adapter.digest, row, request.seed, request.n)
+        key = (request.adapter.digest, row, request.seed, request.n, request.sampling)
         drawn = _DRAWS.get(key)
         if drawn is None:
             if len(_DRAWS) >= 1 << 14:
                 _DRAWS.clear()
-            probs = _softmax(table[row])
+            probs = sampling_probs(table[row], request.sampling)
             rng = random.Random(request.seed)
             digits = [rng.choices(range(DIGITS), weights=probs, k=1)[0] for _ in range(request.n)]
             drawn = _DRAWS[key] = [(digit, math.log(probs[digit])) for digit in digits]
@@ -208,7 +243,9 @@ class MemoryTrainer:
         key = (
             policy_files["policy.json"],
             optimizer_files["policy.json"],
-            pickle.dumps((batch.rollouts, batch.rewards, batch.step, batch.new_version), pickle.HIGHEST_PROTOCOL),
+            pickle.dumps(
+                (batch.rollouts, batch.rewards, batch.step, batch.new_version, batch.sampling), pickle.HIGHEST_PROTOCOL
+            ),
             (self.rows, self.lr, self.momentum, self.clip_eps, self.max_staleness),
         )
         step = _STEPS.get(key)
@@ -244,14 +281,16 @@ class MemoryTrainer:
                 continue
             contributing += 1
             row, digit = rollout.prompt_token_ids[0], rollout.token_ids[0]
-            probs = _softmax(table[row])
+            probs = sampling_probs(table[row], batch.sampling, keep=digit)
             ratio = math.exp(math.log(probs[digit]) - rollout.logprobs[0])
             loss -= min(ratio * adv, max(min(ratio, 1 + self.clip_eps), 1 - self.clip_eps) * adv)
             if (adv > 0 and ratio > 1 + self.clip_eps) or (adv < 0 and ratio < 1 - self.clip_eps):
                 clipped += 1  # the clipped branch is flat: no gradient
                 continue
+            # d log q(digit) / d W[row][j] = (1[j = digit] - q_j) / T; a cut token (q_j = 0) gets none of it.
+            scale = adv * ratio if batch.sampling.temperature == 1.0 else adv * ratio / batch.sampling.temperature
             for j in range(DIGITS):
-                grad[row][j] += adv * ratio * ((1.0 if j == digit else 0.0) - probs[j])
+                grad[row][j] += scale * ((1.0 if j == digit else 0.0) - probs[j])
         if contributing:
             for row in range(self.rows):
                 for j in range(DIGITS):

@@ -78,9 +78,13 @@ def batched_loss_fns(
             prompts = [batch.rollouts[i].prompt_token_ids for i in chunk]
             completions = [batch.rollouts[i].token_ids for i in chunk]
             with torch.no_grad(), adapters_off(model):
-                ref_logp, mask = batched_teacher_forced_logprobs(model, prompts, completions, _PAD_ID)  # [B, T]
+                ref_logp, mask = batched_teacher_forced_logprobs(
+                    model, prompts, completions, _PAD_ID, batch.sampling
+                )  # [B, T]
             torch.manual_seed(dropout_seed(config.seed, batch.step, chunk[0]))
-            new_logp, _ = batched_teacher_forced_logprobs(model, prompts, completions, _PAD_ID)  # [B, T]
+            new_logp, _ = batched_teacher_forced_logprobs(
+                model, prompts, completions, _PAD_ID, batch.sampling
+            )  # [B, T]
             width = new_logp.shape[1]
             old_logp = torch.tensor(
                 [list(batch.rollouts[i].logprobs) + [0.0] * (width - len(batch.rollouts[i].logprobs)) for i in chunk],

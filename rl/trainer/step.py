@@ -114,7 +114,9 @@ def sample_loss_fns(
     """
     with torch.no_grad(), model.disable_adapter():
         ref_logps = {
-            i: teacher_forced_logprobs(model, batch.rollouts[i].prompt_token_ids, batch.rollouts[i].token_ids)  # [T_i]
+            i: teacher_forced_logprobs(
+                model, batch.rollouts[i].prompt_token_ids, batch.rollouts[i].token_ids, batch.sampling
+            )  # [T_i]
             for i in indices
         }
 
@@ -123,7 +125,9 @@ def sample_loss_fns(
 
         def loss_fn() -> torch.Tensor:
             torch.manual_seed(dropout_seed(config.seed, batch.step, i))
-            new_logp = teacher_forced_logprobs(model, rollout.prompt_token_ids, rollout.token_ids)  # [T]
+            new_logp = teacher_forced_logprobs(
+                model, rollout.prompt_token_ids, rollout.token_ids, batch.sampling
+            )  # [T]
             old_logp = torch.tensor(rollout.logprobs, dtype=torch.float32, device=new_logp.device)  # [T]
             loss, stats = grpo_sample_loss(
                 new_logp.float(),
