@@ -4,10 +4,9 @@ One call samples one group: the prompt is forwarded once, its KV cache (`cache`,
 `n` times, and all `n` sequences decode together at the request's `SamplingSettings` (temperature 1.0, no top-k or
 top-p cut by default: the policy's own distribution, as the tutorial samples vLLM). The recorded log-prob of a token is
 its log-prob under the distribution it was drawn from: tempered, truncated and renormalised (`sampling_logprobs`), and
-the trainer teacher-forces the same (`teacher_forced_logprobs(..., sampling=...)`). Randomness comes
-only from a `torch.Generator` seeded with the request's seed: the driver derives that seed per (iteration, group)
-(rl.seeding), so a retried request samples the same tokens, and the `n` rows of a group draw independently from one
-stream, so they differ.
+the trainer teacher-forces the same (`teacher_forced_logprobs(..., sampling=...)`). Randomness comes only from a
+`torch.Generator` seeded with the request's seed, which the driver derives per (iteration, group) (rl.seeding): a
+retried request samples the same tokens, and the `n` rows of a group draw independently from one stream.
 
 A sequence stops when it samples `<eos>` (which is kept in `token_ids`, with its log-prob: stopping is an action the
 policy gradient must credit) or after `max_tokens` tokens.

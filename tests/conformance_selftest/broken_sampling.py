@@ -7,10 +7,10 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from rl.conformance import Implementation
+from rl.conformance import AlgorithmSpec, Implementation
 from rl.conformance.ours import memory_version0_adapter
 from rl.simulated.grpo_tiers import MemoryEngine, MemoryTrainer, _row, _softmax, sampling_probs
-from rl.types import DEFAULT_SAMPLING, Rollout, RolloutRequest, TrainBatch, TrainResult
+from rl.types import DEFAULT_SAMPLING, Rollout, RolloutRequest, SamplingSettings, TrainBatch, TrainResult
 
 
 class UntemperedRecordsEngine(MemoryEngine):
@@ -69,6 +69,14 @@ def untempered_token_logprobs(model: Any, prompts: Any, completions: Any, sampli
     return batched_teacher_forced_logprobs(model, prompts, completions, 0)[0]
 
 
+def uncut_token_logprobs(model: Any, prompts: Any, completions: Any, sampling: Any) -> Any:
+    """A correct choice, TRL 0.16's: log softmax(logits / T) over every token, the top-k/top-p cut ignored."""
+    from rl.engines.decoding import batched_teacher_forced_logprobs
+
+    tempered = SamplingSettings(temperature=sampling.temperature)
+    return batched_teacher_forced_logprobs(model, prompts, completions, 0, tempered)[0]
+
+
 def _impl(name: str, **tiers: Any) -> Implementation:
     return Implementation(name=name, adapter=memory_version0_adapter, **tiers)
 
@@ -77,3 +85,14 @@ UNTEMPERED_RECORDS_ENGINE = _impl("untempered-records-engine", engine=Untempered
 UNTEMPERED_TRAINER = _impl("untempered-trainer", engine=MemoryEngine, trainer=UntemperedTrainer)
 RECOMPUTING_TRAINER = _impl("recomputing-trainer", engine=MemoryEngine, trainer=RecomputingTrainer)
 UNTEMPERED_TOKEN_LOGPROBS = Implementation(name="untempered-token-logprobs", token_logprobs=untempered_token_logprobs)
+# The same correct function, declared (passes every case) and undeclared (fails the two cuts, naming the declaration).
+IGNORED_TRUNCATION = Implementation(
+    name="ignored-truncation",
+    token_logprobs=uncut_token_logprobs,
+    algorithm=AlgorithmSpec(logprob_truncation="ignored"),
+)
+UNDECLARED_IGNORED_TRUNCATION = Implementation(
+    name="undeclared-ignored-truncation", token_logprobs=uncut_token_logprobs
+)
+DECLARED = {"IGNORED_TRUNCATION": IGNORED_TRUNCATION}
+"""Correct implementations here whose declaration differs from ours (test_declared_algorithm counts them)."""

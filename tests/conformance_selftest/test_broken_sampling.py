@@ -85,6 +85,19 @@ def test_a_log_prob_function_without_the_temperature_fails_the_token_logprob_law
 
 
 @pytest.mark.heavy
+def test_a_log_prob_function_that_ignores_the_cut_passes_declared_and_fails_the_cuts_undeclared(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRL 0.16's choice (log softmax(logits / T), no renormalisation over the top-k/top-p cut) is correct when
+    declared `logprob_truncation="ignored"`; undeclared, the two cut cases fail and the rest pass."""
+    _subprocess_run(pytester, monkeypatch, "broken_sampling:IGNORED_TRUNCATION", TOKEN).assert_outcomes(passed=4)
+    run = _subprocess_run(pytester, monkeypatch, "broken_sampling:UNDECLARED_IGNORED_TRUNCATION", TOKEN)
+    run.assert_outcomes(failed=2, passed=2)
+    for cut in ("top_k", "top_p"):
+        run.stdout.fnmatch_lines([f"FAILED *{TOKEN}[[]{cut}[]]*"])
+
+
+@pytest.mark.heavy
 def test_the_real_cpu_stack_passes_the_sampling_laws(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

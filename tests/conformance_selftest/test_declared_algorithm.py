@@ -116,12 +116,14 @@ def test_our_functions_pass_under_each_declaration_they_support(
 
 
 def test_every_declaration_field_has_a_choice_case() -> None:
-    """Each field of AlgorithmSpec with a non-default value is exercised by some correct implementation above or in
-    test_declared_choices."""
+    """Each field of AlgorithmSpec with a non-default value is exercised by some correct implementation above, in
+    test_declared_choices or in broken_sampling (`DECLARED`)."""
+    from broken_sampling import DECLARED as SAMPLING_CHOICES
     from test_declared_choices import CHOICES as MORE_CHOICES
 
     declared = {attr: getattr(declared_algorithm, attr).algorithm for attr, _ in CHOICES}
     declared |= {attr: getattr(declared_choices, attr).algorithm for attr, _ in MORE_CHOICES}
+    declared |= {attr: impl.algorithm for attr, impl in SAMPLING_CHOICES.items()}
     default = AlgorithmSpec()
     changed = {
         name for spec in declared.values() for name in vars(spec) if getattr(spec, name) != getattr(default, name)
