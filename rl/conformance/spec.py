@@ -27,11 +27,13 @@ __all__ = [
     "AlgorithmSpec",
     "ImportanceRatio",
     "KlEstimator",
+    "KlReference",
     "LossAggregation",
     "LossDtype",
     "SingletonGroups",
     "StdEpsPlacement",
     "StdScope",
+    "TruncatedCompletions",
     "check_spec",
 ]
 
@@ -45,6 +47,8 @@ LossAggregation = Literal["sequence_mean", "constant", "sequence_sum", "token_me
 KlEstimator = Literal["k3", "k2", "k3_ratio", "k3_value_k2_grad", "none"]
 ImportanceRatio = Literal["clipped", "sequence", "cispo", "on_policy"]
 LossDtype = Literal["float64", "float32", "bfloat16"]
+TruncatedCompletions = Literal["kept", "masked"]
+KlReference = Literal["base", "initial_adapter"]
 
 MACHINE_EPSILON = {"float64": 2.0**-52, "float32": 2.0**-23, "bfloat16": 2.0**-7}
 """`torch.finfo(dtype).eps` of each declarable dtype: the gap between 1 and the next representable number."""
@@ -126,6 +130,18 @@ _MEANING: dict[str, dict[Any, str]] = {
         "sequence_sum": "each completion's KL token sum, then the mean over completions",
         "token_mean": "the KL summed over the batch's tokens, divided by their number (needs batch_loss)",
     },
+    "truncated_completions": {
+        "kept": "a completion cut at max_tokens (no declared stop id at its end) is trained like any other (ours)",
+        "masked": "a truncated completion is left out of the loss, its numerator and its normaliser alike (TRL's "
+        "mask_truncated_completions=True, DAPO's overlong filtering); a completion that ends at any declared stop id "
+        "is not truncated",
+    },
+    "kl_reference": {
+        "base": "the KL penalty's reference is the base model, the adapter disabled, whatever adapter the run starts "
+        "from (ours: a run starts from a zero-initialised adapter, which is the base)",
+        "initial_adapter": "the reference is the adapter the trainer's first step starts from, kept frozen (TRL's "
+        "'ref' adapter copied from a pretrained PEFT adapter): at step 0 the KL term is 0",
+    },
 }
 
 ADVANTAGE_FIELDS = (
@@ -184,6 +200,8 @@ class AlgorithmSpec:
     ratio_cap: float | None = None
     dual_clip: float | None = None
     loss_dtype: LossDtype = "float64"
+    truncated_completions: TruncatedCompletions = "kept"
+    kl_reference: KlReference = "base"
 
     def __post_init__(self) -> None:
         for name, meanings in _MEANING.items():

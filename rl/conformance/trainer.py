@@ -12,9 +12,12 @@ import pytest
 from rl.conformance._base import ContractBase, Run, must_provide, tier
 from rl.conformance.capabilities import Capabilities, require
 from rl.conformance.ddp_trainer import DataParallelTrainerLaws
+from rl.conformance.kl_reference import KlReferenceLaws
 from rl.conformance.micro_batch import MicroBatchTrainerLaws
 from rl.conformance.spec import AlgorithmSpec
 from rl.conformance.trainer_fidelity import TrainerRestoreLaws
+from rl.conformance.trainer_padding import TrainerPaddingLaws
+from rl.conformance.truncation import TruncationLaws
 from rl.protocols import Artifacts, RolloutEngine, Trainer
 from rl.seeding import derive_seed
 from rl.simulated.artifacts import MemoryArtifacts
@@ -79,7 +82,15 @@ def trained_adapter(engine: RolloutEngine, trainer: Trainer, seed: int, run: Run
 
 
 @tier("trainer")
-class TrainerContract(TrainerRestoreLaws, DataParallelTrainerLaws, MicroBatchTrainerLaws, ContractBase):
+class TrainerContract(
+    TrainerRestoreLaws,
+    DataParallelTrainerLaws,
+    MicroBatchTrainerLaws,
+    TrainerPaddingLaws,
+    TruncationLaws,
+    KlReferenceLaws,
+    ContractBase,
+):
     """Laws of `rl.protocols.Trainer`: a seeded init and a step that is a pure function of its batch.
 
     Provide `trainer`, `another_trainer` (a new instance of it) and an `engine` that samples from its adapters (it
