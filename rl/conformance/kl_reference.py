@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from rl.conformance._base import Run, tier
-from rl.conformance.batch_padding import PROMPTS_OF_OTHER_LENGTHS
 from rl.conformance.capabilities import Capabilities, require
 from rl.conformance.spec import AlgorithmSpec
-from rl.conformance.step_reference import declared_step_loss, sampled_batch, shifted_batch
+from rl.conformance.step_reference import DIGIT_PROMPTS, declared_step_loss, sampled_batch, shifted_batch
+from rl.conformance.stop_tokens import declared_stop_ids
 from rl.conformance.trainer_fidelity import LOSS_RTOL
 from rl.protocols import RolloutEngine, Trainer
 from rl.seeding import derive_seed
@@ -63,7 +63,7 @@ class KlReferenceLaws:
             version=0,
             metrics=StepMetrics(0.0, 0, 0),
         )
-        sampled = sampled_batch(engine, start, PROMPTS_OF_OTHER_LENGTHS, seed, rl_run)
+        sampled = sampled_batch(engine, start, DIGIT_PROMPTS, seed, rl_run)
         batch = shifted_batch(sampled, algorithm)
         metrics = rl_run(another_trainer.train_step(batch)).metrics
         if algorithm.kl_reference == "base":
@@ -74,7 +74,7 @@ class KlReferenceLaws:
                 "kl_reference='initial_adapter'), or the policy itself (no KL at all)"
             )
             return
-        surrogate, size = declared_step_loss(algorithm, sampled, batch)
+        surrogate, size = declared_step_loss(algorithm, sampled, batch, declared_stop_ids(engine))
         assert abs(metrics.kl) <= KL_FLOOR and abs(metrics.loss - surrogate) <= LOSS_RTOL * size, (
             f"a new trainer's first step from an adapter trained 3 steps away from zero reported KL {metrics.kl!r} and "
             f"loss {metrics.loss!r}; AlgorithmSpec(kl_reference='initial_adapter') makes the reference that adapter, "

@@ -5,7 +5,7 @@ region's pessimistic side, float64)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -17,7 +17,10 @@ from rl.protocols import RolloutEngine
 from rl.seeding import derive_seed
 from rl.types import Prompt, Rollout, RolloutRequest, TrainBatch, TrainResult
 
-__all__ = ["declared_step_loss", "sampled_batch", "shifted_batch"]
+__all__ = ["DIGIT_PROMPTS", "declared_step_loss", "ended", "sampled_batch", "shifted_batch"]
+
+DIGIT_PROMPTS = (Prompt("3=", "4"), Prompt("7=", "8"))
+"""The trainer laws' usual prompts, of one length: no padding between them."""
 
 _REWARD_PATTERN = (1.0, 0.0, 0.5, 0.0)
 
@@ -65,14 +68,20 @@ def shifted_batch(batch: TrainBatch, algorithm: AlgorithmSpec) -> TrainBatch:
     return replace(batch, rollouts=rollouts)
 
 
+def ended(batch: TrainBatch, stops: Collection[int]) -> list[bool]:
+    """Whether each rollout ended at one of the declared stop ids `stops` (the others were cut at `max_tokens`)."""
+    return [bool(r.token_ids) and r.token_ids[-1] in stops for r in batch.rollouts]
+
+
 def declared_step_loss(
-    algorithm: AlgorithmSpec, sampled: TrainBatch, shifted: TrainBatch, kept: Sequence[bool] | None = None
+    algorithm: AlgorithmSpec, sampled: TrainBatch, shifted: TrainBatch, stops: Collection[int]
 ) -> tuple[float, float]:
     """(the declared loss, the size of its terms) of a step on `shifted` whose teacher-forced log-probs are
-    `sampled`'s recorded ones; only the rollouts `kept` marks enter it (numerator and normaliser alike). The advantages
-    are the whole batch's (a rollout left out of the loss still counts in its group's statistics)."""
+    `sampled`'s recorded ones. Under `truncated_completions="masked"` only the rollouts that ended at a declared stop
+    id in `stops` enter it (numerator and normaliser alike); the advantages are the whole batch's either way (a rollout
+    left out of the loss still counts in its group's statistics)."""
     advantages = reference_advantages(algorithm, [r.group_id for r in sampled.rollouts], sampled.rewards)
-    kept = [True] * len(advantages) if kept is None else list(kept)
+    kept = ended(sampled, stops) if algorithm.truncated_completions == "masked" else [True] * len(advantages)
     members = [i for i, k in enumerate(kept) if k]
     lengths = [len(sampled.rollouts[i].token_ids) for i in members]
     weights = dict(zip(members, token_weights(algorithm, lengths), strict=True))

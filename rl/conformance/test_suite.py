@@ -21,6 +21,7 @@ from rl.conformance.agentic import AgenticContract
 from rl.conformance.artifacts import ArtifactsContract
 from rl.conformance.capabilities import Capabilities
 from rl.conformance.driver import GrpoDriverContract
+from rl.conformance.generation_batch import AccumulatedLossFn, GenerationBatchContract
 from rl.conformance.history import DriverReplayContract
 from rl.conformance.implementation import Implementation, ImplementationError, load_implementation
 from rl.conformance.rollout_buffer import BufferFactory, RolloutBufferContract
@@ -233,3 +234,13 @@ class TestRolloutBuffer(_Bound, RolloutBufferContract):
     @pytest.fixture
     def rollout_buffer_factory(self, implementation: Implementation) -> BufferFactory:
         return _factory(implementation, "rollout_buffer", "rollout buffer")
+
+
+class TestGenerationBatch(_Bound, GenerationBatchContract):
+    @pytest.fixture
+    def accumulated_loss(self, implementation: Implementation) -> AccumulatedLossFn:
+        return _factory(implementation, "accumulated_loss", "generation-batch normaliser")
+
+    @pytest.fixture
+    def algorithm(self, implementation: Implementation) -> AlgorithmSpec:
+        return implementation.algorithm

@@ -16,6 +16,7 @@ from rl.conformance._base import Run, tier
 from rl.conformance.batch_padding import PROMPTS_OF_OTHER_LENGTHS
 from rl.conformance.spec import AlgorithmSpec
 from rl.conformance.step_reference import declared_step_loss, sampled_batch, shifted_batch
+from rl.conformance.stop_tokens import declared_stop_ids
 from rl.conformance.trainer_fidelity import LOSS_RTOL
 from rl.protocols import RolloutEngine, Trainer
 from rl.seeding import derive_seed
@@ -46,7 +47,7 @@ class TrainerPaddingLaws:
                 engine, trainer_version0, order, derive_seed("conformance.trainer.padding", rl_seed), rl_run
             )
             batch = shifted_batch(sampled, algorithm)
-            expected, size = declared_step_loss(algorithm, sampled, batch)
+            expected, size = declared_step_loss(algorithm, sampled, batch, declared_stop_ids(engine))
             reported = rl_run(trainer.train_step(batch)).metrics.loss
             lengths = [len(r.prompt_token_ids) for r in batch.rollouts]
             assert abs(reported - expected) <= LOSS_RTOL * size, (

@@ -16,9 +16,8 @@ from typing import Any
 import pytest
 
 from rl.conformance._base import Run, tier
-from rl.conformance.batch_padding import PROMPTS_OF_OTHER_LENGTHS
 from rl.conformance.spec import AlgorithmSpec
-from rl.conformance.step_reference import declared_step_loss, sampled_batch, shifted_batch
+from rl.conformance.step_reference import DIGIT_PROMPTS, declared_step_loss, ended, sampled_batch, shifted_batch
 from rl.conformance.stop_tokens import declared_stop_ids
 from rl.conformance.trainer_fidelity import LOSS_RTOL
 from rl.protocols import RolloutEngine, Trainer
@@ -53,27 +52,26 @@ class TruncationLaws:
         sampled = sampled_batch(
             engine,
             trainer_version0,
-            PROMPTS_OF_OTHER_LENGTHS,
+            DIGIT_PROMPTS,
             derive_seed("conformance.trainer.truncation", rl_seed),
             rl_run,
             n=GROUP,
             max_tokens=MAX_TOKENS,
         )
-        ended = [bool(r.token_ids) and r.token_ids[-1] in stops for r in sampled.rollouts]
-        if algorithm.truncated_completions == "masked" and (all(ended) or not any(ended)):
+        stopped = ended(sampled, stops)
+        if algorithm.truncated_completions == "masked" and (all(stopped) or not any(stopped)):
             pytest.fail(
-                f"the engine's {len(ended)} completions (max_tokens={MAX_TOKENS}, declared stop ids {sorted(stops)}) "
-                f"are all {'ended' if all(ended) else 'truncated'}: the law needs both to check a declared mask. "
+                f"the engine's {len(stopped)} completions (max_tokens={MAX_TOKENS}, declared stop ids {sorted(stops)}) "
+                f"are all {'ended' if all(stopped) else 'truncated'}: the law needs both to check a declared mask. "
                 "Declare the engine's stop ids as its `stop_token_ids` attribute",
                 pytrace=False,
             )
-        kept = ended if algorithm.truncated_completions == "masked" else None
         batch = shifted_batch(sampled, algorithm)
-        expected, size = declared_step_loss(algorithm, sampled, batch, kept)
+        expected, size = declared_step_loss(algorithm, sampled, batch, stops)
         reported = rl_run(trainer.train_step(batch)).metrics.loss
-        truncated = ended.count(False)
+        truncated = stopped.count(False)
         assert abs(reported - expected) <= LOSS_RTOL * size, (
-            f"step 0 on {len(ended)} completions, {truncated} of them truncated at max_tokens={MAX_TOKENS} (no "
+            f"step 0 on {len(stopped)} completions, {truncated} of them truncated at max_tokens={MAX_TOKENS} (no "
             f"declared stop id {sorted(stops)} at their end), reported loss {reported!r}; "
             f"AlgorithmSpec(truncated_completions={algorithm.truncated_completions!r}) gives {expected!r} (tolerance "
             f"{LOSS_RTOL * size:.3g}). A truncated completion is either trained like any other or left out of the "
