@@ -11,8 +11,10 @@ Bind `accumulated_loss`: `(micro_batches, *, gradient_accumulation_steps, clip_e
 `micro_batches` is one generation batch as the trainer slices it, in order, each a tuple `(new_logp, old_logp,
 ref_logp, advantages, mask)` of `[B, T]` tensors (`[B]` advantages), and the result is the loss each micro-batch
 back-propagates (a 0-d tensor each); optimizer step k accumulates micro-batches `k G .. k G + G - 1`. The law checks
-each step's summed loss against the declared `AlgorithmSpec` over that step's micro-batches. Our loop trains each
-generation batch in one optimizer step (the law does not apply to it; `micro_batch` holds our accumulation law).
+each step's summed loss against the declared `AlgorithmSpec`: its aggregation over that step's micro-batches, or,
+with `step_normaliser="generation_mean"`, the generation batch's aggregation scaled to one step (TRL's fix). Our loop
+trains each generation batch in one optimizer step (the law does not apply to it; `micro_batch` holds our accumulation
+law).
 """
 
 from __future__ import annotations
@@ -113,7 +115,13 @@ class GenerationBatchContract(ContractBase):
         for step in range(STEPS_PER_GENERATION // accumulation):
             window = range(step * accumulation, (step + 1) * accumulation)
             rows = [(drawn[m], r) for m in window for r in range(ROWS)]
-            weights = token_weights(algorithm, [d[3][r] for d, r in rows])
+            if algorithm.step_normaliser == "step":
+                weights = token_weights(algorithm, [d[3][r] for d, r in rows])
+            else:  # the generation batch's weights, scaled to one of its STEPS_PER_GENERATION / accumulation steps
+                every = token_weights(algorithm, [n for d in drawn for n in d[3]])
+                weights = [
+                    every[m * ROWS + r] * STEPS_PER_GENERATION / accumulation for m in window for r in range(ROWS)
+                ]
             expected = size = 0.0
             for ((new, old, advantages, lengths), r), w in zip(rows, weights, strict=True):
                 for t in range(lengths[r]):
@@ -124,9 +132,9 @@ class GenerationBatchContract(ContractBase):
             got = float(sum(float(losses[m]) for m in window))
             assert abs(got - expected) <= tolerance * size, (
                 f"optimizer step {step} of a generation batch of {STEPS_PER_GENERATION} micro-batches, {accumulation} "
-                f"per step, back-propagated {got!r}; {algorithm.declared()} over that step's micro-batches gives "
-                f"{expected!r} (ratio {got / expected if expected else float('nan'):.4g}). The step is normalised by "
-                "another batch than the one it trains: a token mean over the whole generation batch's tokens scales "
-                "each step by gradient_accumulation_steps / steps_per_generation. Normalise by the step's own tokens "
-                "(or samples)"
+                f"per step, back-propagated {got!r}; {algorithm.declared()} gives {expected!r} (ratio "
+                f"{got / expected if expected else float('nan'):.4g}). The step is normalised by another batch than "
+                "the declared one: a token mean over the whole generation batch's tokens scales each step by "
+                "gradient_accumulation_steps / steps_per_generation. Normalise by the step's own tokens (or samples), "
+                "or declare step_normaliser='generation_mean' and scale the generation batch's count to one step"
             )

@@ -33,6 +33,7 @@ __all__ = [
     "SingletonGroups",
     "StdEpsPlacement",
     "StdScope",
+    "StepNormaliser",
     "TruncatedCompletions",
     "check_spec",
 ]
@@ -49,6 +50,7 @@ ImportanceRatio = Literal["clipped", "sequence", "cispo", "on_policy"]
 LossDtype = Literal["float64", "float32", "bfloat16"]
 TruncatedCompletions = Literal["kept", "masked"]
 KlReference = Literal["base", "initial_adapter"]
+StepNormaliser = Literal["step", "generation_mean"]
 
 MACHINE_EPSILON = {"float64": 2.0**-52, "float32": 2.0**-23, "bfloat16": 2.0**-7}
 """`torch.finfo(dtype).eps` of each declarable dtype: the gap between 1 and the next representable number."""
@@ -142,6 +144,13 @@ _MEANING: dict[str, dict[Any, str]] = {
         "initial_adapter": "the reference is the adapter the trainer's first step starts from, kept frozen (TRL's "
         "'ref' adapter copied from a pretrained PEFT adapter): at step 0 the KL term is 0",
     },
+    "step_normaliser": {
+        "step": "when one generation batch feeds several optimizer steps, each step's loss is the declared aggregation "
+        "over that step's own samples and tokens (ours: one step per generation batch, where the two agree)",
+        "generation_mean": "each step is normalised as the generation batch's aggregation scaled to one step: by the "
+        "generation batch's tokens (or samples) times gradient_accumulation_steps / steps_per_generation, the same "
+        "for every step of it (TRL >= 1.9.1's dapo, cispo and vespo)",
+    },
 }
 
 ADVANTAGE_FIELDS = (
@@ -202,6 +211,7 @@ class AlgorithmSpec:
     loss_dtype: LossDtype = "float64"
     truncated_completions: TruncatedCompletions = "kept"
     kl_reference: KlReference = "base"
+    step_normaliser: StepNormaliser = "step"
 
     def __post_init__(self) -> None:
         for name, meanings in _MEANING.items():
