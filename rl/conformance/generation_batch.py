@@ -1,20 +1,13 @@
 """The generation-batch normaliser law: when one generation batch feeds several optimizer steps, each step's loss is
-the declared aggregation over that step's own micro-batches.
+normalised as `AlgorithmSpec.step_normaliser` declares.
 
-Why: a trainer that generates once and then takes several optimizer steps on slices of the batch (TRL's
-`steps_per_generation` beside `gradient_accumulation_steps`; DAPO's mini-batches) must normalise each step by what
-that step trains. A token mean divided by the whole generation batch's token count instead scales every step by
-`gradient_accumulation_steps / steps_per_generation` (TRL PR #6024: 0.5x at 4 micro-batches per generation and 2 per
-step, 4x in the Lite PPO recipe), and one function on one batch, which the loss laws see, cannot show it.
-
-Bind `accumulated_loss`: `(micro_batches, *, gradient_accumulation_steps, clip_eps, kl_beta) -> [loss]`, where
-`micro_batches` is one generation batch as the trainer slices it, in order, each a tuple `(new_logp, old_logp,
-ref_logp, advantages, mask)` of `[B, T]` tensors (`[B]` advantages), and the result is the loss each micro-batch
-back-propagates (a 0-d tensor each); optimizer step k accumulates micro-batches `k G .. k G + G - 1`. The law checks
-each step's summed loss against the declared `AlgorithmSpec`: its aggregation over that step's micro-batches, or,
-with `step_normaliser="generation_mean"`, the generation batch's aggregation scaled to one step (TRL's fix). Our loop
-trains each generation batch in one optimizer step (the law does not apply to it; `micro_batch` holds our accumulation
-law).
+Why: a trainer that generates once and takes several optimizer steps on slices of the batch (TRL's
+`steps_per_generation` beside `gradient_accumulation_steps`) must normalise each step by what it trains; a token mean
+divided by the whole generation batch's tokens scales every step by G / S (TRL PR #6024), which the loss laws, one
+function on one batch, cannot see. Bind `accumulated_loss`, `(micro_batches, *, gradient_accumulation_steps, clip_eps,
+kl_beta) -> [loss per micro-batch]`: one generation batch as the trainer slices it, each micro-batch a `(new_logp,
+old_logp, ref_logp, advantages, mask)` tuple; step k accumulates micro-batches k G .. k G + G - 1. Our loop trains each
+generation batch in one step (it binds none). See docs/conformance.md#what-each-group-guards.
 """
 
 from __future__ import annotations

@@ -381,6 +381,14 @@ def test_the_suite_fails_a_broken_implementation_on_the_law_it_breaks(pytester, 
     assert f"--rl-impl {impl}" in report, f"{law}'s report has no reproduce line:\n{report}"
 
 
+NOT_IN_MEMORY = {
+    "test_engine_prompt_begins_with_its_declared_bos_once",  # the in-memory engine's prompts have no BOS
+    "test_engine_completion_ends_at_its_first_declared_stop_id",  # nor stop ids: one token per completion
+    "test_trainer_kl_at_step_0_from_a_trained_adapter_is_against_the_declared_reference",  # nor its trainer a KL
+}
+"""Token-level laws that do not apply to the in-memory tiers (test_broken_tokens.py checks them; REAL_CPU passes)."""
+
+
 @pytest.mark.heavy
 def test_the_reference_passes_every_law_these_cases_run(pytester):
     run = run_suite(
@@ -389,6 +397,6 @@ def test_the_reference_passes_every_law_these_cases_run(pytester):
         "rl_engine or rl_trainer or rl_scorer or rl_state_store or rl_agentic or " + DRIVER_TIERS,
     )
     assert not run.failed, run.reports
-    assert not run.skipped, sorted(run.skipped)
+    assert run.skipped <= NOT_IN_MEMORY, sorted(run.skipped - NOT_IN_MEMORY)
     laws = {case.values[2] for case in CASES}
     assert laws <= run.passed, f"laws the cases rely on did not run and pass: {sorted(laws - run.passed)}"
