@@ -185,3 +185,100 @@ def per_generation_loss(
 
 PER_STEP_NORMALISER = Implementation(name="per-step-normaliser", accumulated_loss=per_step_loss)
 PER_GENERATION_NORMALISER = Implementation(name="per-generation-normaliser", accumulated_loss=per_generation_loss)
+
+
+# -- correct implementations of the non-default declarations (test_declared_algorithm.py counts them) ----------------
+
+
+def _masks_truncated(batch: TrainBatch, config: Any) -> Any:
+    """`rl.trainer.step._batch_signal` with truncated completions (last token not `<eos>`) out of the contributing
+    samples: out of the token sum and of the count it is divided by; the advantages stay the whole batch's."""
+    worst, advantages, contributing = _REAL_SIGNAL[0](batch, config)
+    return worst, advantages, [i for i in contributing if batch.rollouts[i].token_ids[-1] == 1]  # 1: `<eos>`
+
+
+_REAL_SIGNAL: list[Any] = []
+
+
+class _PatchedStep(_Patched):
+    @contextlib.contextmanager
+    def patched(self) -> Iterator[None]:
+        from rl.trainer import step
+
+        with mock.patch.object(step, self.name, self.fn):
+            yield
+
+
+def masking_trainer(artifacts: Artifacts) -> _Patched:
+    from rl.trainer.step import _batch_signal
+
+    _REAL_SIGNAL[:] = [_batch_signal]
+    return _PatchedStep(artifacts, "_batch_signal", _masks_truncated)
+
+
+MASKS_TRUNCATED = replace(
+    REAL_CPU,
+    name="masks-truncated",
+    trainer=masking_trainer,
+    algorithm=replace(REAL_CPU.algorithm, truncated_completions="masked"),
+)
+"""Our trainer leaving truncated completions out of the loss, both sides: right under truncated_completions="masked"."""
+
+
+class InitialAdapterReference:
+    """Our trainer whose KL reference is the adapter its first step started from, frozen: the reference forward
+    (`adapters_off`) runs with that adapter's LoRA weights loaded in place of the current ones."""
+
+    def __init__(self, artifacts: Artifacts) -> None:
+        self.inner, self.artifacts = peft_trainer(artifacts), artifacts
+        self.initial: dict[str, Any] | None = None
+
+    async def init_adapter(self, seed: int) -> TrainResult:
+        return await self.inner.init_adapter(seed)
+
+    @contextlib.contextmanager
+    def _initial_as_reference(self, model: Any) -> Iterator[None]:
+        from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+        current = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+        set_peft_model_state_dict(model, self.initial)
+        try:
+            yield
+        finally:
+            set_peft_model_state_dict(model, current)
+
+    async def train_step(self, batch: TrainBatch) -> TrainResult:
+        if self.initial is None:
+            from safetensors.torch import load
+
+            files = await self.artifacts.get(batch.adapter)
+            self.initial = load(files["adapter_model.safetensors"])
+        from rl.trainer import batched_loss
+
+        with mock.patch.object(batched_loss, "adapters_off", self._initial_as_reference):
+            return await self.inner.train_step(batch)
+
+
+INITIAL_ADAPTER_REFERENCE = replace(
+    REAL_CPU,
+    name="initial-adapter-reference",
+    trainer=InitialAdapterReference,
+    algorithm=replace(REAL_CPU.algorithm, kl_reference="initial_adapter"),
+)
+"""Passes under kl_reference='initial_adapter'."""
+
+GENERATION_MEAN_NORMALISER = Implementation(
+    name="generation-mean-normaliser",
+    accumulated_loss=lambda micro_batches, *, gradient_accumulation_steps, **kw: [
+        loss * len(micro_batches) / gradient_accumulation_steps
+        for loss in per_generation_loss(micro_batches, gradient_accumulation_steps=gradient_accumulation_steps, **kw)
+    ],
+    algorithm=replace(REAL_CPU.algorithm, step_normaliser="generation_mean"),
+)
+"""The generation batch's normaliser scaled to one step, as TRL 1.9.1 does: step_normaliser="generation_mean"."""
+
+DECLARED = {
+    "MASKS_TRUNCATED": MASKS_TRUNCATED,
+    "INITIAL_ADAPTER_REFERENCE": INITIAL_ADAPTER_REFERENCE,
+    "GENERATION_MEAN_NORMALISER": GENERATION_MEAN_NORMALISER,
+}

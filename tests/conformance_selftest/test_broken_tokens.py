@@ -54,8 +54,9 @@ def test_a_token_level_bug_fails_its_law_and_no_other(pytester, impl, tier, fail
     assert f"--rl-impl {impl}" in report, report
 
 
-def test_the_per_step_normaliser_passes_the_generation_batch_law(pytester):
-    run = run_suite(pytester, "broken_tokens:PER_STEP_NORMALISER", "rl_generation_batch")
+@pytest.mark.parametrize("impl", ["PER_STEP_NORMALISER", "GENERATION_MEAN_NORMALISER"])
+def test_a_normaliser_as_declared_passes_the_generation_batch_law(pytester, impl):
+    run = run_suite(pytester, f"broken_tokens:{impl}", "rl_generation_batch")
     assert not run.failed, run.reports
     assert len(run.passed) == 3, run.passed
 
@@ -95,3 +96,17 @@ def test_a_token_level_trainer_bug_fails_its_law(pytester, monkeypatch, impl, fa
     assert failed == failing, out[-4000:]
     result.assert_outcomes(failed=len(failing), passed=3 - len(failing))
     assert re.search(message, out), out[-4000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", ["MASKS_TRUNCATED", "INITIAL_ADAPTER_REFERENCE"])
+def test_a_trainer_as_declared_passes_the_token_level_trainer_laws(pytester, monkeypatch, impl):
+    """truncated_completions='masked' and kl_reference='initial_adapter', each done right, pass all three laws."""
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "rl.conformance.test_suite", "--rl-impl", f"broken_tokens:{impl}", "-m", "rl_trainer",
+        "-k", f"{TRAINER_PADDING} or {TRUNCATED} or {KL_REFERENCE}", "-p", "no:cacheprovider", "-rfs",
+        timeout=600.0,
+    )  # fmt: skip
+    result.assert_outcomes(passed=3)
