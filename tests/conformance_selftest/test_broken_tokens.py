@@ -25,6 +25,7 @@ NORMALISER = "test_each_optimizer_step_of_a_generation_batch_has_the_declared_no
 TRAINER_PADDING = "test_trainer_step_on_prompts_of_other_lengths_computes_the_declared_loss"
 TRUNCATED = "test_trainer_masks_truncated_completions_as_declared"
 KL_REFERENCE = "test_trainer_kl_at_step_0_from_a_trained_adapter_is_against_the_declared_reference"
+FIDELITY = "test_trainer_step_computes_the_declared_loss_on_teacher_forced_logprobs"
 
 # (implementation, tier, laws run, the laws that must fail, what the named law's message must say)
 FAST = [
@@ -101,12 +102,13 @@ def test_a_token_level_trainer_bug_fails_its_law(pytester, monkeypatch, impl, fa
 @pytest.mark.slow
 @pytest.mark.parametrize("impl", ["MASKS_TRUNCATED", "INITIAL_ADAPTER_REFERENCE"])
 def test_a_trainer_as_declared_passes_the_token_level_trainer_laws(pytester, monkeypatch, impl):
-    """truncated_completions='masked' and kl_reference='initial_adapter', each done right, pass all three laws."""
+    """truncated_completions='masked' and kl_reference='initial_adapter', each done right, pass the three laws and the
+    trainer-fidelity law (which honours the truncation declaration too)."""
     pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
     result = pytester.runpytest_subprocess(
         "--pyargs", "rl.conformance.test_suite", "--rl-impl", f"broken_tokens:{impl}", "-m", "rl_trainer",
-        "-k", f"{TRAINER_PADDING} or {TRUNCATED} or {KL_REFERENCE}", "-p", "no:cacheprovider", "-rfs",
+        "-k", f"{TRAINER_PADDING} or {TRUNCATED} or {KL_REFERENCE} or {FIDELITY}", "-p", "no:cacheprovider", "-rfs",
         timeout=600.0,
     )  # fmt: skip
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=4)
