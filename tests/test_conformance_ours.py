@@ -20,7 +20,7 @@ from rl.conformance import (
     LoopContract,
     LossContract,
 )
-from rl.conformance.ours import REAL_LM, trainer_algorithm
+from rl.conformance.ours import IN_MEMORY, REAL_LM, trainer_algorithm
 from rl.conformance.ours import batch_loss as our_batch_loss
 from rl.loss import grpo_sample_loss
 from rl.simulated.artifacts import MemoryArtifacts
@@ -34,6 +34,10 @@ class TestInMemory(LoopContract):
     @pytest.fixture
     def artifacts(self):
         return MemoryArtifacts()
+
+    @pytest.fixture
+    def capabilities(self):
+        return IN_MEMORY.capabilities  # MemoryTrainer's step has no KL penalty
 
     @pytest.fixture
     def state_store(self):

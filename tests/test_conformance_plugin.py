@@ -34,7 +34,7 @@ class SeedlessEngine(MemoryEngine):
 
 IMPL = Implementation(
     name="broken", engine=SeedlessEngine, trainer=MemoryTrainer, scorer=MemoryScorer,
-    capabilities=Capabilities(bitwise_replay=False),
+    capabilities=Capabilities(bitwise_replay=False, trainer_kl_penalty=False),
 )
 """
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # `X as X`: an explicit re-export, for strict type checkers
     from rl.conformance.capabilities import Capabilities as Capabilities
     from rl.conformance.ddp import DdpShardStepContract as DdpShardStepContract
     from rl.conformance.driver import GrpoDriverContract as GrpoDriverContract
+    from rl.conformance.generation_batch import GenerationBatchContract as GenerationBatchContract
     from rl.conformance.history import DriverReplayContract as DriverReplayContract
     from rl.conformance.history import RecordedHistory as RecordedHistory
     from rl.conformance.history import load_history as load_history
@@ -54,6 +55,7 @@ _HOMES = {
     "Capabilities": "capabilities",
     "DdpShardStepContract": "ddp",
     "DriverReplayContract": "history",
+    "GenerationBatchContract": "generation_batch",
     "GrpoDriverContract": "driver",
     "Implementation": "implementation",
     "LawSizes": "sizes",

@@ -22,12 +22,15 @@ class Capabilities:
     - `distinct_samples_within_group`: the `n` rollouts of one request are not `n` copies of one completion.
     - `distinct_groups_across_seeds`: two requests that differ only in their seed sample different groups.
     - `supports_pipelined`: the driver runs `GrpoConfig(pipelined=True)` (one-step-stale rollouts).
+    - `trainer_kl_penalty`: the trainer's step adds the declared KL penalty to its loss and reports the KL as
+      `metrics.kl` (a trainer without one, like our in-memory trainer, declares False and declares no KL reference).
     """
 
     bitwise_replay: bool = True
     distinct_samples_within_group: bool = True
     distinct_groups_across_seeds: bool = True
     supports_pipelined: bool = True
+    trainer_kl_penalty: bool = True
 
     @classmethod
     def flags(cls) -> tuple[str, ...]:

@@ -39,6 +39,7 @@ TIERS = (
     "distributed_trainer",
     "micro_batched_trainer",
     "token_logprobs",
+    "accumulated_loss",
 )
 """The factory attributes that each bind one contract of the packaged suite."""
 
@@ -83,6 +84,7 @@ class Implementation:
     distributed_trainer: Callable[[Artifacts, int], Trainer] | None = None
     micro_batched_trainer: Callable[[Artifacts, int], Trainer] | None = None
     token_logprobs: Callable[..., Any] | None = None
+    accumulated_loss: Callable[..., Sequence[Any]] | None = None
     capabilities: Capabilities = field(default_factory=Capabilities)
     algorithm: AlgorithmSpec = field(default_factory=AlgorithmSpec)
     sizes: LawSizes = field(default_factory=LawSizes)

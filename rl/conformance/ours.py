@@ -167,7 +167,8 @@ IN_MEMORY = Implementation(
     rollout_buffer=local_rollout_buffer,
     extract_answer=extract_answer,
     pass_at_k=pass_at_k,
-    capabilities=Capabilities(),
+    # MemoryTrainer's step has no KL penalty (its loss is the clipped surrogate alone), so no KL reference to check.
+    capabilities=Capabilities(trainer_kl_penalty=False),
 )
 
 

@@ -34,6 +34,7 @@ TIER_MARKERS = {
     "rl_loss": "the GRPO loss laws (REINFORCE at ratio 1, clipped ratio, KL penalty, padding, aggregation)",
     "rl_ddp": "the multi-rank shard-step laws (spawned gloo ranks)",
     "rl_accumulation": "the gradient-accumulation law (micro-batched steps against the whole batch's, real trainers)",
+    "rl_generation_batch": "the normaliser of each optimizer step a generation batch feeds (accumulated_loss)",
     "rl_agentic": "the agentic loop laws (skipped trials, memoised judge, canonical inputs, exactly-once steps)",
     "rl_volumes": "the versioned copy-on-write volume laws (fork isolation, immutable versions, one writer per name)",
     "rl_buffer": "the rollout buffer laws (immutable versions, exact rows, rescoring changes only rewards)",

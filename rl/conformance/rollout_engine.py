@@ -10,10 +10,13 @@ from typing import Any
 import pytest
 
 from rl.conformance._base import ContractBase, Run, must_provide, tier
+from rl.conformance.batch_padding import BatchPaddingLaws
 from rl.conformance.capabilities import Capabilities, require
 from rl.conformance.engine_lifetime import EngineLifetimeLaws
+from rl.conformance.prompt_tokens import PromptTokenLaws
 from rl.conformance.sampling import SamplerFidelityLaws, first_difference
 from rl.conformance.sizes import LawSizes
+from rl.conformance.stop_tokens import StopTokenLaws
 from rl.conformance.truncated_sampling import TruncatedSamplingLaws
 from rl.protocols import Artifacts, RolloutEngine
 from rl.seeding import derive_seed
@@ -35,7 +38,15 @@ def _describe_difference(a: Sequence[Rollout], b: Sequence[Rollout]) -> str:
 
 
 @tier("engine")
-class RolloutEngineContract(SamplerFidelityLaws, EngineLifetimeLaws, TruncatedSamplingLaws, ContractBase):
+class RolloutEngineContract(
+    SamplerFidelityLaws,
+    EngineLifetimeLaws,
+    TruncatedSamplingLaws,
+    PromptTokenLaws,
+    StopTokenLaws,
+    BatchPaddingLaws,
+    ContractBase,
+):
     """Laws of `rl.protocols.RolloutEngine`: seeded, labelled groups with the sampling log-prob of every token, the
     log-probs of the distribution sampled (`rl.conformance.sampling`), each request served its own adapter, completions
     that end at their first end-of-sequence token, groups whose seeds share no samples and a lifetime past `close`

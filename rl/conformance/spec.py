@@ -27,12 +27,15 @@ __all__ = [
     "AlgorithmSpec",
     "ImportanceRatio",
     "KlEstimator",
+    "KlReference",
     "LogprobTruncation",
     "LossAggregation",
     "LossDtype",
     "SingletonGroups",
     "StdEpsPlacement",
     "StdScope",
+    "StepNormaliser",
+    "TruncatedCompletions",
     "check_spec",
 ]
 
@@ -47,6 +50,9 @@ KlEstimator = Literal["k3", "k2", "k3_ratio", "k3_value_k2_grad", "none"]
 ImportanceRatio = Literal["clipped", "sequence", "cispo", "on_policy"]
 LossDtype = Literal["float64", "float32", "bfloat16"]
 LogprobTruncation = Literal["renormalised", "ignored"]
+TruncatedCompletions = Literal["kept", "masked"]
+KlReference = Literal["base", "initial_adapter"]
+StepNormaliser = Literal["step", "generation_mean"]
 
 MACHINE_EPSILON = {"float64": 2.0**-52, "float32": 2.0**-23, "bfloat16": 2.0**-7}
 """`torch.finfo(dtype).eps` of each declarable dtype: the gap between 1 and the next representable number."""
@@ -136,6 +142,25 @@ _MEANING: dict[str, dict[Any, str]] = {
         "what is drawn (TRL's trainer: logits / temperature, no top-k or top-p): the ratio's denominator is not the "
         "probability the token was drawn with, but engine and trainer agree",
     },
+    "truncated_completions": {
+        "kept": "a completion cut at max_tokens (no declared stop id at its end) is trained like any other (ours)",
+        "masked": "a truncated completion is left out of the loss, its numerator and its normaliser alike (TRL's "
+        "mask_truncated_completions=True, DAPO's overlong filtering); a completion that ends at any declared stop id "
+        "is not truncated",
+    },
+    "kl_reference": {
+        "base": "the KL penalty's reference is the base model, the adapter disabled, whatever adapter the run starts "
+        "from (ours: a run starts from a zero-initialised adapter, which is the base)",
+        "initial_adapter": "the reference is the adapter the trainer's first step starts from, kept frozen (TRL's "
+        "'ref' adapter copied from a pretrained PEFT adapter): at step 0 the KL term is 0",
+    },
+    "step_normaliser": {
+        "step": "when one generation batch feeds several optimizer steps, each step's loss is the declared aggregation "
+        "over that step's own samples and tokens (ours: one step per generation batch, where the two agree)",
+        "generation_mean": "each step is normalised as the generation batch's aggregation scaled to one step: by the "
+        "generation batch's tokens (or samples) times gradient_accumulation_steps / steps_per_generation, the same "
+        "for every step of it (TRL >= 1.9.1's dapo, cispo and vespo)",
+    },
 }
 
 ADVANTAGE_FIELDS = (
@@ -195,6 +220,9 @@ class AlgorithmSpec:
     dual_clip: float | None = None
     loss_dtype: LossDtype = "float64"
     logprob_truncation: LogprobTruncation = "renormalised"
+    truncated_completions: TruncatedCompletions = "kept"
+    kl_reference: KlReference = "base"
+    step_normaliser: StepNormaliser = "step"
 
     def __post_init__(self) -> None:
         for name, meanings in _MEANING.items():

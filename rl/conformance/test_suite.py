@@ -21,6 +21,7 @@ from rl.conformance.agentic import AgenticContract
 from rl.conformance.artifacts import ArtifactsContract
 from rl.conformance.capabilities import Capabilities
 from rl.conformance.driver import GrpoDriverContract
+from rl.conformance.generation_batch import AccumulatedLossFn, GenerationBatchContract
 from rl.conformance.history import DriverReplayContract
 from rl.conformance.implementation import Implementation, ImplementationError, load_implementation
 from rl.conformance.rollout_buffer import BufferFactory, RolloutBufferContract
@@ -244,6 +245,12 @@ class TestTokenLogprobs(_Bound, TokenLogprobContract):
     @pytest.fixture
     def token_logprobs(self, implementation: Implementation) -> Any:
         return _factory(implementation, "token_logprobs", "trainer log-prob")
+
+
+class TestGenerationBatch(_Bound, GenerationBatchContract):
+    @pytest.fixture
+    def accumulated_loss(self, implementation: Implementation) -> AccumulatedLossFn:
+        return _factory(implementation, "accumulated_loss", "generation-batch normaliser")
 
     @pytest.fixture
     def algorithm(self, implementation: Implementation) -> AlgorithmSpec:

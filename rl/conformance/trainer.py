@@ -13,9 +13,12 @@ from rl.conformance._base import ContractBase, Run, must_provide, tier
 from rl.conformance.behaviour_policy import BehaviourPolicyLaws
 from rl.conformance.capabilities import Capabilities, require
 from rl.conformance.ddp_trainer import DataParallelTrainerLaws
+from rl.conformance.kl_reference import KlReferenceLaws
 from rl.conformance.micro_batch import MicroBatchTrainerLaws
 from rl.conformance.spec import AlgorithmSpec
 from rl.conformance.trainer_fidelity import TrainerRestoreLaws
+from rl.conformance.trainer_padding import TrainerPaddingLaws
+from rl.conformance.truncation import TruncationLaws
 from rl.protocols import Artifacts, RolloutEngine, Trainer
 from rl.seeding import derive_seed
 from rl.simulated.artifacts import MemoryArtifacts
@@ -81,7 +84,14 @@ def trained_adapter(engine: RolloutEngine, trainer: Trainer, seed: int, run: Run
 
 @tier("trainer")
 class TrainerContract(
-    TrainerRestoreLaws, DataParallelTrainerLaws, MicroBatchTrainerLaws, BehaviourPolicyLaws, ContractBase
+    TrainerRestoreLaws,
+    DataParallelTrainerLaws,
+    MicroBatchTrainerLaws,
+    TrainerPaddingLaws,
+    TruncationLaws,
+    KlReferenceLaws,
+    BehaviourPolicyLaws,
+    ContractBase,
 ):
     """Laws of `rl.protocols.Trainer`: a seeded init and a step that is a pure function of its batch.
 

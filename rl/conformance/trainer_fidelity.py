@@ -18,6 +18,7 @@ import pytest
 from rl.conformance._base import Run, tier
 from rl.conformance.reference import reference_advantages, token_reference, token_weights
 from rl.conformance.spec import AlgorithmSpec
+from rl.conformance.stop_tokens import declared_stop_ids
 from rl.errors import StaleBatchError
 from rl.protocols import Trainer
 from rl.types import Rollout, TrainBatch, TrainResult
@@ -72,7 +73,12 @@ class TrainerRestoreLaws:
         )
 
     def test_trainer_step_computes_the_declared_loss_on_teacher_forced_logprobs(
-        self, trainer: Trainer, train_batch: TrainBatch, algorithm: AlgorithmSpec, rl_run: Run[Any]
+        self,
+        trainer: Trainer,
+        train_batch: TrainBatch,
+        algorithm: AlgorithmSpec,
+        rl_run: Run[Any],
+        request: pytest.FixtureRequest,
     ) -> None:
         """Step 0 (version 0, the reference policy: no KL) on its engine's rollouts with their recorded log-probs moved
         off-policy reports the loss the declared `AlgorithmSpec` gives (advantages, aggregation, ratio, dual clip) in
@@ -81,9 +87,13 @@ class TrainerRestoreLaws:
         advantages = reference_advantages(algorithm, [r.group_id for r in train_batch.rollouts], train_batch.rewards)
         rollouts = [replace(r, logprobs=_shifted(r, a)) for r, a in zip(train_batch.rollouts, advantages, strict=True)]
         batch = replace(train_batch, rollouts=rollouts)
-        weights = token_weights(algorithm, [len(r.token_ids) for r in rollouts])
+        masked = algorithm.truncated_completions == "masked"  # leaves out what ended at none of the engine's stop ids
+        stops = declared_stop_ids(request.getfixturevalue("engine")) if masked else frozenset()
+        kept = [not masked or (bool(r.token_ids) and r.token_ids[-1] in stops) for r in rollouts]
+        members = [(b, r, a) for b, r, a, k in zip(train_batch.rollouts, rollouts, advantages, kept, strict=True) if k]
+        weights = token_weights(algorithm, [len(r.token_ids) for _, r, _ in members])
         expected = size = 0.0
-        for before, after, a, w in zip(train_batch.rollouts, rollouts, advantages, weights, strict=True):
+        for (before, after, a), w in zip(members, weights, strict=True):
             for new, old in zip(before.logprobs, after.logprobs, strict=True):
                 token = token_reference(algorithm, new, old, new, a, 0.2, 0.0)
                 expected += w * token.value

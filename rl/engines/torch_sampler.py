@@ -73,6 +73,9 @@ class TorchSampler:
         if eos is None:
             raise ModelDirError(f"the tokenizer in {base_model_dir} has no eos token; rebuild it with build_tiny_model")
         self.eos_token_id = int(eos)
+        # The BOS the prompt template begins with (the conformance suite counts it: once), None if it begins with none.
+        bos = self.tokenizer.bos_token_id
+        self.bos_token_id = int(bos) if bos is not None and self._encode("")[:1] == (bos,) else None
 
     @property
     def loads(self) -> int:

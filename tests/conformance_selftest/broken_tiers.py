@@ -16,7 +16,7 @@ from pathlib import Path
 from rl.advantages import group_normalized_advantages
 from rl.checkpoint.memory_store import MemoryStateStore
 from rl.conformance import AlgorithmSpec, Implementation, LawSizes
-from rl.conformance.ours import memory_version0_adapter
+from rl.conformance.ours import IN_MEMORY, memory_version0_adapter
 from rl.simulated.artifacts import MemoryArtifacts
 from rl.simulated.grpo_tiers import (
     DIGITS,
@@ -185,7 +185,8 @@ class UnboundedStalenessTrainer(MemoryTrainer):
 
 
 def _impl(name: str, **tiers: object) -> Implementation:
-    return Implementation(name=name, adapter=memory_version0_adapter, **tiers)  # type: ignore[arg-type]
+    # IN_MEMORY's capabilities: MemoryTrainer's step has no KL penalty.
+    return Implementation(name=name, adapter=memory_version0_adapter, capabilities=IN_MEMORY.capabilities, **tiers)  # type: ignore[arg-type]
 
 
 UNSEEDED_ENGINE = _impl("unseeded-engine", engine=UnseededEngine, trainer=MemoryTrainer)
@@ -204,6 +205,7 @@ TRAINER_NOT_AS_DECLARED = Implementation(
     adapter=memory_version0_adapter,
     engine=MemoryEngine,
     trainer=MemoryTrainer,
+    capabilities=IN_MEMORY.capabilities,
     # The advantages it binds went Dr. GRPO (no std) and so did its declaration; its trainer still divides by the std.
     advantages=functools.partial(group_normalized_advantages, scale="none"),
     algorithm=AlgorithmSpec(advantage_scale="none"),

@@ -51,6 +51,7 @@ CASES = [
             "test_engine_same_request_gives_same_rollouts",
             "test_engine_serves_the_adapter_each_request_names",
             "test_engine_one_call_serves_each_request_its_own_adapter",
+            "test_engine_prompts_of_other_lengths_in_one_call_sample_as_alone",
             CLOSED,
         },
         id="rollouts unseeded on retry",
@@ -60,7 +61,11 @@ CASES = [
         "rl_engine",
         "test_engine_completion_ends_at_its_first_end_of_sequence_token",
         r"goes on for \d+ tokens after its first end-of-sequence token 10 \(position 1\)",
-        {"test_engine_completion_ends_at_its_first_end_of_sequence_token"},
+        # <eos> is its declared stop id too: the stop-token law (every declared stop id) sees the same bug.
+        {
+            "test_engine_completion_ends_at_its_first_end_of_sequence_token",
+            "test_engine_completion_ends_at_its_first_declared_stop_id",
+        },
         id="finished rows decoded on",
     ),
     pytest.param(
@@ -76,7 +81,11 @@ CASES = [
         "rl_engine",
         "test_engine_completion_ends_at_its_first_end_of_sequence_token",
         r"goes on for \d+ tokens after its first end-of-sequence token 10 \(position 1\)",
-        {"test_engine_completion_ends_at_its_first_end_of_sequence_token"},
+        # <eos> is its declared stop id too: the stop-token law (every declared stop id) sees the same bug.
+        {
+            "test_engine_completion_ends_at_its_first_end_of_sequence_token",
+            "test_engine_completion_ends_at_its_first_declared_stop_id",
+        },
         id="finished rows decoded on, at an eighth of the groups",
     ),
     pytest.param(
@@ -159,7 +168,12 @@ CASES = [
         "rl_trainer or rl_advantages",
         "test_trainer_step_computes_the_declared_loss_on_teacher_forced_logprobs",
         r"AlgorithmSpec\(advantage_scale='none'\) gives",
-        {"test_trainer_step_computes_the_declared_loss_on_teacher_forced_logprobs"},
+        # Every law that computes the declared step loss sees it.
+        {
+            "test_trainer_step_computes_the_declared_loss_on_teacher_forced_logprobs",
+            "test_trainer_step_on_prompts_of_other_lengths_computes_the_declared_loss",
+            "test_trainer_masks_truncated_completions_as_declared",
+        },
         id="trainer runs another algorithm than the one declared",
     ),
     pytest.param(
@@ -375,10 +389,18 @@ def test_the_suite_fails_a_broken_implementation_on_the_law_it_breaks(pytester, 
     assert failing <= run.failed <= allowed, (
         f"{impl}: failing laws {sorted(run.failed)}; expected {sorted(failing)}{unexpected}"
     )
-    assert not run.skipped, f"{impl}: laws skipped instead of run: {sorted(run.skipped)}"
+    assert run.skipped <= NOT_IN_MEMORY, f"{impl}: laws skipped instead of run: {sorted(run.skipped - NOT_IN_MEMORY)}"
     report = run.reports[law]
     assert re.search(message, report), f"{law} failed without saying {message!r}:\n{report}"
     assert f"--rl-impl {impl}" in report, f"{law}'s report has no reproduce line:\n{report}"
+
+
+NOT_IN_MEMORY = {
+    "test_engine_prompt_begins_with_its_declared_bos_once",  # the in-memory engine's prompts have no BOS
+    "test_engine_completion_ends_at_its_first_declared_stop_id",  # nor stop ids: one token per completion
+    "test_trainer_kl_at_step_0_from_a_trained_adapter_is_against_the_declared_reference",  # nor its trainer a KL
+}
+"""Token-level laws that do not apply to the in-memory tiers (test_broken_tokens.py checks them; REAL_CPU passes)."""
 
 
 @pytest.mark.heavy
@@ -389,6 +411,6 @@ def test_the_reference_passes_every_law_these_cases_run(pytester):
         "rl_engine or rl_trainer or rl_scorer or rl_state_store or rl_agentic or " + DRIVER_TIERS,
     )
     assert not run.failed, run.reports
-    assert not run.skipped, sorted(run.skipped)
+    assert run.skipped <= NOT_IN_MEMORY, sorted(run.skipped - NOT_IN_MEMORY)
     laws = {case.values[2] for case in CASES}
     assert laws <= run.passed, f"laws the cases rely on did not run and pass: {sorted(laws - run.passed)}"

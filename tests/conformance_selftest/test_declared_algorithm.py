@@ -7,6 +7,7 @@ directory, first under the implementation's true declaration, then under the def
 
 from __future__ import annotations
 
+import broken_tokens
 import declared_algorithm
 import declared_choices
 import pytest
@@ -124,6 +125,9 @@ def test_every_declaration_field_has_a_choice_case() -> None:
     declared = {attr: getattr(declared_algorithm, attr).algorithm for attr, _ in CHOICES}
     declared |= {attr: getattr(declared_choices, attr).algorithm for attr, _ in MORE_CHOICES}
     declared |= {attr: impl.algorithm for attr, impl in SAMPLING_CHOICES.items()}
+    declared |= {
+        attr: impl.algorithm for attr, impl in broken_tokens.DECLARED.items()
+    }  # test_broken_tokens.py runs them
     default = AlgorithmSpec()
     changed = {
         name for spec in declared.values() for name in vars(spec) if getattr(spec, name) != getattr(default, name)

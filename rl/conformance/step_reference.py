@@ -1,0 +1,95 @@
+"""What the trainer laws of `trainer_padding`, `truncation` and `kl_reference` share: a batch sampled by the engine
+for given prompts, and the loss the declared `AlgorithmSpec` gives a step on it, computed the way
+`trainer_fidelity`'s law computes it (the engine's log-probs as the trainer's, the recorded ones moved to the trust
+region's pessimistic side, float64)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import replace
+from typing import Any
+
+from rl.conformance._base import Run
+from rl.conformance.reference import reference_advantages, token_reference, token_weights
+from rl.conformance.spec import AlgorithmSpec
+from rl.conformance.trainer_fidelity import _shifted
+from rl.protocols import RolloutEngine
+from rl.seeding import derive_seed
+from rl.types import Prompt, Rollout, RolloutRequest, TrainBatch, TrainResult
+
+__all__ = ["DIGIT_PROMPTS", "declared_step_loss", "ended", "sampled_batch", "shifted_batch"]
+
+DIGIT_PROMPTS = (Prompt("3=", "4"), Prompt("7=", "8"))
+"""The trainer laws' usual prompts, of one length: no padding between them."""
+
+_REWARD_PATTERN = (1.0, 0.0, 0.5, 0.0)
+
+
+def sampled_batch(
+    engine: RolloutEngine,
+    start: TrainResult,
+    prompts: Sequence[Prompt],
+    seed: int,
+    run: Run[Any],
+    *,
+    n: int = 4,
+    max_tokens: int = 4,
+) -> TrainBatch:
+    """Step 0 from `start` to version 1 on one group of `n` rollouts per prompt, sampled by `engine` from `start`'s
+    adapter, with rewards that differ within every group."""
+    rollouts: list[Rollout] = []
+    for gid, prompt in enumerate(prompts):
+        request = RolloutRequest(
+            group_id=gid,
+            prompt=prompt,
+            n=n,
+            adapter=start.adapter,
+            policy_version=0,
+            seed=derive_seed("conformance.step-reference", seed, gid),
+            max_tokens=max_tokens,
+        )
+        rollouts.extend(run(engine.generate(request)))
+    rewards = [_REWARD_PATTERN[i % n % len(_REWARD_PATTERN)] for i in range(len(rollouts))]
+    return TrainBatch(
+        step=0,
+        rollouts=rollouts,
+        rewards=rewards,
+        adapter=start.adapter,
+        optimizer_state=start.optimizer_state,
+        new_version=1,
+    )
+
+
+def shifted_batch(batch: TrainBatch, algorithm: AlgorithmSpec) -> TrainBatch:
+    """`batch` with each rollout's recorded log-probs moved to the pessimistic side of the trust region (a positive
+    advantage's ratio below 1, a negative one's above), where the loss is -r A whatever the clip's epsilon."""
+    advantages = reference_advantages(algorithm, [r.group_id for r in batch.rollouts], batch.rewards)
+    rollouts = [replace(r, logprobs=_shifted(r, a)) for r, a in zip(batch.rollouts, advantages, strict=True)]
+    return replace(batch, rollouts=rollouts)
+
+
+def ended(batch: TrainBatch, stops: Collection[int]) -> list[bool]:
+    """Whether each rollout ended at one of the declared stop ids `stops` (the others were cut at `max_tokens`)."""
+    return [bool(r.token_ids) and r.token_ids[-1] in stops for r in batch.rollouts]
+
+
+def declared_step_loss(
+    algorithm: AlgorithmSpec, sampled: TrainBatch, shifted: TrainBatch, stops: Collection[int]
+) -> tuple[float, float]:
+    """(the declared loss, the size of its terms) of a step on `shifted` whose teacher-forced log-probs are
+    `sampled`'s recorded ones. Under `truncated_completions="masked"` only the rollouts that ended at a declared stop
+    id in `stops` enter it (numerator and normaliser alike); the advantages are the whole batch's either way (a rollout
+    left out of the loss still counts in its group's statistics)."""
+    advantages = reference_advantages(algorithm, [r.group_id for r in sampled.rollouts], sampled.rewards)
+    kept = ended(sampled, stops) if algorithm.truncated_completions == "masked" else [True] * len(advantages)
+    members = [i for i, k in enumerate(kept) if k]
+    lengths = [len(sampled.rollouts[i].token_ids) for i in members]
+    weights = dict(zip(members, token_weights(algorithm, lengths), strict=True))
+    expected = size = 0.0
+    for i in members:
+        before, after, a, w = sampled.rollouts[i], shifted.rollouts[i], advantages[i], weights[i]
+        for new, old in zip(before.logprobs, after.logprobs, strict=True):
+            token = token_reference(algorithm, new, old, new, a, 0.2, 0.0)
+            expected += w * token.value
+            size += abs(w) * (token.magnitude + abs(token.value))
+    return expected, size
