@@ -70,6 +70,15 @@ GRPO_OUT_OF_RANGE = [
         {"engine": {"kind": "vllm", "max_lora_rank": 8}, "trainer": {"lora_rank": 16}},
         "trainer.lora_rank=16 exceeds engine.max_lora_rank=8",
     ),
+    # vLLM decodes greedily below 1e-5 (recording untempered log-probs) and refuses above 2: refused before any task.
+    (
+        {"engine": {"kind": "vllm"}, "grpo": {"iterations": 3, "sampling": {"temperature": 1e-6}}},
+        "temperature=1e-06 is below vLLM's 1e-05",
+    ),
+    (
+        {"engine": {"kind": "vllm"}, "grpo": {"iterations": 3, "sampling": {"temperature": 2.5}}},
+        "temperature=2.5 is above 2.0, the most vLLM's SamplingParams accepts",
+    ),
 ]
 
 
