@@ -195,12 +195,13 @@ def test_a_requests_sampling_settings_reach_vllm_and_its_logprobs_are_of_the_dis
     assert rollouts == per_sample_seeded(TorchSampler(tiny_model_dir, store), req)
 
 
-@pytest.mark.parametrize("temperature", [1e-6, 2.5])
+@pytest.mark.parametrize("temperature", [1e-6, 0.009, 2.5])
 def test_a_temperature_vllm_cannot_sample_as_declared_is_refused_before_vllm_starts(
     engine: VLLMEngine, refs: dict[str, ArtifactRef], temperature: float
 ) -> None:
-    """Below 1e-5 vLLM decodes greedily and records untempered log-probs (a silent wrong number); above 2 its
-    SamplingParams refuses. Either is refused with what to use, before the engine starts or loads an adapter."""
+    """Below 0.01 vLLM samples at 0.01 and records that distribution (a silent wrong number: the stub does the same,
+    below); above 2 its SamplingParams refuses. Either is refused with what to use, before the engine starts or loads
+    an adapter."""
     req = request(refs["trained"], sampling=SamplingSettings(temperature=temperature))
     with pytest.raises(VLLMSamplingError, match=f"temperature={temperature!r}.*torch sampler"):
         run(engine.generate(req))
@@ -325,6 +326,7 @@ def test_the_stub_checks_what_vllm_checks(tiny_model_dir: Path, adapter_dirs: di
     assert not isinstance(vllm_stub.VLLMValidationError(), ValueError)  # vLLM's is not one either
     greedy = SamplingParams(temperature=0.0, top_p=0.5, top_k=3)  # vLLM resets the cut when it decodes greedily
     assert (greedy.top_p, greedy.top_k) == (1.0, 0)
+    assert SamplingParams(temperature=1e-6).temperature == 0.01  # vLLM raises it, with only a log warning
     for mode in ("raw_logits", "processed_logits"):
         with pytest.raises(NotImplementedError, match=mode):
             vllm_stub.LLM(model=str(tiny_model_dir), logprobs_mode=mode).generate(["1="], SamplingParams(logprobs=0))

@@ -28,7 +28,8 @@ reproduces of vLLM:
   one seeded `s + i`. `seed=None` samples from fresh entropy.
 
 - `temperature`, `top_p` and `top_k` as vLLM 0.32/0.33 check them (`VLLMValidationError` outside [0, 2], (0, 1] and
-  top_k >= -1; `top_k` 0 or -1: no cut) and sample them: softmax(logits / T), cut to the top-k, then top-p, renormalised
+  top_k >= -1; `top_k` 0 or -1: no cut; a temperature in (0, 0.01) raised to 0.01, as vLLM does with only a warning;
+  0 is greedy, the cut reset) and sample them: softmax(logits / T), cut to the top-k, then top-p, renormalised
   (`rl.engines.decoding.sampling_logprobs`, vLLM's `apply_top_k_top_p` rules). What the log-probs are depends on the
   `LLM`'s `logprobs_mode`, as in vLLM's sampler: `processed_logprobs` gives the log-probs of that tempered, cut,
   renormalised distribution; `raw_logprobs` (vLLM's default) the model's own log_softmax, before temperature and cut
@@ -163,6 +164,8 @@ _SUPPORTED_SAMPLING = ("n", "temperature", "top_p", "top_k", "seed", "logprobs",
 SAMPLING_EPS = 1e-5
 """vLLM's `_SAMPLING_EPS`: a temperature below it means greedy decoding (`SamplingParams` then resets top_p and
 top_k)."""
+MAX_TEMP = 1e-2
+"""vLLM's `_MAX_TEMP`: `SamplingParams` raises a temperature in (0, MAX_TEMP) to MAX_TEMP (a log warning, no error)."""
 
 
 class SamplingParams:
@@ -191,7 +194,10 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}.")
         if logprobs is not None and logprobs < 0:
             raise ValueError(f"logprobs must be non-negative, got {logprobs}.")
-        # vllm/sampling_params.py (0.32 and 0.33), SamplingParams._verify_args: VLLMValidationError, not a ValueError.
+        # vllm/sampling_params.py (0.32 and 0.33): __post_init__ raises a tiny temperature, then _verify_args checks
+        # (VLLMValidationError, not a ValueError).
+        if 0 < temperature < MAX_TEMP:
+            temperature = MAX_TEMP
         if not math.isfinite(temperature):
             raise VLLMValidationError(f"temperature must be a finite number, got {temperature}.")
         if not 0.0 <= temperature <= 2.0:

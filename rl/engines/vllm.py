@@ -200,23 +200,25 @@ def lora_name(version: int, digest: str) -> str:
 VLLM_LOGPROBS_MODE = "processed_logprobs"
 """The `logprobs_mode` every engine's `LLM` is built with: one mode serves every request, whatever its settings."""
 
-VLLM_MIN_TEMPERATURE = 1e-5
-"""vLLM's `_SAMPLING_EPS` (0.32 and 0.33): a `SamplingParams` temperature below it is turned into greedy decoding, whose
-log-probs are the untempered policy's (and in a batch with sampled requests, the greedy row is tempered at 1.0)."""
+VLLM_MIN_TEMPERATURE = 1e-2
+"""vLLM's `_MAX_TEMP` (0.32 and 0.33): `SamplingParams` raises a temperature in (0, 0.01) to 0.01 with only a log
+warning, so vLLM would sample and record log-probs at 0.01 while the trainer teacher-forces the temperature asked for
+(0 itself, below `_SAMPLING_EPS` 1e-5, is greedy decoding, which records untempered log-probs;
+`SamplingSettings` refuses it already)."""
 VLLM_MAX_TEMPERATURE = 2.0
 """vLLM's `SamplingParams` refuses a temperature above 2 (`VLLMValidationError`)."""
 
 
 def check_vllm_sampling(sampling: SamplingSettings) -> None:
     """Refuse (`VLLMSamplingError`) settings vLLM cannot sample as `SamplingSettings` declares: a temperature below
-    `VLLM_MIN_TEMPERATURE` (vLLM decodes greedily instead and records untempered log-probs: a silent wrong number) or
-    above `VLLM_MAX_TEMPERATURE` (vLLM refuses it, after the engine started). top_p in (0, 1] and top_k >= 0 are
-    vLLM's ranges too (top_k=0: no cut)."""
+    `VLLM_MIN_TEMPERATURE` (vLLM samples at 0.01 instead and records that distribution's log-probs: a silent wrong
+    number) or above `VLLM_MAX_TEMPERATURE` (vLLM refuses it, after the engine started). top_p in (0, 1] and
+    top_k >= 0 are vLLM's ranges too (top_k=0: no cut)."""
     t = sampling.temperature
     if t < VLLM_MIN_TEMPERATURE:
         raise VLLMSamplingError(
-            f"temperature={t!r} is below vLLM's {VLLM_MIN_TEMPERATURE}, where vLLM decodes greedily and records the "
-            "log-probs at temperature 1, not the distribution sampled; use a temperature >= "
+            f"temperature={t!r} is below {VLLM_MIN_TEMPERATURE}, which vLLM silently raises it to: it would sample "
+            "and record log-probs at 0.01, not at the temperature the trainer teacher-forces; use a temperature >= "
             f"{VLLM_MIN_TEMPERATURE}, or the torch sampler (engine kind 'torch')"
         )
     if t > VLLM_MAX_TEMPERATURE:
