@@ -4,15 +4,12 @@
     LoRARequest(f"policy-v{version}-{digest[:12]}", <one id per adapter digest, from 1>, <adapter dir>)
     SamplingParams(n=G, temperature=T, top_p=p, top_k=k, seed=<seed> * 256, logprobs=0, max_tokens=<max_tokens>)
 
-T, p and k are the request's `SamplingSettings` (k=0: no cut, vLLM's spelling too). Processed log-probs are those of
-the distribution vLLM samples: log_softmax of the logits after the temperature and the top-k/top-p mask, so renormalised
-over the cut, as `SamplingSettings` declares and the trainer teacher-forces; at the defaults nothing is scaled or masked
-and they are the raw log-probs bit for bit, the policy's own (`nox -s vllm-cpu` checks both). Settings vLLM cannot
-serve as declared are refused (`check_vllm_sampling`). Each adapter digest gets its own
-LoRA id (vLLM never reloads a known id), and group seeds are spaced by `VLLM_SEED_STRIDE` (vLLM seeds completion i with
-`seed + i`). Prompts go as text, or as token ids when given the model's `tokenizer`. `vllm` is imported on first use
-(the unit tests inject `fakes.vllm_stub` through `vllm_module=`); no torch import. Why each of these:
-docs/vllm-cpu.md#how-vllmengine-calls-vllm.
+T, p and k are the request's `SamplingSettings` (k=0: no cut); processed log-probs are those of the distribution sampled
+(after temperature and the top-k/top-p mask, renormalised), which the trainer teacher-forces; at the defaults they are
+the raw ones bit for bit. Settings vLLM cannot serve as declared are refused (`check_vllm_sampling`). Each adapter
+digest gets its own LoRA id (vLLM never reloads a known id); group seeds are spaced by `VLLM_SEED_STRIDE` (vLLM seeds
+completion i with `seed + i`). Prompts go as text, or as token ids given the model's `tokenizer`. `vllm` is imported
+on first use (tests inject `fakes.vllm_stub`); no torch import. Why: docs/vllm-cpu.md#how-vllmengine-calls-vllm.
 """
 
 from __future__ import annotations
