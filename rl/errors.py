@@ -262,3 +262,11 @@ class SamplingSettingsError(InputError):
 
 
 __all__ += ["SamplingSettingsError"]
+
+
+class VLLMSamplingError(SamplingSettingsError):
+    """Sampling settings valid in general that vLLM cannot sample as declared (a temperature below its greedy
+    threshold or above its maximum); the message names the setting and what to use. Nothing was sampled."""
+
+
+__all__ += ["VLLMSamplingError"]

@@ -193,7 +193,7 @@ async def test_the_vllm_settings_pass_through_the_engine(tmp_path: Path) -> None
         )
     )
     assert len(group) == 2
-    fixed = {"model": str(base), "enable_lora": True, "logprobs_mode": "raw_logprobs", "trust_remote_code": False}
+    fixed = {"model": str(base), "enable_lora": True, "logprobs_mode": "processed_logprobs", "trust_remote_code": False}
     assert engine.llm.init_kwargs == {**fixed, **gpu.vllm_llm_kwargs()}
 
 

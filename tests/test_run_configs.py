@@ -70,6 +70,15 @@ GRPO_OUT_OF_RANGE = [
         {"engine": {"kind": "vllm", "max_lora_rank": 8}, "trainer": {"lora_rank": 16}},
         "trainer.lora_rank=16 exceeds engine.max_lora_rank=8",
     ),
+    # vLLM samples a temperature below 0.01 at 0.01 and refuses one above 2: refused before any task starts.
+    (
+        {"engine": {"kind": "vllm"}, "grpo": {"iterations": 3, "sampling": {"temperature": 0.005}}},
+        "temperature=0.005 is below 0.01, which vLLM silently raises it to",
+    ),
+    (
+        {"engine": {"kind": "vllm"}, "grpo": {"iterations": 3, "sampling": {"temperature": 2.5}}},
+        "temperature=2.5 is above 2.0, the most vLLM's SamplingParams accepts",
+    ),
 ]
 
 

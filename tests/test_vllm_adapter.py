@@ -7,6 +7,7 @@ import dataclasses
 import gc
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -34,9 +35,10 @@ from rl.engines.vllm import (
     sampling_params_kwargs,
     vllm_seed,
 )
+from rl.errors import SamplingSettingsError, VLLMSamplingError
 from rl.models import load_tokenizer
 from rl.protocols import RolloutEngine
-from rl.types import ArtifactRef, Prompt, Rollout, RolloutRequest
+from rl.types import ArtifactRef, Prompt, Rollout, RolloutRequest, SamplingSettings
 
 __all__ = ["adapter_dirs", "one_thread", "refs", "store", "tiny_model_dir"]
 
@@ -110,12 +112,14 @@ def test_sampling_params_and_lora_request_are_passed_as_the_seed_specifies(
     llm = engine.llm
     assert llm.init_kwargs["model"] == str(tiny_model_dir)
     assert llm.init_kwargs["enable_lora"] is True
-    # vLLM 0.33's default is raw log-probs too; asked for explicitly so that a changed default cannot move them.
-    assert llm.init_kwargs["logprobs_mode"] == "raw_logprobs"
+    # The log-probs of the distribution sampled (vLLM's default, raw, is the untempered, uncut policy's: TRL #4159).
+    assert llm.init_kwargs["logprobs_mode"] == "processed_logprobs"
     [call] = llm.generate_calls
     assert call.prompts == ["4="]
     [sp] = call.sampling_params
-    assert (sp.n, sp.temperature, sp.top_p, sp.seed, sp.logprobs, sp.max_tokens) == (6, 1.0, 1.0, 17 * 256, 0, 10)
+    assert (sp.n, sp.temperature, sp.top_p, sp.top_k, sp.seed, sp.logprobs, sp.max_tokens) == (
+        6, 1.0, 1.0, 0, 17 * 256, 0, 10,
+    )  # fmt: skip
     [lora] = call.lora_request  # one per prompt: a call may serve several adapters
     assert isinstance(lora, LoRARequest)
     digest = refs["trained"].digest
@@ -158,6 +162,51 @@ def test_outputs_become_rollouts_with_the_requests_version_and_the_policys_logpr
         with torch.no_grad():
             forced = teacher_forced_logprobs(policy, r.prompt_token_ids, r.token_ids)
         torch.testing.assert_close(torch.tensor(r.logprobs), forced, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [SamplingSettings(temperature=0.6), SamplingSettings(temperature=1.3, top_k=3), SamplingSettings(top_p=0.8)],
+    ids=["temperature", "top_k", "top_p"],
+)
+def test_a_requests_sampling_settings_reach_vllm_and_its_logprobs_are_of_the_distribution_sampled(
+    engine: VLLMEngine,
+    refs: dict[str, ArtifactRef],
+    tiny_model_dir: Path,
+    store: LocalArtifacts,
+    sampling: SamplingSettings,
+) -> None:
+    """The request's temperature, top-p and top-k go into SamplingParams (top_k 0: no cut, vLLM's spelling), and the
+    recorded log-probs are the trainer's teacher-forced ones under the same settings, not the untempered policy's
+    (what raw_logprobs would give: TRL #4159)."""
+    req = request(refs["trained"], sampling=sampling, max_tokens=6)
+    rollouts = run(engine.generate(req))
+    [sp] = engine.llm.generate_calls[-1].sampling_params
+    assert (sp.temperature, sp.top_p, sp.top_k) == (sampling.temperature, sampling.top_p, sampling.top_k)
+    policy = run(TorchSampler(tiny_model_dir, store).policy(refs["trained"]))
+    untempered_differs = False
+    for r in rollouts:
+        with torch.no_grad():
+            forced = teacher_forced_logprobs(policy, r.prompt_token_ids, r.token_ids, sampling)
+            raw = teacher_forced_logprobs(policy, r.prompt_token_ids, r.token_ids)
+        torch.testing.assert_close(torch.tensor(r.logprobs), forced, rtol=0, atol=1e-5)
+        untempered_differs |= bool((forced - raw).abs().max() > 1e-3)
+    assert untempered_differs, "the settings changed no log-prob: the test cannot tell processed from raw"
+    assert rollouts == per_sample_seeded(TorchSampler(tiny_model_dir, store), req)
+
+
+@pytest.mark.parametrize("temperature", [1e-6, 0.009, 2.5])
+def test_a_temperature_vllm_cannot_sample_as_declared_is_refused_before_vllm_starts(
+    engine: VLLMEngine, refs: dict[str, ArtifactRef], temperature: float
+) -> None:
+    """Below 0.01 vLLM samples at 0.01 and records that distribution (a silent wrong number: the stub does the same,
+    below); above 2 its SamplingParams refuses. Either is refused with what to use, before the engine starts or loads
+    an adapter."""
+    req = request(refs["trained"], sampling=SamplingSettings(temperature=temperature))
+    with pytest.raises(VLLMSamplingError, match=f"temperature={temperature!r}.*torch sampler"):
+        run(engine.generate(req))
+    assert engine._llm is None and not any(engine.adapter_root.iterdir())
+    assert isinstance(VLLMSamplingError("x"), SamplingSettingsError)
 
 
 @pytest.mark.heavy
@@ -268,8 +317,19 @@ def test_the_stub_checks_what_vllm_checks(tiny_model_dir: Path, adapter_dirs: di
     llm = vllm_stub.LLM(model=str(tiny_model_dir))
     with pytest.raises(ValueError, match="enable_lora"):
         llm.generate(["1="], SamplingParams(), lora_request=LoRARequest("a", 1, str(adapter_dirs["v0"])))
-    with pytest.raises(NotImplementedError, match="temperature"):
-        llm.generate(["1="], SamplingParams(temperature=0.7))
+    with pytest.raises(NotImplementedError, match="greedily"):
+        llm.generate(["1="], SamplingParams(temperature=0.0))
+    for bad in ({"temperature": 2.5}, {"temperature": -0.1}, {"temperature": math.nan}, {"top_p": 0.0},
+                {"top_p": 1.5}, {"top_k": -2}, {"top_k": 2.0}):  # fmt: skip
+        with pytest.raises(vllm_stub.VLLMValidationError, match=next(iter(bad))):
+            SamplingParams(**bad)  # type: ignore[arg-type]
+    assert not isinstance(vllm_stub.VLLMValidationError(), ValueError)  # vLLM's is not one either
+    greedy = SamplingParams(temperature=0.0, top_p=0.5, top_k=3)  # vLLM resets the cut when it decodes greedily
+    assert (greedy.top_p, greedy.top_k) == (1.0, 0)
+    assert SamplingParams(temperature=1e-6).temperature == 0.01  # vLLM raises it, with only a log warning
+    for mode in ("raw_logits", "processed_logits"):
+        with pytest.raises(NotImplementedError, match=mode):
+            vllm_stub.LLM(model=str(tiny_model_dir), logprobs_mode=mode).generate(["1="], SamplingParams(logprobs=0))
     [out] = llm.generate(["1="], SamplingParams(n=2, seed=3, max_tokens=4))
     assert all(c.logprobs is None and c.cumulative_logprob is None for c in out.outputs)
 
@@ -328,8 +388,51 @@ def test_prompt_ids_other_than_those_sent_raise() -> None:
         rollouts_from_request_output(_output(), req, expected_prompt_ids=[2, 7])
 
 
+@pytest.mark.parametrize(
+    "sampling",
+    [SamplingSettings(), SamplingSettings(temperature=0.6, top_p=0.9), SamplingSettings(top_k=2)],
+    ids=["default", "temperature-top_p", "top_k"],
+)
+def test_the_stubs_raw_logprobs_are_the_untempered_policys_and_processed_ones_the_distribution_sampled(
+    tiny_model_dir: Path, adapter_dirs: dict[str, Path], sampling: SamplingSettings
+) -> None:
+    """As vLLM's sampler: `raw_logprobs` is log_softmax of the logits before temperature and cut, `processed_logprobs`
+    after both (renormalised); the tokens drawn are the same, and at the defaults so are the log-probs, bit for bit."""
+    from rl.engines.adapter_cache import AdapterCache
+
+    sp = SamplingParams(
+        n=3, seed=8, logprobs=0, max_tokens=6, temperature=sampling.temperature, top_p=sampling.top_p,
+        top_k=sampling.top_k,
+    )  # fmt: skip
+    lora = LoRARequest("a", 1, str(adapter_dirs["trained"]))
+    outs = {
+        mode: vllm_stub.LLM(model=str(tiny_model_dir), enable_lora=True, logprobs_mode=mode).generate(
+            ["1="], sp, lora_request=lora
+        )[0]
+        for mode in ("raw_logprobs", "processed_logprobs")
+    }
+    raw, processed = outs["raw_logprobs"], outs["processed_logprobs"]
+    assert [c.token_ids for c in raw.outputs] == [c.token_ids for c in processed.outputs]
+    if sampling.is_default:
+        assert [c.logprobs for c in raw.outputs] == [c.logprobs for c in processed.outputs]
+        return
+    policy = AdapterCache(tiny_model_dir, capacity=1, merge=True).load_dir("a", adapter_dirs["trained"])
+    for mode, out in outs.items():
+        for c in out.outputs:
+            drawn_from = sampling if mode == "processed_logprobs" else SamplingSettings()
+            with torch.no_grad():
+                want = teacher_forced_logprobs(policy, out.prompt_token_ids, c.token_ids, drawn_from)
+            got = torch.tensor([c.logprobs[t][tok].logprob for t, tok in enumerate(c.token_ids)])
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert any(
+        abs(r.logprobs[t][tok].logprob - p.logprobs[t][tok].logprob) > 1e-3
+        for r, p in zip(raw.outputs, processed.outputs, strict=True)
+        for t, tok in enumerate(r.token_ids)
+    )
+
+
 def test_llm_kwargs_cannot_override_what_the_seed_fixes(tiny_model_dir: Path, store: LocalArtifacts) -> None:
-    for fixed in ({"enable_lora": False}, {"logprobs_mode": "processed_logprobs"}):
+    for fixed in ({"enable_lora": False}, {"logprobs_mode": "raw_logprobs"}):
         with pytest.raises(ValueError, match=next(iter(fixed))):
             VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, llm_kwargs=fixed)
 

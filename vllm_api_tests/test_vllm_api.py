@@ -38,7 +38,7 @@ from rl.flyte.config import EngineSpec, gpu_smoke, stress  # noqa: E402
 from rl.models import TinyModelConfig, build_tiny_model, load_tokenizer  # noqa: E402
 from rl.trainer.config import TrainerConfig  # noqa: E402
 from rl.trainer.peft_trainer import PeftTrainer  # noqa: E402
-from rl.types import ArtifactRef, Prompt, RolloutRequest  # noqa: E402
+from rl.types import ArtifactRef, Prompt, RolloutRequest, SamplingSettings  # noqa: E402
 
 ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineArgs)}
 REAL_CONFIG_ERRORS = (ValueError, TypeError)  # pydantic's ValidationError is a ValueError
@@ -184,6 +184,63 @@ def test_vllm_seeds_completion_i_with_seed_plus_i_as_the_stub_does() -> None:
     assert children == stub._child_seeds(stub.SamplingParams(**sampling_params_kwargs(request)))
 
 
+BAD_SAMPLING = [
+    {"temperature": 2.5},
+    {"temperature": -0.1},
+    {"temperature": float("nan")},
+    {"top_p": 0.0},
+    {"top_p": 1.5},
+    {"top_k": -2},
+    {"top_k": 2.0},
+]
+
+
+@pytest.mark.parametrize("bad", BAD_SAMPLING, ids=[repr(b) for b in BAD_SAMPLING])
+def test_the_stub_refuses_the_sampling_settings_vllm_refuses(bad: dict[str, float]) -> None:
+    from vllm.exceptions import VLLMValidationError
+
+    with pytest.raises(VLLMValidationError, match=next(iter(bad))):
+        SamplingParams(**bad)
+    with pytest.raises(stub.VLLMValidationError, match=next(iter(bad))):
+        stub.SamplingParams(**bad)
+    assert not issubclass(VLLMValidationError, ValueError) and not issubclass(stub.VLLMValidationError, ValueError)
+
+
+def test_vllms_sampling_ranges_are_the_ones_the_engine_and_the_stub_assume() -> None:
+    """A temperature in (0, 0.01) raised to 0.01, 0 greedy (the cut reset), 2.0 the largest temperature, top_k 0 no
+    cut (-1 accepted too), in vLLM and in the stub alike: what `check_vllm_sampling` refuses is exactly what vLLM
+    cannot sample as declared."""
+    import vllm.sampling_params as real
+
+    from rl.engines.vllm import VLLM_MAX_TEMPERATURE, VLLM_MIN_TEMPERATURE
+
+    assert real._MAX_TEMP == VLLM_MIN_TEMPERATURE == stub.MAX_TEMP and real._SAMPLING_EPS == stub.SAMPLING_EPS
+    for cls in (SamplingParams, stub.SamplingParams):
+        assert cls(temperature=VLLM_MIN_TEMPERATURE / 2).temperature == VLLM_MIN_TEMPERATURE
+        greedy = cls(temperature=0.0, top_p=0.5, top_k=3)
+        assert (greedy.top_p, greedy.top_k) == (1.0, 0)
+        sampled = cls(temperature=VLLM_MIN_TEMPERATURE, top_p=0.5, top_k=3)
+        assert (sampled.temperature, sampled.top_p, sampled.top_k) == (VLLM_MIN_TEMPERATURE, 0.5, 3)
+        assert cls(temperature=VLLM_MAX_TEMPERATURE).temperature == VLLM_MAX_TEMPERATURE
+        assert cls(top_k=-1).top_k in (-1, 0) and cls().top_k == 0
+    assert SamplingParams().top_k == stub.SamplingParams().top_k == 0
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [SamplingSettings(), SamplingSettings(temperature=0.6, top_p=0.9, top_k=5), SamplingSettings(temperature=2.0)],
+    ids=["default", "cut", "hottest"],
+)
+def test_the_real_sampling_params_take_every_setting_the_engine_passes(sampling: SamplingSettings) -> None:
+    request = RolloutRequest(
+        group_id=0, prompt=Prompt("1=", "2"), n=4, adapter=ArtifactRef("", "sha256:0"), policy_version=0, seed=9,
+        sampling=sampling,
+    )  # fmt: skip
+    params = SamplingParams(**sampling_params_kwargs(request))
+    assert (params.temperature, params.top_p, params.top_k) == (sampling.temperature, sampling.top_p, sampling.top_k)
+    assert "processed_logprobs" in typing.get_args(LogprobsMode)
+
+
 def test_our_engine_builds_its_requests_with_the_real_classes(
     model_dir: Path, adapter: tuple[LocalArtifacts, ArtifactRef], tmp_path: Path
 ) -> None:
@@ -205,8 +262,9 @@ def test_our_engine_builds_its_requests_with_the_real_classes(
             model_dir, store, vllm_module=hybrid, adapter_root=tmp_path / "a", tokenizer=load_tokenizer(model_dir)
         )
         request = RolloutRequest(
-            group_id=1, prompt=Prompt("3=", "4"), n=3, adapter=ref, policy_version=0, seed=5, max_tokens=3
-        )
+            group_id=1, prompt=Prompt("3=", "4"), n=3, adapter=ref, policy_version=0, seed=5, max_tokens=3,
+            sampling=SamplingSettings(temperature=0.7, top_p=0.95, top_k=4),
+        )  # fmt: skip
         rollouts = asyncio.run(engine.generate(request))
     finally:
         for name, module in saved.items():
@@ -217,5 +275,6 @@ def test_our_engine_builds_its_requests_with_the_real_classes(
     [call] = engine.llm.generate_calls
     [lora] = call.lora_request
     assert type(lora) is LoRARequest and type(call.sampling_params[0]) is SamplingParams
+    assert (call.sampling_params[0].temperature, call.sampling_params[0].top_k) == (0.7, 4)
     assert lora.lora_int_id == 1 and ref.digest.partition(":")[2][:12] in lora.lora_name
     assert len(rollouts) == 3 and all(r.seed == 5 for r in rollouts)

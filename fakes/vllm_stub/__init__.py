@@ -27,8 +27,17 @@ reproduces of vLLM:
   requests, child `i` sampled alone with seed `seed + i`; so completion `i` of a request seeded `s` is completion 0 of
   one seeded `s + i`. `seed=None` samples from fresh entropy.
 
-What it does not do raises rather than silently differing: temperature or top_p other than 1.0 and `logprobs` > 0
-(`NotImplementedError`), any other sampling field such as stop strings (`TypeError`). Prompts of one call run one after
+- `temperature`, `top_p` and `top_k` as vLLM 0.32/0.33 check them (`VLLMValidationError` outside [0, 2], (0, 1] and
+  top_k >= -1; `top_k` 0 or -1: no cut; a temperature in (0, 0.01) raised to 0.01, as vLLM does with only a warning;
+  0 is greedy, the cut reset) and sample them: softmax(logits / T), cut to the top-k, then top-p, renormalised
+  (`rl.engines.decoding.sampling_logprobs`, vLLM's `apply_top_k_top_p` rules). What the log-probs are depends on the
+  `LLM`'s `logprobs_mode`, as in vLLM's sampler: `processed_logprobs` gives the log-probs of that tempered, cut,
+  renormalised distribution; `raw_logprobs` (vLLM's default) the model's own log_softmax, before temperature and cut
+  (teacher-forced for the sampled tokens). At the defaults nothing is scaled or cut and the two are the same bits.
+
+What it does not do raises rather than silently differing: a temperature below vLLM's 1e-5 (vLLM decodes greedily
+there), the `*_logits` log-prob modes and `logprobs` > 0 (`NotImplementedError`), any other sampling field such as stop
+strings (`TypeError`). Prompts of one call run one after
 another, not batched, and sampled bits need not match a GPU's. Every call is recorded (`LLM.init_kwargs`,
 `LLM.generate_calls`) so tests can assert what an adapter passed.
 """
@@ -36,6 +45,7 @@ another, not batched, and sampled bits need not match a GPU's. Every call is rec
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import secrets
@@ -150,7 +160,12 @@ class RequestOutput:
     finished: bool = True
 
 
-_SUPPORTED_SAMPLING = ("n", "temperature", "top_p", "seed", "logprobs", "max_tokens")
+_SUPPORTED_SAMPLING = ("n", "temperature", "top_p", "top_k", "seed", "logprobs", "max_tokens")
+SAMPLING_EPS = 1e-5
+"""vLLM's `_SAMPLING_EPS`: a temperature below it means greedy decoding (`SamplingParams` then resets top_p and
+top_k)."""
+MAX_TEMP = 1e-2
+"""vLLM's `_MAX_TEMP`: `SamplingParams` raises a temperature in (0, MAX_TEMP) to MAX_TEMP (a log warning, no error)."""
 
 
 class SamplingParams:
@@ -162,6 +177,7 @@ class SamplingParams:
         n: int = 1,
         temperature: float = 1.0,
         top_p: float = 1.0,
+        top_k: int = 0,
         seed: int | None = None,
         logprobs: int | None = None,
         max_tokens: int | None = 16,
@@ -178,7 +194,23 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}.")
         if logprobs is not None and logprobs < 0:
             raise ValueError(f"logprobs must be non-negative, got {logprobs}.")
-        self.n, self.temperature, self.top_p, self.seed = n, temperature, top_p, seed
+        # vllm/sampling_params.py (0.32 and 0.33): __post_init__ raises a tiny temperature, then _verify_args checks
+        # (VLLMValidationError, not a ValueError).
+        if 0 < temperature < MAX_TEMP:
+            temperature = MAX_TEMP
+        if not math.isfinite(temperature):
+            raise VLLMValidationError(f"temperature must be a finite number, got {temperature}.")
+        if not 0.0 <= temperature <= 2.0:
+            raise VLLMValidationError(f"temperature must be in [0, 2], got {temperature}.")
+        if not 0.0 < top_p <= 1.0:
+            raise VLLMValidationError(f"top_p must be in (0, 1], got {top_p}.")
+        if top_k < -1:
+            raise VLLMValidationError(f"top_k must be 0 (disable), or at least 1, got {top_k}.")
+        if not isinstance(top_k, int):
+            raise VLLMValidationError(f"top_k must be an integer, got {type(top_k).__name__}")
+        if temperature < SAMPLING_EPS:  # vLLM: greedy decoding, top_p and top_k reset
+            top_p, top_k = 1.0, 0
+        self.n, self.temperature, self.top_p, self.top_k, self.seed = n, temperature, top_p, top_k, seed
         self.logprobs, self.max_tokens = logprobs, max_tokens
 
     def __repr__(self) -> str:
@@ -354,7 +386,8 @@ class LLM:
         lora_request: LoRARequest | list[LoRARequest | None] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        from rl.engines.decoding import sample_group
+        from rl.engines.decoding import sample_group, teacher_forced_logprobs
+        from rl.types import SamplingSettings
 
         prompt_list = [prompts] if isinstance(prompts, str | dict) else list(prompts)
         if sampling_params is None:
@@ -375,10 +408,15 @@ class LLM:
         results = []
         for prompt, sp, lora in zip(prompt_list, params, loras, strict=True):
             model = self._model_for(lora)
-            if sp.temperature != 1.0 or sp.top_p != 1.0:
-                raise NotImplementedError("the vLLM stub samples at temperature 1.0 and top_p 1.0 only")
+            if sp.temperature < SAMPLING_EPS:
+                raise NotImplementedError(
+                    f"the vLLM stub does not decode greedily (temperature {sp.temperature} < {SAMPLING_EPS})"
+                )
             if sp.logprobs not in (None, 0):
                 raise NotImplementedError("the vLLM stub returns only the sampled token's log-prob (logprobs=0)")
+            if sp.logprobs is not None and self.logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
+                raise NotImplementedError(f"the vLLM stub returns log-probs, not {self.logprobs_mode}")
+            sampling = SamplingSettings(float(sp.temperature), float(sp.top_p), max(0, int(sp.top_k)))
             if isinstance(prompt, dict):  # a TokensPrompt: vLLM skips tokenization and reports no prompt text
                 prompt_ids, prompt_text = [int(t) for t in prompt["prompt_token_ids"]], None
             else:
@@ -395,9 +433,19 @@ class LLM:
                 )
             max_tokens = sp.max_tokens if sp.max_tokens is not None else 16
             seqs = [
-                sample_group(model, prompt_ids, n=1, max_tokens=max_tokens, seed=child_seed, eos_token_id=eos)[0]
+                sample_group(
+                    model, prompt_ids, n=1, max_tokens=max_tokens, seed=child_seed, eos_token_id=eos, sampling=sampling
+                )[0]
                 for child_seed in _child_seeds(sp)
             ]
+            if self.logprobs_mode == "raw_logprobs" and not sampling.is_default:
+                # vLLM's raw log-probs are taken before temperature and cut: the model's own, of the tokens drawn.
+                seqs = [
+                    dataclasses.replace(
+                        s, logprobs=[float(x) for x in teacher_forced_logprobs(model, prompt_ids, s.token_ids)]
+                    )
+                    for s in seqs
+                ]
             outputs = []
             for i, s in enumerate(seqs):
                 text = self.tokenizer.decode(s.token_ids, skip_special_tokens=True)

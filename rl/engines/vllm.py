@@ -1,14 +1,15 @@
 """The rollout engine on vLLM, as the rollouts tutorial samples (one LoRA per version), every group of a call batched.
 
-    LLM(model=<base dir>, enable_lora=True, logprobs_mode="raw_logprobs")
+    LLM(model=<base dir>, enable_lora=True, logprobs_mode="processed_logprobs")
     LoRARequest(f"policy-v{version}-{digest[:12]}", <one id per adapter digest, from 1>, <adapter dir>)
-    SamplingParams(n=G, temperature=1.0, top_p=1.0, seed=<seed> * 256, logprobs=0, max_tokens=<max_tokens>)
+    SamplingParams(n=G, temperature=T, top_p=p, top_k=k, seed=<seed> * 256, logprobs=0, max_tokens=<max_tokens>)
 
-Raw log-probs at temperature 1 and top_p 1 are the policy's own, as the loss assumes. Each adapter digest gets its own
-LoRA id (vLLM never reloads a known id), and group seeds are spaced by `VLLM_SEED_STRIDE` (vLLM seeds completion i with
-`seed + i`). Prompts go as text, or as token ids when given the model's `tokenizer`. `vllm` is imported on first use
-(the unit tests inject `fakes.vllm_stub` through `vllm_module=`); no torch import. Why each of these:
-docs/vllm-cpu.md#how-vllmengine-calls-vllm.
+T, p and k are the request's `SamplingSettings` (k=0: no cut); processed log-probs are those of the distribution sampled
+(after temperature and the top-k/top-p mask, renormalised), which the trainer teacher-forces; at the defaults they are
+the raw ones bit for bit. Settings vLLM cannot serve as declared are refused (`check_vllm_sampling`). Each adapter
+digest gets its own LoRA id (vLLM never reloads a known id); group seeds are spaced by `VLLM_SEED_STRIDE` (vLLM seeds
+completion i with `seed + i`). Prompts go as text, or as token ids given the model's `tokenizer`. `vllm` is imported
+on first use (tests inject `fakes.vllm_stub`); no torch import. Why: docs/vllm-cpu.md#how-vllmengine-calls-vllm.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from types import ModuleType
 from typing import Any
 
 from rl.artifacts import materialize
-from rl.errors import EngineStartError
+from rl.errors import EngineStartError, VLLMSamplingError
 from rl.protocols import Artifacts
-from rl.types import ArtifactRef, Rollout, RolloutRequest
+from rl.types import ArtifactRef, Rollout, RolloutRequest, SamplingSettings
 
 VLLM_SEED_STRIDE = 2**8
 VLLM_MAX_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -193,6 +194,37 @@ def lora_name(version: int, digest: str) -> str:
     return f"policy-v{version}-{digest.partition(':')[2][:12] or digest[:12]}"
 
 
+VLLM_LOGPROBS_MODE = "processed_logprobs"
+"""The `logprobs_mode` every engine's `LLM` is built with: one mode serves every request, whatever its settings."""
+
+VLLM_MIN_TEMPERATURE = 1e-2
+"""vLLM's `_MAX_TEMP` (0.32 and 0.33): `SamplingParams` raises a temperature in (0, 0.01) to 0.01 with only a log
+warning, so vLLM would sample and record log-probs at 0.01 while the trainer teacher-forces the temperature asked for
+(0 itself, below `_SAMPLING_EPS` 1e-5, is greedy decoding, which records untempered log-probs;
+`SamplingSettings` refuses it already)."""
+VLLM_MAX_TEMPERATURE = 2.0
+"""vLLM's `SamplingParams` refuses a temperature above 2 (`VLLMValidationError`)."""
+
+
+def check_vllm_sampling(sampling: SamplingSettings) -> None:
+    """Refuse (`VLLMSamplingError`) settings vLLM cannot sample as `SamplingSettings` declares: a temperature below
+    `VLLM_MIN_TEMPERATURE` (vLLM samples at 0.01 instead and records that distribution's log-probs: a silent wrong
+    number) or above `VLLM_MAX_TEMPERATURE` (vLLM refuses it, after the engine started). top_p in (0, 1] and
+    top_k >= 0 are vLLM's ranges too (top_k=0: no cut)."""
+    t = sampling.temperature
+    if t < VLLM_MIN_TEMPERATURE:
+        raise VLLMSamplingError(
+            f"temperature={t!r} is below {VLLM_MIN_TEMPERATURE}, which vLLM silently raises it to: it would sample "
+            "and record log-probs at 0.01, not at the temperature the trainer teacher-forces; use a temperature >= "
+            f"{VLLM_MIN_TEMPERATURE}, or the torch sampler (engine kind 'torch')"
+        )
+    if t > VLLM_MAX_TEMPERATURE:
+        raise VLLMSamplingError(
+            f"temperature={t!r} is above {VLLM_MAX_TEMPERATURE}, the most vLLM's SamplingParams accepts; use a "
+            f"temperature <= {VLLM_MAX_TEMPERATURE}, or the torch sampler (engine kind 'torch')"
+        )
+
+
 ENGINE_FIXED_ARGS = ("model", "enable_lora", "logprobs_mode", "trust_remote_code")
 """`LLM` keywords the engine sets itself; `llm_kwargs` may not."""
 
@@ -200,7 +232,9 @@ ENGINE_FIXED_ARGS = ("model", "enable_lora", "logprobs_mode", "trust_remote_code
 def engine_llm_kwargs(base_model_dir: Path, llm_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Every keyword the engine passes to `vllm.LLM` (`nox -s vllm-api` checks them against `EngineArgs`)."""
     # trust_remote_code=False: vLLM never imports code a model directory names (its default, said explicitly).
-    fixed = {"model": str(base_model_dir), "enable_lora": True, "logprobs_mode": "raw_logprobs"}
+    # processed_logprobs: the log-probs of the distribution sampled (after temperature and top-k/top-p, renormalised);
+    # raw_logprobs, vLLM's default, would record the untempered, uncut policy's (TRL #4159).
+    fixed = {"model": str(base_model_dir), "enable_lora": True, "logprobs_mode": VLLM_LOGPROBS_MODE}
     return {**fixed, "trust_remote_code": False, **llm_kwargs}
 
 
@@ -218,8 +252,10 @@ def vllm_seed(seed: int) -> int:
 
 
 def sampling_params_kwargs(request: RolloutRequest) -> dict[str, Any]:
-    """The `SamplingParams` keyword arguments for one group, as the tutorial writes them, with the group's seed
-    spaced apart (`vllm_seed`)."""
+    """The `SamplingParams` keyword arguments for one group, as the tutorial writes them, at the request's sampling
+    settings (`check_vllm_sampling` refuses those vLLM cannot serve), with the group's seed spaced apart
+    (`vllm_seed`)."""
+    check_vllm_sampling(request.sampling)
     if request.n > VLLM_SEED_STRIDE:
         raise ValueError(
             f"group {request.group_id} asks for n={request.n} completions; the vLLM engine spaces group seeds "
@@ -228,8 +264,9 @@ def sampling_params_kwargs(request: RolloutRequest) -> dict[str, Any]:
         )
     return {
         "n": request.n,
-        "temperature": 1.0,
-        "top_p": 1.0,
+        "temperature": float(request.sampling.temperature),
+        "top_p": float(request.sampling.top_p),
+        "top_k": int(request.sampling.top_k),  # 0: no cut (vLLM 0.32 and 0.33 spell it 0; -1 is their old spelling)
         "seed": vllm_seed(request.seed),
         "logprobs": 0,
         "max_tokens": request.max_tokens,
@@ -479,10 +516,11 @@ class VLLMEngine:
         params: list[Any] = []
         loras: list[Any] = []
         sent_ids: list[list[int] | None] = []
-        for request in requests:
+        param_kwargs = [sampling_params_kwargs(request) for request in requests]  # refused before anything is loaded
+        for request, kwargs in zip(requests, param_kwargs, strict=True):
             adapter_dir = await self._adapter_dir(request.adapter)
             loras.append(self._lora_request(request.policy_version, request.adapter.digest, adapter_dir))
-            params.append(self.vllm.SamplingParams(**sampling_params_kwargs(request)))
+            params.append(self.vllm.SamplingParams(**kwargs))
             if self.tokenizer is not None:
                 from rl.models.chat import encode_prompt  # here: rl.models imports torch, this module never does
 

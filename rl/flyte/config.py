@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from rl.engines.vllm import VLLM_MAX_LORA_RANKS
+from rl.engines.vllm import VLLM_MAX_LORA_RANKS, check_vllm_sampling
 from rl.flyte.strict import ConfigError, StrictConfig
 from rl.loop.grpo import GrpoConfig
 from rl.models.tiny import TinyModelConfig
@@ -164,6 +164,8 @@ class GrpoRunConfig(StrictConfig):
                 "vLLM would refuse every adapter at the first generate; raise engine.max_lora_rank to a rank vLLM "
                 "accepts that is >= the trainer's, or lower trainer.lora_rank"
             )
+        if self.engine.kind == "vllm":
+            check_vllm_sampling(self.grpo.sampling)  # VLLMSamplingError: settings vLLM cannot sample as declared
         get_reward(self.reward)
         self.grpo.validate(problem_set(self.problems).train_prompts())
 
