@@ -791,6 +791,35 @@ CATALOGUE: tuple[Mutant, ...] = (
         "a row read back is checked for a number, not a finite one: a stored 1e999 reward is read as infinity",
         ("tests/test_buffer.py",),
     ),
+    # --- issue 47 §1: the sampling settings a user sets (temperature, top-k, top-p) ---
+    Mutant(
+        "engine-vllm-raw-logprobs",
+        "engine",
+        "rl/engines/vllm.py",
+        'VLLM_LOGPROBS_MODE = "processed_logprobs"',
+        'VLLM_LOGPROBS_MODE = "raw_logprobs"',
+        "vLLM records raw log-probs, before the temperature and the cut (TRL #4159): at any setting but the default "
+        "the recorded behaviour policy is not the one sampled",
+        ("tests/test_vllm_adapter.py",),
+    ),
+    Mutant(
+        "engine-sampler-ignores-temperature",
+        "engine",
+        "rl/engines/decoding.py",
+        "    scores = logits / sampling.temperature if sampling.temperature != 1.0 else logits\n",
+        "    scores = logits\n",
+        "the sampler and teacher forcing drop the temperature: a run set to T = 0.6 samples and trains at T = 1",
+        ("tests/test_torch_sampler.py", "tests/test_peft_trainer.py"),
+    ),
+    Mutant(
+        "engine-top-p-drops-the-top-token",
+        "engine",
+        "rl/engines/decoding.py",
+        "        below[..., -1] = False  # the most probable token is always kept\n",
+        "",
+        "a top-p small enough to cut every token leaves nothing to sample: the most probable token is not kept",
+        ("tests/test_torch_sampler.py",),
+    ),
     # --- issue 47 §4: planted in the last round's code, passed every test and law until these were added ---
     Mutant(
         "engine-vllm-refused-adapter-cached",
