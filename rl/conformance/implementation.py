@@ -38,6 +38,7 @@ TIERS = (
     "pass_at_k",
     "distributed_trainer",
     "micro_batched_trainer",
+    "batch_reward_scorer",
 )
 """The factory attributes that each bind one contract of the packaged suite."""
 
@@ -81,6 +82,7 @@ class Implementation:
     pass_at_k: Callable[[int, int, int], float] | None = None
     distributed_trainer: Callable[[Artifacts, int], Trainer] | None = None
     micro_batched_trainer: Callable[[Artifacts, int], Trainer] | None = None
+    batch_reward_scorer: Callable[[Callable[[list[str], list[str]], list[float]]], Scorer] | None = None
     capabilities: Capabilities = field(default_factory=Capabilities)
     algorithm: AlgorithmSpec = field(default_factory=AlgorithmSpec)
     sizes: LawSizes = field(default_factory=LawSizes)

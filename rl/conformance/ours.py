@@ -37,7 +37,7 @@ from rl.loop.grpo import run_grpo
 from rl.metrics import pass_at_k
 from rl.protocols import Artifacts
 from rl.rewards import extract_answer
-from rl.scoring import RewardScorer
+from rl.scoring import BatchRewardScorer, RewardScorer
 from rl.simulated.agentic_sim import bandit_trainer, traced_judge_tier
 from rl.simulated.artifacts import MemoryArtifacts
 from rl.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
@@ -140,6 +140,7 @@ IN_MEMORY = Implementation(
     engine=MemoryEngine,
     adapter=memory_version0_adapter,
     scorer=MemoryScorer,
+    batch_reward_scorer=BatchRewardScorer,
     trainer=MemoryTrainer,
     driver=run_grpo,
     checkpoint_from_another_version=as_another_schema_version,
@@ -238,6 +239,7 @@ REAL_CPU = Implementation(
     state_store=file_state_store,
     engine=torch_sampler,
     scorer=RewardScorer,
+    batch_reward_scorer=BatchRewardScorer,
     trainer=peft_trainer,
     advantages=group_normalized_advantages,
     # The batch form (IN_MEMORY binds the per-completion one): both of rl.loss's functions meet the loss laws.

@@ -60,6 +60,7 @@ _CONTRACT_MODULES = (
     "rl.conformance.loop",
     "rl.conformance.volumes",
     "rl.conformance.rollout_buffer",
+    "rl.conformance.batch_reward_scorer",
 )
 pytest.register_assert_rewrite(*(m for m in _CONTRACT_MODULES if m not in sys.modules))
 

@@ -18,6 +18,7 @@ from rl.conformance._base import Run
 from rl.conformance._bound_algorithm import TestAdvantages, TestLoss  # noqa: F401
 from rl.conformance._bound_ddp import TestDdpShardStep  # noqa: F401  (bound here so --pyargs collects it)
 from rl.conformance.agentic import AgenticContract
+from rl.conformance.batch_reward_scorer import BatchReward, BatchRewardScorerContract
 from rl.conformance.artifacts import ArtifactsContract
 from rl.conformance.capabilities import Capabilities
 from rl.conformance.driver import GrpoDriverContract
@@ -233,3 +234,9 @@ class TestRolloutBuffer(_Bound, RolloutBufferContract):
     @pytest.fixture
     def rollout_buffer_factory(self, implementation: Implementation) -> BufferFactory:
         return _factory(implementation, "rollout_buffer", "rollout buffer")
+
+
+class TestBatchRewardScorer(_Bound, BatchRewardScorerContract):
+    @pytest.fixture
+    def batch_reward_scorer(self, implementation: Implementation) -> Callable[[BatchReward], Scorer]:
+        return _factory(implementation, "batch_reward_scorer", "batch-reward Scorer")
