@@ -39,6 +39,7 @@ TIERS = (
     "distributed_trainer",
     "micro_batched_trainer",
     "batch_reward_scorer",
+    "plant_rollout_rows",
 )
 """The factory attributes that each bind one contract of the packaged suite."""
 
@@ -83,6 +84,7 @@ class Implementation:
     distributed_trainer: Callable[[Artifacts, int], Trainer] | None = None
     micro_batched_trainer: Callable[[Artifacts, int], Trainer] | None = None
     batch_reward_scorer: Callable[[Callable[[list[str], list[str]], list[float]]], Scorer] | None = None
+    plant_rollout_rows: Callable[[Any, int, Any], Any] | None = None
     capabilities: Capabilities = field(default_factory=Capabilities)
     algorithm: AlgorithmSpec = field(default_factory=AlgorithmSpec)
     sizes: LawSizes = field(default_factory=LawSizes)

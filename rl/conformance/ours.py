@@ -133,6 +133,23 @@ def local_rollout_buffer() -> RolloutBuffer:
     return RolloutBuffer(local_volume_store(), "rollouts")
 
 
+def plant_rollout_rows(buffer: RolloutBuffer, iteration: int, rows: Any) -> Any:
+    """`rows` written as `iteration` into a child of `buffer`'s head in our row format (JSONL, an infinity as
+    `1e999`, NaN as `NaN`), past `append`'s checks: a row as a foreign or older writer could leave it."""
+    import json
+
+    from rl.volumes.buffer import iteration_file
+
+    def line(row: Any) -> str:
+        text = json.dumps(dict(row), ensure_ascii=False)  # allow_nan: Infinity, -Infinity, NaN
+        return text.replace("-Infinity", "-1e999").replace("Infinity", "1e999")
+
+    head = buffer.head()
+    with head.fork(buffer.name) if head is not None else buffer.store.new(buffer.name) as rw:
+        rw.write_bytes(iteration_file(iteration), "".join(f"{line(r)}\n" for r in rows).encode())
+        return rw.finalize(f"iteration {iteration}, written past append's checks")
+
+
 IN_MEMORY = Implementation(
     name="in-memory",
     artifacts=MemoryArtifacts,
@@ -152,6 +169,7 @@ IN_MEMORY = Implementation(
     policy_trainer=bandit_trainer,
     volume_store=local_volume_store,
     rollout_buffer=local_rollout_buffer,
+    plant_rollout_rows=plant_rollout_rows,
     extract_answer=extract_answer,
     pass_at_k=pass_at_k,
     capabilities=Capabilities(),
@@ -249,6 +267,7 @@ REAL_CPU = Implementation(
     micro_batched_trainer=micro_batched_trainer,
     volume_store=local_volume_store,
     rollout_buffer=local_rollout_buffer,
+    plant_rollout_rows=plant_rollout_rows,
     extract_answer=extract_answer,
     pass_at_k=pass_at_k,
     capabilities=Capabilities(),

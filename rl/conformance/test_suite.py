@@ -18,13 +18,14 @@ from rl.conformance._base import Run
 from rl.conformance._bound_algorithm import TestAdvantages, TestLoss  # noqa: F401
 from rl.conformance._bound_ddp import TestDdpShardStep  # noqa: F401  (bound here so --pyargs collects it)
 from rl.conformance.agentic import AgenticContract
-from rl.conformance.batch_reward_scorer import BatchReward, BatchRewardScorerContract
 from rl.conformance.artifacts import ArtifactsContract
+from rl.conformance.batch_reward_scorer import BatchReward, BatchRewardScorerContract
 from rl.conformance.capabilities import Capabilities
 from rl.conformance.driver import GrpoDriverContract
 from rl.conformance.history import DriverReplayContract
 from rl.conformance.implementation import Implementation, ImplementationError, load_implementation
 from rl.conformance.rollout_buffer import BufferFactory, RolloutBufferContract
+from rl.conformance.rollout_buffer_reads import PlantRows, RolloutBufferReadsContract
 from rl.conformance.rollout_engine import RolloutEngineContract
 from rl.conformance.scorer import ScorerContract
 from rl.conformance.scoring_utilities import ScoringUtilitiesContract
@@ -240,3 +241,13 @@ class TestBatchRewardScorer(_Bound, BatchRewardScorerContract):
     @pytest.fixture
     def batch_reward_scorer(self, implementation: Implementation) -> Callable[[BatchReward], Scorer]:
         return _factory(implementation, "batch_reward_scorer", "batch-reward Scorer")
+
+
+class TestRolloutBufferReads(_Bound, RolloutBufferReadsContract):
+    @pytest.fixture
+    def rollout_buffer_factory(self, implementation: Implementation) -> BufferFactory:
+        return _factory(implementation, "rollout_buffer", "rollout buffer")
+
+    @pytest.fixture
+    def plant_rollout_rows(self, implementation: Implementation) -> PlantRows:
+        return _factory(implementation, "plant_rollout_rows", "rollout buffer read")

@@ -11,6 +11,10 @@ import re
 import pytest
 from suite_runner import run_suite
 
+# slow: each case runs the packaged suite in process (2-4 s each); `nox -s slow` runs them, `nox -s conformance` runs
+# the laws on ours.
+pytestmark = pytest.mark.slow
+
 pytest_plugins = ("pytester",)
 
 REFUSES = "test_batch_reward_scorer_refuses_a_reward_count_other_than_one_per_completion"
