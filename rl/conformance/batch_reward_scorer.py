@@ -30,7 +30,7 @@ def _length_reward(completions: list[str], answers: list[str]) -> list[float]:
     return [float(len(c)) for c in completions]
 
 
-@tier("scorer")
+@tier("batch_reward")
 class BatchRewardScorerContract(ContractBase):
     """Laws of a Scorer over a batch reward function: one reward per completion, from that completion."""
 

@@ -12,6 +12,7 @@ import pytest
 from rl.conformance._base import ContractBase, Run, must_provide, tier
 from rl.conformance.capabilities import Capabilities, require
 from rl.conformance.engine_lifetime import EngineLifetimeLaws
+from rl.conformance.engine_updates import EngineUpdateLaws
 from rl.conformance.sampling import SamplerFidelityLaws, first_difference
 from rl.conformance.sizes import LawSizes
 from rl.protocols import Artifacts, RolloutEngine
@@ -34,7 +35,7 @@ def _describe_difference(a: Sequence[Rollout], b: Sequence[Rollout]) -> str:
 
 
 @tier("engine")
-class RolloutEngineContract(SamplerFidelityLaws, EngineLifetimeLaws, ContractBase):
+class RolloutEngineContract(SamplerFidelityLaws, EngineLifetimeLaws, EngineUpdateLaws, ContractBase):
     """Laws of `rl.protocols.RolloutEngine`: seeded, labelled groups with the sampling log-prob of every token, the
     log-probs of the distribution sampled (`rl.conformance.sampling`), each request served its own adapter, completions
     that end at their first end-of-sequence token, groups whose seeds share no samples and a lifetime past `close`

@@ -130,6 +130,10 @@ class TestRolloutEngine(_Bound, RolloutEngineContract):
             )
         return trained_adapter(engine, implementation.trainer(artifacts), rl_seed, rl_run)
 
+    @pytest.fixture
+    def cold_engine(self, implementation: Implementation, artifacts: Artifacts) -> RolloutEngine:
+        return _factory(implementation, "engine", "RolloutEngine")(artifacts)
+
 
 class TestScorer(_Bound, ScorerContract):
     @pytest.fixture

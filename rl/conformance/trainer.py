@@ -15,6 +15,7 @@ from rl.conformance.ddp_trainer import DataParallelTrainerLaws
 from rl.conformance.micro_batch import MicroBatchTrainerLaws
 from rl.conformance.spec import AlgorithmSpec
 from rl.conformance.trainer_fidelity import TrainerRestoreLaws
+from rl.conformance.trainer_memory import TrainerMemoryLaws
 from rl.protocols import Artifacts, RolloutEngine, Trainer
 from rl.seeding import derive_seed
 from rl.simulated.artifacts import MemoryArtifacts
@@ -79,7 +80,9 @@ def trained_adapter(engine: RolloutEngine, trainer: Trainer, seed: int, run: Run
 
 
 @tier("trainer")
-class TrainerContract(TrainerRestoreLaws, DataParallelTrainerLaws, MicroBatchTrainerLaws, ContractBase):
+class TrainerContract(
+    TrainerRestoreLaws, DataParallelTrainerLaws, MicroBatchTrainerLaws, TrainerMemoryLaws, ContractBase
+):
     """Laws of `rl.protocols.Trainer`: a seeded init and a step that is a pure function of its batch.
 
     Provide `trainer`, `another_trainer` (a new instance of it) and an `engine` that samples from its adapters (it

@@ -18,7 +18,6 @@ pytestmark = pytest.mark.slow
 pytest_plugins = ("pytester",)
 
 REFUSES = "test_batch_reward_scorer_refuses_a_reward_count_other_than_one_per_completion"
-ONLY = ("-k", "TestBatchRewardScorer")
 
 
 @pytest.mark.parametrize(
@@ -38,13 +37,13 @@ ONLY = ("-k", "TestBatchRewardScorer")
     ids=["single value broadcast (trl#6533)", "zipped to the shorter"],
 )
 def test_the_batch_reward_laws_fail_a_broken_scorer_on_the_law_it_breaks(pytester, impl, failing, message):
-    run = run_suite(pytester, impl, "rl_scorer", *ONLY)
+    run = run_suite(pytester, impl, "rl_batch_reward")
     assert run.failed == failing, f"{impl}: failing laws {sorted(run.failed)}; expected {sorted(failing)}"
     reports = "\n".join(run.reports.values())
     assert re.search(message, reports, re.DOTALL), f"no report says {message!r}:\n{reports[-3000:]}"
 
 
 def test_ours_passes_the_batch_reward_laws(pytester):
-    run = run_suite(pytester, "rl.conformance.ours:IN_MEMORY", "rl_scorer", *ONLY)
+    run = run_suite(pytester, "rl.conformance.ours:IN_MEMORY", "rl_batch_reward")
     assert not run.failed and not run.skipped, run.reports
     assert len(run.passed) == 4, sorted(run.passed)
