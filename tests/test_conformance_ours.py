@@ -44,6 +44,10 @@ class TestInMemory(LoopContract):
         return MemoryEngine(artifacts)
 
     @pytest.fixture
+    def cold_engine(self, artifacts):
+        return MemoryEngine(artifacts)
+
+    @pytest.fixture
     def scorer(self):
         return MemoryScorer()
 

@@ -137,12 +137,16 @@ def plant_rollout_rows(buffer: RolloutBuffer, iteration: int, rows: Any) -> Any:
     """`rows` written as `iteration` into a child of `buffer`'s head in our row format (JSONL, an infinity as
     `1e999`, NaN as `NaN`), past `append`'s checks: a row as a foreign or older writer could leave it."""
     import json
+    import math
 
     from rl.volumes.buffer import iteration_file
 
     def line(row: Any) -> str:
-        text = json.dumps(dict(row), ensure_ascii=False)  # allow_nan: Infinity, -Infinity, NaN
-        return text.replace("-Infinity", "-1e999").replace("Infinity", "1e999")
+        reward = row["reward"]
+        text = json.dumps({**row, "reward": 0.0}, allow_nan=False, ensure_ascii=False)
+        written = "NaN" if reward != reward else "1e999" if reward == float("inf") else "-1e999"
+        written = repr(float(reward)) if math.isfinite(reward) else written
+        return text.replace('"reward": 0.0', f'"reward": {written}', 1)
 
     head = buffer.head()
     with head.fork(buffer.name) if head is not None else buffer.store.new(buffer.name) as rw:
