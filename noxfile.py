@@ -19,6 +19,7 @@ import nox
 from packaging.requirements import Requirement
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # nox does not put the noxfile's directory on sys.path
+from peers import history_record  # standard library only, as peers.record
 from peers import record as peer_record  # standard library only: it loads before any virtualenv exists
 
 nox.options.reuse_existing_virtualenvs = True
@@ -524,6 +525,75 @@ def peers(session: nox.Session, peer: str) -> None:
         session.error(
             "the laws these bindings fail differ from their record in peers/expected.toml: " + "; ".join(differ)
         )
+
+
+# Released bugs found again (issue 47): each bug of peers/history.toml names its law, its binding and the releases
+# before and after its fix (peers/history_record.py). Opt-in: two installs of an old release per bug, minutes each.
+HISTORY = history_record.load()
+
+
+@nox.session(name="peers-history", python=False)
+@nox.parametrize("bug", list(HISTORY))
+def peers_history(session: nox.Session, bug: str) -> None:
+    """Each released bug of peers/history.toml found again: for each side (`before`, the last release with the bug;
+    `after`, the first with its fix) a virtualenv with our package, the pin and its `with` pins, CPU torch; then only
+    the bug's law, from a temporary directory holding only a copy of peers/ (as `nox -s peers`). Fails, naming the bug
+    and side, unless `before` fails the law and `after` passes it. `nox -s "peers-history(bug='trl_pr3029')"` replays
+    one; the virtualenvs stay in .nox/peers-history/, refilled when their pins change (our package: every run)."""
+    import json
+    import subprocess
+    import time
+
+    spec = HISTORY[bug]
+    peers_dir, repo = os.path.abspath("peers"), os.getcwd()
+    source = _cpu_torch_source(session)  # uv's, so best-match wherever an index is added (as `_cpu_torch_source`)
+    source += ["--index-strategy", "unsafe-best-match"] if "--extra-index-url" in source else []
+    outcomes: dict[str, str] = {}
+    for side in history_record.SIDES:
+        venv = Path(repo, ".nox", "peers-history", f"{bug}-{side}")
+        python = str(venv / "bin" / "python")
+        wanted = json.dumps([spec[side], *spec["with"]])
+        stamp = venv / "rl-pins.json"
+        started = time.monotonic()
+        if not (stamp.is_file() and stamp.read_text() == wanted):
+            shutil.rmtree(venv, ignore_errors=True)
+            session.run("uv", "venv", "-q", "--python", sys.executable, str(venv), external=True)
+            shutil.rmtree("build", ignore_errors=True)  # a stale build/ ships removed modules (_install_cpu)
+            pins = (spec[side], *spec["with"])
+            session.run(
+                "uv", "pip", "install", "-q", "--python", python, *CPU_CONSTRAINTS, *source, ".[test]", *pins,
+                external=True,
+            )  # fmt: skip
+            torch = subprocess.run(
+                [python, "-c", "import torch; print(torch.version.cuda)"], capture_output=True, text=True, check=False
+            )
+            if torch.stdout.strip() != "None":
+                session.error(f"{bug} {side}: torch in {venv} is not the CPU build ({torch.stdout or torch.stderr})")
+            stamp.write_text(wanted)
+        else:  # the pins are there; our package is refreshed, as the tree may have changed since
+            refresh = ("--no-deps", "--reinstall-package", "flyte-rl", ".")
+            session.run("uv", "pip", "install", "-q", "--python", python, *refresh, external=True)
+        install_s = time.monotonic() - started
+        with _outside_repo(session, f"rl-history-{bug}-{side}-") as tmp:
+            shutil.copytree(peers_dir, os.path.join(tmp, "path", "peers"))
+            env = {**SESSION_ENV, "PYTHONPATH": os.path.join(tmp, "path")}
+            report = os.path.join(tmp, "law.xml")
+            law = f"rl.conformance.test_suite::{spec['law']}"
+            started = time.monotonic()
+            session.run(
+                python, "-m", "pytest", "--pyargs", law, "--rl-impl", spec["binding"], "-p", "no:cacheprovider",
+                f"--junitxml={report}", "-q", *session.posargs,
+                env=env, external=True, success_codes=[0, 1, 5],
+            )  # fmt: skip
+            outcomes[side] = history_record.law_outcome(report, spec["law"]) if os.path.exists(report) else "no report"
+        session.log(
+            f"{bug} {side} ({spec[side]}): install {install_s:.0f} s, law {time.monotonic() - started:.0f} s: "
+            f"{spec['law']} {outcomes[side]}"
+        )
+    differ = history_record.verdict(bug, spec, outcomes)
+    if differ:
+        session.error("not found again: " + "; ".join(differ))
+    session.log(f"{bug} found again: {spec['before']} fails {spec['law']}, {spec['after']} passes it")
 
 
 @nox.session(name="bench-peers")

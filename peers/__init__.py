@@ -18,6 +18,10 @@ suite's tensors is ours:
 - `peers.skyrl_grpo`: SkyRL's GRPO advantages and its policy loss beside a sequence-mean KL.
 - `peers.tutorial_grpo`: the Flyte training-loop tutorial's own advantages and loss (unionai/unionai-examples).
 
+`nox -s peers-history` replays released bugs (peers/history.toml, read by `peers.history_record`): each
+`peers.history.<bug>` module binds one library's own code, the same for the release before the bug's fix and the
+release with it.
+
 `nox -s bench-peers` times TRL's whole GRPO loop against ours on the same model, prompts, reward and shape:
 `peers.bench_trl` (the orchestrator) runs `peers.bench_ours` and `peers.trl_loop` (the runners) in fresh processes
 and tabulates their records (`peers.bench_shapes`, `peers.bench_summary`: pure Python, unit-tested in

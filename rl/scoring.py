@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from rl.metrics import avg_at_k, pass_at_k
 from rl.protocols import RolloutEngine, is_batched
@@ -20,6 +20,23 @@ class RewardScorer:
 
     async def score_group(self, rollouts: Sequence[Rollout]) -> list[float]:
         return [float(self.reward(r.completion, r.answer)) for r in rollouts]
+
+
+class BatchRewardScorer:
+    """Scorer: a user's batch reward function `(completions, answers) -> rewards`, called once per group; a return
+    that is not one finite reward per completion is refused, never broadcast or padded."""
+
+    def __init__(self, reward: Callable[[list[str], list[str]], Sequence[float]]) -> None:
+        self.reward = reward
+
+    async def score_group(self, rollouts: Sequence[Rollout]) -> list[float]:
+        rewards = list(self.reward([r.completion for r in rollouts], [r.answer for r in rollouts]))
+        if len(rewards) != len(rollouts):
+            raise ValueError(
+                f"the reward function {getattr(self.reward, '__name__', self.reward)!r} returned {len(rewards)} "
+                f"rewards for {len(rollouts)} completions: return exactly one reward per completion, in their order"
+            )
+        return [float(r) for r in rewards]
 
 
 class SamplingEvaluator:

@@ -48,6 +48,10 @@ class TestInMemory(LoopContract):
         return MemoryEngine(artifacts)
 
     @pytest.fixture
+    def cold_engine(self, artifacts):
+        return MemoryEngine(artifacts)
+
+    @pytest.fixture
     def scorer(self):
         return MemoryScorer()
 

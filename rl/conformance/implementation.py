@@ -40,6 +40,8 @@ TIERS = (
     "micro_batched_trainer",
     "token_logprobs",
     "accumulated_loss",
+    "batch_reward_scorer",
+    "plant_rollout_rows",
 )
 """The factory attributes that each bind one contract of the packaged suite."""
 
@@ -85,6 +87,8 @@ class Implementation:
     micro_batched_trainer: Callable[[Artifacts, int], Trainer] | None = None
     token_logprobs: Callable[..., Any] | None = None
     accumulated_loss: Callable[..., Sequence[Any]] | None = None
+    batch_reward_scorer: Callable[[Callable[[list[str], list[str]], list[float]]], Scorer] | None = None
+    plant_rollout_rows: Callable[[Any, int, Any], Any] | None = None
     capabilities: Capabilities = field(default_factory=Capabilities)
     algorithm: AlgorithmSpec = field(default_factory=AlgorithmSpec)
     sizes: LawSizes = field(default_factory=LawSizes)

@@ -35,8 +35,9 @@ class LoopContract(
     DriverReplayContract,
     AgenticContract,
 ):
-    """Every law of every tier. Provide `artifacts`, `state_store`, `engine`, `scorer`, `trainer` and `another_trainer`
-    (a new instance; the engine and the trainers should request `artifacts` so they share one store); `driver`
+    """Every law of every tier. Provide `artifacts`, `state_store`, `engine`, `cold_engine` (a new instance of the
+    engine), `scorer`, `trainer` and `another_trainer` (a new instance; the engines and the trainers should request
+    `artifacts` so they share one store); `driver`
     defaults to `rl.loop.grpo.run_grpo`, and the engine's `adapter` to the trainer's version-0 adapter."""
 
     @pytest.fixture

@@ -37,7 +37,7 @@ from rl.loop.grpo import run_grpo
 from rl.metrics import pass_at_k
 from rl.protocols import Artifacts
 from rl.rewards import extract_answer
-from rl.scoring import RewardScorer
+from rl.scoring import BatchRewardScorer, RewardScorer
 from rl.simulated.agentic_sim import bandit_trainer, traced_judge_tier
 from rl.simulated.artifacts import MemoryArtifacts
 from rl.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
@@ -147,6 +147,27 @@ def local_rollout_buffer() -> RolloutBuffer:
     return RolloutBuffer(local_volume_store(), "rollouts")
 
 
+def plant_rollout_rows(buffer: RolloutBuffer, iteration: int, rows: Any) -> Any:
+    """`rows` written as `iteration` into a child of `buffer`'s head in our row format (JSONL, an infinity as
+    `1e999`, NaN as `NaN`), past `append`'s checks: a row as a foreign or older writer could leave it."""
+    import json
+    import math
+
+    from rl.volumes.buffer import iteration_file
+
+    def line(row: Any) -> str:
+        reward = row["reward"]
+        text = json.dumps({**row, "reward": 0.0}, allow_nan=False, ensure_ascii=False)
+        written = "NaN" if reward != reward else "1e999" if reward == float("inf") else "-1e999"
+        written = repr(float(reward)) if math.isfinite(reward) else written
+        return text.replace('"reward": 0.0', f'"reward": {written}', 1)
+
+    head = buffer.head()
+    with head.fork(buffer.name) if head is not None else buffer.store.new(buffer.name) as rw:
+        rw.write_bytes(iteration_file(iteration), "".join(f"{line(r)}\n" for r in rows).encode())
+        return rw.finalize(f"iteration {iteration}, written past append's checks")
+
+
 IN_MEMORY = Implementation(
     name="in-memory",
     artifacts=MemoryArtifacts,
@@ -154,6 +175,7 @@ IN_MEMORY = Implementation(
     engine=MemoryEngine,
     adapter=memory_version0_adapter,
     scorer=MemoryScorer,
+    batch_reward_scorer=BatchRewardScorer,
     trainer=memory_trainer,
     driver=run_grpo,
     checkpoint_from_another_version=as_another_schema_version,
@@ -165,6 +187,7 @@ IN_MEMORY = Implementation(
     policy_trainer=bandit_trainer,
     volume_store=local_volume_store,
     rollout_buffer=local_rollout_buffer,
+    plant_rollout_rows=plant_rollout_rows,
     extract_answer=extract_answer,
     pass_at_k=pass_at_k,
     # MemoryTrainer's step has no KL penalty (its loss is the clipped surrogate alone), so no KL reference to check.
@@ -255,6 +278,7 @@ REAL_CPU = Implementation(
     state_store=file_state_store,
     engine=torch_sampler,
     scorer=RewardScorer,
+    batch_reward_scorer=BatchRewardScorer,
     trainer=peft_trainer,
     advantages=group_normalized_advantages,
     # The batch form (IN_MEMORY binds the per-completion one): both of rl.loss's functions meet the loss laws.
@@ -264,6 +288,7 @@ REAL_CPU = Implementation(
     micro_batched_trainer=micro_batched_trainer,
     volume_store=local_volume_store,
     rollout_buffer=local_rollout_buffer,
+    plant_rollout_rows=plant_rollout_rows,
     extract_answer=extract_answer,
     pass_at_k=pass_at_k,
     token_logprobs=token_logprobs,

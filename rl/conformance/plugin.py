@@ -39,6 +39,8 @@ TIER_MARKERS = {
     "rl_volumes": "the versioned copy-on-write volume laws (fork isolation, immutable versions, one writer per name)",
     "rl_buffer": "the rollout buffer laws (immutable versions, exact rows, rescoring changes only rewards)",
     "rl_token_logprobs": "the trainer log-prob laws (teacher forcing at the sampling temperature and cut)",
+    "rl_batch_reward": "the batch-reward Scorer laws (one reward per completion, from that completion)",
+    "rl_buffer_reads": "the rollout buffer's read law (a stored non-finite reward never read back)",
 }
 _REPRODUCE = pytest.StashKey[list[str]]()
 
@@ -62,6 +64,10 @@ _CONTRACT_MODULES = (
     "rl.conformance.loop",
     "rl.conformance.volumes",
     "rl.conformance.rollout_buffer",
+    "rl.conformance.batch_reward_scorer",
+    "rl.conformance.rollout_buffer_reads",
+    "rl.conformance.engine_updates",
+    "rl.conformance.trainer_memory",
 )
 pytest.register_assert_rewrite(*(m for m in _CONTRACT_MODULES if m not in sys.modules))
 

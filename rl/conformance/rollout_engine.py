@@ -13,6 +13,7 @@ from rl.conformance._base import ContractBase, Run, must_provide, tier
 from rl.conformance.batch_padding import BatchPaddingLaws
 from rl.conformance.capabilities import Capabilities, require
 from rl.conformance.engine_lifetime import EngineLifetimeLaws
+from rl.conformance.engine_updates import EngineUpdateLaws
 from rl.conformance.prompt_tokens import PromptTokenLaws
 from rl.conformance.sampling import SamplerFidelityLaws, first_difference
 from rl.conformance.sizes import LawSizes
@@ -45,6 +46,7 @@ class RolloutEngineContract(
     PromptTokenLaws,
     StopTokenLaws,
     BatchPaddingLaws,
+    EngineUpdateLaws,
     ContractBase,
 ):
     """Laws of `rl.protocols.RolloutEngine`: seeded, labelled groups with the sampling log-prob of every token, the

@@ -19,12 +19,14 @@ from rl.conformance._bound_algorithm import TestAdvantages, TestLoss  # noqa: F4
 from rl.conformance._bound_ddp import TestDdpShardStep  # noqa: F401  (bound here so --pyargs collects it)
 from rl.conformance.agentic import AgenticContract
 from rl.conformance.artifacts import ArtifactsContract
+from rl.conformance.batch_reward_scorer import BatchReward, BatchRewardScorerContract
 from rl.conformance.capabilities import Capabilities
 from rl.conformance.driver import GrpoDriverContract
 from rl.conformance.generation_batch import AccumulatedLossFn, GenerationBatchContract
 from rl.conformance.history import DriverReplayContract
 from rl.conformance.implementation import Implementation, ImplementationError, load_implementation
 from rl.conformance.rollout_buffer import BufferFactory, RolloutBufferContract
+from rl.conformance.rollout_buffer_reads import PlantRows, RolloutBufferReadsContract
 from rl.conformance.rollout_engine import RolloutEngineContract
 from rl.conformance.scorer import ScorerContract
 from rl.conformance.scoring_utilities import ScoringUtilitiesContract
@@ -133,6 +135,10 @@ class TestRolloutEngine(_Bound, RolloutEngineContract):
                 "the engine serves the adapter each request names"
             )
         return trained_adapter(engine, implementation.trainer(artifacts), rl_seed, rl_run)
+
+    @pytest.fixture
+    def cold_engine(self, implementation: Implementation, artifacts: Artifacts) -> RolloutEngine:
+        return _factory(implementation, "engine", "RolloutEngine")(artifacts)
 
 
 class TestScorer(_Bound, ScorerContract):
@@ -255,3 +261,19 @@ class TestGenerationBatch(_Bound, GenerationBatchContract):
     @pytest.fixture
     def algorithm(self, implementation: Implementation) -> AlgorithmSpec:
         return implementation.algorithm
+
+
+class TestBatchRewardScorer(_Bound, BatchRewardScorerContract):
+    @pytest.fixture
+    def batch_reward_scorer(self, implementation: Implementation) -> Callable[[BatchReward], Scorer]:
+        return _factory(implementation, "batch_reward_scorer", "batch-reward Scorer")
+
+
+class TestRolloutBufferReads(_Bound, RolloutBufferReadsContract):
+    @pytest.fixture
+    def rollout_buffer_factory(self, implementation: Implementation) -> BufferFactory:
+        return _factory(implementation, "rollout_buffer", "rollout buffer")
+
+    @pytest.fixture
+    def plant_rollout_rows(self, implementation: Implementation) -> PlantRows:
+        return _factory(implementation, "plant_rollout_rows", "rollout buffer read")

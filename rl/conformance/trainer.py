@@ -17,6 +17,7 @@ from rl.conformance.kl_reference import KlReferenceLaws
 from rl.conformance.micro_batch import MicroBatchTrainerLaws
 from rl.conformance.spec import AlgorithmSpec
 from rl.conformance.trainer_fidelity import TrainerRestoreLaws
+from rl.conformance.trainer_memory import TrainerMemoryLaws
 from rl.conformance.trainer_padding import TrainerPaddingLaws
 from rl.conformance.truncation import TruncationLaws
 from rl.protocols import Artifacts, RolloutEngine, Trainer
@@ -91,6 +92,7 @@ class TrainerContract(
     TruncationLaws,
     KlReferenceLaws,
     BehaviourPolicyLaws,
+    TrainerMemoryLaws,
     ContractBase,
 ):
     """Laws of `rl.protocols.Trainer`: a seeded init and a step that is a pure function of its batch.
