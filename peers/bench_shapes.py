@@ -43,6 +43,8 @@ class Shape:
 
 
 SHAPES: dict[str, Shape] = {
+    # The demo's shape before it sampled groups of 16 (rl.demo.grpo_demo_config), kept so the ratios in
+    # docs/benchmarks.md stay comparable from one measurement to the next.
     "demo": Shape(prompts=8, samples=8, max_tokens=3, default_iterations=120),
     "large": Shape(prompts=32, samples=8, max_tokens=16, default_iterations=20),
     "smollm2": Shape(prompts=4, samples=8, max_tokens=12, default_iterations=6, model="smollm2", opt_in=True),

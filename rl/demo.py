@@ -22,17 +22,18 @@ def grpo_demo_config(
     iterations: int,
     seed: int = 0,
     prompts: int = 8,
-    samples: int = 8,
+    samples: int | None = None,
     pipelined: bool = False,
     real_model: bool = False,
 ) -> GrpoConfig:
     """The demo's run. The tiny model's completions are a digit and <eos> (3 tokens leave room for one stray
-    character); a real model's answer a sentence at most ("The answer is 12.<|im_end|>": 12 tokens), and its
-    held-out evaluation (36 problems x 8 samples) is costly, so it runs at the end only."""
+    character), in groups of 16 (`samples`; a group of 8 left a prompt stuck on a wrong answer too often); a real
+    model's answer a sentence at most ("The answer is 12.<|im_end|>": 12 tokens), in groups of 8, and its held-out
+    evaluation (36 problems x 8 samples) is costly, so it runs at the end only."""
     return GrpoConfig(
         iterations=iterations,
         prompts_per_iteration=prompts,
-        group_size=samples,
+        group_size=samples if samples is not None else (8 if real_model else 16),
         seed=seed,
         max_tokens=12 if real_model else 3,
         pipelined=pipelined,

@@ -36,14 +36,16 @@ from rl.volumes.sink import VolumeRolloutSink
 # A per-load "Loading weights" bar from transformers would bury the demo's own progress bar.
 transformers_logging.disable_progress_bar()
 
-# Measured to learn the digit task on 2 CPU cores: init 0.2, LoRA on every linear layer, lr 1e-2, 8 prompts x 8.
+# The digit task's model: init 0.2 (docs/benchmarks.md, "The demo's learning over seeds and kernels", has the recipe).
 DEMO_MODEL = TinyModelConfig(seed=0, initializer_range=0.2)
 # The demo's model for `--engine vllm`: vLLM's CPU attention refuses DEMO_MODEL's head dim of 16 ("Unsupported CPU
 # attention configuration: head_dim=16"); the same shape 128 wide over 2 heads has head dim 64, which it serves. The
 # torch-sampler demo keeps DEMO_MODEL (a quarter of the compute per token).
 VLLM_DEMO_MODEL = TinyModelConfig(seed=0, hidden_size=128, heads=2, kv_heads=1, intermediate=256, initializer_range=0.2)
 ENGINES = ("torch", "vllm")
-DEMO_TRAINER = TrainerConfig(lr=1e-2, threads=1)
+# lr 5e-3 with groups of 16 (rl.demo.grpo_demo_config): at 1e-2 and groups of 8 the policy collapsed before every
+# prompt had found its answer, and a prompt stuck on a wrong one gave groups with no signal from then on.
+DEMO_TRAINER = TrainerConfig(lr=5e-3, threads=1)
 # A real pretrained model (`--model`): LoRA r8 on the attention projections (vLLM's CPU demo engine serves rank <= 8),
 # a learning rate for LoRA on a pretrained model, both cores. Not tuned: docs/benchmarks.md says what it learns.
 REAL_MODEL_TRAINER = TrainerConfig(

@@ -3,7 +3,7 @@ adapter a `rl demo grpo --model` run trained, sampled as the demo samples (tempe
 end-of-turn, 12 new tokens, answers scored as text by rl.rewards), K samples per held-out problem on the same seeds
 for both, and the two-proportion z-test of the difference (docs/benchmarks.md).
 
-    python scripts/real_model_learning.py --iterations 20 --out RUN_DIR [--engine torch|vllm] [--samples 8]
+    python scripts/real_model_learning.py --iterations 20 --out RUN_DIR [--engine torch|vllm] [--seed N] [--samples 8]
     python scripts/real_model_learning.py --run RUN_DIR     # a run already trained: evaluate its last checkpoint
     python scripts/real_model_learning.py                   # the base model alone
 """
@@ -35,11 +35,23 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=None, help="train first: rl demo grpo --iterations N")
     parser.add_argument("--out", type=Path, default=None, help="with --iterations: the run's directory")
     parser.add_argument("--engine", default="torch", help="with --iterations: the demo's --engine")
+    parser.add_argument("--seed", type=int, default=0, help="with --iterations: the demo's run --seed")
     args = parser.parse_args()
     if args.iterations is not None:
         if args.out is None or args.run is not None:
             parser.error("--iterations trains into --out (and evaluates it); leave out --run")
-        train = ["-m", "rl.cli", "demo", "grpo", "--model", args.model, "--engine", args.engine]
+        train = [
+            "-m",
+            "rl.cli",
+            "demo",
+            "grpo",
+            "--model",
+            args.model,
+            "--engine",
+            args.engine,
+            "--seed",
+            str(args.seed),
+        ]
         started = time.perf_counter()
         subprocess.run(
             [sys.executable, *train, "--iterations", str(args.iterations), "--out", str(args.out), "--fresh"],

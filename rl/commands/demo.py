@@ -32,7 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--prompts", type=positive_int, default=None, help="prompts per iteration (default 8; 4 with --model)"
     )
     grpo.add_argument(
-        "--samples", type=int_at_least(2), default=8, help="completions per prompt, the group size (default 8)"
+        "--samples",
+        type=int_at_least(2),
+        default=None,
+        help="completions per prompt, the group size (default 16; 8 with --model)",
     )
     grpo.add_argument("--pipelined", action="store_true", help="overlap generation of batch N+1 with training N")
     grpo.add_argument(
