@@ -23,7 +23,8 @@ Bound here, TRL's own code runs every step; the glue only moves adapters and opt
 
 The adapter: LoRA r4 on `target_parameters=["q_proj.weight", "v_proj.weight"]` of the tiny model (PEFT's parameter
 LoRA, the path the bug is on), no `target_modules`. Declared: TRL's loss choices (`peers.trl_grpo.ALGORITHM`) with its
-k3 KL (`use_bias_correction_kl=False`, said explicitly: 1.9.2's default, not 1.10.0's) and `kl_reference="initial_adapter"` (the "ref" copy).
+k3 KL (`use_bias_correction_kl=False`, said explicitly: 1.9.2's default, not 1.10.0's) and
+`kl_reference="initial_adapter"` (the "ref" copy).
 """
 
 from __future__ import annotations
