@@ -252,6 +252,10 @@ class TestTokenLogprobs(_Bound, TokenLogprobContract):
     def token_logprobs(self, implementation: Implementation) -> Any:
         return _factory(implementation, "token_logprobs", "trainer log-prob")
 
+    @pytest.fixture
+    def algorithm(self, implementation: Implementation) -> AlgorithmSpec:
+        return implementation.algorithm
+
 
 class TestGenerationBatch(_Bound, GenerationBatchContract):
     @pytest.fixture
