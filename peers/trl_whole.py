@@ -1,19 +1,24 @@
 """TRL's whole GRPO step (`trl==1.16.0`) under the engine and trainer laws: `--rl-impl peers.trl_whole:IMPL_WHOLE`
 (`-m "rl_engine or rl_trainer"`; `nox -s "peers(peer='trl_whole')"`).
 
-One real `GRPOTrainer`, built once per process on our tiny offline model (`rl.conformance.ours.tiny_base_model`, the
-model `REAL_CPU` binds) with a LoRA adapter (r4, alpha 8, PEFT's `peft_config`), float32, CPU, one thread, and otherwise
-TRL's default `GRPOConfig` but for the shape (groups of 4, 8 rows a step: the trainer laws' batch), `learning_rate`
-1e-2 (TRL's 1e-6 moves a tiny model's log-probs by less than the laws can see) and `top_k=0` (no cut: TRL's default 0
-too, said explicitly). Adapters travel as PEFT's files (`adapter_config.json`, `adapter_model.safetensors`); the
-optimizer state as `torch.save` of AdamW's `state_dict`. The glue loads them into the one trainer's model before each
-call; everything else is TRL's own code:
+A real `GRPOTrainer`, built once per process and sampling setting on our tiny offline model
+(`rl.conformance.ours.tiny_base_model`, the model `REAL_CPU` binds) with a LoRA adapter (r4, alpha 8, PEFT's
+`peft_config`), float32, CPU, one thread, and otherwise TRL's default `GRPOConfig` but for the shape (groups of 4, 8
+rows a step: the trainer laws' batch), `learning_rate` 1e-2 (TRL's 1e-6 moves a tiny model's log-probs by less than the
+laws can see) and the sampling settings: GRPOConfig's `temperature`, `top_p` and `top_k` are those of the request or
+batch (`sampling`; the defaults 1.0, 1.0 and 0: no cut), one trainer per distinct setting, as a run configures TRL once
+with its own. Adapters travel as PEFT's files (`adapter_config.json`, `adapter_model.safetensors`); the optimizer state
+as `torch.save` of AdamW's `state_dict`. The glue loads them into the trainer's model before each call; everything else
+is TRL's own code:
 
 - engine (`TrlEngine`): `trainer._tokenize_prompts` and `trainer._generate_single_turn` (transformers' `generate`
   with TRL's `generation_config`, and TRL's own cut at the first `<eos>`), `n` copies of the prompt in one batch as
   TRL's sampler lays a group out; the global torch generator seeded with the request's seed first (TRL seeds it once
-  per run, `set_seed(args.seed)`). TRL records no log-probs on this path (`logprobs = None`): the recorded ones are
-  TRL's teacher-forced `_get_per_token_logps_and_entropies`, what it uses as the old policy's when it needs one.
+  per run, `set_seed(args.seed)`). TRL's `generation_config` samples from softmax(logits / T) cut to top-k then
+  top-p and renormalised (transformers' warpers). TRL records no log-probs on this path (`logprobs = None`): the
+  recorded ones are TRL's teacher-forced `_get_per_token_logps_and_entropies`, what it uses as the old policy's when it
+  needs one: log softmax(logits / T) over the whole vocabulary (its fused LM head divides by `args.temperature` and
+  applies no cut).
 - trainer (`TrlTrainer`): `trainer.training_step` on the batch's rows, which runs TRL's `_prepare_inputs` and
   `_generate_and_score_completions` (the public `rollout_func` hook hands it the batch's rollouts instead of
   generating, a reward function the batch's rewards) and its `compute_loss` and backward; then what `Trainer`'s inner
@@ -25,7 +30,9 @@ call; everything else is TRL's own code:
 Declared (`ALGORITHM_WHOLE`): TRL's advantage and loss choices (`peers.trl_grpo.ALGORITHM`) and
 `importance_ratio="on_policy"`: with one generation per step (`num_iterations=1`, `steps_per_generation` =
 gradient accumulation, no vLLM) `_generate_and_score_completions` sets `old_per_token_logps = None` and `_compute_loss`
-uses `per_token_logps.detach()`, so the ratio is 1 whatever the engine recorded.
+uses `per_token_logps.detach()`, so the ratio is 1 whatever the engine recorded; and
+`logprob_truncation="ignored"`: TRL's log-probs (recorded and trained alike) are of the tempered distribution before
+the top-k/top-p cut, which decides only what is drawn.
 """
 
 from __future__ import annotations
@@ -57,7 +64,7 @@ from rl.conformance import Implementation
 from rl.conformance.ours import tiny_base_model
 from rl.models.tiny import load_base_model, load_tokenizer
 from rl.protocols import Artifacts
-from rl.types import Rollout, RolloutRequest, StepMetrics, TrainBatch, TrainResult
+from rl.types import DEFAULT_SAMPLING, Rollout, RolloutRequest, SamplingSettings, StepMetrics, TrainBatch, TrainResult
 
 __all__ = ["ALGORITHM_WHOLE", "IMPL_WHOLE", "TrlEngine", "TrlTrainer"]
 
@@ -85,7 +92,8 @@ def _reward_column(completions: list[Any], reward: list[float], **_: Any) -> lis
 
 
 @functools.cache
-def whole_trainer() -> GRPOTrainer:
+def whole_trainer(sampling: SamplingSettings = DEFAULT_SAMPLING) -> GRPOTrainer:
+    """The one `GRPOTrainer` configured with `sampling` (GRPOConfig's temperature, top_p, top_k) in this process."""
     torch.set_num_threads(1)
     root = tempfile.mkdtemp(prefix="peers-trl-whole-")
     atexit.register(shutil.rmtree, root, ignore_errors=True)
@@ -96,7 +104,9 @@ def whole_trainer() -> GRPOTrainer:
         num_generations=GROUP,
         max_completion_length=4,
         learning_rate=1e-2,
-        top_k=0,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
         bf16=False,
         gradient_checkpointing=False,
         report_to=[],
@@ -116,12 +126,12 @@ def whole_trainer() -> GRPOTrainer:
     return trainer
 
 
-def _load_adapter(files: dict[str, bytes]) -> None:
-    set_peft_model_state_dict(whole_trainer().model, load_safetensors(files["adapter_model.safetensors"]))
+def _load_adapter(tr: GRPOTrainer, files: dict[str, bytes]) -> None:
+    set_peft_model_state_dict(tr.model, load_safetensors(files["adapter_model.safetensors"]))
 
 
-def _adapter_files() -> dict[str, bytes]:
-    model = whole_trainer().model
+def _adapter_files(tr: GRPOTrainer) -> dict[str, bytes]:
+    model = tr.model
     weights = {k: v.detach().clone().contiguous() for k, v in get_peft_model_state_dict(model).items()}
     config = model.peft_config["default"].to_dict()
     config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
@@ -142,8 +152,8 @@ class TrlEngine:
         return int(whole_trainer().eos_token_ids[0])
 
     async def generate(self, request: RolloutRequest) -> list[Rollout]:
-        tr = whole_trainer()
-        _load_adapter(await self.artifacts.get(request.adapter))
+        tr = whole_trainer(request.sampling)
+        _load_adapter(tr, await self.artifacts.get(request.adapter))
         tr.model.eval()
         tr.generation_config.max_new_tokens = request.max_tokens
         torch.manual_seed(request.seed)
@@ -197,13 +207,13 @@ class TrlTrainer:
         for module in tr.model.modules():
             if hasattr(module, "reset_lora_parameters") and "default" in getattr(module, "lora_A", {}):
                 module.reset_lora_parameters("default", True)
-        adapter = await self.artifacts.put(_adapter_files(), name="trl-adapter")
+        adapter = await self.artifacts.put(_adapter_files(tr), name="trl-adapter")
         optimizer = await self.artifacts.put({"optimizer.pt": _FRESH}, name="trl-optimizer")
         return TrainResult(adapter, optimizer, 0, StepMetrics(loss=0.0, contributing=0, skipped_zero_advantage=0))
 
     async def train_step(self, batch: TrainBatch) -> TrainResult:
-        tr = whole_trainer()
-        _load_adapter(await self.artifacts.get(batch.adapter))
+        tr = whole_trainer(batch.sampling)
+        _load_adapter(tr, await self.artifacts.get(batch.adapter))
         tr.optimizer = None
         optimizer = tr.create_optimizer()
         saved = (await self.artifacts.get(batch.optimizer_state))["optimizer.pt"] if batch.optimizer_state else _FRESH
@@ -226,7 +236,7 @@ class TrlTrainer:
         optimizer.zero_grad(set_to_none=True)
         state = io.BytesIO()
         torch.save(optimizer.state_dict(), state)
-        adapter = await self.artifacts.put(_adapter_files(), name="trl-adapter")
+        adapter = await self.artifacts.put(_adapter_files(tr), name="trl-adapter")
         opt_ref = await self.artifacts.put({"optimizer.pt": state.getvalue()}, name="trl-optimizer")
         metrics = StepMetrics(
             loss=float(loss), contributing=len(rows), skipped_zero_advantage=0, grad_norm=float(grad_norm)
@@ -234,8 +244,9 @@ class TrlTrainer:
         return TrainResult(adapter, opt_ref, batch.new_version, metrics)
 
 
-ALGORITHM_WHOLE = replace(ALGORITHM, importance_ratio="on_policy")
-"""TRL 1.16.0's default choices, on-policy: one generation per step, so its ratio is 1 (module docstring)."""
+ALGORITHM_WHOLE = replace(ALGORITHM, importance_ratio="on_policy", logprob_truncation="ignored")
+"""TRL 1.16.0's default choices, on-policy (one generation per step, so its ratio is 1), its log-probs tempered but not
+cut (module docstring)."""
 
 IMPL_WHOLE = Implementation(
     name=f"trl-{VERSION}-whole", engine=TrlEngine, trainer=TrlTrainer, algorithm=ALGORITHM_WHOLE
