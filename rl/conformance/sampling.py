@@ -53,7 +53,7 @@ def frequency_test(counts: dict[int, int], probs: dict[int, float]) -> tuple[flo
     expected, observed = 0.0, 0
     for token in sorted(probs, key=lambda t: -probs[t]):
         expected += total * probs[token]
-        observed += counts[token]
+        observed += counts.get(token, 0)  # a token never drawn was observed 0 times
         if expected >= MIN_EXPECTED:
             bins.append((expected, observed))
             expected, observed = 0.0, 0

@@ -113,6 +113,10 @@ class TruncatedSamplingLaws:
                 sampling = SamplingSettings(temperature=TEMPERATURE, top_p=(within + reaching) / 2)
         counts, recorded = _first_tokens(engine, rollout_request, sampling, law_sizes, rl_run)
         outside = sorted(set(recorded) - kept)
+        if cut == "temperature":  # no cut: a token the default's draws never showed may come up; judged on the rest
+            counts = Counter({t: c for t, c in counts.items() if t in kept})
+            recorded = {t: lp for t, lp in recorded.items() if t in kept}
+            outside = []
         assert not outside, (
             f"at {sampling} the engine drew first tokens {outside}, outside the cut {sorted(kept)} (the "
             f"{len(kept)} most probable of its records at the default): it samples without the top-k/top-p cut"
@@ -138,8 +142,8 @@ class TruncatedSamplingLaws:
                 + (f"{want_high!r}" if low == high else f"between {want_low!r} and {want_high!r}")
                 + f" (tolerance {tolerance:.2g}).{hint}"
             )
-        if spec.logprob_truncation == "renormalised" or cut == "temperature":
-            probs = {t: math.exp(tempered[t] - math.log(kept_total if cut != "temperature" else total)) for t in kept}
+        if spec.logprob_truncation == "renormalised" or cut == "temperature":  # over the seen tokens, conditional
+            probs = {t: math.exp(tempered[t] - math.log(kept_total)) for t in kept}
         else:
             probs = {t: math.exp(tempered[t]) / kept_total for t in kept}
         statistic, critical, bins = frequency_test(dict(counts), probs)

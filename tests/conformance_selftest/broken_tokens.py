@@ -76,14 +76,16 @@ EOS_ONLY_ENGINE = _memory("eos-only-engine", EosOnlyEngine)
 RIGHT_PADDING_ENGINE = _memory("right-padding-engine", RightPaddingEngine)
 
 
-def _pad_between(model: Any, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad: int) -> Any:
+def _pad_between(
+    model: Any, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad: int, *sampling: Any
+) -> Any:
     """Teacher forcing on prompts right-padded to the longest, each completion appended after the pads: PAD between a
     prompt and its completion (TRL PR #3722)."""
     from rl.engines.decoding import batched_teacher_forced_logprobs
 
     width = max(len(p) for p in prompts)
     padded = [[*p, *[pad] * (width - len(p))] for p in prompts]
-    return batched_teacher_forced_logprobs(model, padded, completions, pad)
+    return batched_teacher_forced_logprobs(model, padded, completions, pad, *sampling)
 
 
 class _Patched:
