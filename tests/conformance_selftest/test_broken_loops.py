@@ -38,6 +38,7 @@ DRIVER_TIERS = "rl_driver or rl_replay"
 TORN = "test_driver_refuses_a_torn_or_foreign_checkpoint_before_training"
 INFINITE = "test_driver_infinite_reward_is_refused_like_nan"
 HISTORY_ROWS = "test_driver_history_has_one_row_per_iteration_in_order"
+SAMPLING_CUTS = ("temperature", "top_k", "top_p")
 CLOSED = "test_engine_closed_and_used_again_serves_as_before_or_refuses"
 
 # (implementation, tiers run, the law that names the bug, what its message must say, every law that must fail)
@@ -181,6 +182,8 @@ CASES = [
             "test_trainer_step_computes_the_declared_loss_on_teacher_forced_logprobs",
             "test_trainer_step_on_prompts_of_other_lengths_computes_the_declared_loss",
             "test_trainer_masks_truncated_completions_as_declared",
+            *(f"test_trainer_teacher_forces_the_distribution_the_batch_was_sampled_from[{c}]" for c in SAMPLING_CUTS),
+            "test_trainer_stale_loss_divides_by_the_recorded_behaviour_logprobs[1]",
         },
         id="trainer runs another algorithm than the one declared",
     ),
@@ -397,11 +400,28 @@ def test_the_suite_fails_a_broken_implementation_on_the_law_it_breaks(pytester, 
     assert failing <= run.failed <= allowed, (
         f"{impl}: failing laws {sorted(run.failed)}; expected {sorted(failing)}{unexpected}"
     )
-    assert run.skipped <= NOT_IN_MEMORY, f"{impl}: laws skipped instead of run: {sorted(run.skipped - NOT_IN_MEMORY)}"
+    may_skip = NOT_IN_MEMORY | MAY_SKIP.get(impl, set())
+    assert run.skipped <= may_skip, f"{impl}: laws skipped instead of run: {sorted(run.skipped - may_skip)}"
     report = run.reports[law]
     assert re.search(message, report), f"{law} failed without saying {message!r}:\n{report}"
     assert f"--rl-impl {impl}" in report, f"{law}'s report has no reproduce line:\n{report}"
 
+
+STALE_2 = "test_trainer_stale_loss_divides_by_the_recorded_behaviour_logprobs[2]"
+MAY_SKIP = {
+    # Built on MemoryTrainer's default bound (max_staleness=1), which refuses a batch 2 versions old.
+    "broken_tiers:FRESH_OPTIMIZER_TRAINER": {STALE_2},
+    "broken_tiers:LOSSY_RESTORE_TRAINER": {STALE_2},
+    "broken_tiers:TRAINER_NOT_AS_DECLARED": {STALE_2},
+    # It samples the top 3 even at the default settings: too few first tokens to place a cut that keeps 3.
+    **{
+        f"broken_tiers:{name}": {
+            f"test_engine_records_the_tempered_truncated_distribution_it_samples[{c}]" for c in ("top_k", "top_p")
+        }
+        for name in ("TOP_K_ENGINE", "TOP_K_ENGINE_AT_AN_EIGHTH")
+    },
+}
+"""Laws a broken implementation may skip, each for the reason given (the skip is the law's own, not the bug's)."""
 
 NOT_IN_MEMORY = {
     "test_engine_prompt_begins_with_its_declared_bos_once",  # the in-memory engine's prompts have no BOS
