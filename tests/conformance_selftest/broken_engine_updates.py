@@ -11,7 +11,7 @@ from dataclasses import replace
 from rl.conformance import Implementation
 from rl.conformance.ours import memory_version0_adapter
 from rl.simulated.artifacts import MemoryArtifacts
-from rl.simulated.grpo_tiers import DIGITS, MemoryEngine, MemoryTrainer, _row, _softmax
+from rl.simulated.grpo_tiers import DIGITS, MemoryEngine, MemoryTrainer, _row, sampling_probs
 from rl.types import ArtifactRef, Rollout, RolloutRequest
 
 
@@ -24,7 +24,7 @@ class DrawingEngine(MemoryEngine):
 
     async def generate(self, request: RolloutRequest) -> list[Rollout]:
         group = await super().generate(request)
-        probs = _softmax(await self.logits(request))
+        probs = sampling_probs(await self.logits(request), request.sampling)  # as MemoryEngine draws
         rng = random.Random(request.seed)
         picks = [rng.choices(range(DIGITS), weights=probs, k=1)[0] for _ in group]
         return [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from rl.conformance import Implementation
+from rl.conformance import Capabilities, Implementation
 from rl.conformance.ours import memory_version0_adapter
 from rl.simulated.artifacts import MemoryArtifacts
 from rl.simulated.grpo_tiers import MemoryEngine, MemoryTrainer
@@ -28,5 +28,9 @@ class LossLogTrainer(MemoryTrainer):
 
 
 LOSS_LOG = Implementation(
-    name="loss-log-trainer", adapter=memory_version0_adapter, engine=MemoryEngine, trainer=LossLogTrainer
+    name="loss-log-trainer",
+    adapter=memory_version0_adapter,
+    engine=MemoryEngine,
+    trainer=LossLogTrainer,
+    capabilities=Capabilities(trainer_kl_penalty=False),  # the in-memory trainer's step has no KL term, as IN_MEMORY's
 )

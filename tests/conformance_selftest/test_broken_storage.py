@@ -72,7 +72,9 @@ CASES = [
         "rl_volumes",
         SAME_CONTENT,
         r"the same build finalized twice gave versions \w+ and \w+: derive a version's id",
-        {SAME_CONTENT},
+        # The rewrite law compares the version of an in-place rewrite with that of the same change written by rename:
+        # random ids differ whatever the store published.
+        {SAME_CONTENT, "test_volumes_a_file_rewritten_in_place_is_published_with_its_new_content"},
         id="version ids are not content addresses",
     ),
     pytest.param(
