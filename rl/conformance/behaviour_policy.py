@@ -20,10 +20,10 @@ import pytest
 from rl.conformance._base import Run, tier
 from rl.conformance.reference import reference_advantages, token_reference, token_weights
 from rl.conformance.spec import AlgorithmSpec, check_spec
+from rl.conformance.step_reference import DIGIT_PROMPTS, sample_groups
 from rl.errors import StaleBatchError
 from rl.protocols import RolloutEngine, Trainer
-from rl.seeding import derive_seed
-from rl.types import Prompt, Rollout, RolloutRequest, SamplingSettings, TrainBatch, TrainResult
+from rl.types import Rollout, SamplingSettings, TrainBatch, TrainResult
 
 __all__ = ["SAMPLINGS", "BehaviourPolicyLaws"]
 
@@ -46,20 +46,7 @@ def _sampled(
     engine: RolloutEngine, adapter: Any, sampling: SamplingSettings, seed: int, run: Run[Any]
 ) -> list[Rollout]:
     """Two groups of four rollouts of the digit task at `sampling`, labelled policy version 0."""
-    rollouts: list[Rollout] = []
-    for gid, prompt in enumerate((Prompt("3=", "4"), Prompt("7=", "8"))):
-        request = RolloutRequest(
-            group_id=gid,
-            prompt=prompt,
-            n=4,
-            adapter=adapter,
-            policy_version=0,
-            seed=derive_seed("conformance.behaviour", seed, gid),
-            max_tokens=4,
-            sampling=sampling,
-        )
-        rollouts.extend(run(engine.generate(request)))
-    return rollouts
+    return sample_groups(engine, adapter, DIGIT_PROMPTS, seed, run, stream="conformance.behaviour", sampling=sampling)
 
 
 def _moved(rollout: Rollout, advantage: float, shift: float) -> list[float]:

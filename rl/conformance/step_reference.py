@@ -15,14 +15,54 @@ from rl.conformance.spec import AlgorithmSpec
 from rl.conformance.trainer_fidelity import _shifted
 from rl.protocols import RolloutEngine
 from rl.seeding import derive_seed
-from rl.types import Prompt, Rollout, RolloutRequest, TrainBatch, TrainResult
+from rl.types import (
+    DEFAULT_SAMPLING,
+    ArtifactRef,
+    Prompt,
+    Rollout,
+    RolloutRequest,
+    SamplingSettings,
+    TrainBatch,
+    TrainResult,
+)
 
-__all__ = ["DIGIT_PROMPTS", "declared_step_loss", "ended", "sampled_batch", "shifted_batch"]
+__all__ = ["DIGIT_PROMPTS", "declared_step_loss", "ended", "sample_groups", "sampled_batch", "shifted_batch"]
 
 DIGIT_PROMPTS = (Prompt("3=", "4"), Prompt("7=", "8"))
 """The trainer laws' usual prompts, of one length: no padding between them."""
 
 _REWARD_PATTERN = (1.0, 0.0, 0.5, 0.0)
+
+
+def sample_groups(
+    engine: RolloutEngine,
+    adapter: ArtifactRef,
+    prompts: Sequence[Prompt],
+    seed: int,
+    run: Run[Any],
+    *,
+    stream: str,
+    policy_version: int = 0,
+    n: int = 4,
+    max_tokens: int = 4,
+    sampling: SamplingSettings = DEFAULT_SAMPLING,
+) -> list[Rollout]:
+    """One group of `n` rollouts per prompt, sampled by `engine` from `adapter` at `sampling`, labelled
+    `policy_version`; group `gid`'s seed is `derive_seed(stream, seed, gid)`."""
+    rollouts: list[Rollout] = []
+    for gid, prompt in enumerate(prompts):
+        request = RolloutRequest(
+            group_id=gid,
+            prompt=prompt,
+            n=n,
+            adapter=adapter,
+            policy_version=policy_version,
+            seed=derive_seed(stream, seed, gid),
+            max_tokens=max_tokens,
+            sampling=sampling,
+        )
+        rollouts.extend(run(engine.generate(request)))
+    return rollouts
 
 
 def sampled_batch(
@@ -37,18 +77,9 @@ def sampled_batch(
 ) -> TrainBatch:
     """Step 0 from `start` to version 1 on one group of `n` rollouts per prompt, sampled by `engine` from `start`'s
     adapter, with rewards that differ within every group."""
-    rollouts: list[Rollout] = []
-    for gid, prompt in enumerate(prompts):
-        request = RolloutRequest(
-            group_id=gid,
-            prompt=prompt,
-            n=n,
-            adapter=start.adapter,
-            policy_version=0,
-            seed=derive_seed("conformance.step-reference", seed, gid),
-            max_tokens=max_tokens,
-        )
-        rollouts.extend(run(engine.generate(request)))
+    rollouts = sample_groups(
+        engine, start.adapter, prompts, seed, run, stream="conformance.step-reference", n=n, max_tokens=max_tokens
+    )
     rewards = [_REWARD_PATTERN[i % n % len(_REWARD_PATTERN)] for i in range(len(rollouts))]
     return TrainBatch(
         step=0,

@@ -16,6 +16,7 @@ from rl.conformance.ddp_trainer import DataParallelTrainerLaws
 from rl.conformance.kl_reference import KlReferenceLaws
 from rl.conformance.micro_batch import MicroBatchTrainerLaws
 from rl.conformance.spec import AlgorithmSpec
+from rl.conformance.step_reference import DIGIT_PROMPTS, sample_groups
 from rl.conformance.trainer_fidelity import TrainerRestoreLaws
 from rl.conformance.trainer_memory import TrainerMemoryLaws
 from rl.conformance.trainer_padding import TrainerPaddingLaws
@@ -23,7 +24,7 @@ from rl.conformance.truncation import TruncationLaws
 from rl.protocols import Artifacts, RolloutEngine, Trainer
 from rl.seeding import derive_seed
 from rl.simulated.artifacts import MemoryArtifacts
-from rl.types import ArtifactRef, Prompt, Rollout, RolloutRequest, TrainBatch, TrainResult
+from rl.types import ArtifactRef, Rollout, TrainBatch, TrainResult
 
 __all__ = ["TrainerContract", "digit_groups", "trained_adapter"]
 
@@ -50,19 +51,9 @@ def digit_groups(
     engine: RolloutEngine, adapter: ArtifactRef, policy_version: int, seed: int, run: Run[Any]
 ) -> list[Rollout]:
     """Two groups of four rollouts of the digit task (prompts "3=" and "7="), sampled by `engine` from `adapter`."""
-    rollouts: list[Rollout] = []
-    for gid, prompt in enumerate((Prompt("3=", "4"), Prompt("7=", "8"))):
-        request = RolloutRequest(
-            group_id=gid,
-            prompt=prompt,
-            n=4,
-            adapter=adapter,
-            policy_version=policy_version,
-            seed=derive_seed("conformance.rollouts", seed, gid),
-            max_tokens=4,
-        )
-        rollouts.extend(run(engine.generate(request)))
-    return rollouts
+    return sample_groups(
+        engine, adapter, DIGIT_PROMPTS, seed, run, stream="conformance.rollouts", policy_version=policy_version
+    )
 
 
 def trained_adapter(engine: RolloutEngine, trainer: Trainer, seed: int, run: Run[Any], steps: int = 3) -> ArtifactRef:
