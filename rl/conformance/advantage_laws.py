@@ -182,7 +182,7 @@ class AdvantageContract(ContractBase):
 
     @law_settings(max_examples=15)
     @explicit_examples(
-        (SIGNAL_CELLS[-1], (0, 3, 6, 1, 4, 7, 2, 5, 8)), (all_equal_cell(0.1, 5), tuple(range(10))[::-1])
+        (SIGNAL_CELLS[-1], (0, 3, 6, 1, 4, 7, 2, 5, 8)), (all_equal_cell(0.1, 8), tuple(range(13))[::-1])
     )
     @given(case=permuted_batches())
     def test_advantages_permuting_samples_permutes_advantages(
