@@ -1,17 +1,20 @@
-"""The device check: the torch-only GPU tests on the machine this project may be lent (one H200, no network at all,
-Python 3.12 with torch, transformers, peft, accelerate, safetensors, pytest, hypothesis and pytest-xdist
-preinstalled; no pydantic, vLLM or Flyte), in at most 8 minutes, with a short report in a folder the caller names.
+"""The device check: the torch-only GPU tests on the machine this project may be lent (one H100 80 GB by default, or
+one H200; no network at all; Python 3.12 with torch 2.11+cu130, transformers, peft, accelerate, safetensors, pytest,
+psutil; no pydantic, Flyte or vLLM), in at most 5 minutes, with a short report in a folder the caller names.
 
-    scripts/gpu/device_wheels.sh                 # here, once: pydantic's wheels (2.8 MB) into .device-wheels/
+    scripts/gpu/device_wheels.sh                 # here, once: pydantic's and Flyte's wheels into .device-wheels/
     python3 gpu_tests/device_check.py --wheels .device-wheels --out DIR      # there, with .device-wheels carried
 
-It installs nothing from the network: the carried wheels are unpacked into a temporary folder (no index, no pip), the
-machine's own torch is the one tested, and the package runs from this checkout. It runs `gpu_tests -m "gpu and not
-vllm"` under RL_GPU_STRICT=1 (the CUDA trainer tests, the bf16 ratios, the one-GPU NCCL step, the real-size
-configuration) and lists every vLLM test as not run (vLLM's wheel is over 300 MB; 64 MiB travel). DIR receives
-report.md, report.json, pytest.log, junit.xml and numbers.jsonl. Exit status: 0 every selected test passed (or
-skipped for too few GPUs), 1 a test failed or the budget ran out, 2 refused before testing (a missing package, no
-usable CUDA: the reason, in one line, is in the report). `tests/test_device_check.py` fakes the machine.
+It installs nothing from the network: the carried wheels the machine lacks are unpacked into a temporary folder (no
+index, no pip), the machine's own torch is the one tested, and the package runs from this checkout. It runs `gpu_tests
+-m "gpu and not vllm"` under RL_GPU_STRICT=1 (the CUDA trainer tests, the bf16 ratios, production's clustered step on
+NCCL, the one-GPU NCCL step, the real-size configuration) within `--budget-s` (270 s by default, preflight included),
+and lists every vLLM test as not run (vLLM's wheel is over 300 MB; 64 MiB travel). Each test's outcome is logged as it
+finishes, so a run cut at the budget still reports the tests that passed; everything pytest started (torchrun's
+workers in their own sessions too) is killed when it ends. DIR receives report.md, report.json, pytest.log,
+outcomes.jsonl, junit.xml (absent when cut short) and numbers.jsonl. Exit status: 0 every selected test passed (or
+skipped for too few GPUs), 1 a test failed, was cut short or was not reached, 2 refused before testing (a missing
+package, no usable CUDA: the reason, in one line, is in the report). tests/test_device_check*.py fake the machine.
 """
 
 from __future__ import annotations
@@ -27,17 +30,24 @@ import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_tests/, also when this file is loaded by path
+from process_tree import kill_marked, marked_env, new_mark
+
 REPO = Path(__file__).resolve().parent.parent
 PREINSTALLED = ("torch", "transformers", "peft", "accelerate", "safetensors", "pytest")  # the machine's; never carried
-CARRIED = ("pydantic",)  # what `rl` imports that the machine lacks, installed from --wheels
+CARRIED = ("pydantic", "flyte")  # what `rl` (and the clustered step's entry) imports that the machine lacks
 SELECTION = "gpu and not vllm"
 NOT_CARRIED = "not run: the wheel cannot be carried (vllm's wheel is over 300 MB; 64 MiB travel with the tree)"
-BUDGET_S = 420  # pytest's share of the 8 minutes; the preflight and the report take seconds
+TESTS = ("gpu_tests", "-m", SELECTION)
+OUTCOMES_ENV = "RL_GPU_OUTCOMES"  # gpu_tests/outcome_log.py appends each test's progress there
+# The whole check's budget, preflight included, so that it ends within 5 minutes of device time: with the machine's
+# start (1-2 min) a try costs about 7 of the 15 device minutes, and a rerun fits. docs/gpu.md#the-device-check.
+BUDGET_S = 270
 
 
 @dataclass
@@ -59,6 +69,7 @@ class Report:
     gpus: list[str] = field(default_factory=list)
     refused: str | None = None
     pytest_exit: int | None = None
+    left_behind: int = 0  # processes still running when pytest ended or was cut: all killed
     wall_s: float = 0.0
     tests: list[Outcome] = field(default_factory=list)
     not_run: list[Outcome] = field(default_factory=list)
@@ -66,9 +77,14 @@ class Report:
     def verdict(self) -> tuple[str, int]:
         if self.refused is not None:
             return f"REFUSED: {self.refused}", 2
-        bad = [t for t in self.tests if t.outcome in ("failed", "error", "unfinished")]
+        bad = [t for t in self.tests if t.outcome in ("failed", "error", "unfinished", "not reached")]
+        counts: dict[str, int] = {}
+        for t in self.tests:
+            counts[t.outcome] = counts.get(t.outcome, 0) + 1
+        tally = ", ".join(f"{n} {outcome}" for outcome, n in counts.items())
         if bad or self.pytest_exit not in (0, None) or not self.tests:
-            return f"FAILED: {len(bad)} of {len(self.tests)} selected tests (pytest exit {self.pytest_exit})", 1
+            cut = "; cut at the budget" if self.pytest_exit == 124 else f"; pytest exit {self.pytest_exit}"
+            return f"FAILED: {len(bad)} of {len(self.tests)} selected tests ({tally or 'none ran'}{cut})", 1
         return f"passed: {sum(t.outcome == 'passed' for t in self.tests)} of {len(self.tests)} selected tests", 0
 
 
@@ -98,12 +114,34 @@ def carry_packages(wheels: Path | None, site: Path) -> str | None:
         return f"installing {', '.join(needed)} from {wheels} failed: {reason}"
     sys.path.insert(0, str(site))
     importlib.invalidate_caches()
+    still = [name for name in needed if not _present(name)]
+    if still:
+        return (
+            f"missing package(s) {', '.join(still)}: no wheel for them in {wheels}; run scripts/gpu/device_wheels.sh "
+            "where PyPI is reachable and carry .device-wheels"
+        )
     return None
 
 
+def _top_level(archive: Any) -> set[str]:
+    """The importable names a wheel installs: its top-level packages and modules."""
+    names = set()
+    for member in archive.namelist():
+        top = member.split("/", 1)[0]
+        if top.endswith((".dist-info", ".data")):
+            continue
+        if "/" in member:
+            names.add(top)  # a package
+        elif top.endswith((".py", ".so")):
+            names.add(top.split(".", 1)[0])  # a module, or an extension module
+    return names
+
+
 def install_wheels(wheels: Path, site: Path) -> str | None:
-    """Unpack every wheel in `wheels` this interpreter can run (by its tags) into `site`, as pip's --target would,
-    with no index and no pip (the machine may have none); why not, or None. A wheel is a zip of its install tree."""
+    """Unpack into `site`, as pip's --target would, every wheel in `wheels` this interpreter can run (by its tags) that
+    installs something the machine lacks, with no index and no pip (the machine may have none); why not, or None. The
+    machine's own packages win: a wheel whose every module it already has is left out, so what torch, transformers and
+    peft import is what the machine came with. A wheel is a zip of its install tree."""
     import zipfile
 
     from packaging.tags import sys_tags
@@ -120,6 +158,9 @@ def install_wheels(wheels: Path, site: Path) -> str | None:
     site.mkdir(parents=True, exist_ok=True)
     for wheel in chosen.values():
         with zipfile.ZipFile(wheel) as archive:
+            modules = _top_level(archive)
+            if modules and all(_present(m) for m in modules):
+                continue
             archive.extractall(site)
     return None
 
@@ -152,44 +193,80 @@ def vllm_tests(env: dict[str, str]) -> list[Outcome]:
     return [Outcome(name, reason) for name in names]
 
 
-def run_selection(env: dict[str, str], work: Path, budget_s: float) -> int:
-    """pytest over the selection, killed (with its torchrun children) when the budget runs out: exit 124 then."""
-    log = (work / "pytest.log").open("w")
-    cmd = [sys.executable, "-m", "pytest", "gpu_tests", "-m", SELECTION, "-p", "no:cacheprovider", "-q", "-rA",
-           f"--junitxml={work / 'junit.xml'}"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        return proc.wait(timeout=budget_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+def run_selection(env: dict[str, str], work: Path, budget_s: float, tests: Sequence[str] = TESTS) -> tuple[int, int]:
+    """pytest over `tests`, each test's progress logged as it happens (`outcome_log`); when the budget runs out, pytest
+    and every process it started, torchrun's setsid workers too, are killed (`process_tree`): (exit status, 124 on the
+    budget; how many processes were killed). Whatever pytest leaves running after it exits is killed as well."""
+    mark = new_mark()
+    env = marked_env({**env, OUTCOMES_ENV: str(work / "outcomes.jsonl")}, mark)
+    cmd = [sys.executable, "-m", "pytest", *tests, "-p", "gpu_tests.outcome_log", "-p", "no:cacheprovider", "-q",
+           "-rA", f"--junitxml={work / 'junit.xml'}"]  # fmt: skip
+    with (work / "pytest.log").open("w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            status = proc.wait(timeout=max(budget_s, 0.0))
+        except subprocess.TimeoutExpired:
+            status = 124
+        try:
+            killed = len(kill_marked(mark))
+        except RuntimeError as exc:  # a process stuck in the driver: the report says so instead of being lost
+            log.write(f"\n[device_check] {exc}\n")
+            killed = -1
+        if proc.poll() is None:  # no /proc (not Linux): its process group is all that can be reached
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        return 124
-    finally:
-        log.close()
+    return status, killed
 
 
-def read_outcomes(junit: Path, numbers: Path) -> list[Outcome]:
-    """Each test's outcome from junit.xml and its recorded numbers (`gpu_report`); a test that recorded numbers but
-    has no result was killed: unfinished."""
+def _fold(name: str, phases: dict[str, dict[str, Any]], started: bool, cut: str) -> Outcome:
+    """One test's outcome from its phase reports (pytest's own rules: a failed setup or teardown is an error)."""
+    seconds = round(sum(float(p.get("seconds") or 0) for p in phases.values()), 3) if phases else None
+    for when, failed_as in (("setup", "error"), ("call", "failed"), ("teardown", "error")):
+        phase = phases.get(when)
+        if phase is not None and phase["outcome"] == "failed":
+            return Outcome(name, failed_as, seconds, phase.get("detail", ""))
+        if phase is not None and phase["outcome"] == "skipped":
+            return Outcome(name, "skipped", seconds, phase.get("detail", ""))
+    if "teardown" in phases:
+        return Outcome(name, "passed", seconds)
+    if not started:
+        return Outcome(name, "not reached", None, cut)
+    where = "in its teardown (its call passed)" if "call" in phases else "while it ran"
+    return Outcome(name, "unfinished", seconds, f"{cut} {where}")
+
+
+def read_outcomes(outcomes: Path, numbers: Path, pytest_exit: int | None) -> list[Outcome]:
+    """Each selected test's outcome from the progress log `outcome_log` wrote as the run went (so a run cut short still
+    shows what finished), with its recorded numbers (`gpu_report`): passed, failed, error or skipped when it finished;
+    unfinished when it was running at the end; not reached when the run ended before it started."""
     found: dict[str, dict[str, Any]] = {}
     if numbers.is_file():
         for line in numbers.read_text().splitlines():
             if line.strip():
                 row = json.loads(line)
                 found.setdefault(str(row.pop("test")), {}).update(row)
-    outcomes = []
-    if junit.is_file():
-        for case in ET.parse(junit).getroot().iter("testcase"):
-            name, result, detail = case.get("name", "?"), "passed", ""
-            for tag in ("failure", "error", "skipped"):
-                child = case.find(tag)
-                if child is not None:
-                    result = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
-                    detail = (child.get("message") or "").strip().splitlines()[0] if child.get("message") else ""
-                    break
-            outcomes.append(Outcome(name, result, float(case.get("time", 0)), detail, found.pop(name, {})))
-    outcomes += [Outcome(name, "unfinished", None, "killed at the budget", extra) for name, extra in found.items()]
-    return outcomes
+    names: list[str] = []
+    started: set[str] = set()
+    phases: dict[str, dict[str, dict[str, Any]]] = {}
+    lines = outcomes.read_text().splitlines() if outcomes.is_file() else []
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by the kill
+            continue
+        if event["event"] == "collected":
+            names += [n for n in event["names"] if n not in names]
+        elif event["event"] == "start":
+            started.add(event["name"])
+        elif event["event"] == "report":
+            phases.setdefault(event["name"], {})[event["when"]] = event
+        if event.get("name") and event["name"] not in names:
+            names.append(event["name"])
+    cut = "killed at the budget" if pytest_exit == 124 else f"pytest ended (exit {pytest_exit})"
+    outcomes_ = [_fold(n, phases.get(n, {}), n in started, cut) for n in names]
+    for outcome in outcomes_:
+        outcome.numbers = found.pop(outcome.name, {})
+    return outcomes_ + [Outcome(n, "unfinished", None, cut, extra) for n, extra in found.items()]
 
 
 def _numbers(report: Report, prefix: str) -> dict[str, Any]:
@@ -204,6 +281,8 @@ def render(report: Report) -> str:
         f"- verdict: {verdict}",
         f"- driver {report.driver or 'none found'}; torch {report.torch} (CUDA {report.cuda}); Python {report.python}",
         f"- GPUs: {'; '.join(report.gpus) or 'none usable'}; wall {report.wall_s:.0f} s",
+        f"- processes left running at the end, killed: {report.left_behind}"
+        + (" (some survived SIGKILL: see pytest.log)" if report.left_behind < 0 else ""),
     ]
     ratio = _numbers(report, "test_bf16_first_step_ratios")
     lines.append(
@@ -241,7 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="device_check.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="the folder that receives the report")
     parser.add_argument("--wheels", type=Path, default=None, help="carried wheels (scripts/gpu/device_wheels.sh)")
-    parser.add_argument("--budget-s", type=float, default=BUDGET_S, help=f"pytest's budget (default {BUDGET_S} s)")
+    parser.add_argument(
+        "--budget-s", type=float, default=BUDGET_S, help=f"the whole check's budget (default {BUDGET_S} s)"
+    )
     args = parser.parse_args(argv)
     start = time.monotonic()
     report = Report(started=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
@@ -259,10 +340,11 @@ def main(argv: list[str] | None = None) -> int:
         }  # fmt: skip
         if report.refused is None:
             report.not_run = vllm_tests(env)
-            report.pytest_exit = run_selection(env, work, args.budget_s - (time.monotonic() - start))
-            report.tests = read_outcomes(work / "junit.xml", work / "numbers.jsonl")
+            budget = args.budget_s - (time.monotonic() - start)
+            report.pytest_exit, report.left_behind = run_selection(env, work, budget)
+            report.tests = read_outcomes(work / "outcomes.jsonl", work / "numbers.jsonl", report.pytest_exit)
             args.out.mkdir(parents=True, exist_ok=True)
-            for name in ("pytest.log", "junit.xml", "numbers.jsonl"):
+            for name in ("pytest.log", "outcomes.jsonl", "junit.xml", "numbers.jsonl"):
                 if (work / name).is_file():
                     shutil.copy(work / name, args.out / name)
         report.wall_s = time.monotonic() - start

@@ -281,12 +281,43 @@ WORKER = Path(__file__).resolve().parent / "ddp_nccl_worker.py"
 RUN_TIMEOUT_S = 300
 
 
+def run_marked(command: list[str], *, env: dict[str, str], timeout_s: float, cwd: Path) -> Any:
+    """`subprocess.run(command)` capturing its output, except that every process it started is killed when it ends,
+    by timeout or failure: torchrun's workers run in sessions of their own (setsid), out of reach of a kill of torchrun
+    or of its process group (`process_tree`). A timeout fails the test with the output so far."""
+    import subprocess
+    import tempfile
+
+    from process_tree import kill_marked, marked_env, new_mark
+
+    mark = new_mark()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(command, env=marked_env(env, mark), stdout=out, stderr=err, text=True, cwd=cwd)
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            kill_marked(mark)  # also on success: a worker left behind would hold the GPU for the next test
+            proc.wait()
+        out.seek(0)
+        err.seek(0)
+        done = subprocess.CompletedProcess(command, proc.returncode, out.read(), err.read())
+    if timed_out:
+        pytest.fail(
+            f"{command[2:5]} ran past {timeout_s:.0f} s; killed with every worker\n--- stdout\n{done.stdout[-4000:]}"
+            f"\n--- stderr\n{done.stderr[-8000:]}",
+            pytrace=False,
+        )
+    return done
+
+
 def torchrun(job: dict[str, Any], tmp_path: Path, world: int = 2) -> list[dict[str, Any]]:
     """Run `ddp_nccl_worker.py` on `world` ranks under torchrun with `job` (see the worker); each rank's results, or
     the test fails with the ranks' output."""
     import pickle
     import shutil
-    import subprocess
     import sys
 
     job_path, out_dir = tmp_path / "job.pkl", tmp_path / "out"
@@ -311,7 +342,7 @@ def torchrun(job: dict[str, Any], tmp_path: Path, world: int = 2) -> list[dict[s
         str(job_path),
         str(out_dir),
     ]
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=REPO)
+    proc = run_marked(command, env=env, timeout_s=RUN_TIMEOUT_S, cwd=REPO)
     per_rank = []
     for rank in range(world):
         path = out_dir / f"rank{rank}.pkl"
