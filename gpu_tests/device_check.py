@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,20 +193,33 @@ def vllm_tests(env: dict[str, str]) -> list[Outcome]:
     return [Outcome(name, reason) for name in names]
 
 
-def run_selection(env: dict[str, str], work: Path, budget_s: float, tests: Sequence[str] = TESTS) -> tuple[int, int]:
-    """pytest over `tests`, each test's progress logged as it happens (`outcome_log`); when the budget runs out, pytest
-    and every process it started, torchrun's setsid workers too, are killed (`process_tree`): (exit status, 124 on the
-    budget; how many processes were killed). Whatever pytest leaves running after it exits is killed as well."""
+def wait_budget(proc: subprocess.Popen[bytes], budget_s: float) -> int | None:
+    """pytest's exit status, or None when the budget ran out first."""
+    try:
+        return proc.wait(timeout=max(budget_s, 0.0))
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def run_selection(
+    env: dict[str, str],
+    work: Path,
+    budget_s: float,
+    tests: Sequence[str] | None = None,
+    wait: Callable[[subprocess.Popen[bytes], float], int | None] = wait_budget,
+) -> tuple[int, int]:
+    """pytest over `tests` (default `TESTS`), each test's progress logged as it happens (`outcome_log`); when `wait`
+    says the budget ran out, pytest and every process it started, torchrun's setsid workers too, are killed
+    (`process_tree`). Returns (exit status, 124 on the budget; how many processes were killed). Whatever pytest leaves
+    running after it exits is killed as well."""
     mark = new_mark()
     env = marked_env({**env, OUTCOMES_ENV: str(work / "outcomes.jsonl")}, mark)
-    cmd = [sys.executable, "-m", "pytest", *tests, "-p", "gpu_tests.outcome_log", "-p", "no:cacheprovider", "-q",
-           "-rA", f"--junitxml={work / 'junit.xml'}"]  # fmt: skip
+    cmd = [sys.executable, "-m", "pytest", *(TESTS if tests is None else tests), "-p", "gpu_tests.outcome_log",
+           "-p", "no:cacheprovider", "-q", "-rA", f"--junitxml={work / 'junit.xml'}"]  # fmt: skip
     with (work / "pytest.log").open("w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            status = proc.wait(timeout=max(budget_s, 0.0))
-        except subprocess.TimeoutExpired:
-            status = 124
+        finished = wait(proc, budget_s)
+        status = 124 if finished is None else finished
         try:
             killed = len(kill_marked(mark))
         except RuntimeError as exc:  # a process stuck in the driver: the report says so instead of being lost

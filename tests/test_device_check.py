@@ -87,12 +87,38 @@ def _run(tmp_path: Path, hidden: tuple[str, ...], *args: str) -> tuple[subproces
     return proc, out
 
 
+def _closure(*roots: str) -> set[str]:
+    """`roots` and every distribution they require here (markers evaluated for this interpreter, no extras)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    from packaging.requirements import Requirement
+
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        try:
+            dist = distribution(name)
+        except PackageNotFoundError:
+            continue
+        key = dist.metadata["Name"].lower().replace("_", "-")
+        if key in seen:
+            continue
+        seen.add(key)
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return seen
+
+
 def _repacked_wheels(dest: Path) -> Path:
-    """This environment's pydantic and its dependencies as wheels: each package's files and its dist-info."""
+    """This environment's pydantic and Flyte and all they require as wheels: each package's files and its dist-info
+    (the check unpacks only those whose modules the machine lacks: here the hidden ones)."""
     from importlib.metadata import distribution
 
     dest.mkdir()
-    for dist_name in ("pydantic", "pydantic-core", "annotated-types", "typing-inspection"):
+    for dist_name in sorted(_closure("pydantic", "flyte")):
         dist = distribution(dist_name)
         tag = next(line.split(": ", 1)[1] for line in (dist.read_text("WHEEL") or "").splitlines() if "Tag: " in line)
         name = dist.metadata["Name"].replace("-", "_")
@@ -120,12 +146,13 @@ def test_pydantic_missing_without_carried_wheels_names_the_script_that_fetches_t
 
 @pytest.mark.heavy
 def test_carried_wheels_install_offline_and_a_torch_without_cuda_is_refused(tmp_path: Path) -> None:
-    """No network, pydantic only in the carried wheels, a CPU-only torch: the wheels install with --no-index, `rl`
-    imports, and the check refuses with rl.gpu's reason, naming torch's build; nothing is tested."""
+    """No network, pydantic and Flyte only in the carried wheels, a CPU-only torch: the wheels install with no index,
+    `rl` imports, and the check refuses with rl.gpu's reason, naming torch's build; nothing is tested."""
     import torch
 
     wheels = _repacked_wheels(tmp_path / "wheels")
     proc, out = _run(tmp_path, (*PYDANTIC, *NOT_ON_THE_MACHINE), "--wheels", str(wheels))
+    assert "flyte" in NOT_ON_THE_MACHINE
     assert proc.returncode == 2, proc.stdout + proc.stderr
     report = json.loads((out / "report.json").read_text())
     assert report["refused"].startswith("needs CUDA: torch "), report["refused"]
@@ -176,33 +203,44 @@ def test_the_selection_on_a_machine_without_flyte_or_vllm_holds_the_real_size_te
 def test_the_report_gives_each_outcome_the_numbers_and_never_passes_a_vllm_test(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The machine's CUDA and pytest faked (a junit.xml and recorded numbers as a run leaves them, one test killed at
-    the budget): the report holds each outcome, the ratio spread and peak memory against the plan."""
+    """The machine's CUDA and pytest faked (the outcome log and recorded numbers as a run leaves them, one test killed
+    at the budget): the report holds each outcome, the ratio spread and peak memory against the plan."""
     check = device_check()
 
     def fake_preflight(report: object) -> None:
         report.driver, report.torch, report.cuda, report.gpus = "580.95.05", "2.11.0+cu130", "13.0", ["H200 (140 GiB)"]  # type: ignore[attr-defined]
 
-    def fake_pytest(env: dict[str, str], work: Path, budget_s: float) -> int:
-        (work / "junit.xml").write_text(
-            '<testsuites><testsuite name="pytest">'
-            '<testcase classname="gpu_tests.test_bf16_logprobs" name="test_bf16_first_step_ratios" time="3.1"/>'
-            '<testcase classname="gpu_tests.test_real_size_trainer" '
-            'name="test_the_real_size_step_on_cuda_and_its_memory_against_the_plan" time="40.2">'
-            '<failure message="AssertionError: plan/peak 0.7">trace</failure></testcase>'
-            '<testcase classname="gpu_tests.test_ddp_nccl" '
-            'name="test_the_two_rank_nccl_step_equals_the_single_gpu_step" time="0.0">'
-            '<skipped message="needs 2 CUDA GPUs, found 1 (NVIDIA H200)"/></testcase>'
-            "</testsuite></testsuites>"
-        )
-        rows = [
-            {"test": "test_bf16_first_step_ratios", "min": 0.89, "p01": 0.91, "p99": 1.11, "max": 1.19},
-            {"test": "test_the_real_size_step_on_cuda_and_its_memory_against_the_plan", "peak_gib": 3.1,
-             "plan_gib": 2.2, "plan_over_peak": 0.71},
-            {"test": "test_the_real_size_one_rank_nccl_step_equals_the_single_gpu_step", "torchrun_s": 12},
+    bf16 = "test_bf16_first_step_ratios"
+    real = "test_the_real_size_step_on_cuda_and_its_memory_against_the_plan"
+    two = "test_the_two_rank_nccl_step_equals_the_single_gpu_step"
+    one = "test_the_real_size_one_rank_nccl_step_equals_the_single_gpu_step"
+
+    def phase(name: str, when: str, outcome: str, seconds: float, detail: str = "") -> dict[str, object]:
+        return {"event": "report", "name": name, "when": when, "outcome": outcome, "seconds": seconds, "detail": detail}
+
+    def fake_pytest(env: dict[str, str], work: Path, budget_s: float) -> tuple[int, int]:
+        events = [
+            {"event": "collected", "names": [bf16, real, two, one]},
+            {"event": "start", "name": bf16},
+            phase(bf16, "setup", "passed", 0.1), phase(bf16, "call", "passed", 3.0),
+            phase(bf16, "teardown", "passed", 0.0),
+            {"event": "start", "name": real},
+            phase(real, "setup", "passed", 0.2), phase(real, "call", "failed", 40.0, "AssertionError: plan/peak 0.7"),
+            phase(real, "teardown", "passed", 0.0),
+            {"event": "start", "name": two},
+            phase(two, "setup", "skipped", 0.0, "needs 2 CUDA GPUs, found 1 (NVIDIA H200)"),
+            phase(two, "teardown", "passed", 0.0),
+            {"event": "start", "name": one},
+            phase(one, "setup", "passed", 0.1),
         ]  # fmt: skip
+        (work / "outcomes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        rows = [
+            {"test": bf16, "min": 0.89, "p01": 0.91, "p99": 1.11, "max": 1.19},
+            {"test": real, "peak_gib": 3.1, "plan_gib": 2.2, "plan_over_peak": 0.71},
+            {"test": one, "torchrun_s": 12},
+        ]
         (work / "numbers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        return 1
+        return 124, 2
 
     monkeypatch.setattr(check, "cuda_preflight", lambda report: fake_preflight(report))
     monkeypatch.setattr(check, "run_selection", fake_pytest)
@@ -223,4 +261,5 @@ def test_the_report_gives_each_outcome_the_numbers_and_never_passes_a_vllm_test(
     assert "ratio spread: min 0.89, p01 0.91, p99 1.11, max 1.19" in text
     assert "max_memory_allocated 3.1 GiB, rl plan 2.2 GiB (plan/peak 0.71)" in text
     assert "| test_vllm_logprobs | not run: the wheel cannot be carried" in text
-    assert (out / "junit.xml").is_file() and (out / "numbers.jsonl").is_file()
+    assert "cut at the budget" in text and "killed: 2" in text
+    assert (out / "outcomes.jsonl").is_file() and (out / "numbers.jsonl").is_file()
