@@ -17,9 +17,10 @@ import torch
 from gpu_helpers import base_rollouts, round_trip_step, varied_rewards
 
 from rl.artifacts import LocalArtifacts
+from rl.trainer.batched_loss import batched_backward
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
-from rl.trainer.step import pinned_threads, prepare_step, sample_loss_fns
+from rl.trainer.step import pinned_threads, prepare_step
 from rl.types import StepMetrics, TrainBatch
 
 pytestmark = pytest.mark.gpu
@@ -97,28 +98,28 @@ def test_lora_training_on_cuda_lowers_the_loss_on_a_fixed_batch(
 def _first_step_gradients(
     base_dir: Path, artifacts: LocalArtifacts, batch: TrainBatch, device: Any
 ) -> dict[str, torch.Tensor]:
-    """Every LoRA weight's gradient of the first step's loss on `device` (as PeftTrainer computes it), on the CPU."""
+    """Every LoRA weight's gradient of the first step's loss on `device`, along the batched path `run_step` takes
+    (one padded forward per micro-batch of `CONFIG.micro_batch_size`), on the CPU."""
     adapter = asyncio.run(artifacts.get(batch.adapter))
     prepared = prepare_step(base_dir, batch, CONFIG, adapter, None, device=device)
     with pinned_threads(CONFIG.threads):
-        fns = sample_loss_fns(
+        batched_backward(
             prepared.model,
             batch,
             prepared.advantages,
             CONFIG,
             indices=prepared.contributing,
             loss_scale=1.0 / len(prepared.contributing),
-            stats_out=[],
         )
-        for fn in fns:
-            fn().backward()
     return {name: p.grad.detach().float().cpu() for name, p in prepared.params if p.grad is not None}
 
 
 def test_the_first_cuda_step_has_the_cpu_steps_gradients(cuda_device: Any, gpu_model_dir: Path, tmp_path: Path) -> None:
     """The first step's loss is 0 on any device (ratio 1, zero-sum advantages), but its gradient is not: every LoRA
-    weight's gradient on CUDA equals the CPU's to float32 rounding (the whole vector within 1e-4 relative, each element
-    within 1e-4 of the largest), and the gradient is far from 0, so a wrong CUDA loss or backward fails here."""
+    weight's gradient on CUDA, on the batched loss path the trainer runs, equals the CPU's to float32 rounding (the
+    whole vector within 1e-4 relative, each element within 1e-4 of the largest), and the gradient is far from 0, so a
+    wrong CUDA loss or backward fails here."""
+    assert CONFIG.loss_path == "batched", "compare the path the trainer runs (run_step: config.loss_path)"
     artifacts = LocalArtifacts(tmp_path / "store")
     batch = _fixed_batch(gpu_model_dir, artifacts, PeftTrainer(gpu_model_dir, artifacts, CONFIG))
     cpu = _first_step_gradients(gpu_model_dir, artifacts, batch, torch.device("cpu"))
