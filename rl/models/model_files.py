@@ -24,7 +24,7 @@ from typing import Any
 
 from rl.errors import UnsafeRunDirError
 from rl.models.model_dir import CONFIG_FILE, INDEX_FILE, MODEL_DIR_FIX, ModelDirError, check_model_dir
-from rl.safe_fs import Tree
+from rl.safe_fs import Tree, special_kind
 from rl.untrusted import UntrustedValueError, parse_json, shown
 
 __all__ = ["FILE_LIMITS", "CheckedModelDir", "ModelFileError", "WeightsFile", "open_model_dir", "staged_model_dir"]
@@ -113,6 +113,7 @@ def _open(fs: Tree, where: Path, name: str, limit: int | None) -> int:
     over `limit` bytes (sparse or not: by its size, before a byte is read) refused by name."""
     kind = fs.kind(where / name)
     if kind != "file":
+        kind = special_kind(fs.lstat(where / name).st_mode) if kind == "other" else kind
         raise _refuse(where, name, f"a {kind}, not a regular file")
     try:
         fd = fs.open_regular(where / name)
@@ -237,3 +238,16 @@ def staged_model_dir(model_dir: Path, *, weights: bool = True, dtype_bytes: int 
             shutil.rmtree(stage, ignore_errors=True)
     finally:
         checked.close()
+
+
+def check_model_dir_files(model_dir: Path, *, dtype_bytes: int = 2) -> Path:
+    """`model_dir` once every file a load reads passed the checked opener and `check_model_files` (at `dtype_bytes`
+    a parameter: 2, the smallest a load uses, unless the caller knows); refused in one line otherwise."""
+    from rl.models.model_checks import check_model_files
+
+    checked = open_model_dir(model_dir, weights=True)
+    try:
+        check_model_files(checked, dtype_bytes=dtype_bytes)
+    finally:
+        checked.close()
+    return checked.where
