@@ -159,7 +159,8 @@ def _check_weights(checked: CheckedModelDir, config: Mapping[str, Any], dtype_by
     held = sum(_numel(shape) for _, shape in present.values())
     implied = ModelArch.from_hf_config(config).parameters()
     fields = "hidden_size, intermediate_size, num_hidden_layers and vocab_size"
-    if implied > held:
+    # Far more than the files hold: refused by the count alone; near it, the names and shapes below say which.
+    if implied > 16 * held + (1 << 20):
         raise _refuse(
             where,
             f"{CONFIG_FILE} describes {implied:,} parameters ({fields}) but its weights files hold "
@@ -190,6 +191,12 @@ def _check_weights(checked: CheckedModelDir, config: Mapping[str, Any], dtype_by
             )
         if dtype not in FLOAT_DTYPES:
             raise _refuse(where, f"tensor {name} is {dtype} in the weights, not a float (F32, F16, BF16, F64)")
+    if implied > held:
+        raise _refuse(
+            where,
+            f"{CONFIG_FILE} describes {implied:,} parameters ({fields}) but its weights files hold {held:,}: "
+            "the config is not these weights' config",
+        )
 
 
 def _numel(shape: Iterable[int]) -> int:
