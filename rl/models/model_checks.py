@@ -26,11 +26,34 @@ __all__ = ["ModelMismatchError", "check_context", "check_model_files", "host_mem
 
 GENERATION_FILE = "generation_config.json"
 FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
-_INT = ("max_length", "max_new_tokens", "min_length", "min_new_tokens", "top_k", "num_beams", "num_beam_groups")
+_INT: tuple[str, ...] = (
+    "max_length",
+    "max_new_tokens",
+    "min_length",
+    "min_new_tokens",
+    "top_k",
+    "num_beams",
+    "num_beam_groups",
+)
 _INT += ("num_return_sequences", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size")
-_FLOAT = ("temperature", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty")
+_FLOAT: tuple[str, ...] = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "epsilon_cutoff",
+    "eta_cutoff",
+    "repetition_penalty",
+)
 _FLOAT += ("length_penalty", "diversity_penalty", "encoder_repetition_penalty")
-_BOOL = ("do_sample", "use_cache", "remove_invalid_values", "renormalize_logits", "output_scores", "output_logits")
+_BOOL: tuple[str, ...] = (
+    "do_sample",
+    "use_cache",
+    "remove_invalid_values",
+    "renormalize_logits",
+    "output_scores",
+    "output_logits",
+)
 _BOOL += ("return_dict_in_generate", "output_attentions", "output_hidden_states")
 _STR = ("transformers_version", "cache_implementation")
 TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")

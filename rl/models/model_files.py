@@ -160,17 +160,22 @@ def _header(where: Path, name: str, fd: int) -> WeightsFile:
             continue
         if not TENSOR_NAME.fullmatch(key) or len(key) > 300:
             raise _damaged(where, name, f"a safetensors file naming a tensor {shown(repr(key), 60)}, not a module name")
-        dtype = value.get("dtype") if isinstance(value, dict) else None
-        shape = value.get("shape") if isinstance(value, dict) else None
-        span = value.get("data_offsets") if isinstance(value, dict) else None
-        ok = (
-            dtype in DTYPE_BYTES and isinstance(shape, list) and all(type(d) is int and 0 <= d < 1 << 40 for d in shape)
-        )
-        ok = ok and isinstance(span, list) and len(span) == 2 and all(type(o) is int for o in span)
+        entry: dict[str, Any] = value if isinstance(value, dict) else {}
+        dtype, shape, span = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if not (
+            isinstance(dtype, str)
+            and dtype in DTYPE_BYTES
+            and isinstance(shape, list)
+            and all(type(d) is int and 0 <= d < 1 << 40 for d in shape)
+            and isinstance(span, list)
+            and len(span) == 2
+            and all(type(o) is int for o in span)
+        ):
+            raise _damaged(where, name, f"a safetensors file whose tensor {key} has a bad dtype, shape or span")
         numel = 1
-        for dim in shape if ok else []:
+        for dim in shape:
             numel *= dim
-        if not ok or not 0 <= span[0] <= span[1] or span[1] - span[0] != numel * DTYPE_BYTES[dtype]:
+        if not 0 <= span[0] <= span[1] or span[1] - span[0] != numel * DTYPE_BYTES[dtype]:
             raise _damaged(where, name, f"a safetensors file whose tensor {key} has a bad dtype, shape or span")
         tensors[key] = (dtype, tuple(shape))
         end = max(end, span[1])
