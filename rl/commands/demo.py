@@ -85,6 +85,12 @@ def run_grpo_demo(args: argparse.Namespace) -> int:
     # artifacts, volumes); a pinned model is converted into its cache (not the run directory) once, first.
     check_local_grpo(config, engine=args.engine, problems=demo_problems(real))
     model_dir = resolve_model(args.model) if real else None
+    if model_dir is not None:  # the model's positions hold the longest prompt plus its completion
+        from rl.models.model_checks import check_run_fits_model
+
+        problems = demo_problems(real)
+        questions = [p.question for p in (*problems.train_prompts(), *problems.eval_prompts())]
+        check_run_fits_model(model_dir, questions, config.max_tokens)
     check_out_dir(args.out)
     if args.fresh:
         check_fresh(args.out)

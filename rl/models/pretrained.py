@@ -30,6 +30,7 @@ from typing import Any
 
 from rl.errors import InputError
 from rl.models.model_dir import ModelDirError, check_model_dir
+from rl.models.model_files import check_model_dir_files
 
 __all__ = [
     "PINNED",
@@ -248,4 +249,5 @@ def resolve_model(spec: str | Path, *, cache: Path | None = None) -> Path:
             f"--model {spec!r} is neither a pinned model ({', '.join(sorted(PINNED))}) nor an existing directory; "
             "pass one of those names or the path of a local Hugging Face model directory"
         )
-    return check_model_dir(path, weights=True, tokenizer=True)
+    check_model_dir(path, weights=True, tokenizer=True)
+    return check_model_dir_files(path)  # every file through the checked opener, consistent, before anything loads

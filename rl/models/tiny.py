@@ -28,6 +28,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 
 from rl.errors import InputError, shown
 from rl.models.model_dir import MODEL_DIR_FIX, ModelDirError, check_model_dir
+from rl.models.model_files import staged_model_dir
 
 # What loading a damaged or foreign weights file raises: safetensors' own error, a pickle's, a short read, a shape or
 # dtype transformers cannot place. Each is the directory's fault, never a bug.
@@ -187,7 +188,11 @@ def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerFast:
     """The character tokenizer saved in `model_dir`, loaded offline (not via AutoTokenizer: see module docstring)."""
     model_dir = check_model_dir(model_dir, weights=False, tokenizer=True)
     try:
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model_dir), trust_remote_code=False)
+        with staged_model_dir(model_dir, weights=False) as staged:  # only the checked files' bytes
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(str(staged), trust_remote_code=False)
+        tokenizer.name_or_path = tokenizer.init_kwargs["name_or_path"] = str(model_dir)  # not the staging
+    except InputError:  # the checked opener's and consistency checks' own one-line refusals
+        raise
     except Exception as exc:  # json raises ValueError, the tokenizers library a bare Exception, on a damaged file
         # A damaged tokenizer file is the directory's fault: one line, as for a missing one (found by the fuzzer).
         raise ModelDirError(
@@ -222,9 +227,13 @@ def load_base_model(
     try:
         # check_model_dir refused a config naming code (auto_map) or an unknown model_type; trust_remote_code=False
         # makes transformers refuse, never prompt, should one get past it.
-        model = AutoModelForCausalLM.from_pretrained(
-            str(model_dir), dtype=dtype, attn_implementation=attention, trust_remote_code=False, **placement
-        )
+        with staged_model_dir(model_dir, dtype_bytes=dtype.itemsize) as staged:  # checked, consistent files only
+            model = AutoModelForCausalLM.from_pretrained(
+                str(staged), dtype=dtype, attn_implementation=attention, trust_remote_code=False, **placement
+            )
+        model.config.name_or_path = model.name_or_path = str(model_dir)  # what PEFT records: not the staging
+    except InputError:  # the checked opener's and consistency checks' own one-line refusals
+        raise
     except LOADER_ERRORS as exc:
         # A weights file that is present but damaged (truncated, emptied, a header claiming 2**40 bytes) is the
         # directory's fault, not a bug: one line naming it, as for a missing file (the fuzzer found these as exit 70).
