@@ -45,13 +45,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _profile(name: str) -> Any:
+def _profile(name: str, gpu_name: str) -> Any:
     from rl.errors import InputError
     from rl.flyte.config import PROFILES
 
     if name not in PROFILES:
         raise InputError(f"unknown profile {name!r}; choose one of {', '.join(sorted(PROFILES))}")
-    return PROFILES[name]("plan://model") if name == "stress" else PROFILES[name]()
+    # Each profile sized for the GPU planned (rl.gpu_settings), as a deploy naming it in RL_FLYTE_GPU gets it.
+    return PROFILES[name]("plan://model", gpu=gpu_name) if name == "stress" else PROFILES[name](gpu=gpu_name)
 
 
 def _arch(config: Any, model_config: str | None) -> tuple[Any, int]:
@@ -73,18 +74,23 @@ def _arch(config: Any, model_config: str | None) -> tuple[Any, int]:
     return ModelArch.from_hf_config(hf.to_dict()), config.model.tiny.max_position
 
 
+def profile_tokens(config: Any) -> tuple[int, int]:
+    """(prompt, completion) tokens of one sample of a `GrpoRunConfig`, as the plan counts them."""
+    from rl.problems import problem_set
+
+    # Characters bound tokens from above for any tokenizer that has a token per character (both of ours; BPE merges).
+    return 1 + max(len(p.question) for p in problem_set(config.problems).train_prompts()), config.grpo.max_tokens
+
+
 def plan_profile(config: Any, gpu_name: str, model_config: str | None = None) -> list[TaskPlan]:
     """The trainer's (one rank) and the rollout engine's plan for a `GrpoRunConfig` on `gpu_name`."""
     from dataclasses import replace
 
     from rl.memory_plan import trainer_plan
-    from rl.problems import problem_set
 
     device = gpu(gpu_name)
     arch, positions = _arch(config, model_config)
-    # Characters bound tokens from above for any tokenizer that has a token per character (both of ours; BPE merges).
-    prompt_tokens = 1 + max(len(p.question) for p in problem_set(config.problems).train_prompts())
-    completion_tokens = config.grpo.max_tokens
+    prompt_tokens, completion_tokens = profile_tokens(config)
     trainer = trainer_plan(
         arch,
         config.trainer,
@@ -108,7 +114,7 @@ def plan_profile(config: Any, gpu_name: str, model_config: str | None = None) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    config = _profile(args.profile)
+    config = _profile(args.profile, args.gpu)
     plans = plan_profile(config, args.gpu, args.model_config)
     print(f"profile {args.profile} on {gpu(args.gpu).name} ({gpu(args.gpu).memory_bytes / GIB:.1f} GiB)")
     if config.engine.kind != "vllm":
