@@ -1,13 +1,10 @@
 """The GRPO loop's Flyte tasks (the training-loop and rollouts tutorials): thin recipes over the tested components, each
 one action.
 
-`build_base` (train tier, cached: the tiny base model as a `flyte.io.Dir`), `init_adapter` (train tier: version 0),
-`generate` / `generate_groups` (vLLM's GPU rollout tier: one seeded group, or as many as the GPU's plan allows, per
-call) and `generate_on_cpu` (the torch sampler's CPU rollout tier), the engine built once per process, `score_group`
-(reward tier), `train_step` (train tier: adapter and optimizer state in and out as Dirs), `evaluate` /
-`evaluate_on_cpu` (the rollout tiers: avg@k and pass@k) and `add_rollouts` (buffer tier). `RolloutTier` is the
-driver's engine over them: each engine's tasks on its own pod, refused elsewhere (`rl.flyte.envs`). Each in full:
-docs/flyte.md#the-modules.
+`build_base`, `init_adapter`, `train_step` (train tier), `generate` / `generate_groups` / `evaluate` (vLLM's GPU
+rollout pod: one group, or as many as the GPU's plan allows, per call), `generate_on_cpu` / `evaluate_on_cpu` (the
+torch sampler's CPU pod), `score_group` (reward tier) and `add_rollouts` (buffer tier); `RolloutTier` is the
+driver's engine over the rollout tasks. Each in full: docs/flyte.md#the-modules.
 
 Every pure step is `cache="auto"` and a pure function of its inputs (seeded sampling, pinned torch threads, adapters
 identified by content digest), so a retried task or a rerun of the loop recomputes — or reuses — the same outputs.
