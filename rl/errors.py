@@ -37,6 +37,7 @@ __all__ = [
     "NonFiniteRewardError",
     "RetriesExhaustedError",
     "RlError",
+    "RolloutPlacementError",
     "RunDirError",
     "RunLockedError",
     "StaleBatchError",
@@ -82,6 +83,11 @@ class InputError(RlError, ValueError):
     """A flag, configuration, prompt source or name that cannot work; raised before anything was started."""
 
     exit_code = 2
+
+
+class RolloutPlacementError(InputError):
+    """A rollout engine put on a pod it cannot use: the torch sampler on a GPU pod (it has no device code, the GPU
+    idles) or vLLM on a CPU pod; refused when the task environments are built or a run is submitted."""
 
 
 class TrainerError(RlError, ValueError):

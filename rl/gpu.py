@@ -36,6 +36,7 @@ __all__ = [
     "strict",
     "task_device",
     "vllm_cpu_llm_kwargs",
+    "vllm_enforce_eager",
     "vllm_llm_kwargs",
     "vllm_unavailable_reason",
 ]
@@ -60,6 +61,14 @@ def strict() -> bool:
     return os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
+def vllm_enforce_eager(*, reuse: bool) -> bool:
+    """Eager (True) or CUDA graphs (False) for vLLM on a GPU: the one choice production's rollout engine
+    (`EngineSpec.vllm_kwargs`) and `rl bench --gpu` both take. Graphs when replicas stay warm (`RL_FLYTE_REUSE=1`):
+    their capture and compilation, a minute or so per engine start, is paid once for many calls. Eager otherwise:
+    each call's pod starts its own engine for one call, so the start-up would cost more than graphs save."""
+    return not reuse
+
+
 def vllm_llm_kwargs(
     *,
     gpu_memory_utilization: float = 0.25,
@@ -75,7 +84,7 @@ def vllm_llm_kwargs(
     - `gpu_memory_utilization=0.25`: vLLM claims this share of the GPU for weights and KV cache up front; a quarter of
       an L4 (6 GB) is far more than the tiny model needs and leaves the rest to the trainer in the same test process.
     - `enforce_eager=True`: no CUDA-graph capture or compilation, which would cost a minute of start-up per engine in
-      tests; the benchmark turns it off to measure what production gets.
+      tests; the benchmark and production take `vllm_enforce_eager`'s choice instead.
     - `max_lora_rank=8`: the trainer's default rank (vLLM accepts 8, 16, 32, 64, ...); an adapter of higher rank is
       refused by vLLM, so raise both together.
     - `max_loras=2`: two adapters resident at once, as when a pipelined driver samples version N+1 while evaluating N.

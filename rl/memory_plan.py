@@ -27,6 +27,7 @@ __all__ = [
     "ModelArch",
     "PlanDoesNotFitError",
     "TaskPlan",
+    "UnknownGpuError",
     "engine_plan",
     "lora_parameters",
     "trainer_plan",
@@ -46,6 +47,10 @@ VLLM_LARGE_GPU_BATCH = (1024, 16384)  # >= 160 GiB, or >= 70 GiB and not an A100
 
 class PlanDoesNotFitError(InputError):
     """A profile's tasks need more memory than the GPU it declares; nothing was booked."""
+
+
+class UnknownGpuError(InputError):
+    """`RL_FLYTE_GPU` / `--gpu` names a GPU the plan does not know; the message names the ones it does."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,7 @@ def gpu(name: str) -> GpuSpec:
         return GPUS[name]
     near = [g.name for g in GPUS.values() if _folded(g.name) == _folded(name)]
     hint = f"Flyte spells it {near[0]!r}" if near else f"choose one of {', '.join(GPUS)}"
-    raise InputError(f"unknown GPU {name!r} (RL_FLYTE_GPU / --gpu take Flyte's GPUType names); {hint}")
+    raise UnknownGpuError(f"unknown GPU {name!r} (RL_FLYTE_GPU / --gpu take Flyte's GPUType names); {hint}")
 
 
 def vllm_batch_defaults(device: GpuSpec) -> tuple[int, int]:
@@ -195,6 +200,7 @@ class TaskPlan:
     terms: dict[str, int]
     budget: int
     notes: list[str] = field(default_factory=list)
+    kv_tokens: int = 0  # the engine's: tokens its KV cache holds at once (0 for the trainer, or a cache too short)
 
     @property
     def total(self) -> int:
@@ -288,9 +294,11 @@ def trainer_plan(
 
 def engine_plan(arch: ModelArch, engine: Any, *, group_tokens: int, device: GpuSpec) -> TaskPlan:
     """vLLM's memory on one rollout GPU `device` for `engine` (an `EngineSpec`); `group_tokens` is one call's n x
-    (prompt + completion), what the engine holds in KV cache to decode a whole group at once."""
+    (prompt + completion), what the engine holds in KV cache to decode a whole group at once. An `engine.max_num_seqs`
+    (rl.gpu_settings sizes it to one call's sequences) replaces vLLM's default."""
     budget = device.memory_bytes
     max_num_seqs, batched = vllm_batch_defaults(device)
+    max_num_seqs = getattr(engine, "max_num_seqs", None) or max_num_seqs
     claimed = int(engine.gpu_memory_utilization * budget)
     lora_slots = 2 * 2 * lora_parameters(arch, engine.max_lora_rank, "all-linear")  # max_loras=2, bfloat16
     weights = arch.parameters() * 2 + lora_slots
@@ -300,7 +308,7 @@ def engine_plan(arch: ModelArch, engine: Any, *, group_tokens: int, device: GpuS
     tokens = kv_cache // arch.kv_bytes_per_token()
     max_len = engine.max_model_len or 0
     notes = [
-        f"vLLM's batch defaults on a {device.name}: {max_num_seqs} sequences, {batched:,} batched tokens",
+        f"vLLM's batch on a {device.name}: {max_num_seqs} sequences, {batched:,} batched tokens",
         f"gpu_memory_utilization {engine.gpu_memory_utilization}: {claimed / GIB:.2f} GiB claimed; KV cache for "
         f"{tokens:,} tokens ({arch.kv_bytes_per_token() / 1024:.0f} KiB each), {tokens / max(group_tokens, 1):.1f} "
         f"groups of {group_tokens:,} at once",
@@ -308,7 +316,7 @@ def engine_plan(arch: ModelArch, engine: Any, *, group_tokens: int, device: GpuS
     # vLLM claims its share whatever the need: the plan fits when the KV cache it leaves holds one full sequence.
     needed = max(max_len, 1) * arch.kv_bytes_per_token()
     terms = {"weights": weights, "activations": peak, "cuda_context": CUDA_CONTEXT_BYTES, "kv_cache": kv_cache}
-    plan = TaskPlan(task="engine", terms=terms, budget=claimed, notes=notes)
+    plan = TaskPlan(task="engine", terms=terms, budget=claimed, notes=notes, kv_tokens=tokens)
     if kv_cache < needed:
         notes.append(f"KV cache short of one {max_len}-token sequence ({needed / GIB:.2f} GiB): vLLM refuses to start")
         return TaskPlan(task="engine", terms={**terms, "kv_cache": needed}, budget=claimed, notes=notes)

@@ -144,14 +144,18 @@ def test_the_driver_declares_every_tier_it_calls_and_the_tiers_their_own_failure
     from rl.flyte import envs, grpo, grpo_tasks
 
     declared = {env.name for env in envs.grpo_driver_env.depends_on}
-    assert declared == {envs.rollout_env.name, envs.reward_env.name, envs.train_env.name, envs.buffer_env.name}
+    rollout = {envs.rollout_env.name, envs.cpu_rollout_env.name}  # vLLM's GPU pods, the torch sampler's CPU pods
+    assert declared == {*rollout, envs.reward_env.name, envs.train_env.name, envs.buffer_env.name}
     called = [
         grpo_tasks.build_base,
         grpo_tasks.init_adapter,
         grpo_tasks.generate,
+        grpo_tasks.generate_groups,
+        grpo_tasks.generate_on_cpu,
         grpo_tasks.score_group,
         grpo_tasks.train_step,
         grpo_tasks.evaluate,
+        grpo_tasks.evaluate_on_cpu,
         grpo_tasks.add_rollouts,
     ]
     assert {task.parent_env_name for task in called} == declared

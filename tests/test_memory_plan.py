@@ -298,7 +298,9 @@ def test_rl_plan_warns_about_the_cost_of_running_without_reuse(
     monkeypatch.delenv("RL_FLYTE_REUSE", raising=False)
     assert main(["plan", "--profile", "stress", "--gpu", "H200"]) == 0
     err = capsys.readouterr().err
-    assert "RL_FLYTE_REUSE is not 1" in err and "16.4 GB" in err and "32 pods per iteration" in err, err
+    per_call = stress("s3://m", gpu="H200").engine.groups_per_call  # the driver's calls: 32 groups, that many each
+    calls = -(-32 // per_call)
+    assert "RL_FLYTE_REUSE is not 1" in err and "16.4 GB" in err and f"{calls} pods per iteration" in err, err
     monkeypatch.setenv("RL_FLYTE_REUSE", "1")
     assert main(["plan", "--profile", "stress", "--gpu", "H200"]) == 0
     assert "RL_FLYTE_REUSE" not in capsys.readouterr().err

@@ -271,6 +271,7 @@ ENGINE_ARGS = (
     "enforce_eager",
     "enable_chunked_prefill",
     "logprobs_mode",
+    "max_num_seqs",  # a scheduling bound: vLLM runs more sequences in waves, each request seeded alike
 )
 MAX_LORA_RANKS = VLLM_MAX_LORA_RANKS
 """`vllm.config.lora.MaxLoRARanks`: the only values `max_lora_rank` may take (a pydantic error otherwise); the engine's

@@ -22,15 +22,21 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from rl.bench.figures import figure_lines
-from rl.gpu import VLLM_MODEL, cuda_unavailable_reason, vllm_llm_kwargs, vllm_unavailable_reason
+from rl.gpu import (
+    VLLM_MODEL,
+    cuda_unavailable_reason,
+    vllm_enforce_eager,
+    vllm_llm_kwargs,
+    vllm_unavailable_reason,
+)
 from rl.strict_json import flag_non_finite
 
-__all__ = ["GpuBenchConfig", "gpu_bench", "run_gpu_bench"]
+__all__ = ["GpuBenchConfig", "bench_config", "gpu_bench", "run_gpu_bench"]
 
 
 @dataclass(frozen=True)
@@ -40,7 +46,7 @@ class GpuBenchConfig:
     max_tokens: int = 64  # new tokens per sample, exactly
     repeats: int = 3
     gpu_memory_utilization: float = 0.3
-    enforce_eager: bool = False
+    enforce_eager: bool | None = None  # None: rl.gpu.vllm_enforce_eager's choice, production's (RL_FLYTE_REUSE)
 
 
 def _median_seconds(fn: Callable[[], Any], repeats: int, sync: Callable[[], None]) -> tuple[float, Any]:
@@ -55,6 +61,15 @@ def _median_seconds(fn: Callable[[], Any], repeats: int, sync: Callable[[], None
     return statistics.median(times), out
 
 
+def bench_config(config: GpuBenchConfig) -> GpuBenchConfig:
+    """`config` with `enforce_eager` resolved as production resolves it (`rl.gpu.vllm_enforce_eager`)."""
+    if config.enforce_eager is not None:
+        return config
+    from rl.flyte.config import reuse_enabled
+
+    return replace(config, enforce_eager=vllm_enforce_eager(reuse=reuse_enabled()))
+
+
 def gpu_bench(config: GpuBenchConfig = GpuBenchConfig(), *, with_vllm: bool = True) -> dict[str, Any]:
     """Measure and return the figures (see the module docstring). Needs CUDA; vLLM only when `with_vllm`."""
     import torch
@@ -62,6 +77,7 @@ def gpu_bench(config: GpuBenchConfig = GpuBenchConfig(), *, with_vllm: bool = Tr
     from rl.trainer.adapter import load_policy
 
     device = torch.device("cuda", 0)
+    config = bench_config(config)
     figures: dict[str, Any] = {"gpu": torch.cuda.get_device_name(device), **asdict(config)}
     with tempfile.TemporaryDirectory(prefix="rl-bench-gpu-") as tmp:
         bench = _setup(Path(tmp), config, device)
@@ -128,7 +144,8 @@ def _vllm_figures(bench: _Bench, config: GpuBenchConfig) -> dict[str, Any]:
     adapter_dir.mkdir()
     for name, content in bench.adapter.items():
         (adapter_dir / name).write_bytes(content)
-    kwargs = vllm_llm_kwargs(gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=config.enforce_eager)
+    eager = bool(bench_config(config).enforce_eager)  # production's choice unless the config names one
+    kwargs = vllm_llm_kwargs(gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=eager)
     start = time.perf_counter()
     llm = vllm.LLM(model=str(bench.base), enable_lora=True, **kwargs)
     figures: dict[str, Any] = {"vllm_startup_s": round(time.perf_counter() - start, 1)}

@@ -7,21 +7,15 @@ published architecture unless `--model-config` names the config.json of the mode
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
 
 from rl import strict_json
-from rl.memory_plan import (
-    GIB,
-    PlanDoesNotFitError,
-    TaskPlan,
-    engine_plan,
-    gpu,
-)
+from rl.gpu_settings import plan_profile, profile_arch, profile_tokens
+from rl.memory_plan import GIB, PlanDoesNotFitError, gpu
 
-__all__ = ["plan_profile", "register"]
+__all__ = ["plan_profile", "profile_tokens", "register"]  # the plan itself: rl.gpu_settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,70 +39,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _profile(name: str) -> Any:
+def _profile(name: str, gpu_name: str) -> Any:
     from rl.errors import InputError
     from rl.flyte.config import PROFILES
 
     if name not in PROFILES:
         raise InputError(f"unknown profile {name!r}; choose one of {', '.join(sorted(PROFILES))}")
-    return PROFILES[name]("plan://model") if name == "stress" else PROFILES[name]()
-
-
-def _arch(config: Any, model_config: str | None) -> tuple[Any, int]:
-    """(architecture, its max positions) of the profile's model."""
-    from pathlib import Path
-
-    from rl.memory_plan import ModelArch
-    from rl.models.qwen3 import QWEN3_8B, qwen3_config
-    from rl.models.tiny import build_tokenizer, qwen2_config
-
-    if model_config is not None:
-        path = Path(model_config).expanduser()
-        path = path / "config.json" if path.is_dir() else path
-        arch = ModelArch.from_config_file(path)
-        return arch, int(json.loads(path.read_text()).get("max_position_embeddings", 0))
-    if config.model.uri:
-        return ModelArch.from_hf_config(qwen3_config(QWEN3_8B).to_dict()), QWEN3_8B.max_position
-    hf = qwen2_config(config.model.tiny, build_tokenizer())
-    return ModelArch.from_hf_config(hf.to_dict()), config.model.tiny.max_position
-
-
-def plan_profile(config: Any, gpu_name: str, model_config: str | None = None) -> list[TaskPlan]:
-    """The trainer's (one rank) and the rollout engine's plan for a `GrpoRunConfig` on `gpu_name`."""
-    from dataclasses import replace
-
-    from rl.memory_plan import trainer_plan
-    from rl.problems import problem_set
-
-    device = gpu(gpu_name)
-    arch, positions = _arch(config, model_config)
-    # Characters bound tokens from above for any tokenizer that has a token per character (both of ours; BPE merges).
-    prompt_tokens = 1 + max(len(p.question) for p in problem_set(config.problems).train_prompts())
-    completion_tokens = config.grpo.max_tokens
-    trainer = trainer_plan(
-        arch,
-        config.trainer,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        budget=device.memory_bytes,
-        samples=config.grpo.prompts_per_iteration * config.grpo.group_size,  # a step's batch; one rank gets no more
-        task=f"trainer (one rank, {device.name})",
-    )
-    from rl.memory_plan import CUDA_CONTEXT_BYTES
-
-    trainer = replace(trainer, terms={**trainer.terms, "cuda_context": CUDA_CONTEXT_BYTES})
-    plans = [trainer]
-    if config.engine.kind == "vllm":
-        engine = config.engine
-        if engine.max_model_len is None:
-            engine = replace(engine, max_model_len=positions)
-        group_tokens = config.grpo.group_size * (prompt_tokens + completion_tokens)
-        plans.append(engine_plan(arch, engine, group_tokens=group_tokens, device=device))
-    return plans
+    # Each profile sized for the GPU planned (rl.gpu_settings), as a deploy naming it in RL_FLYTE_GPU gets it.
+    return PROFILES[name]("plan://model", gpu=gpu_name) if name == "stress" else PROFILES[name](gpu=gpu_name)
 
 
 def run(args: argparse.Namespace) -> int:
-    config = _profile(args.profile)
+    config = _profile(args.profile, args.gpu)
     plans = plan_profile(config, args.gpu, args.model_config)
     print(f"profile {args.profile} on {gpu(args.gpu).name} ({gpu(args.gpu).memory_bytes / GIB:.1f} GiB)")
     if config.engine.kind != "vllm":
@@ -121,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         print(strict_json.dumps(terms))
     from rl.flyte.config import reuse_enabled, reuse_warning
 
-    warning = reuse_warning(config, reuse_enabled(), _arch(config, args.model_config)[0].parameters() * 2)
+    warning = reuse_warning(config, reuse_enabled(), profile_arch(config, args.model_config)[0].parameters() * 2)
     if warning is not None:
         print(warning, file=sys.stderr)
     short = [p for p in plans if not p.fits]

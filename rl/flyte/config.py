@@ -38,6 +38,9 @@ class EngineSpec:
     attention kernels need a head dimension of 64 or more, so the smoke profile's tiny model (64 wide over 4 heads)
     runs on the torch sampler; to try vLLM on a tiny model, build one 256 wide over 4 heads (`ModelSpec.tiny`).
     `max_model_len=None` leaves vLLM's context length to the model's config; vLLM refuses a longer one.
+    `max_num_seqs=None` leaves vLLM's batch default; `groups_per_call` is how many groups one rollout task decodes in
+    one `generate` call (vLLM only; the GPU profiles derive both from `rl plan`, `rl.gpu_settings`).
+    `enforce_eager=None` takes `rl.gpu.vllm_enforce_eager`'s choice in the pod, the one `rl bench --gpu` measures.
     """
 
     # Validated from JSON (a Flyte `--config`) through pydantic: a key that is not a field is refused, not dropped.
@@ -50,7 +53,9 @@ class EngineSpec:
     gpu_memory_utilization: float = 0.85
     max_model_len: int | None = None  # None: the model's own length (its config's max_position_embeddings)
     max_lora_rank: int = 16
-    enforce_eager: bool = True
+    enforce_eager: bool | None = None  # None: rl.gpu.vllm_enforce_eager decides (production and the bench alike)
+    max_num_seqs: int | None = None  # None: vLLM's default for the GPU (rl.memory_plan.vllm_batch_defaults)
+    groups_per_call: int = 1
 
     def __post_init__(self) -> None:
         if self.kind not in ENGINES:
@@ -63,6 +68,16 @@ class EngineSpec:
             raise ConfigError(
                 f"engine max_model_len and max_lora_rank must be >= 1, got {self.max_model_len} and "
                 f"{self.max_lora_rank}"
+            )
+        if self.groups_per_call < 1 or (self.max_num_seqs is not None and self.max_num_seqs < 1):
+            raise ConfigError(
+                f"engine groups_per_call and max_num_seqs must be >= 1, got {self.groups_per_call} and "
+                f"{self.max_num_seqs}"
+            )
+        if self.kind == "torch" and self.groups_per_call != 1:
+            raise ConfigError(
+                f"engine groups_per_call={self.groups_per_call} is vLLM's: the torch sampler's CPU pods take one group "
+                "per call (parallelism comes from pods); set it to 1 or use engine kind 'vllm'"
             )
         if self.kind == "vllm" and self.max_lora_rank not in VLLM_MAX_LORA_RANKS:
             raise ConfigError(
@@ -78,12 +93,17 @@ class EngineSpec:
                 f"engine.max_model_len={self.max_model_len} exceeds the model's {model_max_len} positions, which vLLM "
                 "refuses; leave it None (the model's own length) or set at most that"
             )
+        from rl.gpu import vllm_enforce_eager
+
+        eager = vllm_enforce_eager(reuse=reuse_enabled()) if self.enforce_eager is None else self.enforce_eager
+        batch = {} if self.max_num_seqs is None else {"max_num_seqs": self.max_num_seqs}
         return {
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "max_model_len": self.max_model_len or model_max_len,
             "max_lora_rank": self.max_lora_rank,
             "max_loras": 2,  # a pipelined loop samples version N+1 while evaluating N
-            "enforce_eager": self.enforce_eager,
+            "enforce_eager": eager,
+            **batch,
         }
 
 
@@ -178,13 +198,17 @@ class GrpoRunConfig(StrictConfig):
             )
 
 
-def smoke(**changes: object) -> GrpoRunConfig:
-    """The CPU-friendly profile (see the module docstring); keyword arguments replace top-level fields."""
+def smoke(gpu: str | None = None, **changes: object) -> GrpoRunConfig:
+    """The CPU-friendly profile (see the module docstring); keyword arguments replace top-level fields. `gpu` is
+    ignored: nothing of it runs on a GPU (the torch sampler, a tiny model)."""
     return GrpoRunConfig(**changes)  # type: ignore[arg-type]  # pydantic validates each field's type
 
 
-def stress(base_uri: str, **changes: object) -> GrpoRunConfig:
-    """The examples' large profile on a prefetched model at `base_uri` (see the module docstring)."""
+def stress(base_uri: str, gpu: str | None = None, **changes: object) -> GrpoRunConfig:
+    """The examples' large profile on a prefetched model at `base_uri` (see the module docstring), its micro-batch and
+    vLLM batch derived for `gpu` (default `RL_FLYTE_GPU`, else L4) by `rl.gpu_settings`."""
+    from rl.gpu_settings import named_gpu, size_for_gpu
+
     if not base_uri:
         raise ConfigError("the stress profile needs base_uri: a model directory in your object store")
     config = GrpoRunConfig(
@@ -201,8 +225,8 @@ def stress(base_uri: str, **changes: object) -> GrpoRunConfig:
         model=ModelSpec(uri=base_uri),
         engine=EngineSpec(kind="vllm", token_ids=False, max_model_len=2048, max_lora_rank=16),
         # An 8 B base must be held in bfloat16 (float32 is 33 GB, past an L4's 24), with sdpa (eager keeps every
-        # head's [T, T] probabilities) and checkpointing; micro-batches of 2 keep the [B, L, 151936] logits near 1 GB.
-        # `rl plan --profile stress --gpu L4` prints the sums.
+        # head's [T, T] probabilities) and checkpointing; the micro-batch is the GPU's (size_for_gpu, below: 2 on an
+        # L4 keeps the [B, L, 151936] logits near 1 GB). `rl plan --profile stress --gpu L4` prints the sums.
         trainer=TrainerConfig(
             lora_rank=16,
             lora_alpha=32,
@@ -210,17 +234,18 @@ def stress(base_uri: str, **changes: object) -> GrpoRunConfig:
             target_modules=("k_proj", "o_proj", "q_proj", "v_proj"),
             threads=4,
             **REAL_SIZE_TRAINER,
-            micro_batch_size=2,
         ),
         problems="arithmetic",
     )
-    return config.replace(**changes)
+    return size_for_gpu(config, gpu or named_gpu(), micro_batch=True).replace(**changes)
 
 
-def gpu_smoke(**changes: object) -> GrpoRunConfig:
+def gpu_smoke(gpu: str | None = None, **changes: object) -> GrpoRunConfig:
     """The smoke loop on the GPU tiers: vLLM rollouts from a tiny model wide enough for vLLM's attention kernels
-    (`rl.gpu.VLLM_MODEL`, head dim 64), the trainer on the GPU. Not exercised by the CPU tests."""
+    (`rl.gpu.VLLM_MODEL`, head dim 64), the trainer on the GPU, vLLM's batch derived for `gpu` (default
+    `RL_FLYTE_GPU`, else L4). Not exercised by the CPU tests."""
     from rl.gpu import VLLM_MODEL
+    from rl.gpu_settings import named_gpu, size_for_gpu
 
     config = GrpoRunConfig(
         profile="gpu-smoke",
@@ -230,7 +255,8 @@ def gpu_smoke(**changes: object) -> GrpoRunConfig:
         # as the stress profile holds its 8 B base, so the first GPU run exercises the kernels the real one will.
         trainer=TrainerConfig(lr=1e-3, threads=1, **REAL_SIZE_TRAINER),
     )
-    return config.replace(**changes)
+    # The trainer keeps its micro-batch: the cuda trainer test measured this rate at it, and the tiny model fits any.
+    return size_for_gpu(config, gpu or named_gpu(), micro_batch=False).replace(**changes)
 
 
 PROFILES: dict[str, Callable[..., GrpoRunConfig]] = {"smoke": smoke, "gpu-smoke": gpu_smoke, "stress": stress}
@@ -249,9 +275,11 @@ def reuse_warning(config: GrpoRunConfig, reuse: bool, base_bytes: int | None = N
     if reuse or config.engine.kind != "vllm":
         return None
     size = f" ({base_bytes / 1e9:.1f} GB)" if base_bytes else ""
+    groups = config.engine.groups_per_call
+    calls = -(-config.grpo.prompts_per_iteration // groups)  # the driver's rollout calls per iteration
     return (
         f"warning: {REUSE_ENV} is not 1: every rollout call starts its own pod, which downloads the base model{size} "
-        f"and cold-starts vLLM for one group: {config.grpo.prompts_per_iteration} pods per iteration, "
-        f"{config.grpo.prompts_per_iteration * config.grpo.iterations} over {config.grpo.iterations} iterations, plus "
+        f"and cold-starts vLLM for {groups} group(s): {calls} pods per iteration, "
+        f"{calls * config.grpo.iterations} over {config.grpo.iterations} iterations, plus "
         f"evaluation; set {REUSE_ENV}=1 (Union's reusable containers) to keep the engine loaded between calls"
     )

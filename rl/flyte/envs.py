@@ -1,8 +1,9 @@
 """One `flyte.TaskEnvironment` per tier, each its own failure domain: resources, retries and timeouts are its own.
 
-GRPO: `rollout` (vLLM), `reward`, `train` (PEFT), `train-cluster` (a `ClusteredTaskEnvironment` under `TorchRun`,
-restarted together by `ClusterFailurePolicy`) and two small CPU drivers whose `depends_on` names every tier they call,
-so deploying a driver deploys its loop. Agentic: `sandbox`, `judge`, `trainer` and a driver, all CPU.
+GRPO: `rollout` (vLLM, a GPU pod), `rollout-cpu` (the torch sampler, a CPU pod), `reward`, `train` (PEFT),
+`train-cluster` (a `ClusteredTaskEnvironment` under `TorchRun`, restarted together by `ClusterFailurePolicy`) and two
+small CPU drivers whose `depends_on` names every tier they call, so deploying a driver deploys its loop. Agentic:
+`sandbox`, `judge`, `trainer` and a driver, all CPU.
 
 Sizing is fixed at deploy time from the client's environment, re-injected into every environment so a task's import
 in its container sees the same values: `RL_FLYTE_TIERS` (`gpu`, the default, `cpu` or `stress`), `RL_FLYTE_GPU`
@@ -20,10 +21,12 @@ from pathlib import Path
 import flyte
 from flyte.clustered import ClusteredTaskEnvironment, ClusterFailurePolicy, TorchRun
 
-from rl.flyte.config import reuse_enabled
+from rl.errors import RolloutPlacementError
+from rl.flyte.config import ENGINES, reuse_enabled
+from rl.gpu_settings import named_gpu
 
 TIERS = os.environ.get("RL_FLYTE_TIERS", "gpu")
-GPU_TYPE = os.environ.get("RL_FLYTE_GPU", "L4")
+GPU_TYPE = named_gpu()
 REUSE = reuse_enabled()
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 DOCKERIGNORE = Path(__file__).resolve().parent / "image.dockerignore"  # caches, venvs and runs stay out of the image
@@ -46,14 +49,18 @@ ROLLOUT_ENV_VARS = {
 
 @dataclass(frozen=True)
 class TierSizing:
-    """Per-pod resources of each GRPO tier and the clustered trainer's shape for one `RL_FLYTE_TIERS` value."""
+    """Per-pod resources of each GRPO tier and the clustered trainer's shape for one `RL_FLYTE_TIERS` value. Each
+    rollout engine has its own pod: vLLM a GPU (`vllm_rollout`), the torch sampler, which has no device code, a CPU
+    (`torch_rollout`); `gpus=False` tiers deploy no GPU pod, so no vLLM rollouts (`check_engine_placement`)."""
 
-    rollout: flyte.Resources
+    vllm_rollout: flyte.Resources
+    torch_rollout: flyte.Resources
     train: flyte.Resources
     cluster_pod: flyte.Resources
     cluster_replicas: int
     cluster_nproc_per_node: int
     rollout_replicas: int | tuple[int, int]
+    gpus: bool = True
 
 
 def _gpu(cpu: int, memory: str, gpus: int, disk: str) -> flyte.Resources:
@@ -69,16 +76,68 @@ GPU_DISK, STRESS_DISK = "50Gi", "100Gi"
 
 def sizing(tiers: str = TIERS) -> TierSizing:
     """The tier sizes for `tiers` (`gpu`, `cpu` or `stress`)."""
+    cpu = flyte.Resources(cpu=2, memory="4Gi", disk="10Gi")
     if tiers == "gpu":
         one = _gpu(4, "24Gi", 1, GPU_DISK)
-        return TierSizing(one, one, one, 2, 1, (1, 4))
-    if tiers == "cpu":
-        cpu = flyte.Resources(cpu=2, memory="4Gi", disk="10Gi")
-        return TierSizing(cpu, cpu, cpu, 2, 1, (1, 2))
+        return TierSizing(one, cpu, one, one, 2, 1, (1, 4))
+    if tiers == "cpu":  # vLLM's pod is declared (its tasks import) but no driver deploys it
+        return TierSizing(_gpu(4, "24Gi", 1, GPU_DISK), cpu, cpu, cpu, 2, 1, (1, 2), gpus=False)
     if tiers == "stress":
         rollout, train = _gpu(6, "40Gi", 1, STRESS_DISK), _gpu(8, "60Gi", 1, STRESS_DISK)
-        return TierSizing(rollout, train, _gpu(16, "120Gi", 4, STRESS_DISK), 2, 4, (2, 4))
+        return TierSizing(rollout, cpu, train, _gpu(16, "120Gi", 4, STRESS_DISK), 2, 4, (2, 4))
     raise ValueError(f"RL_FLYTE_TIERS must be 'gpu', 'cpu' or 'stress', got {tiers!r}")
+
+
+ENGINE_USES_GPU = {"vllm": True, "torch": False}  # the torch sampler has no device code; vLLM needs CUDA here
+
+
+def check_rollout_pod(engine: str, resources: flyte.Resources) -> None:
+    """Refuse (`RolloutPlacementError`, one line) a rollout pod its engine cannot use: the torch sampler given a GPU
+    (it would idle, booked) or vLLM given none."""
+    if engine not in ENGINE_USES_GPU:
+        raise RolloutPlacementError(f"rollout engine must be one of {ENGINES}, got {engine!r}")
+    if ENGINE_USES_GPU[engine] and resources.gpu is None:
+        raise RolloutPlacementError(
+            "vLLM rollouts on a CPU pod: vLLM's GPU build needs CUDA; give its rollout pod a GPU (RL_FLYTE_TIERS=gpu "
+            "or stress) or use engine kind 'torch'"
+        )
+    if not ENGINE_USES_GPU[engine] and resources.gpu is not None:
+        raise RolloutPlacementError(
+            f"torch-sampler rollouts on a GPU pod ({resources.gpu}): the torch sampler computes on the CPU, so the GPU "
+            "would idle, booked; give its rollout pod no GPU or use engine kind 'vllm'"
+        )
+
+
+def check_engine_placement(engine: str, sizes: TierSizing | None = None) -> None:
+    """Refuse (`RolloutPlacementError`, one line) a run whose rollout engine has no pod in these tiers: vLLM where
+    `RL_FLYTE_TIERS` deploys no GPU. Called before a run is submitted and again by its driver before any task."""
+    sizes = SIZES if sizes is None else sizes
+    if ENGINE_USES_GPU.get(engine) and not sizes.gpus:
+        raise RolloutPlacementError(
+            f"engine kind {engine!r} needs a GPU rollout pod, and RL_FLYTE_TIERS={TIERS} deploys none; deploy "
+            "RL_FLYTE_TIERS=gpu or stress, or use engine kind 'torch' (the smoke profile)"
+        )
+
+
+def rollout_environment(engine: str, sizes: TierSizing) -> flyte.TaskEnvironment:
+    """The rollout tier of `engine` ("vllm" or "torch"): its own pod (`sizes`), checked by `check_rollout_pod`."""
+    resources = sizes.vllm_rollout if engine == "vllm" else sizes.torch_rollout
+    check_rollout_pod(engine, resources)
+    on_gpu = ENGINE_USES_GPU[engine]
+    return flyte.TaskEnvironment(
+        name="rl-grpo-rollout" if on_gpu else "rl-grpo-rollout-cpu",
+        description=(
+            "GRPO rollouts on vLLM (a GPU pod): as many groups per call as the GPU's plan allows, from the requested "
+            "LoRA adapter."
+            if on_gpu
+            else "GRPO rollouts on the torch sampler (a CPU pod): one group per call from the requested LoRA adapter."
+        ),
+        image=rl_image(True) if on_gpu else rl_image(False),
+        resources=resources,
+        env_vars=ROLLOUT_ENV_VARS if on_gpu else ENV_VARS,
+        # concurrency=1: one engine per replica batches internally; parallelism comes from replicas.
+        reusable=flyte.ReusePolicy(replicas=sizes.rollout_replicas, concurrency=1, idle_ttl=600) if REUSE else None,
+    )
 
 
 def rl_image(gpu: bool) -> flyte.Image:
@@ -107,15 +166,10 @@ CLUSTER_TIMEOUT = flyte.Timeout(max_runtime=timedelta(minutes=45), max_queued_ti
 
 # ----------------------------------------------------------------------------------------------------- GRPO tiers
 
-rollout_env = flyte.TaskEnvironment(
-    name="rl-grpo-rollout",
-    description="GRPO rollouts: one group per call from the requested LoRA adapter (vLLM on GPU, torch on CPU).",
-    image=image,
-    resources=SIZES.rollout,
-    env_vars=ROLLOUT_ENV_VARS,
-    # concurrency=1: one engine per replica batches internally; parallelism comes from replicas.
-    reusable=flyte.ReusePolicy(replicas=SIZES.rollout_replicas, concurrency=1, idle_ttl=600) if REUSE else None,
-)
+rollout_env = rollout_environment("vllm", SIZES)
+cpu_rollout_env = rollout_environment("torch", SIZES)
+# What the drivers deploy: the torch sampler's CPU pods always, vLLM's GPU pods where the tiers have GPUs.
+ROLLOUT_ENVS = [rollout_env, cpu_rollout_env] if SIZES.gpus else [cpu_rollout_env]
 
 reward_env = flyte.TaskEnvironment(
     name="rl-grpo-reward",
@@ -161,7 +215,7 @@ grpo_driver_env = flyte.TaskEnvironment(
     image=cpu_image,
     resources=flyte.Resources(cpu=1, memory="2Gi"),
     env_vars=ENV_VARS,
-    depends_on=[rollout_env, reward_env, train_env, buffer_env],
+    depends_on=[*ROLLOUT_ENVS, reward_env, train_env, buffer_env],
 )
 
 grpo_clustered_driver_env = flyte.TaskEnvironment(
@@ -171,7 +225,7 @@ grpo_clustered_driver_env = flyte.TaskEnvironment(
     resources=flyte.Resources(cpu=1, memory="2Gi"),
     env_vars=ENV_VARS,
     # train_env still serves build_base and init_adapter.
-    depends_on=[rollout_env, reward_env, train_env, buffer_env, cluster_train_env],
+    depends_on=[*ROLLOUT_ENVS, reward_env, train_env, buffer_env, cluster_train_env],
 )
 
 # --------------------------------------------------------------------------------------------------- agentic tiers

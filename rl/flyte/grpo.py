@@ -19,7 +19,7 @@ from typing import Any
 import flyte
 
 from rl.flyte.config import PROFILES, GrpoRunConfig, reuse_warning, smoke
-from rl.flyte.envs import REUSE, grpo_driver_env
+from rl.flyte.envs import REUSE, check_engine_placement, grpo_driver_env
 from rl.flyte.grpo_driver import GrpoRunResult, TrainTask, grpo_tiers, run_driver
 from rl.flyte.grpo_tasks import train_step
 
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
         config = config.replace(grpo=replace(config.grpo, pipelined=True))
         task = train_rl_clustered
+    check_engine_placement(config.engine.kind)  # vLLM where the tiers deploy no GPU: refused before submitting
     warning = None if args.local else reuse_warning(config, REUSE)
     if warning is not None:  # the GPU tiers' rollout pods, one per group, each downloading the base and starting vLLM
         print(warning, file=sys.stderr)

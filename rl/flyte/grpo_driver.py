@@ -17,24 +17,24 @@ from flyte.io import Dir
 from rl.flyte.bindings import DirArtifacts, FlyteReporter, check_base, dir_of, ref_of
 from rl.flyte.cached_outputs import call_cached
 from rl.flyte.checkpoint_store import CrashAfterCheckpoint, FlyteStateStore
-from rl.flyte.config import EngineSpec, FaultSpec, GrpoRunConfig
+from rl.flyte.config import FaultSpec, GrpoRunConfig
 from rl.flyte.grpo_tasks import (
+    RolloutTier,
     TrainInput,
     TrainOutput,
     add_rollouts,
     buffer_ref,
     buffer_version,
     build_base,
-    evaluate,
-    generate,
     init_adapter,
+    rollout_tier,
     score_group,
 )
 from rl.loop.grpo import GrpoTiers, run_grpo
 from rl.problems import constant_baseline_accuracy, problem_set
 from rl.protocols import StateStore
 from rl.trainer.config import TrainerConfig
-from rl.types import ArtifactRef, EvalResult, IterationMetrics, Rollout, RolloutRequest, TrainBatch, TrainResult
+from rl.types import ArtifactRef, EvalResult, IterationMetrics, Rollout, TrainBatch, TrainResult
 
 __all__ = ["GrpoRunResult", "TrainTask", "grpo_tiers", "run_driver"]
 
@@ -62,15 +62,6 @@ class TrainTask(Protocol):
     and `override` `call_cached` uses too."""
 
     async def __call__(self, base: Dir, adapter: Dir, optimizer_state: Dir, batch: TrainInput) -> TrainOutput: ...
-
-
-@dataclass(frozen=True)
-class _TaskEngine:
-    base: Dir
-    spec: EngineSpec
-
-    async def generate(self, request: RolloutRequest) -> list[Rollout]:
-        return await generate(self.base, dir_of(request.adapter), request, self.spec)
 
 
 @dataclass(frozen=True)
@@ -105,14 +96,12 @@ def _written(out: TrainOutput) -> list[str]:
 
 @dataclass(frozen=True)
 class _TaskEvaluator:
-    base: Dir
+    rollouts: RolloutTier  # the evaluate task of the engine's own pod
     config: GrpoRunConfig
 
     async def evaluate(self, adapter: ArtifactRef, policy_version: int, k: int, seed: int) -> EvalResult:
         config = self.config
-        return await evaluate(
-            self.base, dir_of(adapter), policy_version, k, seed, config.problems, config.grpo.max_tokens, config.engine
-        )
+        return await self.rollouts.evaluate(adapter, policy_version, k, seed, config.problems, config.grpo.max_tokens)
 
 
 @dataclass(frozen=True)
@@ -137,13 +126,14 @@ def grpo_tiers(config: GrpoRunConfig, base: Dir, *, step_task: TrainTask, title:
             f"{'pipelined' if config.grpo.pipelined else 'sequential'}"
         ],
     )
+    rollouts = rollout_tier(base, config.engine)  # refuses an engine these tiers have no pod for
     return GrpoTiers(
-        engine=_TaskEngine(base, config.engine),
+        engine=rollouts,
         scorer=_TaskScorer(config.reward),
         trainer=_TaskTrainer(base, config.trainer, step_task),
         artifacts=DirArtifacts(),
         prompts=problems,
-        evaluator=_TaskEvaluator(base, config) if config.grpo.evaluate else None,
+        evaluator=_TaskEvaluator(rollouts, config) if config.grpo.evaluate else None,
         reporter=reporter,
         span=flyte.group,
         buffer=_TaskBuffer() if config.keep_rollouts else None,

@@ -1,11 +1,10 @@
 """The GRPO loop's Flyte tasks (the training-loop and rollouts tutorials): thin recipes over the tested components, each
 one action.
 
-`build_base` (train tier, cached: the tiny base model as a `flyte.io.Dir`), `init_adapter` (train tier: version 0),
-`generate` (rollout tier: one seeded group per call, vLLM or the torch sampler as `EngineSpec.kind` says, the engine
-built once per process), `score_group` (reward tier), `train_step` (train tier: adapter and optimizer state in and
-out as Dirs), `evaluate` (rollout tier: avg@k and pass@k) and `add_rollouts` (buffer tier). Each in full:
-docs/flyte.md#the-modules.
+`build_base`, `init_adapter`, `train_step` (train tier), `generate` / `generate_groups` / `evaluate` (vLLM's GPU
+rollout pod: one group, or as many as the GPU's plan allows, per call), `generate_on_cpu` / `evaluate_on_cpu` (the
+torch sampler's CPU pod), `score_group` (reward tier) and `add_rollouts` (buffer tier); `RolloutTier` is the
+driver's engine over the rollout tasks. Each in full: docs/flyte.md#the-modules.
 
 Every pure step is `cache="auto"` and a pure function of its inputs (seeded sampling, pinned torch threads, adapters
 identified by content digest), so a retried task or a rerun of the loop recomputes — or reuses — the same outputs.
@@ -14,7 +13,9 @@ The driver that calls them is `rl.flyte.grpo`.
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from rl.flyte.envs import (
     ROLLOUT_TIMEOUT,
     TRAIN_TIMEOUT,
     buffer_env,
+    check_engine_placement,
+    cpu_rollout_env,
     reward_env,
     rollout_env,
     train_env,
@@ -50,16 +53,23 @@ from rl.types import (
 )
 
 __all__ = [
+    "BatchedRolloutTier",
+    "RolloutTier",
     "TrainInput",
     "TrainOutput",
     "add_rollouts",
     "buffer_ref",
     "buffer_version",
     "build_base",
+    "call_groups",
     "engine_for",
     "evaluate",
+    "evaluate_on_cpu",
     "generate",
+    "generate_groups",
+    "generate_on_cpu",
     "init_adapter",
+    "rollout_tier",
     "score_group",
     "train_device",
     "train_step",
@@ -189,11 +199,43 @@ async def init_adapter(base: Dir, seed: int, trainer: TrainerConfig) -> TrainOut
     return TrainOutput.of(await peft.init_adapter(seed))
 
 
-@rollout_env.task(cache="auto", retries=2, timeout=ROLLOUT_TIMEOUT)
-async def generate(base: Dir, adapter: Dir, request: RolloutRequest, engine: EngineSpec) -> list[Rollout]:
-    """One group: `request.n` seeded completions of one prompt from `adapter`, with their sampling log-probs."""
+def _on_pod(engine: EngineSpec, pod: str) -> None:
+    """A rollout task runs only the engine its pod is for (`RolloutTier` never sends another)."""
+    if engine.kind != pod:
+        from rl.errors import RolloutPlacementError
+
+        raise RolloutPlacementError(f"engine kind {engine.kind!r} sent to the {pod} rollout pod; use RolloutTier")
+
+
+async def _generate(base: Dir, adapter: Dir, request: RolloutRequest, engine: EngineSpec) -> list[Rollout]:
     request = replace(request, adapter=ref_of(adapter))
     return await (await engine_for(base, engine)).generate(request)
+
+
+@rollout_env.task(cache="auto", retries=2, timeout=ROLLOUT_TIMEOUT)
+async def generate(base: Dir, adapter: Dir, request: RolloutRequest, engine: EngineSpec) -> list[Rollout]:
+    """One group on vLLM: `request.n` seeded completions of one prompt from `adapter`, with their sampling log-probs."""
+    _on_pod(engine, "vllm")
+    return await _generate(base, adapter, request, engine)
+
+
+@rollout_env.task(cache="auto", retries=2, timeout=ROLLOUT_TIMEOUT)
+async def generate_groups(
+    base: Dir, adapter: Dir, requests: list[RolloutRequest], engine: EngineSpec
+) -> list[list[Rollout]]:
+    """Several groups on vLLM in one `generate` call, in order; each group's samples are what `generate` gives it
+    alone (per-request seeds: the conformance suite's batch laws)."""
+    _on_pod(engine, "vllm")
+    ref = ref_of(adapter)
+    vllm = await engine_for(base, engine)
+    return await vllm.generate_groups([replace(r, adapter=ref) for r in requests])  # type: ignore[attr-defined]
+
+
+@cpu_rollout_env.task(cache="auto", retries=2, timeout=ROLLOUT_TIMEOUT)
+async def generate_on_cpu(base: Dir, adapter: Dir, request: RolloutRequest, engine: EngineSpec) -> list[Rollout]:
+    """One group on the torch sampler: `generate`'s contract, on a CPU pod."""
+    _on_pod(engine, "torch")
+    return await _generate(base, adapter, request, engine)
 
 
 @reward_env.task(cache="auto", retries=2, timeout=REWARD_TIMEOUT)
@@ -214,17 +256,83 @@ async def train_step(base: Dir, adapter: Dir, optimizer_state: Dir, batch: Train
     return TrainOutput.of(await peft.train_step(batch.batch(ref_of(adapter), opt_ref)))
 
 
-@rollout_env.task(cache="auto", retries=1, timeout=ROLLOUT_TIMEOUT)
-async def evaluate(
+async def _evaluate(
     base: Dir, adapter: Dir, policy_version: int, k: int, seed: int, problems: str, max_tokens: int, engine: EngineSpec
 ) -> EvalResult:
-    """Held-out evaluation of one adapter: k samples per problem of the named set."""
     from rl.scoring import SamplingEvaluator
 
     evaluator = SamplingEvaluator(
         await engine_for(base, engine), problem_set(problems).eval_prompts(), max_tokens=max_tokens
     )
     return await evaluator.evaluate(ref_of(adapter), policy_version, k, seed)
+
+
+@rollout_env.task(cache="auto", retries=1, timeout=ROLLOUT_TIMEOUT)
+async def evaluate(
+    base: Dir, adapter: Dir, policy_version: int, k: int, seed: int, problems: str, max_tokens: int, engine: EngineSpec
+) -> EvalResult:
+    """Held-out evaluation of one adapter on vLLM: k samples per problem of the named set."""
+    _on_pod(engine, "vllm")
+    return await _evaluate(base, adapter, policy_version, k, seed, problems, max_tokens, engine)
+
+
+@cpu_rollout_env.task(cache="auto", retries=1, timeout=ROLLOUT_TIMEOUT)
+async def evaluate_on_cpu(
+    base: Dir, adapter: Dir, policy_version: int, k: int, seed: int, problems: str, max_tokens: int, engine: EngineSpec
+) -> EvalResult:
+    """`evaluate` on the torch sampler, on a CPU pod."""
+    _on_pod(engine, "torch")
+    return await _evaluate(base, adapter, policy_version, k, seed, problems, max_tokens, engine)
+
+
+def call_groups(requests: Sequence[RolloutRequest], per_call: int) -> list[list[RolloutRequest]]:
+    """`requests` cut, in order, into calls of at most `per_call` groups that share one adapter."""
+    calls: list[list[RolloutRequest]] = []
+    for request in requests:
+        if calls and len(calls[-1]) < per_call and calls[-1][0].adapter == request.adapter:
+            calls[-1].append(request)
+        else:
+            calls.append([request])
+    return calls
+
+
+@dataclass(frozen=True)
+class RolloutTier:
+    """The driver's rollout engine over the tasks: vLLM's on its GPU pods, the torch sampler's on CPU pods. With
+    `spec.groups_per_call > 1` it batches (`generate_groups`): an iteration's groups in calls of that many, all in
+    flight at once, results in request order; each group's rollouts are what a call of its own gives."""
+
+    base: Dir
+    spec: EngineSpec
+
+    def __post_init__(self) -> None:
+        check_engine_placement(self.spec.kind)  # vLLM where the tiers deploy no GPU: refused before any task
+
+    async def generate(self, request: RolloutRequest) -> list[Rollout]:
+        task = generate if self.spec.kind == "vllm" else generate_on_cpu
+        return await task(self.base, dir_of(request.adapter), request, self.spec)
+
+    async def evaluate(self, adapter: ArtifactRef, policy_version: int, k: int, seed: int, problems: str,
+                       max_tokens: int) -> EvalResult:  # fmt: skip
+        task = evaluate if self.spec.kind == "vllm" else evaluate_on_cpu
+        return await task(self.base, dir_of(adapter), policy_version, k, seed, problems, max_tokens, self.spec)
+
+
+@dataclass(frozen=True)
+class BatchedRolloutTier(RolloutTier):
+    """`RolloutTier` for vLLM with several groups per call (`BatchedRolloutEngine`)."""
+
+    async def generate_groups(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
+        calls = call_groups(requests, self.spec.groups_per_call)
+        done = await asyncio.gather(
+            *(generate_groups(self.base, dir_of(c[0].adapter), list(c), self.spec) for c in calls)
+        )
+        return [group for call in done for group in call]
+
+
+def rollout_tier(base: Dir, spec: EngineSpec) -> RolloutTier:
+    """The driver's rollout engine for `spec`: batched where vLLM takes several groups per call."""
+    return (BatchedRolloutTier if spec.groups_per_call > 1 else RolloutTier)(base, spec)
 
 
 @buffer_env.task(retries=2, timeout=BUFFER_TIMEOUT)
