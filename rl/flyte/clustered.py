@@ -63,6 +63,9 @@ def join_process_group() -> tuple[int, int, str, bool]:
     import torch
     import torch.distributed as dist
 
+    from rl.flyte.nccl_debug import apply_nccl_diagnostics
+
+    apply_nccl_diagnostics()  # RL_NCCL_DEBUG=1: NCCL's and torch's diagnostics, before a communicator reads them
     if dist.is_initialized():
         # A group someone else made: its backend says where this rank computes (NCCL reduces CUDA tensors only, on the
         # device its creator bound with torch.cuda.set_device).
