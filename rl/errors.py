@@ -307,8 +307,8 @@ class RankFailedError(RlError, RuntimeError):
             )
         else:
             message = (
-                f"{head}: the ranks' agreement collective itself failed ({collective_error}), so a peer rank died "
-                "(killed, out of host memory) or its connection dropped; nothing was saved. Its log says why"
+                f"{head}: its collective failed ({collective_error}): a peer rank died (killed, out of host memory) "
+                "or failed inside it, or its connection dropped; nothing was saved. The other ranks' logs say which"
             )
         super().__init__(message)
 

@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from fixtures_real import tiny_model_dir
+from rank_agreement_worker import dies_before_agreeing
 from trainer_batches import make_batch, make_rollouts, varied_rewards
 
 import rl.trainer.ddp as ddp
@@ -151,6 +153,24 @@ def test_a_rank_failing_mid_step_fails_every_rank_with_its_name_and_error(
             assert "\n" not in got["message"], (rank, got)  # one line, the injected newline escaped
             assert got["cause"] == (type(error).__name__ if rank in failing else None), (rank, got)
         assert "micro_batch_size" in outcomes[plan.index(next(p for p in plan if p[0] == "oom-in-backward"))]["message"]
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_fails_its_peer_in_the_agreement_instead_of_hanging(tmp_path: Path) -> None:
+    """On gloo the dead peer's closed connection ends the agreement at once: RankFailedError, naming no rank (none
+    reported), saying the collective failed. A hang would end with gloo's timeout error after 120 s instead."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = mp.start_processes(
+        dies_before_agreeing, args=(2, port, str(tmp_path)), nprocs=2, join=False, start_method="spawn"
+    )
+    for process in context.processes:
+        process.join(HANG_GUARD_S)
+        assert not process.is_alive(), "a rank hung"
+    outcome = pickle.loads((tmp_path / "rank0.pkl").read_bytes())
+    assert outcome["outcome"] == "RankFailedError" and outcome["failed_ranks"] == (), outcome
+    assert "its collective failed" in outcome["text"] and "timed out" not in outcome["text"].lower(), outcome
 
 
 # ---------------------------------------------------------------------------------------------------------------------

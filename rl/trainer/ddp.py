@@ -37,7 +37,7 @@ from rl.trainer.adapter import adapter_files
 from rl.trainer.batched_loss import batched_loss_fns, batched_stat_sums
 from rl.trainer.config import TrainerConfig
 from rl.trainer.optimizer_state import optimizer_files
-from rl.trainer.rank_agreement import agree, broadcast_outcome
+from rl.trainer.rank_agreement import agree, broadcast_outcome, summary
 from rl.trainer.step import (
     PreparedStep,
     clip_and_step,
@@ -103,7 +103,14 @@ def ddp_shard_step(
         error = exc
     device = next(ddp_model.parameters()).device  # where the backend reduces (CUDA under NCCL)
     agree(error, device, where="computing its shard's gradients", group=ddp_model.process_group)
-    (sync_forward().float().sum() * 0.0).backward()  # the one synchronising backward
+    try:
+        (sync_forward().float().sum() * 0.0).backward()  # the one synchronising backward
+    except Exception as exc:  # no agreement can follow a collective that broke: say so, typed, on every rank it reaches
+        group = ddp_model.process_group
+        where = "all-reducing the gradients"
+        raise RankFailedError(
+            dist.get_rank(group), dist.get_world_size(group), where, collective_error=summary(exc)
+        ) from exc
 
 
 def _run_sync(coro: Coroutine[Any, Any, T]) -> T:
