@@ -59,7 +59,7 @@ def agree(
     mine = None if error is None else (type(error).__qualname__, summary(error))
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, mine, group=group)  # the failure path only
-    if error is not None and isinstance(error, RlError) and all(g is not None and g[0] == mine[0] for g in gathered):
+    if isinstance(error, RlError) and all(g is not None and g[0] == type(error).__qualname__ for g in gathered):
         raise error  # every rank refused the same input alike: the input's own typed error, not a rank's
     failures = tuple((r, gathered[r][1] if gathered[r] else "an error it could not report") for r in failed)
     raise RankFailedError(me, world, where, failures) from error
