@@ -85,12 +85,8 @@ def ddp_shard_step(
     forward through `DDP.forward` (`sync_forward`, e.g. a 1-token forward of `ddp_model`) and a zero-scaled backward,
     unconditionally, so the collective count is the same on every rank by construction, empty shards included.
 
-    Between the two, every rank takes part in one tiny agreement (`rl.trainer.rank_agreement.agree`) whether its
-    backwards succeeded or not: if one failed (out of memory, any exception), every rank raises `RankFailedError` there
-    instead of its peers waiting in the gradient all-reduce until the collective timeout.
-
-    A bare `(0.0 * sum(p.sum() for p in params)).backward()` would not do: it never passes through `DDP.forward`, so the
-    reducer is not prepared for the iteration and no all-reduce happens.
+    Between the two, every rank joins one tiny agreement (`rl.trainer.rank_agreement.agree`): if any rank's backwards
+    failed, every rank raises `RankFailedError` there. Why not a bare zero backward: docs/design.md#data-parallel-steps.
 
     Shape: each `sample_loss_fns[i]()` is a 0-d loss; `sync_forward()` is any tensor computed by `ddp_model(...)`.
     """
@@ -145,8 +141,7 @@ def ddp_train_step(
     Raises:
         ValueError: no default process group, or `rank`/`world_size` disagree with it.
         BatchError, StaleBatchError: as `PeftTrainer.train_step` (raised on every rank alike).
-        RankFailedError: one or more ranks failed (loading, computing gradients, stepping, saving); raised on every
-            rank, naming them and their errors. Failures every rank shares alike (a stale batch) keep their own type.
+        RankFailedError: on every rank, when one or more failed (loading, computing gradients, stepping, saving).
     """
     _check_process_group(rank, world_size)
     artifacts = LocalArtifacts(Path(artifacts_root))
