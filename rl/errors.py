@@ -276,3 +276,55 @@ class VLLMSamplingError(SamplingSettingsError):
 
 
 __all__ += ["VLLMSamplingError"]
+
+
+class RankFailedError(RlError, RuntimeError):
+    """A step of a process group failed on one or more ranks; every rank raises it at the same agreement point
+    (`rl.trainer.rank_agreement`), so none is left waiting in a collective, and nothing was saved. Its message names
+    the failed ranks and each one's error (type and message); a failed rank's own error is its `__cause__`. It pickles
+    from its fields, so it crosses process boundaries (spawned ranks, remote tasks) intact."""
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        where: str,
+        failures: tuple[tuple[int, str], ...] = (),
+        collective_error: str = "",
+    ) -> None:
+        self.rank, self.world_size, self.where = rank, world_size, where
+        self.failures, self.collective_error = tuple(failures), collective_error
+        head = f"rank {rank} of {world_size}: the step failed while {where}"
+        if failures:
+            if len(self.failures) == 1:
+                ranks, each = f"rank {self.failures[0][0]}", self.failures[0][1]
+            else:
+                ranks = f"ranks {', '.join(str(r) for r in self.failed_ranks)}"
+                each = "; ".join(f"rank {r}: {error}" for r, error in self.failures)
+            oom = any("OutOfMemoryError" in error or "out of memory" in error for _, error in self.failures)
+            hint = (
+                " (out of memory: lower the trainer's micro_batch_size, or turn on gradient_checkpointing)"
+                if oom
+                else ""
+            )
+            message = (
+                f"{head} on {ranks} ({each}){hint}; every rank stopped "
+                "there and nothing was saved. Fix that rank's error (its log has the traceback) and run the step again"
+            )
+        else:
+            message = (
+                f"{head}: its collective failed ({collective_error}): a peer rank died (killed, out of host memory) "
+                "or failed inside it, or its connection dropped; nothing was saved. The other ranks' logs say which"
+            )
+        super().__init__(message)
+
+    @property
+    def failed_ranks(self) -> tuple[int, ...]:
+        """The ranks whose own step failed (empty when the agreement's collective itself failed)."""
+        return tuple(r for r, _ in self.failures)
+
+    def __reduce__(self) -> tuple[type, tuple[int, int, str, tuple[tuple[int, str], ...], str]]:
+        return (type(self), (self.rank, self.world_size, self.where, self.failures, self.collective_error))
+
+
+__all__ += ["RankFailedError"]

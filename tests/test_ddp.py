@@ -33,7 +33,7 @@ CONFIG = TrainerConfig(lora_rank=4, lora_alpha=8, seed=3, threads=1)
 TIMEOUT_S = 300.0
 """The gloo collective timeout. No test here expects a deadlock, so it only bounds a hang: generous enough that a rank
 slowed by a saturated machine never trips it (a step takes about a second), and a hang still fails, as a timeout error
-where PeerRankError or the rank's own error is expected."""
+where RankFailedError or the rank's own error is expected."""
 WORLD = 2
 
 
@@ -86,7 +86,7 @@ def _failing_steps(
             ddp_train_step(rank, world_size, base_dir, root, batch, CONFIG)
             outcomes.append("ok")
         except Exception as exc:
-            # A rank left waiting in a collective would end with gloo's timeout error here, not PeerRankError: the
+            # A rank left waiting in a collective would end with gloo's timeout error here, not RankFailedError: the
             # outcome's type tells a hang from an agreed failure, however long either took.
             outcomes.append(type(exc).__name__)
     return outcomes
@@ -194,7 +194,7 @@ def test_the_multi_rank_train_step_equals_the_single_process_step(ddp_run: DdpRu
 
 @pytest.mark.slow
 def test_failures_surface_on_every_rank_instead_of_hanging(ddp_run: DdpRun) -> None:
-    """A stale batch raises StaleBatchError on every rank; one rank's unreadable input fails that rank with its own
-    error and the other with PeerRankError (a rank that hung in a collective would end with gloo's timeout error)."""
+    """A stale batch raises StaleBatchError on every rank; one rank's unreadable input fails every rank with
+    RankFailedError (a rank that hung in a collective would end with gloo's timeout error)."""
     outcomes = ddp_run.results("failures")
-    assert outcomes == [["StaleBatchError", "PeerRankError"], ["StaleBatchError", "ArtifactNotFoundError"]]
+    assert outcomes == [["StaleBatchError", "RankFailedError"], ["StaleBatchError", "RankFailedError"]]

@@ -31,6 +31,7 @@ from types import ModuleType
 from typing import Any
 
 from rl.artifacts import materialize
+from rl.engines.vllm_start_errors import KVCACHE_ENV, StartContext, one_line, start_advice, vllm_platform
 from rl.errors import EngineStartError, VLLMSamplingError
 from rl.protocols import Artifacts
 from rl.types import ArtifactRef, Rollout, RolloutRequest, SamplingSettings
@@ -48,8 +49,6 @@ VLLM_DEFAULT_MAX_LORA_RANK = 16
 _CUMULATIVE_ATOL = 1e-2
 
 
-KVCACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
-"""GiB of KV cache vLLM's CPU build allocates (the GPU build ignores it)."""
 _GIB = 2**30
 KVCACHE_MAX_GIB = 4
 
@@ -426,26 +425,35 @@ class VLLMEngine:
             self._scratch = tempfile.TemporaryDirectory(prefix="rl-vllm-scratch-", dir=_scratch_parent())
             kvcache = os.environ.get(KVCACHE_ENV) or str(cpu_kvcache_gib(available_memory_bytes()))
             tee = _StderrTee()
+            kwargs = engine_llm_kwargs(self.base_model_dir, self.llm_kwargs)
             try:
                 with _environ_defaults(VLLM_RPC_BASE_PATH=self._scratch.name,
                                        TORCHINDUCTOR_CACHE_DIR=os.path.join(self._scratch.name, "inductor"),
                                        **{KVCACHE_ENV: kvcache}), tee:  # fmt: skip
-                    self._llm = vllm.LLM(**engine_llm_kwargs(self.base_model_dir, self.llm_kwargs))
+                    self._llm = vllm.LLM(**kwargs)
             except Exception as e:
                 self._remove_scratch()
-                raise self._start_error(e, tee.text(), kvcache) from e
+                raise self._start_error(e, tee.text(), kvcache, kwargs.get("gpu_memory_utilization")) from e
         return self._llm
 
-    def _start_error(self, error: Exception, log: str, kvcache: str) -> EngineStartError:
-        """One line: what vLLM raised, the root cause its processes logged, and what to change."""
-        raised = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
-        cause = start_failure_cause(log) or "none logged (see vLLM's output above)"
-        given = "as set in the environment" if os.environ.get(KVCACHE_ENV) else "chosen by the engine"
+    def _start_error(
+        self, error: Exception, log: str, kvcache: str, gpu_memory_utilization: float | None
+    ) -> EngineStartError:
+        """One line: what vLLM raised, the root cause its processes logged, and what it means on this platform
+        (`rl.engines.vllm_start_errors`)."""
+        raised = one_line(f"{type(error).__name__}: {error}")
+        logged = start_failure_cause(log)
+        context = StartContext(
+            platform=vllm_platform(self.vllm),
+            kvcache_gib=kvcache,
+            kvcache_given=bool(os.environ.get(KVCACHE_ENV)),
+            available_gib=available_memory_bytes() / _GIB,
+            gpu_memory_utilization=gpu_memory_utilization,
+        )
+        cause = one_line(logged) if logged else "none logged (see vLLM's output above)"
+        advice = start_advice(f"{logged or ''}\n{error}", context)  # the logged cause, else what vLLM raised
         return EngineStartError(
-            f"vLLM's engine did not start for {self.base_model_dir} ({raised}); root cause: "
-            f"{cause}. On vLLM's CPU build the KV cache was "
-            f"{KVCACHE_ENV}={kvcache} GiB ({given}, {available_memory_bytes() / _GIB:.1f} GiB available): if the "
-            f"cause is memory, set {KVCACHE_ENV} lower or free memory; else fix what the cause names"
+            f"vLLM's engine did not start for {self.base_model_dir} ({raised}); root cause: {cause}. {advice}"
         )
 
     def lora_id(self, version: int, digest: str) -> tuple[str, int]:

@@ -63,6 +63,9 @@ def join_process_group() -> tuple[int, int, str, bool]:
     import torch
     import torch.distributed as dist
 
+    from rl.flyte.nccl_debug import apply_nccl_diagnostics
+
+    apply_nccl_diagnostics()  # RL_NCCL_DEBUG=1: NCCL's and torch's diagnostics, before a communicator reads them
     if dist.is_initialized():
         # A group someone else made: its backend says where this rank computes (NCCL reduces CUDA tensors only, on the
         # device its creator bound with torch.cuda.set_device).
@@ -103,26 +106,29 @@ async def _download_once(base: Dir, target: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-async def node_base(base: Dir, rank: int, device: str) -> Path:
+async def node_base(base: Dir, rank: int, device: str, failed: Exception | None = None) -> Path:
     """The base model on this pod's disk: local rank 0 downloads it, then every rank of the group agrees it did.
 
     Outside torchrun (no `LOCAL_RANK`) the one process downloads it as every other task does (`local_base`).
 
-    The agreement is one all-reduce every rank reaches, so a failed download fails every rank at once (the failing
-    rank with its own error, the others with `PeerRankError`) instead of leaving the others waiting on the file. It
-    runs on a gloo group whose timeout is `DOWNLOAD_TIMEOUT`, not the step's `COLLECTIVE_TIMEOUT`: a slow download is
-    not a desynchronised collective.
+    The agreement (`rl.trainer.rank_agreement.agree`) is one all-reduce every rank reaches, so a failed download, or
+    `failed` (an error this rank already had, e.g. staging its inputs), fails every rank at once with
+    `RankFailedError` naming the rank, instead of leaving the others waiting on the file. It runs on a gloo group
+    whose timeout is `DOWNLOAD_TIMEOUT`, not the step's `COLLECTIVE_TIMEOUT`: a slow download is not a desynchronised
+    collective.
     """
     import torch
 
-    from rl.trainer.ddp import PeerRankError, ranks_agree
+    from rl.trainer.rank_agreement import agree
 
     if "LOCAL_RANK" not in os.environ:  # not under torchrun (Flyte's local mode): one rank, nothing to share
+        if failed is not None:
+            raise failed
         return await local_base(base)
     # Keyed on the content digest where the Dir carries one, so a retry's fresh upload of the same model is reused.
     target = node_cache() / content_digest(base.hash or base.path)
-    error: BaseException | None = None
-    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+    error = failed
+    if error is None and int(os.environ.get("LOCAL_RANK", "0")) == 0:
         try:
             await _download_once(base, target)
         except Exception as exc:
@@ -131,13 +137,9 @@ async def node_base(base: Dir, rank: int, device: str) -> Path:
 
     waiting = dist.new_group(backend="gloo", timeout=DOWNLOAD_TIMEOUT)  # every rank calls it, in the same order
     try:
-        agreed = ranks_agree(error is None, torch.device("cpu"), group=waiting)
+        agree(error, torch.device("cpu"), where=f"staging its inputs and the base model {base.path}", group=waiting)
     finally:
         dist.destroy_process_group(waiting)
-    if not agreed:
-        if error is not None:
-            raise error
-        raise PeerRankError(f"rank {rank}: a local rank 0 failed to download the base model {base.path}; see its error")
     return target
 
 
@@ -164,26 +166,36 @@ async def train_step_clustered(base: Dir, adapter: Dir, optimizer_state: Dir, ba
     import torch.distributed as dist
 
     from rl.trainer.ddp import ddp_train_step
+    from rl.trainer.rank_agreement import broadcast_outcome
     from rl.types import TrainResult
 
     quiet_transformers()
     rank, world_size, device, own_group = join_process_group()
     try:
-        base_dir = await node_base(base, rank, device)
         with tempfile.TemporaryDirectory(prefix=f"rl-rank{rank}-") as tmp:
             root = Path(tmp)
-            staged = batch.batch(
-                await _stage(root, adapter, "adapter-in"),
-                None if optimizer_state.is_empty else await _stage(root, optimizer_state, "optimizer-in"),
-            )
+            # Every failure of one rank is agreed on at the next collective, so no rank waits on a peer that raised.
+            staged, error = None, None
+            try:
+                staged = batch.batch(
+                    await _stage(root, adapter, "adapter-in"),
+                    None if optimizer_state.is_empty else await _stage(root, optimizer_state, "optimizer-in"),
+                )
+            except Exception as exc:
+                error = exc
+            base_dir = await node_base(base, rank, device, failed=error)
+            assert staged is not None  # else node_base raised
             result: TrainResult = ddp_train_step(rank, world_size, base_dir, root, staged, batch.trainer, device=device)
-            paths: list[object] = [None, None]
+            published, error = None, None
             if rank == 0:
-                paths = [
-                    await _publish(root, result.adapter, f"adapter-v{batch.new_version}"),
-                    await _publish(root, result.optimizer_state, f"optimizer-v{batch.new_version}"),
-                ]
-            dist.broadcast_object_list(paths, src=0)
+                try:
+                    published = [
+                        await _publish(root, result.adapter, f"adapter-v{batch.new_version}"),
+                        await _publish(root, result.optimizer_state, f"optimizer-v{batch.new_version}"),
+                    ]
+                except Exception as exc:
+                    error = exc
+            paths = broadcast_outcome(published, error, where="publishing the adapter and optimizer state on rank 0")
     finally:
         if own_group:
             dist.destroy_process_group()

@@ -37,6 +37,7 @@ ENV_VARS = {
     "RL_FLYTE_GPU": GPU_TYPE,
     "RL_FLYTE_REUSE": "1" if REUSE else "0",
     "HF_HUB_OFFLINE": "1",
+    "RL_NCCL_DEBUG": os.environ.get("RL_NCCL_DEBUG", "0"),  # NCCL's diagnostics on (rl.flyte.nccl_debug)
 }
 
 ROLLOUT_ENV_VARS = {

@@ -4,8 +4,9 @@ group.
 Each rank scales its samples' losses by `W / N` (W ranks, N contributing samples), so DDP's default averaging
 all-reduce gives the single-process full-batch gradient up to summation order; DDP's communication hook stays its
 own. Every rank runs exactly one synchronising backward whatever its shard holds (possibly nothing), takes the
-batch's decisions identically, and agrees on per-rank failures (reading an artifact) with one all-reduce before any
-DDP collective, so one rank's error is every rank's error instead of a hang. Why: docs/design.md#data-parallel-steps.
+batch's decisions identically, and agrees on per-rank failures (reading an artifact, an out-of-memory forward, the
+optimizer step) before the next collective (`rl.trainer.rank_agreement`), so one rank's error is every rank's
+`RankFailedError` instead of a hang. Why: docs/design.md#data-parallel-steps.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from rl.artifacts import LocalArtifacts
+from rl.errors import RankFailedError
 from rl.trainer.adapter import adapter_files
 from rl.trainer.batched_loss import batched_loss_fns, batched_stat_sums
 from rl.trainer.config import TrainerConfig
 from rl.trainer.optimizer_state import optimizer_files
+from rl.trainer.rank_agreement import agree, broadcast_outcome, summary
 from rl.trainer.step import (
     PreparedStep,
     clip_and_step,
@@ -48,11 +51,7 @@ from rl.types import ArtifactRef, StepMetrics, TrainBatch, TrainResult
 
 T = TypeVar("T")
 
-__all__ = ["PeerRankError", "ddp_shard_step", "ddp_train_step", "run_local_ddp", "shard"]
-
-
-class PeerRankError(RuntimeError):
-    """Another rank of the step failed; its own error is in that rank's log (rank 0's is re-raised by the launcher)."""
+__all__ = ["RankFailedError", "ddp_shard_step", "ddp_train_step", "run_local_ddp", "shard"]
 
 
 def shard(indices: Sequence[int], rank: int, world_size: int) -> list[int]:
@@ -86,15 +85,28 @@ def ddp_shard_step(
     forward through `DDP.forward` (`sync_forward`, e.g. a 1-token forward of `ddp_model`) and a zero-scaled backward,
     unconditionally, so the collective count is the same on every rank by construction, empty shards included.
 
-    A bare `(0.0 * sum(p.sum() for p in params)).backward()` would not do: it never passes through `DDP.forward`, so the
-    reducer is not prepared for the iteration and no all-reduce happens.
+    Between the two, every rank joins one tiny agreement (`rl.trainer.rank_agreement.agree`): if any rank's backwards
+    failed, every rank raises `RankFailedError` there. Why not a bare zero backward: docs/design.md#data-parallel-steps.
 
     Shape: each `sample_loss_fns[i]()` is a 0-d loss; `sync_forward()` is any tensor computed by `ddp_model(...)`.
     """
-    with ddp_model.no_sync():
-        for fn in sample_loss_fns:
-            fn().backward()  # local accumulation; this sample's graph is freed here
-    (sync_forward().float().sum() * 0.0).backward()  # the one synchronising backward
+    error: Exception | None = None
+    try:
+        with ddp_model.no_sync():
+            for fn in sample_loss_fns:
+                fn().backward()  # local accumulation; this sample's graph is freed here
+    except Exception as exc:
+        error = exc
+    device = next(ddp_model.parameters()).device  # where the backend reduces (CUDA under NCCL)
+    agree(error, device, where="computing its shard's gradients", group=ddp_model.process_group)
+    try:
+        (sync_forward().float().sum() * 0.0).backward()  # the one synchronising backward
+    except Exception as exc:  # no agreement can follow a collective that broke: say so, typed, on every rank it reaches
+        group = ddp_model.process_group
+        where = "all-reducing the gradients"
+        raise RankFailedError(
+            dist.get_rank(group), dist.get_world_size(group), where, collective_error=summary(exc)
+        ) from exc
 
 
 def _run_sync(coro: Coroutine[Any, Any, T]) -> T:
@@ -106,14 +118,6 @@ def _run_sync(coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(coro)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(asyncio.run, coro).result()
-
-
-def ranks_agree(ok: bool, device: torch.device, group: Any = None) -> bool:
-    """Whether every rank is `ok` (one all-reduce over `group`, the default group when None); ranks call it at the
-    same point so it cannot deadlock."""
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int64, device=device)  # NCCL reduces CUDA tensors only
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
-    return bool(flag.item())
 
 
 def ddp_train_step(
@@ -137,7 +141,7 @@ def ddp_train_step(
     Raises:
         ValueError: no default process group, or `rank`/`world_size` disagree with it.
         BatchError, StaleBatchError: as `PeftTrainer.train_step` (raised on every rank alike).
-        PeerRankError: this rank was fine but another failed before the collective step or while saving.
+        RankFailedError: on every rank, when one or more failed (loading, computing gradients, stepping, saving).
     """
     _check_process_group(rank, world_size)
     artifacts = LocalArtifacts(Path(artifacts_root))
@@ -145,10 +149,10 @@ def ddp_train_step(
 
     with pinned_threads(config.threads), torch.random.fork_rng(devices=[]):
         prepared = _prepare_on_every_rank(rank, artifacts, Path(base_dir), batch, config, device)
-        grad_norm, local = _step_on_shard(rank, world_size, prepared, batch, config, device)
-        sums = torch.tensor(local, dtype=torch.float64, device=device)
-        dist.all_reduce(sums)
-        metrics: StepMetrics = step_metrics(sums.tolist(), prepared, grad_norm)
+        grad_norm, local, error = _step_on_shard(rank, world_size, prepared, batch, config, device)
+        # The metrics' all-reduce carries the optimizer step's agreement: no collective of its own.
+        sums = agree(error, device, where="taking the optimizer step", values=local)
+        metrics: StepMetrics = step_metrics(sums, prepared, grad_norm)
         adapter_ref, opt_ref = _save_on_rank_zero(rank, artifacts, prepared, batch)
         return TrainResult(adapter=adapter_ref, optimizer_state=opt_ref, version=batch.new_version, metrics=metrics)
 
@@ -169,17 +173,14 @@ def _prepare_on_every_rank(
     rank: int, artifacts: LocalArtifacts, base_dir: Path, batch: TrainBatch, config: TrainerConfig, device: torch.device
 ) -> PreparedStep:
     """This rank's model, optimizer and batch signal, once every rank has loaded its own (else each raises)."""
-    error: BaseException | None = None
+    error: Exception | None = None
     try:
         adapter = _run_sync(artifacts.get(batch.adapter))
         opt_state = _run_sync(artifacts.get(batch.optimizer_state)) if batch.optimizer_state else None
         prepared = prepare_step(base_dir, batch, config, adapter, opt_state, device=device)
     except Exception as exc:
         error = exc
-    if not ranks_agree(error is None, device):
-        if error is not None:
-            raise error
-        raise PeerRankError(f"rank {rank}: another rank failed to load the step's inputs; see its error")
+    agree(error, device, where="loading the step's inputs")
     return prepared
 
 
@@ -190,12 +191,13 @@ def _step_on_shard(
     batch: TrainBatch,
     config: TrainerConfig,
     device: torch.device,
-) -> tuple[float, list[float]]:
+) -> tuple[float, list[float], Exception | None]:
     """Back-propagate this rank's shard through DDP, clip and step (every rank alike, or none when no sample
-    contributes); return the pre-clip gradient norm and this rank's statistic sums."""
+    contributes); return the pre-clip gradient norm, this rank's statistic sums and its optimizer step's error (agreed
+    on by the caller). A failure before the gradient all-reduce is agreed on inside `ddp_shard_step`."""
     stats: list[dict[str, float]] = []  # per sample, from sample_loss_fns
     rows: dict[str, list[float]] = {"loss": [], "kl": [], "clip_frac": []}  # per sample, from batched_loss_fns
-    grad_norm = 0.0
+    grad_norm, error = 0.0, None
     n = len(prepared.contributing)
     if n:  # the same on every rank: all ranks step, or none does
         ddp_model = DistributedDataParallel(
@@ -205,45 +207,54 @@ def _step_on_shard(
         )
         # This rank's shard on the loss path the config names, as the single-process step runs its batch.
         mine, scale = shard(prepared.contributing, rank, world_size), world_size / n
-        fns = (
-            batched_loss_fns(
-                prepared.model, batch, prepared.advantages, config, indices=mine, loss_scale=scale, stats_out=rows
+        try:
+            fns = (
+                batched_loss_fns(
+                    prepared.model, batch, prepared.advantages, config, indices=mine, loss_scale=scale, stats_out=rows
+                )
+                if config.loss_path == "batched"
+                else sample_loss_fns(
+                    prepared.model, batch, prepared.advantages, config, indices=mine, loss_scale=scale, stats_out=stats
+                )
             )
-            if config.loss_path == "batched"
-            else sample_loss_fns(
-                prepared.model, batch, prepared.advantages, config, indices=mine, loss_scale=scale, stats_out=stats
-            )
-        )
+        except Exception as exc:  # raised again inside ddp_shard_step, so that its agreement carries it
+            fns = [_raiser(exc)]
         # Any in-vocabulary token will do: the forward only has to pass through DDP.forward.
         sync_ids = torch.tensor([batch.rollouts[0].prompt_token_ids[:1]], dtype=torch.long, device=device)  # [1, 1]
         ddp_shard_step(ddp_model, fns, lambda: ddp_model(input_ids=sync_ids).logits)
-        grad_norm = clip_and_step(prepared, config)
-    return grad_norm, batched_stat_sums(rows) if config.loss_path == "batched" else stat_sums(stats)
+        try:
+            grad_norm = clip_and_step(prepared, config)
+        except Exception as exc:
+            error = exc
+    if error is not None:
+        return grad_norm, [0.0, 0.0, 0.0], error
+    return grad_norm, batched_stat_sums(rows) if config.loss_path == "batched" else stat_sums(stats), None
+
+
+def _raiser(error: Exception) -> Callable[[], torch.Tensor]:
+    def fn() -> torch.Tensor:
+        raise error
+
+    return fn
 
 
 def _save_on_rank_zero(
     rank: int, artifacts: LocalArtifacts, prepared: PreparedStep, batch: TrainBatch
 ) -> tuple[ArtifactRef, ArtifactRef]:
     """Rank 0 stores the new adapter and optimizer state and broadcasts their refs; every rank returns them (or
-    raises: rank 0 its own error, the others `PeerRankError`)."""
-    error: BaseException | None = None
-    message: list[Any] = [None]
+    raises `RankFailedError` naming rank 0's error)."""
+    error: Exception | None = None
+    refs: tuple[ArtifactRef, ArtifactRef] | None = None
     if rank == 0:
         try:
             new_adapter = adapter_files(prepared.model)
             new_opt = optimizer_files(prepared.optimizer, [name for name, _ in prepared.params])
             adapter_ref = _run_sync(artifacts.put(new_adapter, name=f"adapter-v{batch.new_version}"))
             opt_ref = _run_sync(artifacts.put(new_opt, name=f"optimizer-v{batch.new_version}"))
-            message = [("ok", adapter_ref, opt_ref)]
+            refs = (adapter_ref, opt_ref)
         except Exception as exc:
-            message = [("error", f"{type(exc).__name__}: {exc}")]
             error = exc
-    dist.broadcast_object_list(message, src=0)
-    if message[0][0] != "ok":
-        if error is not None:
-            raise error
-        raise PeerRankError(f"rank {rank}: rank 0 failed to save the step's outputs: {message[0][1]}")
-    _, adapter_ref, opt_ref = message[0]
+    adapter_ref, opt_ref = broadcast_outcome(refs, error, where="saving the step's outputs on rank 0")
     return adapter_ref, opt_ref
 
 
