@@ -27,7 +27,9 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config
 
 from rl.errors import InputError, shown
+from rl.models.chat import encode_prompts
 from rl.models.model_dir import MODEL_DIR_FIX, ModelDirError, check_model_dir
+from rl.models.sandbox import SandboxLimits, TokenizerSandbox, in_process
 
 # What loading a damaged or foreign weights file raises: safetensors' own error, a pickle's, a short read, a shape or
 # dtype transformers cannot place. Each is the directory's fault, never a bug.
@@ -183,21 +185,35 @@ def declare_tokenizer_class(path: Path) -> None:
     path.write_text(json.dumps(config, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
-def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerFast:
-    """The character tokenizer saved in `model_dir`, loaded offline (not via AutoTokenizer: see module docstring)."""
+PROBE_QUESTION = "What is 12 + 34? Answer with a number.\n"
+
+
+def load_tokenizer(model_dir: Path, *, limits: SandboxLimits | None = None) -> PreTrainedTokenizerFast:
+    """The tokenizer saved in `model_dir`, loaded offline (not via AutoTokenizer: see module docstring).
+
+    Built first in a worker process within `limits` (`rl.models.sandbox`: time, memory, a panic as an error), which
+    then renders, encodes and decodes for it (`rl.models.chat`); this process builds its own copy only after."""
     model_dir = check_model_dir(model_dir, weights=False, tokenizer=True)
-    try:
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model_dir), trust_remote_code=False)
-    except Exception as exc:  # json raises ValueError, the tokenizers library a bare Exception, on a damaged file
-        # A damaged tokenizer file is the directory's fault: one line, as for a missing one (found by the fuzzer).
-        raise ModelDirError(
-            f"model directory {model_dir}: its tokenizer cannot be read ({exc}); {MODEL_DIR_FIX}"
-        ) from exc
+    sandbox = TokenizerSandbox(lambda: _read_tokenizer(model_dir), str(model_dir), limits)
+    tokenizer = in_process(str(model_dir), "building its tokenizer", lambda: _read_tokenizer(model_dir))
     if tokenizer.eos_token_id is None:  # a tokenizer_config.json emptied or foreign: sampling could never stop
+        sandbox.close()
         raise ModelDirError(
             f"model directory {shown(model_dir)}: its tokenizer has no end-of-sequence token; {MODEL_DIR_FIX}"
         )
+    sandbox.attach(tokenizer)
+    encode_prompts(tokenizer, [PROBE_QUESTION])  # its template and pre-tokenizer tried once, bounded, before any use
     return tokenizer
+
+
+def _read_tokenizer(model_dir: Path) -> PreTrainedTokenizerFast:
+    try:
+        return PreTrainedTokenizerFast.from_pretrained(str(model_dir), trust_remote_code=False)
+    except Exception as exc:  # json raises ValueError, the tokenizers library a bare Exception, on a damaged file
+        # A damaged tokenizer file is the directory's fault: one line, as for a missing one (found by the fuzzer).
+        raise ModelDirError(
+            f"model directory {shown(model_dir)}: its tokenizer cannot be read ({shown(exc, 300)}); {MODEL_DIR_FIX}"
+        ) from None
 
 
 def load_base_model(
