@@ -32,7 +32,12 @@ def encode_prompts(tokenizer: Any, questions: Sequence[str]) -> list[list[int]]:
     if sandbox is None:  # a tokenizer built in this process, not read from a directory: only panics are caught
         limit = DEFAULT_LIMITS.text_chars
         return in_process("(in memory)", "encoding a prompt", lambda: _encode_all(tokenizer, list(questions), limit))
-    return sandbox.run(_encode_all, list(questions), sandbox.limits.text_chars, what="rendering its chat template")
+    return sandbox.run(
+        _encode_all,
+        list(questions),
+        sandbox.limits.text_chars,
+        what="encoding a prompt (its chat template, then its tokenizer)",
+    )
 
 
 def decode_texts(tokenizer: Any, token_ids: Sequence[Sequence[int]], *, skip_special_tokens: bool = True) -> list[str]:

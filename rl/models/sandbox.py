@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 from rl.errors import RlError, shown
-from rl.models.model_dir import MODEL_DIR_FIX, ModelDirError
+from rl.models.model_dir import ModelDirError
 
 __all__ = ["DEFAULT_LIMITS", "ModelSandboxError", "SandboxLimits", "TokenizerSandbox", "in_process", "sandbox_of"]
 
@@ -84,9 +84,15 @@ def in_process(where: str, what: str, work: Callable[[], T]) -> T:
         raise _failed(where, what, f"{type(exc).__name__}: {exc}") from None
 
 
+SANDBOX_FIX = (
+    "a model's tokenizer and chat template run only within time and memory limits (docs/guarantees.md): use the "
+    "tokenizer files the model was published with"
+)
+
+
 def _failed(where: str, what: str, why: str) -> ModelSandboxError:
     return ModelSandboxError(
-        f"model directory {shown(where)}: {what} failed ({shown(' '.join(why.split()), 300)}); {MODEL_DIR_FIX}"
+        f"model directory {shown(where)}: {what} failed ({shown(' '.join(why.split()), 300)}); {SANDBOX_FIX}"
     )
 
 
