@@ -45,17 +45,29 @@ def test_transformers_load_report_of_an_escape_named_tensor_is_escaped(
     assert "\x1b]0;pwned" in caplog.text
 
 
-def test_warnings_and_long_library_logs_are_escaped_and_cut(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_warnings_and_long_library_logs_are_escaped_and_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    logger, handler = logging.getLogger("tokenizers.test"), _Records()
+    monkeypatch.setattr(logger, "disabled", False)
+    logger.addHandler(handler)
+    before = logging.getLogRecordFactory()
     shown_warnings: list[str] = []
     monkeypatch.setattr(warnings, "showwarning", lambda message, *_args: shown_warnings.append(str(message)))
     with escaped_library_output():
         warnings.showwarning(UserWarning(f"tensor {ESCAPES}"), UserWarning, "lib.py", 1, None, "")
-        logging.getLogger("tokenizers.test").warning("%s", "\n".join(["line"] * (MAX_LINES + 10)))
+        logger.warning("%s", "\n".join(["line"] * (MAX_LINES + 10)))
     assert shown_warnings == ["tensor \\x1b]0;pwned\\x07\\x1b[2J\\x1b[31m"]
-    assert caplog.records[-1].getMessage().endswith("(10 more lines)")
-    assert logging.getLogRecordFactory() is logging.LogRecord  # the factory is ours only within the command
+    logger.removeHandler(handler)
+    assert handler.records[-1].getMessage().endswith("(10 more lines)")
+    assert logging.getLogRecordFactory() is before  # the factory is ours only within the command
 
 
 @pytest.mark.heavy

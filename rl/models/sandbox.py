@@ -15,6 +15,7 @@ the terminal (its stdout and stderr are /dev/null) and dies with this process. d
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import pickle
 import resource
@@ -267,7 +268,7 @@ def _read_exactly(fd: int, size: int, deadline: float | None) -> bytes | None:
 def _serve(build: Callable[[], Any], limits: SandboxLimits, requests: int, replies: int) -> NoReturn:
     """The worker's loop: build, then answer requests until this process closes the pipe. Ends by `os._exit`."""
     try:
-        _isolate()
+        _isolate(requests, replies)
         _limit_memory(limits.memory_bytes)
         tokenizer: Any = None
         while True:
@@ -299,12 +300,20 @@ def _serve(build: Callable[[], Any], limits: SandboxLimits, requests: int, repli
         os._exit(0)
 
 
-def _isolate() -> None:
+def _isolate(*keep: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: this process handles it
     signal.signal(signal.SIGXCPU, signal.SIG_DFL)
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # a panic's message and backtrace, the library's prints: never the terminal
         os.dup2(devnull, fd)
+    # Every other inherited descriptor closed (a run directory's lock among them: a flock is held while any copy of
+    # it is open); the parent's objects frozen, so no collection closes a number reused since.
+    gc.freeze()
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1 << 16)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if sys.platform == "linux":  # die with the parent (prctl PR_SET_PDEATHSIG)
         with contextlib.suppress(OSError, AttributeError):
