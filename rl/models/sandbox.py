@@ -18,7 +18,6 @@ import contextlib
 import gc
 import os
 import pickle
-import resource
 import select
 import signal
 import struct
@@ -301,6 +300,8 @@ def _serve(build: Callable[[], Any], limits: SandboxLimits, requests: int, repli
 
 
 def _isolate(*keep: int) -> None:
+    import resource  # POSIX-only: imported where used (rl.platform)
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: this process handles it
     signal.signal(signal.SIGXCPU, signal.SIG_DFL)
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -324,6 +325,8 @@ def _isolate(*keep: int) -> None:
 
 def _limit_memory(extra: int) -> None:
     """RLIMIT_AS at the worker's size now (it shares the parent's mappings) plus `extra` bytes."""
+    import resource
+
     try:
         with open("/proc/self/status") as status:
             size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
@@ -336,6 +339,8 @@ def _limit_memory(extra: int) -> None:
 
 def _limit_cpu(seconds: int) -> None:
     """RLIMIT_CPU at the CPU time used so far plus `seconds`: the limit is per process, so it is raised per request."""
+    import resource
+
     usage = resource.getrusage(resource.RUSAGE_SELF)
     soft = int(usage.ru_utime + usage.ru_stime) + seconds + 1
     _, hard = resource.getrlimit(resource.RLIMIT_CPU)
