@@ -132,6 +132,10 @@ def _sleep(_tokenizer: object, seconds: float) -> None:
     time.sleep(seconds)
 
 
+def _megabyte(_tokenizer: object) -> bytes:
+    return b"x" * (1 << 20)
+
+
 def _boom(_tokenizer: object) -> None:
     raise ModelDirError("model directory /x: its tokenizer said no; fix it")
 
@@ -144,6 +148,14 @@ def test_a_worker_that_waits_without_computing_is_ended_by_the_wall_clock_guard(
     assert sandbox.run(_sleep, 0.0) is None
     with pytest.raises(ModelDirError, match="said no"):  # our own errors cross as they are
         sandbox.run(_boom)
+    sandbox.close()
+
+
+def test_a_reply_over_its_limit_is_refused_and_the_next_request_gets_a_new_worker() -> None:
+    sandbox = TokenizerSandbox(lambda: None, "/models/m", SandboxLimits(cpu_s=5, wall_s=60.0, reply_bytes=1 << 16))
+    with pytest.raises(ModelSandboxError, match="larger than 65536 bytes"):
+        sandbox.run(_megabyte)
+    assert sandbox.run(_sleep, 0.0) is None
     sandbox.close()
 
 

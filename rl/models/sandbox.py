@@ -141,6 +141,10 @@ class TokenizerSandbox:
             worker.stop()
             self._worker = None
             raise _failed(self.where, what, gone.why(self.limits)) from None
+        except BaseException:  # Ctrl-C while it works: its reply would answer the next request, so it goes
+            worker.stop()
+            self._worker = None
+            raise
         if status == "ok":
             return value
         if status == "raise" and isinstance(value, RlError):
@@ -149,13 +153,13 @@ class TokenizerSandbox:
 
 
 class _WorkerGone(Exception):
-    def __init__(self, status: int | None, timed_out: bool = False) -> None:
+    def __init__(self, status: int | None, reason: str = "") -> None:
         super().__init__(status)
-        self.status, self.timed_out = status, timed_out
+        self.status, self.reason = status, reason
 
     def why(self, limits: SandboxLimits) -> str:
-        if self.timed_out:
-            return f"it did not finish within {limits.wall_s:g} s"
+        if self.reason:
+            return self.reason
         if self.status is not None and os.WIFSIGNALED(self.status):
             sig = os.WTERMSIG(self.status)
             if sig == signal.SIGXCPU:
@@ -174,20 +178,18 @@ class _Worker:
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         # The tokenizers library prints a warning at a fork after it ran threads unless this is set; the worker
-        # inherits it (no threads there), this process keeps what it had.
+        # keeps it (its thread pool did not survive the fork), this process gets back what it had.
         before = os.environ.get("TOKENIZERS_PARALLELISM")
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        try:
-            pid = os.fork()
-        finally:
-            if before is None:
-                os.environ.pop("TOKENIZERS_PARALLELISM", None)
-            else:
-                os.environ["TOKENIZERS_PARALLELISM"] = before
+        pid = os.fork()
         if pid == 0:  # the worker: never returns
             os.close(req_w)
             os.close(rep_r)
             _serve(build, limits, req_r, rep_w)
+        if before is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
         os.close(req_r)
         os.close(rep_w)
         return cls(pid, req_w, rep_r)
@@ -200,7 +202,9 @@ class _Worker:
         try:
             data = _receive(self.replies, time.monotonic() + limits.wall_s, limits.reply_bytes)
         except TimeoutError:
-            raise _WorkerGone(None, timed_out=True) from None
+            raise _WorkerGone(None, f"it did not finish within {limits.wall_s:g} s") from None
+        except OverflowError:
+            raise _WorkerGone(None, f"its result was larger than {limits.reply_bytes} bytes") from None
         if data is None:
             raise _WorkerGone(self._wait())
         reply = pickle.loads(data)  # from our own worker, forked from this process
@@ -239,13 +243,13 @@ def _send(fd: int, message: object) -> None:
 
 
 def _receive(fd: int, deadline: float | None, limit: int) -> bytes | None:
-    """One message from `fd`; None at end of file (or a message over `limit` bytes); `TimeoutError` past `deadline`."""
+    """One message from `fd`, None at end of file; `TimeoutError` past `deadline`, `OverflowError` past `limit`."""
     header = _read_exactly(fd, _HEADER.size, deadline)
     if header is None:
         return None
     (size,) = _HEADER.unpack(header)
     if size > limit:
-        return None
+        raise OverflowError(size)
     return _read_exactly(fd, size, deadline)
 
 
