@@ -5,7 +5,9 @@ small (1 s of CPU, 256 MiB); the wall-clock figures are generous guards against 
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import resource
 import shutil
 import time
@@ -124,6 +126,7 @@ def test_a_hostile_tokenizer_ends_the_demo_in_one_line_with_exit_2(
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in err, err
     assert str(model_dir) in lines[0] and said in lines[0], lines[0]
+    assert not (tmp_path / "run").exists()  # refused at the door (resolve_model), before the run wrote anything
     # 10 GB was never allocated here (ru_maxrss is in KiB on Linux).
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 512 << 10
 
@@ -177,3 +180,16 @@ def test_a_library_panic_in_this_process_is_a_typed_error_but_ctrl_c_is_not() ->
         in_process("/models/m", "encoding", panic)
     with pytest.raises(KeyboardInterrupt):
         in_process("/models/m", "encoding", interrupt)
+
+
+def test_a_tokenizers_worker_ends_with_it(tiny_dir: Path) -> None:
+    """No worker outlives the tokenizer it serves (nor, by PR_SET_PDEATHSIG, this process)."""
+    tokenizer = load_tokenizer(tiny_dir)
+    sandbox = sandbox_of(tokenizer)
+    assert sandbox is not None and sandbox._worker is not None
+    pid = sandbox._worker.pid
+    os.kill(pid, 0)  # alive while the tokenizer is
+    del tokenizer, sandbox
+    gc.collect()
+    with pytest.raises(ProcessLookupError):  # killed and reaped: not even a zombie is left
+        os.kill(pid, 0)

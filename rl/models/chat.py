@@ -31,9 +31,9 @@ def encode_prompts(tokenizer: Any, questions: Sequence[str]) -> list[list[int]]:
     sandbox = sandbox_of(tokenizer)
     if sandbox is None:  # a tokenizer built in this process, not read from a directory: only panics are caught
         limit = DEFAULT_LIMITS.text_chars
-        return in_process("(in memory)", "encoding a prompt", lambda: _encode_all(tokenizer, list(questions), limit))
+        return in_process("(in memory)", "encoding a prompt", lambda: encode_here(tokenizer, list(questions), limit))
     return sandbox.run(
-        _encode_all,
+        encode_here,
         list(questions),
         sandbox.limits.text_chars,
         what="encoding a prompt (its chat template, then its tokenizer)",
@@ -53,7 +53,8 @@ class PromptTooLongError(ValueError):
     """A chat template rendered more text than any prompt needs."""
 
 
-def _encode_all(tokenizer: Any, questions: list[str], text_chars: int) -> list[list[int]]:
+def encode_here(tokenizer: Any, questions: list[str], text_chars: int) -> list[list[int]]:
+    """`encode_prompt` of each question in this process, unguarded: what the worker runs."""
     return [_encode_one(tokenizer, question, text_chars) for question in questions]
 
 

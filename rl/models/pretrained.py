@@ -248,4 +248,8 @@ def resolve_model(spec: str | Path, *, cache: Path | None = None) -> Path:
             f"--model {spec!r} is neither a pinned model ({', '.join(sorted(PINNED))}) nor an existing directory; "
             "pass one of those names or the path of a local Hugging Face model directory"
         )
-    return check_model_dir(path, weights=True, tokenizer=True)
+    checked = check_model_dir(path, weights=True, tokenizer=True)
+    from rl.models.tiny import check_tokenizer  # here: it imports transformers
+
+    check_tokenizer(checked)  # built and tried in a bounded worker, before the run writes anything
+    return checked

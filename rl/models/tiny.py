@@ -27,7 +27,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config
 
 from rl.errors import InputError, shown
-from rl.models.chat import encode_prompts
+from rl.models.chat import encode_here, encode_prompts
 from rl.models.model_dir import MODEL_DIR_FIX, ModelDirError, check_model_dir
 from rl.models.sandbox import SandboxLimits, TokenizerSandbox, in_process
 
@@ -204,6 +204,29 @@ def load_tokenizer(model_dir: Path, *, limits: SandboxLimits | None = None) -> P
     sandbox.attach(tokenizer)
     encode_prompts(tokenizer, [PROBE_QUESTION])  # its template and pre-tokenizer tried once, bounded, before any use
     return tokenizer
+
+
+def check_tokenizer(model_dir: Path, *, limits: SandboxLimits | None = None) -> None:
+    """Build `model_dir`'s tokenizer and encode a prompt with it in a worker within `limits`, then end the worker:
+    what `load_tokenizer` would refuse (`ModelSandboxError`, `ModelDirError`) is refused before anything is written."""
+    sandbox = TokenizerSandbox(lambda: _read_tokenizer(model_dir), str(model_dir), limits)
+    try:
+        sandbox.run(
+            _probe,
+            str(model_dir),
+            sandbox.limits.text_chars,
+            what="encoding a prompt (its chat template, then its tokenizer)",
+        )
+    finally:
+        sandbox.close()
+
+
+def _probe(tokenizer: PreTrainedTokenizerFast, where: str, text_chars: int) -> None:
+    if tokenizer.eos_token_id is None:
+        raise ModelDirError(
+            f"model directory {shown(where)}: its tokenizer has no end-of-sequence token; {MODEL_DIR_FIX}"
+        )
+    encode_here(tokenizer, [PROBE_QUESTION], text_chars)  # in the worker: its failure is the worker's to report
 
 
 def _read_tokenizer(model_dir: Path) -> PreTrainedTokenizerFast:
