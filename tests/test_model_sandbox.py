@@ -23,7 +23,7 @@ from rl.models import sandbox as sandbox_module
 from rl.models.chat import decode_texts, encode_prompts
 from rl.models.pretrained import SMOLLM2, model_cache_root
 from rl.models.sandbox import ModelSandboxError, SandboxLimits, TokenizerSandbox, in_process, sandbox_of
-from rl.models.tiny import TinyModelConfig, build_tiny_model
+from rl.models.tiny import TinyModelConfig, build_tiny_model, check_tokenizer
 
 SMALL = SandboxLimits(cpu_s=1, wall_s=60.0, memory_bytes=256 << 20, text_chars=1 << 16)
 # SmolLM2-135M-Instruct's chat template (Apache-2.0), as its converted directory holds it.
@@ -71,6 +71,7 @@ def test_prompts_from_the_worker_are_transformers_own_ids(tiny_dir: Path, tmp_pa
     assert decode_texts(tokenizer, got) == [reference.decode(ids, skip_special_tokens=True) for ids in expected]
 
 
+@pytest.mark.heavy
 def test_smollm2s_own_tokenizer_gives_its_own_ids_through_the_worker() -> None:
     """SmolLM2's converted directory (where a previous `--model smollm2` left it): the same ids as transformers'."""
     model_dir = model_cache_root() / SMOLLM2.cache_name
@@ -193,3 +194,12 @@ def test_a_tokenizers_worker_ends_with_it(tiny_dir: Path) -> None:
     gc.collect()
     with pytest.raises(ProcessLookupError):  # killed and reaped: not even a zombie is left
         os.kill(pid, 0)
+
+
+def test_a_sparse_gigabyte_chat_template_is_refused_by_the_workers_memory_bound(tiny_dir: Path, tmp_path: Path) -> None:
+    """transformers reads chat_template.jinja whole: in the worker, past SMALL's 256 MiB, that is a MemoryError."""
+    model_dir = _with(tiny_dir, tmp_path / "sparse")
+    with (model_dir / "chat_template.jinja").open("wb") as template:
+        template.truncate(1 << 30)  # 1 GiB that takes no disk
+    with pytest.raises(ModelSandboxError, match=r"building its tokenizer failed \(MemoryError"):
+        check_tokenizer(model_dir, limits=SMALL)

@@ -24,6 +24,7 @@ import struct
 import sys
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -181,7 +182,10 @@ class _Worker:
         # keeps it (its thread pool did not survive the fork), this process gets back what it had.
         before = os.environ.get("TOKENIZERS_PARALLELISM")
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        pid = os.fork()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns of a fork with threads running (torch's): the worker runs no code that waits for them.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:  # the worker: never returns
             os.close(req_w)
             os.close(rep_r)

@@ -232,6 +232,8 @@ def _probe(tokenizer: PreTrainedTokenizerFast, where: str, text_chars: int) -> N
 def _read_tokenizer(model_dir: Path) -> PreTrainedTokenizerFast:
     try:
         return PreTrainedTokenizerFast.from_pretrained(str(model_dir), trust_remote_code=False)
+    except MemoryError:  # the worker's memory bound: it says so (rl.models.sandbox)
+        raise
     except Exception as exc:  # json raises ValueError, the tokenizers library a bare Exception, on a damaged file
         # A damaged tokenizer file is the directory's fault: one line, as for a missing one (found by the fuzzer).
         raise ModelDirError(
