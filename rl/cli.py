@@ -60,8 +60,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 0 if args.command is None else 2
+    from rl.library_output import escaped_library_output
+
     try:
-        return int(args.func(args) or 0)
+        with escaped_library_output():  # transformers' log names what a model directory holds: escaped
+            return int(args.func(args) or 0)
     except (Exception, KeyboardInterrupt) as exc:
         from rl.commands.failures import report
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from rl.artifacts import LocalArtifacts
 from rl.engines.decoding import sample_groups
-from rl.models.chat import encode_prompt
+from rl.models.chat import decode_texts, encode_prompts
 from rl.problems import Addition
 from rl.rewards import is_correct
 from rl.trainer.adapter import load_policy
@@ -30,7 +30,7 @@ BATCH_PROBLEMS = 12  # problems decoded together: 12 x K rows a batch
 def heldout_accuracy(model: Any, tokenizer: Any, samples: int) -> tuple[int, int]:
     """(correct, total) over `Addition`'s held-out problems, `samples` each."""
     prompts = Addition().eval_prompts()
-    encoded = [encode_prompt(tokenizer, p.question) for p in prompts]
+    encoded = encode_prompts(tokenizer, [p.question for p in prompts])  # one request to the tokenizer's worker
     correct = total = 0
     for lo in range(0, len(prompts), BATCH_PROBLEMS):
         members = list(range(lo, min(lo + BATCH_PROBLEMS, len(prompts))))
@@ -45,7 +45,7 @@ def heldout_accuracy(model: Any, tokenizer: Any, samples: int) -> tuple[int, int
         for i, group in zip(members, groups, strict=True):
             for s in group:
                 total += 1
-                correct += is_correct(tokenizer.decode(s.token_ids, skip_special_tokens=True), prompts[i].answer)
+                correct += is_correct(decode_texts(tokenizer, [s.token_ids])[0], prompts[i].answer)
     return correct, total
 
 

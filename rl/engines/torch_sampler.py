@@ -25,7 +25,7 @@ from rl.engines.adapter_cache import ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdapterCac
 from rl.engines.decoding import InvalidRolloutRequestError, sample_groups
 from rl.engines.lora_merge import LoraWeights, MergedBase, UnsupportedLora, parse_lora
 from rl.models import ModelDirError, load_tokenizer
-from rl.models.chat import encode_prompt
+from rl.models.chat import decode_texts, encode_prompt
 from rl.protocols import Artifacts
 from rl.types import ArtifactRef, Rollout, RolloutRequest, SamplingSettings
 
@@ -137,9 +137,7 @@ class TorchSampler:
         return tuple(encode_prompt(self.tokenizer, question))
 
     def _decode_uncached(self, token_ids: tuple[int, ...]) -> str:
-        text = self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
-        assert isinstance(text, str)  # decode of one sequence; the union type covers batch decoding
-        return text
+        return decode_texts(self.tokenizer, [token_ids])[0]  # in the tokenizer's worker (rl.models.sandbox)
 
     async def generate(self, request: RolloutRequest) -> list[Rollout]:
         return (await self.generate_groups([request]))[0]

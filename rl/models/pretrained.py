@@ -250,4 +250,8 @@ def resolve_model(spec: str | Path, *, cache: Path | None = None) -> Path:
             "pass one of those names or the path of a local Hugging Face model directory"
         )
     check_model_dir(path, weights=True, tokenizer=True)
-    return check_model_dir_files(path)  # every file through the checked opener, consistent, before anything loads
+    checked = check_model_dir_files(path)  # every file through the checked opener, consistent, before anything loads
+    from rl.models.tiny import check_tokenizer  # here: it imports transformers
+
+    check_tokenizer(checked)  # built and tried in a bounded worker, before the run writes anything
+    return checked

@@ -27,8 +27,10 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config
 
 from rl.errors import InputError, shown
+from rl.models.chat import encode_here, encode_prompts
 from rl.models.model_dir import MODEL_DIR_FIX, ModelDirError, check_model_dir
 from rl.models.model_files import staged_model_dir
+from rl.models.sandbox import SandboxLimits, TokenizerSandbox, in_process
 
 # What loading a damaged or foreign weights file raises: safetensors' own error, a pickle's, a short read, a shape or
 # dtype transformers cannot place. Each is the directory's fault, never a bug.
@@ -184,25 +186,63 @@ def declare_tokenizer_class(path: Path) -> None:
     path.write_text(json.dumps(config, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
-def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerFast:
-    """The character tokenizer saved in `model_dir`, loaded offline (not via AutoTokenizer: see module docstring)."""
+PROBE_QUESTION = "What is 12 + 34? Answer with a number.\n"
+
+
+def load_tokenizer(model_dir: Path, *, limits: SandboxLimits | None = None) -> PreTrainedTokenizerFast:
+    """The tokenizer saved in `model_dir`, loaded offline (not via AutoTokenizer: see module docstring).
+
+    Built first in a worker process within `limits` (`rl.models.sandbox`: time, memory, a panic as an error), which
+    then renders, encodes and decodes for it (`rl.models.chat`); this process builds its own copy only after."""
     model_dir = check_model_dir(model_dir, weights=False, tokenizer=True)
+    sandbox = TokenizerSandbox(lambda: _read_tokenizer(model_dir), str(model_dir), limits)
+    tokenizer = in_process(str(model_dir), "building its tokenizer", lambda: _read_tokenizer(model_dir))
+    if tokenizer.eos_token_id is None:  # a tokenizer_config.json emptied or foreign: sampling could never stop
+        sandbox.close()
+        raise ModelDirError(
+            f"model directory {shown(model_dir)}: its tokenizer has no end-of-sequence token; {MODEL_DIR_FIX}"
+        )
+    sandbox.attach(tokenizer)
+    encode_prompts(tokenizer, [PROBE_QUESTION])  # its template and pre-tokenizer tried once, bounded, before any use
+    return tokenizer
+
+
+def check_tokenizer(model_dir: Path, *, limits: SandboxLimits | None = None) -> None:
+    """Build `model_dir`'s tokenizer and encode a prompt with it in a worker within `limits`, then end the worker:
+    what `load_tokenizer` would refuse (`ModelSandboxError`, `ModelDirError`) is refused before anything is written."""
+    sandbox = TokenizerSandbox(lambda: _read_tokenizer(model_dir), str(model_dir), limits)
+    try:
+        sandbox.run(
+            _probe,
+            str(model_dir),
+            sandbox.limits.text_chars,
+            what="encoding a prompt (its chat template, then its tokenizer)",
+        )
+    finally:
+        sandbox.close()
+
+
+def _probe(tokenizer: PreTrainedTokenizerFast, where: str, text_chars: int) -> None:
+    if tokenizer.eos_token_id is None:
+        raise ModelDirError(
+            f"model directory {shown(where)}: its tokenizer has no end-of-sequence token; {MODEL_DIR_FIX}"
+        )
+    encode_here(tokenizer, [PROBE_QUESTION], text_chars)  # in the worker: its failure is the worker's to report
+
+
+def _read_tokenizer(model_dir: Path) -> PreTrainedTokenizerFast:
     try:
         with staged_model_dir(model_dir, weights=False) as staged:  # only the checked files' bytes
             tokenizer = PreTrainedTokenizerFast.from_pretrained(str(staged), trust_remote_code=False)
         tokenizer.name_or_path = tokenizer.init_kwargs["name_or_path"] = str(model_dir)  # not the staging
-    except InputError:  # the checked opener's and consistency checks' own one-line refusals
+        return tokenizer
+    except (MemoryError, InputError):  # the worker's memory bound; the checked opener's and checks' own refusals
         raise
     except Exception as exc:  # json raises ValueError, the tokenizers library a bare Exception, on a damaged file
         # A damaged tokenizer file is the directory's fault: one line, as for a missing one (found by the fuzzer).
         raise ModelDirError(
-            f"model directory {model_dir}: its tokenizer cannot be read ({exc}); {MODEL_DIR_FIX}"
-        ) from exc
-    if tokenizer.eos_token_id is None:  # a tokenizer_config.json emptied or foreign: sampling could never stop
-        raise ModelDirError(
-            f"model directory {shown(model_dir)}: its tokenizer has no end-of-sequence token; {MODEL_DIR_FIX}"
-        )
-    return tokenizer
+            f"model directory {shown(model_dir)}: its tokenizer cannot be read ({shown(exc, 300)}); {MODEL_DIR_FIX}"
+        ) from None
 
 
 def load_base_model(
