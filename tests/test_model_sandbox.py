@@ -21,6 +21,7 @@ from rl.cli import main
 from rl.models import ModelDirError, load_tokenizer
 from rl.models import sandbox as sandbox_module
 from rl.models.chat import decode_texts, encode_prompts
+from rl.models.model_files import ModelFileError
 from rl.models.pretrained import SMOLLM2, model_cache_root
 from rl.models.sandbox import ModelSandboxError, SandboxLimits, TokenizerSandbox, in_process, sandbox_of
 from rl.models.tiny import TinyModelConfig, build_tiny_model, check_tokenizer
@@ -196,10 +197,11 @@ def test_a_tokenizers_worker_ends_with_it(tiny_dir: Path) -> None:
         os.kill(pid, 0)
 
 
-def test_a_sparse_gigabyte_chat_template_is_refused_by_the_workers_memory_bound(tiny_dir: Path, tmp_path: Path) -> None:
-    """transformers reads chat_template.jinja whole: in the worker, past SMALL's 256 MiB, that is a MemoryError."""
+def test_a_sparse_gigabyte_chat_template_is_refused_before_a_byte_is_read(tiny_dir: Path, tmp_path: Path) -> None:
+    """transformers reads chat_template.jinja whole: the checked opener refuses it by its size, in the worker, before
+    reading it (the worker's memory bound stays behind it)."""
     model_dir = _with(tiny_dir, tmp_path / "sparse")
     with (model_dir / "chat_template.jinja").open("wb") as template:
         template.truncate(1 << 30)  # 1 GiB that takes no disk
-    with pytest.raises(ModelSandboxError, match=r"building its tokenizer failed \(MemoryError"):
+    with pytest.raises(ModelFileError, match=r"chat_template.jinja is 1073741824 bytes, more than"):
         check_tokenizer(model_dir, limits=SMALL)
