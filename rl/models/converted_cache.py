@@ -1,16 +1,14 @@
 """A converted model in the cache, checked by content on each use, and the staging it is built in, never left behind.
 
-At conversion every file of the model directory is fsynced and hashed into `rl-manifest.json` (sha256 and size of each
-file), written last and atomically, then the directory is published by one rename. On each use `verified_copy` reads
-each file once, through a descriptor opened without following links, hashing it while it copies it into a private
-directory of this process (0700, beside the cache): the copy is what gets loaded, so a file swapped or rewritten after
-the check cannot reach the model. A file that differs from the manifest, is missing or extra ends in `ModelCacheError`
-naming it. With `RL_RUN_KEY` set the manifest is sealed (HMAC-SHA256), so a forger who rewrites the manifest too is
-refused; without it the manifest catches a swap of the files and damage, not a forged manifest.
+At conversion every file is fsynced and hashed into `rl-manifest.json` (sha256, size), written last and atomically,
+then the directory is published by one rename. On each use `verified_copy` reads each file once, through a descriptor
+opened without following links, hashing it as it copies it into a private directory of this process (0700, beside the
+cache): the copy is what loads, so a file swapped after the check cannot reach the model. A file that differs, is
+missing or extra ends in `ModelCacheError` naming it. With `RL_RUN_KEY` set the manifest is sealed (HMAC-SHA256);
+without it, it catches a swap and damage, not a forged manifest (docs/guarantees.md#a-model-directory).
 
-Staging directories and private copies hold a `rl.dead_writers` lock while their process lives; `discard_stale`
-deletes those whose process died (SIGKILL). `removed_on_sigterm` turns SIGTERM into an exception for the duration of a
-conversion, so its staging is removed, then re-delivers the signal.
+Staging directories and private copies hold a `rl.dead_writers` lock while their process lives (`discard_stale`
+deletes the others); `removed_on_sigterm` turns SIGTERM into an exception while converting, then re-delivers it.
 """
 
 from __future__ import annotations

