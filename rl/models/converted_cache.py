@@ -64,7 +64,7 @@ def _fix(target: Path) -> str:
 
 
 def _seal(key: str, files: dict[str, Any]) -> str:
-    body = json.dumps(files, sort_keys=True, separators=(",", ":")).encode()
+    body = json.dumps(files, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
     return hmac.new(key.encode(), b"rl-model-cache:1:" + body, hashlib.sha256).hexdigest()
 
 
@@ -80,7 +80,7 @@ def write_manifest(model_dir: Path) -> None:
     key = os.environ.get(RUN_KEY_ENV)
     if key:
         doc["seal"] = _seal(key, files)
-    body = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+    body = (json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n").encode()
     fs.write_atomic(model_dir / MANIFEST_FILE, body, tmp_name=f".{MANIFEST_FILE}.tmp", durable=True)
     fs.fsync_dir(model_dir)
 
@@ -158,7 +158,7 @@ def verified_copy(target: Path) -> Path:
 
 
 def _digest(files: dict[str, Any]) -> bytes:
-    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).digest()
+    return hashlib.sha256(json.dumps(files, sort_keys=True, allow_nan=False).encode()).digest()
 
 
 def _stats(fs: Tree, target: Path, names: set[str]) -> tuple[Any, ...]:
