@@ -24,7 +24,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from rl import platform
-from rl.errors import RunDirError, RunLockedError
+from rl.errors import RunDirError, RunLockedError, shown
 from rl.safe_fs import Tree
 
 LOCK_NAME = ".rl-writer.lock"
@@ -87,13 +87,12 @@ def read_holder(run_dir: Path) -> dict[str, Any] | None:
 
 
 def describe_holder(record: dict[str, Any] | None) -> str:
-    """`pid 123 on host h (rl demo grpo, since 2026-11-30 18:50:02 UTC)`, or what is known of it."""
+    """`pid 123 on host h (rl demo grpo, since 2026-11-30 18:50:02 UTC)`, or what is known of it. Each field is
+    shown through `rl.errors.shown` (escaped, cut to its limit): the record is a file anyone could have written."""
     if record is None:
         return "another process (it has not recorded its pid yet)"
-    return (
-        f"pid {record.get('pid', '?')} on host {record.get('host', '?')} "
-        f"({record.get('command', '?')}, since {record.get('started', '?')})"
-    )
+    pid, host, command, started = (shown(record.get(key, "?")) for key in ("pid", "host", "command", "started"))
+    return f"pid {pid} on host {host} ({command}, since {started})"
 
 
 def _write_holder(fs: Tree, run_dir: Path, command: str) -> None:

