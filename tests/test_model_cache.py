@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rl.commands.failures import describe, exit_code
-from rl.models.converted_cache import MANIFEST_FILE, ModelCacheError, verified_copy
+from rl.models.converted_cache import MANIFEST_FILE, ModelCacheError, copied_from, verified_copy
 from rl.models.pretrained import GgufSource, pinned_model
 from rl.models.tiny import TinyModelConfig, build_tiny_model
 from tests.test_pretrained_model import make_wheel, source_for
@@ -62,6 +62,7 @@ def test_an_unchanged_cache_is_accepted_and_what_loads_is_a_checked_copy_of_it(
     source, wheel, target, convert = _setup(tmp_path, converted[0])
     copy = pinned_model(source, cache=tmp_path / "cache", wheel=wheel, convert=convert)
     assert convert.calls == 1 and copy != target and _same_files(copy, target)
+    assert copied_from(copy) == target.absolute() and copied_from(tmp_path) == tmp_path  # what `model:` shows
     manifest = json.loads((target / MANIFEST_FILE).read_text())
     assert sorted(manifest["files"]) == sorted(p.name for p in copy.iterdir())
     # A swap after the check reaches only the cache, never the copy this process loads.

@@ -107,6 +107,10 @@ def run_grpo_demo(args: argparse.Namespace) -> int:
             )
         )
     summary["wall_s"] = round(time.perf_counter() - start, 2)
+    if model_dir is not None:  # the cache a pinned model was checked from, not this process's private copy
+        from rl.models.converted_cache import copied_from
+
+        summary["model"] = str(copied_from(model_dir))
     print(
         f"GRPO demo: {summary['iterations']} iterations in {summary['wall_s']} s; training accuracy "
         f"{summary['accuracy_first']:.3f} (first {summary['window']}) -> {summary['accuracy_last']:.3f} "
@@ -114,7 +118,7 @@ def run_grpo_demo(args: argparse.Namespace) -> int:
         f"held-out avg@{config.eval_k} {summary['heldout_avg_at_k_last']:.3f}"
     )
     if real:
-        print(f"model: {model_dir}")
+        print(f"model: {summary['model']}")
     print(f"report: {summary['report']}\nmetrics: {summary['metrics']}")
     if args.json:
         print(json.dumps(flag_non_finite(summary), allow_nan=False))

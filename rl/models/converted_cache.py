@@ -38,6 +38,7 @@ __all__ = [
     "PRIVATE_PREFIX",
     "STAGING_PREFIX",
     "ModelCacheError",
+    "copied_from",
     "discard_stale",
     "removed_on_sigterm",
     "verified_copy",
@@ -201,6 +202,12 @@ def _copy_checked(fs: Tree, path: Path, entry: dict[str, Any], copy_fd: int, nam
             f"{shown(path)} differs from the manifest written at conversion (sha256 {digest.hexdigest()[:16]}…, "
             f"not {entry['sha256'][:16]}…): the converted cache was changed or swapped; {_fix(target)}"
         )
+
+
+def copied_from(path: Path) -> Path:
+    """The cache directory a checked copy of this process was made from (what a user can find), else `path`."""
+    with _LOCK:
+        return next((Path(memo[0]) for memo, copy in _COPIES.items() if copy == Path(path)), Path(path))
 
 
 @atexit.register
