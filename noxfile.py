@@ -238,6 +238,9 @@ def chaos(session: nox.Session) -> None:
     # 60 directories by default (a few seconds each); RL_FUZZ_EXAMPLES=500 nox -s chaos searches further.
     fuzz = {**SESSION_ENV, "RL_FUZZ_EXAMPLES": os.environ.get("RL_FUZZ_EXAMPLES", "60")}
     session.run("pytest", "tests/test_hostile_dirs.py", "-n", "0", "-q", "--hypothesis-show-statistics", env=fuzz)
+    # Hostile model directories (issue 50's classes), each trained by `rl demo grpo --model` in a child process: one
+    # draw a class by default (the attack the issue reports); RL_MODEL_FUZZ_EXAMPLES=5 draws more.
+    session.run("pytest", "tests/test_hostile_model_dirs.py", "-m", "fuzz", "-n", "2", "-q", env=SESSION_ENV)
 
 
 _NOT_INSTALLED = (

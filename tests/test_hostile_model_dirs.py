@@ -5,11 +5,11 @@ run directories read or written.
 
 Each command runs in a child process (an address-space limit, a deadline, an audit hook that records every file it
 opens outside); the child imports torch, so a draw costs seconds: marked `fuzz`, out of `unit`. Run it with
-`pytest tests/test_hostile_model_dirs.py -m fuzz -p no:randomly` (RL_FUZZ_EXAMPLES draws per class, default 1;
-the first draw of each class is the attack issue 50 reports).
+`nox -s chaos` or `pytest tests/test_hostile_model_dirs.py -m fuzz -p no:randomly` (RL_MODEL_FUZZ_EXAMPLES draws per
+class, default 1; the first draw of each class is the attack issue 50 reports).
 
-`OPEN` lists the classes whose fix is on another branch: each is a strict xfail, so a class that starts passing fails
-until it is taken off the list. After the merge of issue 50's branches `OPEN` should be empty.
+`OPEN` lists classes not fixed yet: each is a strict xfail, so a class that starts passing fails until it is taken
+off the list. It is empty.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from rl.models.converted_cache import write_manifest
 from rl.models.pretrained import SMOLLM2, SOURCE_FILE
 
-EXAMPLES = int(os.environ.get("RL_FUZZ_EXAMPLES", "1"))
+EXAMPLES = int(os.environ.get("RL_MODEL_FUZZ_EXAMPLES", "1"))
 DOCUMENTED = {0, 2, 3, 4, 5, 6, 7, 8, 9, 10}
 DEADLINE_S = 150  # a draw took 5-55 s on 2 busy cores: past this it hung
 ADDRESS_SPACE = 12 << 30  # the child's limit: a config describing a terabyte must be refused before it allocates
@@ -54,18 +54,7 @@ VARIANTS: dict[str, list[object]] = {
     "swapped-converted-cache": ["model.safetensors", "config.json", "chat_template.jinja"],
     "escape-tensor-names": [ESCAPES],
 }
-OPEN = {  # fixed on other branches of issue 50 (rl/models/model_checks.py, sandbox.py, chat.py); empty after merge
-    "template-symlink-outside",
-    "template-sparse",
-    "config-sizes-add-up",
-    "heads-not-dividing-kv",
-    "odd-head-dim",
-    "short-context",
-    "generation-config",
-    "tokenizer-ids-beyond-vocab",
-    "missing-weight",
-    "escape-tensor-names",
-}
+OPEN: set[str] = set()  # classes not yet fixed, each a strict xfail: none since issue 50's branches merged
 # Classes no run may survive: a model that cannot be what its config says must be refused, never randomly filled in.
 MUST_REFUSE = {
     "config-sizes-add-up",
@@ -193,8 +182,8 @@ def test_a_hostile_model_directory_trains_harmlessly_or_fails_in_one_line(
     (outside / "file.txt").write_text("precious\n")
     shutil.copytree(tiny_model, model)
     variant = data.draw(st.sampled_from(VARIANTS[kind]), label="variant")
-    before = snapshot(outside)
     model_arg = _apply(kind, variant, model, outside, cache)
+    before = snapshot(outside)  # after the attack planted its own file there
     argv = ["demo", "grpo", *model_arg, "--iterations", "1", "--prompts", "2", "--samples", "2"]
     argv += ["--out", str(root / "run")]
     env = {**os.environ, "RL_MODEL_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
