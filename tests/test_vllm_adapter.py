@@ -9,6 +9,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -110,7 +111,12 @@ def test_sampling_params_and_lora_request_are_passed_as_the_seed_specifies(
 ) -> None:
     run(engine.generate(request(refs["trained"])))
     llm = engine.llm
-    assert llm.init_kwargs["model"] == str(tiny_model_dir)
+    staged = Path(llm.init_kwargs["model"])  # a private copy of the checked files, never the directory by path
+    assert (
+        staged != tiny_model_dir
+        and (staged / "config.json").read_bytes() == (tiny_model_dir / "config.json").read_bytes()
+    )
+    assert (staged / "model.safetensors").read_bytes() == (tiny_model_dir / "model.safetensors").read_bytes()
     assert llm.init_kwargs["enable_lora"] is True
     # The log-probs of the distribution sampled (vLLM's default, raw, is the untempered, uncut policy's: TRL #4159).
     assert llm.init_kwargs["logprobs_mode"] == "processed_logprobs"
@@ -628,3 +634,24 @@ def test_the_engines_scratch_directory_leaves_room_for_vllms_socket_paths(tmp_pa
     assert engine_module._scratch_parent() == "/tmp"
     worst = os.path.join("/tmp", "rl-vllm-scratch-12345678", "0" * 36)
     assert len(worst) <= engine_module._IPC_PATH_MAX
+
+
+def test_vllm_reads_a_checked_copy_of_the_model_removed_at_close(
+    tiny_model_dir: Path, store: LocalArtifacts, tmp_path: Path
+) -> None:
+    """vLLM loads by path in its own process: it gets the checked opener's private copy (docs/guarantees.md), which
+    goes with the engine; a directory the opener refuses (a template linked outside) never reaches vLLM."""
+    from rl.models.model_files import ModelFileError
+
+    engine = VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, adapter_root=tmp_path / "a")
+    staged = Path(engine.llm.init_kwargs["model"])
+    assert staged.is_dir() and staged != tiny_model_dir
+    engine.close()
+    assert not staged.exists()
+    hostile = Path(shutil.copytree(tiny_model_dir, tmp_path / "hostile"))
+    (tmp_path / "secret.jinja").write_text("OUTSIDE {{ messages }}")
+    (hostile / "chat_template.jinja").unlink(missing_ok=True)
+    (hostile / "chat_template.jinja").symlink_to(tmp_path / "secret.jinja")
+    refused = VLLMEngine(hostile, store, vllm_module=vllm_stub, adapter_root=tmp_path / "b")
+    with pytest.raises(ModelFileError, match=r"chat_template\.jinja"):
+        refused.llm  # noqa: B018 (starting the engine is the act under test)

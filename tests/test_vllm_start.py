@@ -11,12 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures_real import tiny_model_dir
 
 import rl.engines.vllm as vllm_engine
 from rl.artifacts import LocalArtifacts
 from rl.cli import main
 from rl.engines.vllm import KVCACHE_ENV, VLLMEngine, cpu_kvcache_gib, start_failure_cause
 from rl.errors import EngineStartError, RlError
+
+__all__ = ["tiny_model_dir"]  # a fixture
 
 GIB = 2**30
 
@@ -58,8 +61,8 @@ def fake_vllm(**behaviour: Any) -> types.ModuleType:
     return module
 
 
-def engine(tmp_path: Path, module: types.ModuleType) -> VLLMEngine:
-    return VLLMEngine(tmp_path / "base", LocalArtifacts(tmp_path / "store"), vllm_module=module)
+def engine(base: Path, tmp_path: Path, module: types.ModuleType) -> VLLMEngine:
+    return VLLMEngine(base, LocalArtifacts(tmp_path / "store"), vllm_module=module)
 
 
 @pytest.mark.parametrize(("available_gib", "expected"), [(0.5, 1), (4, 1), (8, 2), (12.9, 3), (23, 4), (256, 4)])
@@ -68,20 +71,20 @@ def test_the_kv_cache_is_a_quarter_of_available_memory_between_1_and_4_gib(avail
 
 
 def test_an_unset_kvcache_variable_is_sized_from_the_machine_for_the_start_only(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(KVCACHE_ENV, raising=False)
     monkeypatch.setattr(vllm_engine, "available_memory_bytes", lambda: 9 * GIB)
     module = fake_vllm()
-    engine(tmp_path, module).llm  # noqa: B018 (starting the engine is the act under test)
+    engine(tiny_model_dir, tmp_path, module).llm  # noqa: B018 (starting the engine is the act under test)
     assert module.seen["kvcache"] == "2"
     assert KVCACHE_ENV not in os.environ  # vLLM's processes inherited it; this process's environment is as it was
 
 
-def test_a_kvcache_the_user_set_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_kvcache_the_user_set_is_kept(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(KVCACHE_ENV, "7")
     module = fake_vllm()
-    engine(tmp_path, module).llm  # noqa: B018
+    engine(tiny_model_dir, tmp_path, module).llm  # noqa: B018
     assert module.seen["kvcache"] == "7"
 
 
@@ -94,11 +97,11 @@ def test_the_root_cause_is_the_first_specific_exception_line_of_vllms_processes(
 
 
 def test_a_failed_start_is_one_typed_line_with_the_engine_processes_root_cause(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv(KVCACHE_ENV, raising=False)
     monkeypatch.setattr(vllm_engine, "available_memory_bytes", lambda: 6 * GIB)
-    failing = engine(tmp_path, fake_vllm(fail=True))
+    failing = engine(tiny_model_dir, tmp_path, fake_vllm(fail=True))
     with pytest.raises(EngineStartError) as raised:
         failing.llm  # noqa: B018
     message = str(raised.value)
@@ -114,13 +117,13 @@ def test_a_failed_start_is_one_typed_line_with_the_engine_processes_root_cause(
 
 
 def test_the_rl_command_ends_a_failed_start_with_one_line_and_the_rl_error_status(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """What a user of `rl demo grpo --engine vllm` sees: the same line and exit 9, not vLLM's exit-70 traceback."""
     import rl.commands.demo as demo_command
 
     def start(args: Any) -> int:
-        engine(tmp_path, fake_vllm(fail=True)).llm  # noqa: B018
+        engine(tiny_model_dir, tmp_path, fake_vllm(fail=True)).llm  # noqa: B018
         return 0
 
     monkeypatch.setattr(demo_command, "run_grpo_demo", start)

@@ -15,12 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures_real import tiny_model_dir
 
 import rl.engines.vllm as vllm_engine
 from rl.artifacts import LocalArtifacts
 from rl.engines.vllm import KVCACHE_ENV, VLLMEngine
 from rl.engines.vllm_start_errors import StartContext, start_advice
 from rl.errors import EngineStartError
+
+__all__ = ["tiny_model_dir"]  # a fixture
 
 GIB = 2**30
 
@@ -136,10 +139,8 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch, platform: str, *, logged: str = "
     return module
 
 
-def start(tmp_path: Path, module: types.ModuleType, **llm_kwargs: Any) -> EngineStartError:
-    engine = VLLMEngine(
-        tmp_path / "base", LocalArtifacts(tmp_path / "store"), vllm_module=module, llm_kwargs=llm_kwargs
-    )
+def start(base: Path, tmp_path: Path, module: types.ModuleType, **llm_kwargs: Any) -> EngineStartError:
+    engine = VLLMEngine(base, LocalArtifacts(tmp_path / "store"), vllm_module=module, llm_kwargs=llm_kwargs)
     with pytest.raises(EngineStartError) as raised:
         engine.llm  # noqa: B018 (starting the engine is the act under test)
     return raised.value
@@ -149,30 +150,34 @@ FRONT_END = "Engine core initialization failed. See root cause above. Failed cor
 
 
 def test_a_gpu_start_blames_the_gpu_and_never_the_cpu_builds_kv_cache(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(KVCACHE_ENV, raising=False)
     module = fake_vllm(monkeypatch, "cuda", logged=GPU_FREE_MEMORY, raised=FRONT_END)
-    message = str(start(tmp_path, module, gpu_memory_utilization=0.85))
+    message = str(start(tiny_model_dir, tmp_path, module, gpu_memory_utilization=0.85))
     assert f"root cause: {GPU_FREE_MEMORY}" in message
     assert "gpu_memory_utilization=0.85" in message and KVCACHE_ENV not in message
     assert "\n" not in message
 
 
-def test_a_cpu_build_out_of_kv_memory_names_its_kv_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cpu_build_out_of_kv_memory_names_its_kv_cache(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(KVCACHE_ENV, "8")
     monkeypatch.setattr(vllm_engine, "available_memory_bytes", lambda: 3 * GIB)
-    message = str(start(tmp_path, fake_vllm(monkeypatch, "cpu", logged=CPU_KV_ALLOCATION, raised=FRONT_END)))
+    message = str(
+        start(tiny_model_dir, tmp_path, fake_vllm(monkeypatch, "cpu", logged=CPU_KV_ALLOCATION, raised=FRONT_END))
+    )
     assert f"{KVCACHE_ENV}=8 GiB (as set in the environment, 3.0 GiB available)" in message
 
 
 def test_an_unknown_cause_is_shown_as_it_is_escaped_on_one_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Nothing logged, an error no rule knows (with a newline and a terminal escape in it): the original message,
     escaped, and no guess about memory."""
     odd = "KeyError: 'rope_scaling'\nsecond line \x1b[2J"
-    message = str(start(tmp_path, fake_vllm(monkeypatch, "cuda", raised=odd)))
+    message = str(start(tiny_model_dir, tmp_path, fake_vllm(monkeypatch, "cuda", raised=odd)))
     assert "RuntimeError: KeyError: 'rope_scaling'\\nsecond line \\x1b[2J" in message
     assert "\n" not in message and "\x1b" not in message
     assert KVCACHE_ENV not in message and "gpu_memory_utilization" not in message

@@ -49,6 +49,8 @@ import dataclasses
 import json
 import math
 import secrets
+import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -315,6 +317,10 @@ class LLM:
         self.logprobs_mode = kwargs.get("logprobs_mode", "raw_logprobs")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
+        # vLLM follows links in the model directory (the engine's are links to its checked descriptors); the
+        # stub's loader refuses links, so it reads a copy with them followed, kept for the LLM's life.
+        self._followed = tempfile.TemporaryDirectory(prefix="vllm-stub-model-")
+        model = shutil.copytree(Path(model), Path(self._followed.name) / "model", symlinks=False)
         hf_config = json.loads((Path(model) / "config.json").read_text())
         derived = int(hf_config["max_position_embeddings"])
         self.vocab_size = int(hf_config["vocab_size"])

@@ -240,8 +240,13 @@ def engine_llm_kwargs(base_model_dir: Path, llm_kwargs: Mapping[str, Any]) -> di
 def model_max_len(base_model_dir: Path) -> int:
     """The longest sequence the model in `base_model_dir` supports (`max_position_embeddings` of its config.json):
     vLLM's default `max_model_len`, and the most it accepts."""
-    config = json.loads((Path(base_model_dir) / "config.json").read_text())
-    return int(config["max_position_embeddings"])
+    from rl.models.model_files import open_model_dir
+
+    checked = open_model_dir(Path(base_model_dir), weights=False)  # the checked opener, as for every model file
+    try:
+        return int(checked.json("config.json")["max_position_embeddings"])
+    finally:
+        checked.close()
 
 
 def vllm_seed(seed: int) -> int:
@@ -388,6 +393,7 @@ class VLLMEngine:
         self.adapter_root.mkdir(parents=True, exist_ok=True)
         self._llm: Any = None
         self._scratch: tempfile.TemporaryDirectory[str] | None = None  # vLLM's own files, for the LLM's life
+        self._staged: contextlib.ExitStack | None = None  # the checked model files vLLM reads, for the LLM's life
         self._lora_by_digest: dict[str, tuple[str, int]] = {}  # digest -> (lora_name, lora_int_id), never reassigned
         self._adapter_dirs: dict[str, Path] = {}
         self.tokenizer = tokenizer
@@ -425,7 +431,15 @@ class VLLMEngine:
             self._scratch = tempfile.TemporaryDirectory(prefix="rl-vllm-scratch-", dir=_scratch_parent())
             kvcache = os.environ.get(KVCACHE_ENV) or str(cpu_kvcache_gib(available_memory_bytes()))
             tee = _StderrTee()
-            kwargs = engine_llm_kwargs(self.base_model_dir, self.llm_kwargs)
+            from rl.models.model_files import staged_model_dir
+
+            self._staged = contextlib.ExitStack()  # vLLM reads only the checked files' bytes, for the LLM's life
+            try:
+                staged = self._staged.enter_context(staged_model_dir(self.base_model_dir, dtype_bytes=2))
+            except BaseException:
+                self._remove_scratch()
+                raise
+            kwargs = engine_llm_kwargs(staged, self.llm_kwargs)
             try:
                 with _environ_defaults(VLLM_RPC_BASE_PATH=self._scratch.name,
                                        TORCHINDUCTOR_CACHE_DIR=os.path.join(self._scratch.name, "inductor"),
@@ -577,6 +591,9 @@ class VLLMEngine:
         self._remove_scratch()
 
     def _remove_scratch(self) -> None:
+        staged, self._staged = self._staged, None
+        if staged is not None:
+            staged.close()
         scratch, self._scratch = self._scratch, None
         if scratch is not None:
             scratch.cleanup()

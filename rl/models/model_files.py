@@ -210,8 +210,9 @@ def open_model_dir(model_dir: Path, *, weights: bool = True) -> CheckedModelDir:
 
 def _hand_over(fd: int, target: Path) -> None:
     """Make `target` read the file open at `fd`: a link to the descriptor itself (Linux: no copy, and no later
-    rename in the model directory can change which file it is), else a copy of its bytes."""
-    proc = f"/proc/self/fd/{fd}"
+    rename in the model directory can change which file it is; by pid, so this process's children, vLLM's engine
+    among them, read it too), else a copy of its bytes."""
+    proc = f"/proc/{os.getpid()}/fd/{fd}"
     if os.path.exists(proc):
         os.symlink(proc, target)
         return
