@@ -2,10 +2,11 @@
 gpu_tests/test_clustered_nccl.py (NCCL on cuda:0, in the device check) and tests/test_device_check_clustered.py (gloo
 on the CPU), so both run the same launcher, worker and checks and differ only in the device the rank finds.
 
-`torchrun --standalone --nproc-per-node 1` runs `clustered_nccl_worker.py`, which calls Flyte's `load_and_run_task` on
-`rl.flyte.clustered.train_step_clustered` as the `clustered` launcher's `a0` does: the rank joins the process group
-(`join_process_group`: NCCL on the GPU `task_device` gives it, gloo on a CPU), waits for local rank 0's download of the
-base on a gloo group beside the NCCL default group (`node_base`), runs `ddp_train_step` and publishes from rank 0.
+`torchrun --standalone --nproc-per-node 1` runs `tests/clustered_torchrun_worker.py`, which calls Flyte's
+`load_and_run_task` on `rl.flyte.clustered.train_step_clustered` as the `clustered` launcher's `a0` does: the rank
+joins the process group (`join_process_group`: NCCL on the GPU `task_device` gives it, gloo on a CPU), waits for local
+rank 0's download of the base on a gloo group beside the NCCL default group (`node_base`), runs `ddp_train_step` and
+publishes from rank 0.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-WORKER = Path(__file__).with_name("clustered_nccl_worker.py")
+WORKER = REPO / "tests" / "clustered_torchrun_worker.py"  # the CPU tests' worker: one worker for both
 HANG_BOUND_S = 240  # only bounds a hang: the run is killed with its worker and the test fails
 
 

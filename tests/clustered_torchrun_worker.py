@@ -1,5 +1,6 @@
-"""One torchrun worker of `tests/test_clustered_torchrun.py`: runs `rl.flyte.clustered.train_step_clustered` through
-Flyte's own task runner, as the `clustered` launcher's `a0` worker does in a pod.
+"""One torchrun worker of `tests/test_clustered_torchrun.py` and `gpu_tests/clustered_step.py` (NCCL on a GPU):
+runs `rl.flyte.clustered.train_step_clustered` through Flyte's own task runner, as the `clustered` launcher's `a0`
+worker does in a pod.
 
 `flyte._bin.clustered` execs torchrun with `a0 ...` per worker, and `a0` (with no controller, since torchrun marks the
 worker clustered through `TORCHELASTIC_RUN_ID`) calls `load_and_run_task`: it loads the inputs file, runs the task
@@ -7,8 +8,9 @@ body, and uploads outputs from global rank 0 only (errors likewise), exiting non
 We call `load_and_run_task` directly because `a0` first runs `init_in_cluster`, which needs a control plane.
 
 Instrumented, without changing what runs: each rank appends one JSON line to `events.jsonl` when it has joined the
-process group, when it downloads a Dir (which one) and when it publishes a Dir. `RL_TEST_KILL_RANK=N` SIGKILLs global
-rank N inside its DDP shard step (after the forward-backwards of its samples, before the synchronising all-reduce).
+process group (its world size, device and backend), when it downloads a Dir (which one) and when it publishes a Dir.
+`RL_TEST_KILL_RANK=N` SIGKILLs global rank N inside its DDP shard step (after the forward-backwards of its samples,
+before the synchronising all-reduce).
 
 Usage: python clustered_torchrun_worker.py INPUTS_PB OUTPUT_PREFIX RAW_DATA_PATH EVENTS_JSONL
 """
@@ -31,6 +33,7 @@ def _log(events: Path, **event: Any) -> None:
 
 
 def _instrument(events: Path) -> None:
+    import torch.distributed as dist
     from flyte.io import Dir
 
     import rl.flyte.clustered as clustered
@@ -40,7 +43,7 @@ def _instrument(events: Path) -> None:
 
     def logged_join() -> tuple[int, int, str, bool]:
         joined = join()
-        _log(events, event="joined", world_size=joined[1])
+        _log(events, event="joined", world_size=joined[1], device=joined[2], backend=str(dist.get_backend()))
         return joined
 
     async def logged_upload(path: Path, name: str) -> Dir:
