@@ -193,8 +193,11 @@ async def test_the_vllm_settings_pass_through_the_engine(tmp_path: Path) -> None
         )
     )
     assert len(group) == 2
-    fixed = {"model": str(base), "enable_lora": True, "logprobs_mode": "processed_logprobs", "trust_remote_code": False}
-    assert engine.llm.init_kwargs == {**fixed, **gpu.vllm_llm_kwargs()}
+    given = dict(engine.llm.init_kwargs)
+    staged = Path(given.pop("model"))  # the checked opener's private copy of `base` (docs/guarantees.md)
+    assert staged != base and (staged / "config.json").read_bytes() == (base / "config.json").read_bytes()
+    fixed = {"enable_lora": True, "logprobs_mode": "processed_logprobs", "trust_remote_code": False}
+    assert given == {**fixed, **gpu.vllm_llm_kwargs()}
 
 
 @pytest.mark.parametrize("kwargs_of", [gpu.vllm_llm_kwargs, gpu.vllm_cpu_llm_kwargs], ids=["gpu", "cpu"])
