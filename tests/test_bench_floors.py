@@ -137,6 +137,7 @@ def test_rl_bench_floors_prints_one_row_per_phase_with_measured_floor_and_ratio(
         measured, floor, ratio = (float(c) for c in rows[phase])
         assert floor > 0 and math.isfinite(ratio)
         assert ratio == pytest.approx(measured / floor, rel=1e-2)  # printed to 3-4 significant figures
+    assert rows["sampler_other"][1:] == rows["train_other"][1:] == ["-", "-"]  # no floor bounds them
     figures = json.loads(out.strip().splitlines()[-1])
     for phase in PHASES:
         assert figures[f"floors_{phase}_floor_s"] > 0 and f"floors_{phase}_ratio" in figures

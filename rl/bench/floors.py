@@ -169,8 +169,10 @@ def ratio(measured_s: float, floor_s: float) -> float:
 
 
 def table_lines(rows: Sequence[tuple[str, float, float]]) -> list[str]:
-    """A markdown table: one row per (phase, measured s, floor s) with measured / floor."""
+    """A markdown table: one row per (phase, measured s, floor s) with measured / floor; `-` where the floor is 0
+    (time outside the phases, which no floor bounds)."""
     out = ["| phase | measured s | floor s | measured / floor |", "| --- | --- | --- | --- |"]
     for phase, measured, floor in rows:
-        out.append(f"| {phase} | {measured:.4g} | {floor:.3g} | {ratio(measured, floor):.3g} |")
+        shown = f"{floor:.3g} | {ratio(measured, floor):.3g}" if floor > 0 else "- | -"
+        out.append(f"| {phase} | {measured:.4g} | {shown} |")
     return out

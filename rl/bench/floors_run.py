@@ -78,7 +78,7 @@ async def _iterations(root: Path, base: Path, real: bool, repeats: int) -> tuple
     artifacts = LocalArtifacts(root / "artifacts")
     trainer = PeftTrainer(base, artifacts, trainer_config)
     sampler = TorchSampler(base, artifacts, threads=trainer_config.threads)
-    config = grpo_demo_config(iterations=repeats + 1, real_model=real)
+    config = grpo_demo_config(iterations=repeats + 1, real_model=real, prompts=4 if real else 8)  # `rl demo grpo`'s
     tiers = GrpoTiers(sampler, RewardScorer(), trainer, artifacts, demo_problems(real))
     state = await trainer.init_adapter(0)
     timers, measured, shapes = _Timers(), [], []
