@@ -13,6 +13,7 @@ sampler and trainer and prints the table (`rl bench --sections floors`, `python 
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -51,7 +52,7 @@ class MachineRates:
             rates = []
             for a, b in sorted(shapes):
                 x, w = torch.randn(256, a), torch.randn(a, b)  # [tokens, in], [in, out]
-                rates.append(2 * 256 * a * b / _median_s(lambda x=x, w=w: torch.matmul(x, w), repeats) / 1e9)
+                rates.append(2 * 256 * a * b / _median_s(functools.partial(torch.matmul, x, w), repeats) / 1e9)
             big = torch.ones(nbytes // FP32)
             dst = torch.empty_like(big)
             read = nbytes / _median_s(lambda: big.sum(), repeats)
