@@ -72,6 +72,9 @@ def no_unread_task_exception() -> object:
     yield
     if _LOOPS_MADE[0] != made:
         gc.collect()  # a task dropped with its exception unread reports it only when it is collected
+        # What survived a full collection is alive: frozen, so later collections walk only what later tests make (a
+        # full walk of everything the worker held was 11 % of the suite's test time; docs/benchmarks.md).
+        gc.freeze()
     if _UNREAD.found:
         found, _UNREAD.found[:] = list(_UNREAD.found), []
         pytest.fail(f"the test left {len(found)} asyncio task exception(s) unread: {'; '.join(found)[:2000]}")
