@@ -53,6 +53,18 @@ _UNREAD = _UnreadTaskExceptions()
 logging.getLogger("asyncio").addHandler(_UNREAD)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session) -> object:
+    """No automatic garbage collection while collecting: importing torch, transformers and every test module makes
+    little garbage, but the collector walked the growing heap again and again (~8 % of collection's CPU time, 6.9 ->
+    6.3 s). `pytest_collection_finish` (below) collects once, at the end."""
+    gc.disable()
+    try:
+        return (yield)
+    finally:
+        gc.enable()
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Freezes what collection built (torch, transformers, every test module) out of the garbage collector.
 
