@@ -11,6 +11,7 @@ the same declared layers."""
 from __future__ import annotations
 
 import ast
+import functools
 import shutil
 import subprocess
 import sys
@@ -32,16 +33,26 @@ def _module_name(path: Path, root: Path = ROOT) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache
+def _scan(text: str, filename: str) -> tuple[tuple[tuple[int, str], ...], tuple[tuple[int, str], ...]]:
+    """(imports, string constants) of a module's source, each as (line, name): one parse per distinct source and file
+    name (the checks below read each file up to four times)."""
+    imports: list[tuple[int, str]] = []
+    strings: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(text, filename)):
+        if isinstance(node, ast.Import):
+            imports += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            imports += [(node.lineno, node.module)]
+            imports += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names if node.module == "rl"]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            strings.append((node.lineno, node.value))
+    return tuple(imports), tuple(strings)
+
+
 def _imports(path: Path) -> list[tuple[int, str]]:
     """Every module `path` imports, at any depth (a function-level import crosses the boundary too)."""
-    found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found += [(node.lineno, node.module)]
-            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names if node.module == "rl"]
-    return found
+    return list(_scan(path.read_text(), str(path))[0])
 
 
 def test_the_wheel_installs_rl_and_nothing_else_at_top_level() -> None:
@@ -87,11 +98,10 @@ def _dynamic_imports(root: Path) -> Iterator[tuple[str, int, str]]:
     `module:attribute`: what `importlib.import_module`, lazy `__getattr__` tables and pytest plugins import."""
     modules = _rl_modules(root)
     for path in sorted((root / "rl").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                name = node.value.partition(":")[0]
-                if name in modules and name != "rl":
-                    yield _module_name(path, root), node.lineno, name
+        for line, value in _scan(path.read_text(), str(path))[1]:
+            name = value.partition(":")[0]
+            if name in modules and name != "rl":
+                yield _module_name(path, root), line, name
 
 
 def _dynamic_violations(root: Path) -> list[str]:
