@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl.errors import UnsafeRunDirError
+from rl.errors import RunDirError, UnsafeRunDirError
 from rl.models.model_dir import CONFIG_FILE, INDEX_FILE, MODEL_DIR_FIX, ModelDirError, check_model_dir
 from rl.safe_fs import Tree, special_kind
 from rl.untrusted import UntrustedValueError, parse_json, shown
@@ -231,8 +232,7 @@ def staged_model_dir(model_dir: Path, *, weights: bool = True, dtype_bytes: int 
     checked = open_model_dir(model_dir, weights=weights)
     try:
         check_model_files(checked, dtype_bytes=dtype_bytes)
-        stage = Path(tempfile.mkdtemp(prefix="rl-model-"))  # 0700: this user's alone
-        try:
+        with _new_stage() as stage:
             for name, data in checked.files.items():
                 fd = os.open(stage / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
                 with open(fd, "wb") as f:
@@ -240,10 +240,32 @@ def staged_model_dir(model_dir: Path, *, weights: bool = True, dtype_bytes: int 
             for name, weights_file in checked.weights.items():
                 _hand_over(weights_file.fd, stage / name)
             yield stage
-        finally:
-            shutil.rmtree(stage, ignore_errors=True)
     finally:
         checked.close()
+
+
+STAGE_PREFIX = "rl-model-"
+
+
+@contextlib.contextmanager
+def _new_stage() -> Iterator[Path]:
+    """A private (0700) directory in the temp directory, locked while the block runs and removed after; those a
+    killed process left (no live lock: `rl.dead_writers`) go first."""
+    from rl.dead_writers import discard_if_dead, locked_new_dir_at
+
+    root = Path(tempfile.gettempdir())
+    fs = Tree(root)
+    for name in os.listdir(root):
+        if name.startswith(STAGE_PREFIX):
+            with contextlib.suppress(OSError, RunDirError):  # another user's, or gone meanwhile
+                discard_if_dead(root / name, fs)
+    with fs.directory(root) as root_fd, locked_new_dir_at(root_fd, lambda: STAGE_PREFIX + secrets.token_hex(6)) as held:
+        stage = root / held[0]
+        try:
+            os.fchmod(held[1], 0o700)
+            yield stage
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
 
 
 def check_model_dir_files(model_dir: Path, *, dtype_bytes: int = 2) -> Path:
