@@ -76,9 +76,9 @@ def law_model() -> Any:
     """The tiny causal LM the law scores with (transformers; built once per process from a fixed seed)."""
     from rl.models import TinyModelConfig, build_tiny_model, load_base_model
 
-    root = Path(tempfile.mkdtemp(prefix="rl-conformance-logprob-model-"))
     config = TinyModelConfig(seed=11, hidden_size=32, layers=2, heads=4, kv_heads=2, intermediate=64)
-    return load_base_model(build_tiny_model(root / "base", config))
+    with tempfile.TemporaryDirectory(prefix="rl-conformance-logprob-model-") as root:  # in memory once loaded
+        return load_base_model(build_tiny_model(Path(root) / "base", config))
 
 
 def _logits(model: Any, ids: list[int]) -> list[list[float]]:
