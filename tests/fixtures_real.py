@@ -89,3 +89,23 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> LocalArtifacts:
 def refs(store: LocalArtifacts, adapter_dirs: dict[str, Path]) -> dict[str, ArtifactRef]:
     """Each adapter directory of `adapter_dirs`, put into the module's artifact store."""
     return {name: run(store.put_dir(path, f"adapter-{name}")) for name, path in adapter_dirs.items()}
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[None]:
+    """A one-rank gloo process group on a free local port, for the test's duration."""
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=60)
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

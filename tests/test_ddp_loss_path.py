@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import socket
-from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
-import torch.distributed as dist
-from fixtures_real import tiny_model_dir
+from fixtures_real import one_rank_group, tiny_model_dir
 from trainer_batches import make_batch, make_rollouts, varied_rewards
 
 from rl.artifacts import LocalArtifacts
@@ -23,23 +19,9 @@ from rl.trainer.config import TrainerConfig
 from rl.trainer.ddp import ddp_train_step
 from rl.trainer.peft_trainer import PeftTrainer
 
-__all__ = ["tiny_model_dir"]
+__all__ = ["one_rank_group", "tiny_model_dir"]
 
 CONFIG = TrainerConfig(lora_rank=4, lora_alpha=8, seed=3, threads=1, micro_batch_size=4)
-
-
-@pytest.fixture
-def one_rank_group() -> Iterator[None]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=60)
-    )
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.heavy

@@ -11,15 +11,13 @@ import pickle
 import shutil
 import socket
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
-from fixtures_real import tiny_model_dir
+from fixtures_real import one_rank_group, tiny_model_dir
 from rank_agreement_worker import dies_before_agreeing
 from trainer_batches import make_batch, make_rollouts, varied_rewards
 
@@ -31,7 +29,7 @@ from rl.trainer.peft_trainer import PeftTrainer
 from rl.trainer.rank_agreement import agree, broadcast_outcome
 from rl.types import TrainBatch
 
-__all__ = ["tiny_model_dir"]
+__all__ = ["one_rank_group", "tiny_model_dir"]
 
 CONFIG = TrainerConfig(lora_rank=4, lora_alpha=8, seed=3, threads=1)
 HANG_GUARD_S = 240.0
@@ -175,20 +173,6 @@ def test_a_rank_that_dies_fails_its_peer_in_the_agreement_instead_of_hanging(tmp
 
 # ---------------------------------------------------------------------------------------------------------------------
 # In-process: the agreement's rules on a one-rank gloo group.
-
-
-@pytest.fixture
-def one_rank_group() -> Any:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=60)
-    )
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_the_agreement_sums_the_values_when_no_rank_failed(one_rank_group: None) -> None:
