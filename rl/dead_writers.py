@@ -41,7 +41,10 @@ def locked_new_dir_at(dir_fd: int, make_name: Callable[[], str]) -> Iterator[tup
     while True:
         name = make_name()
         os.mkdir(name, dir_fd=dir_fd)
-        fd = open_dir_at(dir_fd, name)
+        try:
+            fd = open_dir_at(dir_fd, name)
+        except FileNotFoundError:
+            continue  # a cleaner found it unlocked between the mkdir and the open, and removed it
         if lock_at(fd, dir_fd, name):
             break
         os.close(fd)

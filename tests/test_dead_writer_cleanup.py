@@ -88,3 +88,30 @@ async def test_a_put_whose_new_entries_a_cleaner_took_before_the_lock_makes_new_
     assert [p.name.startswith("ref-") for p in taken] == [False, True]  # the staging directory, then the ref's file
     assert await store.get(ref) == files and store.resolve("adapter-v1") == ref
     assert os.listdir(store.root / "tmp") == []
+
+
+def test_a_new_directory_removed_by_a_cleaner_before_its_lock_is_made_again(tmp_path, monkeypatch):
+    """Between a writer's mkdir and its lock another process's cleaner may find the directory unlocked and remove it
+    (two xdist workers loading a model at once did); the writer makes a new one instead of failing."""
+    from rl import dead_writers
+    from rl.safe_fs import Tree
+
+    names = iter(["stage-a", "stage-b"])
+    real_open = dead_writers.open_dir_at
+    raced: list[str] = []
+
+    def cleaner_first(dir_fd: int, name: str) -> int:
+        if not raced:  # the first directory: a cleaner gets to it before the writer opens it
+            raced.append(name)
+            assert dead_writers.discard_if_dead(tmp_path / name, Tree(tmp_path))
+        return real_open(dir_fd, name)
+
+    monkeypatch.setattr(dead_writers, "open_dir_at", cleaner_first)
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with dead_writers.locked_new_dir_at(fd, lambda: next(names)) as (name, _):
+            assert (raced, name) == (["stage-a"], "stage-b")
+            assert (tmp_path / "stage-b").is_dir() and not (tmp_path / "stage-a").exists()
+            assert not dead_writers.discard_if_dead(tmp_path / "stage-b", Tree(tmp_path))  # locked: left alone
+    finally:
+        os.close(fd)
