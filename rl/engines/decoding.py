@@ -287,12 +287,19 @@ def batched_teacher_forced_logprobs(
     completion_ids: Sequence[Sequence[int]],
     pad_token_id: int,
     sampling: SamplingSettings = DEFAULT_SAMPLING,
+    *,
+    share_prompts: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`teacher_forced_logprobs` for a batch of (prompt, completion) pairs of any lengths, in one forward pass.
 
     Rows are right-padded: under causal attention a real token never attends to a pad after it, and position ids
     start at 0 in every row, so no attention mask is needed and real positions equal the unbatched result up to float
-    rounding of a different batch shape (not bitwise). Returns (logprobs, mask); padded positions hold 0.
+    rounding of a different batch shape (not bitwise). Returns (logprobs, mask); padded positions hold 0. The head
+    runs only from the first predicting position on (`logits_to_keep`), not over the prompts.
+
+    `share_prompts` (default: from `PREFILL_ONCE_MIN_PARAMETERS` up, with no dropout active) forwards each distinct
+    prompt once and its completions on its KV cache, as the sampler decodes (a GRPO group's rows share one prompt);
+    gradients flow through the shared prompt. Same values up to float rounding; each path is bitwise reproducible.
 
     Shape: B prompts [P_b], B completions [T_b] -> logprobs [B, T_max], mask [B, T_max] (bool).
     """
@@ -306,21 +313,99 @@ def batched_teacher_forced_logprobs(
     t_max = max((len(c) for c in completion_ids), default=0)
     if batch == 0 or t_max == 0:
         return torch.zeros(batch, t_max), torch.zeros(batch, t_max, dtype=torch.bool)
-    rows = [_as_ids(p) + _as_ids(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([r + [pad_token_id] * (width - len(r)) for r in rows], dtype=torch.long)  # [B, L]
-    targets = torch.tensor([_as_ids(c) + [0] * (t_max - len(c)) for c in completion_ids], dtype=torch.long)  # [B, T]
-    mask = torch.tensor([[t < len(c) for t in range(t_max)] for c in completion_ids], dtype=torch.bool)  # [B, T]
-    # Completion token t of row b sits at position P_b + t and is predicted from position P_b + t - 1.
-    starts = torch.tensor([len(p) - 1 for p in prompt_ids])  # [B]
-    positions = (starts.unsqueeze(1) + torch.arange(t_max)).clamp(max=width - 2)  # [B, T_max]
+    prompts, completions = [_as_ids(p) for p in prompt_ids], [_as_ids(c) for c in completion_ids]
     device = next(model.parameters()).device  # the model's (CPU, or CUDA for the GPU trainer); the result lives there
-    ids, targets, mask, positions = (t.to(device) for t in (ids, targets, mask, positions))
-    logits = model(input_ids=ids, use_cache=False).logits  # [B, L, V]; no KV cache to build: nothing decodes after
-    # Only the predicting positions go through log_softmax: the prompt's other positions are never read.
-    picked = logits.gather(1, positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))  # [B, T_max, V]
+    targets = torch.tensor([c + [0] * (t_max - len(c)) for c in completions], dtype=torch.long)  # [B, T]
+    mask = torch.tensor([[t < len(c) for t in range(t_max)] for c in completions], dtype=torch.bool)  # [B, T]
+    targets, mask = targets.to(device), mask.to(device)
+    if share_prompts is None:
+        share_prompts = _parameters(model) >= PREFILL_ONCE_MIN_PARAMETERS and not _dropout_active(model)
+    picked = _shared_prompt_logits(model, prompts, completions, pad_token_id) if share_prompts else None
+    if picked is None:
+        picked = _full_row_logits(model, prompts, completions, pad_token_id, t_max)  # [B, T_max, V]
     index = targets.unsqueeze(-1)  # [B, T_max, 1]
     keep = None if sampling.is_default else torch.zeros_like(picked, dtype=torch.bool).scatter(2, index, True)
     logp = sampling_logprobs(picked.float(), sampling, keep=keep)  # [B, T_max, V]
     logprobs = logp.gather(2, index).squeeze(-1)  # [B, T_max]
     return logprobs.masked_fill(~mask, 0.0), mask
+
+
+def _dropout_active(model: nn.Module) -> bool:
+    """Whether a forward would draw dropout masks (a shared prompt would give a group's rows one mask, not one each)."""
+    return model.training and any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules())
+
+
+def _logits_kwargs(model: nn.Module, keep: int | torch.Tensor) -> dict[str, Any]:
+    """`logits_to_keep=keep` where the model's forward takes it (transformers >= 4.50), else nothing."""
+    get_base_model = getattr(model, "get_base_model", None)
+    base = get_base_model() if callable(get_base_model) else model
+    return {"logits_to_keep": keep} if "logits_to_keep" in inspect.signature(base.forward).parameters else {}
+
+
+def _full_row_logits(
+    model: nn.Module, prompts: list[list[int]], completions: list[list[int]], pad: int, t_max: int
+) -> torch.Tensor:
+    """The logits predicting each completion token, from one right-padded forward of every prompt + completion row.
+
+    Shape: -> [B, T_max, V] (positions past a row's completion hold a copy of an earlier position: masked)."""
+    rows = [p + c for p, c in zip(prompts, completions, strict=True)]
+    width = max(len(r) for r in rows)
+    device = next(model.parameters()).device
+    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long, device=device)  # [B, L]
+    # Completion token t of row b sits at position P_b + t and is predicted from position P_b + t - 1.
+    first = min(len(p) for p in prompts) - 1  # the head runs from here on: earlier positions predict nothing read
+    kwargs = _logits_kwargs(model, width - first)
+    offset = first if kwargs else 0
+    starts = torch.tensor([len(p) - 1 - offset for p in prompts], device=device)  # [B]
+    positions = (starts.unsqueeze(1) + torch.arange(t_max, device=device)).clamp(max=width - 2 - offset)  # [B, T]
+    logits = model(input_ids=ids, use_cache=False, **kwargs).logits  # [B, L - offset, V]; no cache: nothing decodes
+    return logits.gather(1, positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))  # [B, T_max, V]
+
+
+def _shared_prompt_logits(
+    model: nn.Module, prompts: list[list[int]], completions: list[list[int]], pad: int
+) -> torch.Tensor | None:
+    """`_full_row_logits` with each distinct prompt forwarded once (its last position's logits predict token 0) and
+    every row's completion forwarded on a KV cache of its prompt, left-padded to the longest prompt (masked); None
+    where the cache is not a `DynamicCache` of `DynamicLayer`s (`_repeatable`), or no prompt repeats.
+
+    Shape: -> [B, T_max, V]."""
+    distinct: dict[tuple[int, ...], int] = {}
+    row_prompt = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]  # [B] index into distinct
+    if len(distinct) == len(prompts):
+        return None
+    device = next(model.parameters()).device
+    outs = []
+    for prompt in distinct:
+        ids = torch.tensor([prompt], dtype=torch.long, device=device)  # [1, P_u]
+        outs.append(model(input_ids=ids, use_cache=True, **_logits_kwargs(model, 1)))
+        if not _repeatable(_cache_of(outs[-1])):
+            return None
+    index = torch.tensor(row_prompt, device=device)  # [B]
+    first = torch.cat([out.logits[:, -1, :] for out in outs]).index_select(0, index).unsqueeze(1)  # [B, 1, V]
+    t_max = max(len(c) for c in completions)
+    if t_max == 1:
+        return first
+    width = max(len(p) for p in distinct)
+    cache = _cache_of(outs[0])
+    for i, layer in enumerate(cache.layers):
+        for name in ("keys", "values"):
+            parts = []
+            for out, prompt in zip(outs, distinct, strict=True):
+                kv = getattr(_cache_of(out).layers[i], name)  # [1, H, P_u, D]
+                parts.append(torch.cat([kv.new_zeros(1, kv.shape[1], width - len(prompt), kv.shape[3]), kv], dim=2))
+            setattr(layer, name, torch.cat(parts).index_select(0, index))  # [B, H, P, D]; backward sums a group's rows
+    lengths = [len(prompts[b]) for b in range(len(prompts))]
+    prompt_mask = [[0] * (width - n) + [1] * n for n in lengths]
+    attention = torch.tensor([m + [1] * t_max for m in prompt_mask], dtype=torch.long, device=device)  # [B, P + T]
+    positions = torch.tensor(lengths, device=device).unsqueeze(1) + torch.arange(t_max, device=device)  # [B, T]
+    ids = torch.tensor([c + [pad] * (t_max - len(c)) for c in completions], dtype=torch.long, device=device)  # [B, T]
+    out = model(
+        input_ids=ids,
+        attention_mask=attention,
+        position_ids=positions,
+        use_cache=True,
+        **{_cache_kwarg(model): cache},
+        **_logits_kwargs(model, torch.arange(t_max - 1, device=device)),
+    )
+    return torch.cat([first, out.logits[:, : t_max - 1, :]], dim=1)  # [B, T_max, V]
