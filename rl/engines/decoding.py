@@ -81,7 +81,24 @@ def _cache_kwarg(model: nn.Module) -> str:
     """The forward kwarg that takes a KV cache: `cache` from transformers 5.2x, `past_key_values` before."""
     get_base_model = getattr(model, "get_base_model", None)
     base = get_base_model() if callable(get_base_model) else model
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    own = getattr(base, "__dict__", {}).get(
+        "forward"
+    )  # a forward set on the instance (a hook's wrapper) is the one called
+    return _takes_cache(own) if own is not None else _class_cache_kwarg(type(base))
+
+
+_CACHE_KWARGS: dict[type, str] = {}  # by model class: the signature costs more than a tiny model's decoding step
+
+
+def _class_cache_kwarg(cls: type[nn.Module]) -> str:
+    kwarg = _CACHE_KWARGS.get(cls)
+    if kwarg is None:
+        kwarg = _CACHE_KWARGS[cls] = _takes_cache(cls.forward)
+    return kwarg
+
+
+def _takes_cache(forward: Any) -> str:
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def _cache_of(output: Any) -> Any:

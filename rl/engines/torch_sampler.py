@@ -29,6 +29,10 @@ from rl.models.chat import decode_texts, encode_prompt
 from rl.protocols import Artifacts
 from rl.types import ArtifactRef, Rollout, RolloutRequest, SamplingSettings
 
+DECODED_TEXTS = 65536
+"""Completion texts a sampler keeps by token ids (a group repeats short completions, and decoding is a call to the
+tokenizer's worker)."""
+
 
 class TorchSampler:
     """`RolloutEngine` on torch: one seeded group per call from the requested LoRA adapter, with sampling log-probs.
@@ -67,7 +71,8 @@ class TorchSampler:
         # tokenizer's Python wrapper costs more per call than the tiny model's sampling step. Per instance, so a cache
         # keeps no sampler alive.
         self._encode = functools.lru_cache(maxsize=4096)(self._encode_uncached)
-        self._decode = functools.lru_cache(maxsize=65536)(self._decode_uncached)
+        # Decoded texts by token ids, oldest first; a generate call decodes its misses in one call to the worker.
+        self._texts: dict[tuple[int, ...], str] = {}
         self.max_position = int(self.adapters.base.config.max_position_embeddings)
         eos = self.tokenizer.eos_token_id
         if eos is None:
@@ -131,13 +136,23 @@ class TorchSampler:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """A completion's text: special tokens (`<eos>`) skipped, characters joined as sampled."""
-        return self._decode(tuple(token_ids))
+        return self.decode_many([token_ids])[0]
+
+    def decode_many(self, seqs: Sequence[Sequence[int]]) -> list[str]:
+        """`decode` of each sequence; those not seen lately go to the tokenizer in one call (one round trip to its
+        worker, not one each: a miss cost more than the tiny model's sampling step)."""
+        keys = [tuple(ids) for ids in seqs]
+        known = {k: text for k in keys if (text := self._texts.get(k)) is not None}
+        missing = list(dict.fromkeys(k for k in keys if k not in known))
+        if missing:
+            for key, text in zip(missing, decode_texts(self.tokenizer, missing), strict=True):
+                known[key] = self._texts[key] = text
+            while len(self._texts) > DECODED_TEXTS:
+                self._texts.pop(next(iter(self._texts)), None)
+        return [known[k] for k in keys]
 
     def _encode_uncached(self, question: str) -> tuple[int, ...]:
         return tuple(encode_prompt(self.tokenizer, question))
-
-    def _decode_uncached(self, token_ids: tuple[int, ...]) -> str:
-        return decode_texts(self.tokenizer, [token_ids])[0]  # in the tokenizer's worker (rl.models.sandbox)
 
     async def generate(self, request: RolloutRequest) -> list[Rollout]:
         return (await self.generate_groups([request]))[0]
@@ -175,6 +190,7 @@ class TorchSampler:
                 eos_token_id=self.eos_token_id,
                 sampling=first.sampling,
             )
+            texts = iter(self.decode_many([s.token_ids for seqs in groups for s in seqs]))
             for i, seqs in zip(members, groups, strict=True):
                 request = requests[i]
                 results[i] = [
@@ -182,7 +198,7 @@ class TorchSampler:
                         group_id=request.group_id,
                         question=request.prompt.question,
                         answer=request.prompt.answer,
-                        completion=self.decode(s.token_ids),
+                        completion=next(texts),
                         prompt_token_ids=list(encoded[i]),
                         token_ids=s.token_ids,
                         logprobs=s.logprobs,

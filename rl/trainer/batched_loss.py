@@ -81,7 +81,7 @@ def batched_loss_fns(
                 ref_logp, mask = batched_teacher_forced_logprobs(
                     model, prompts, completions, _PAD_ID, batch.sampling
                 )  # [B, T]
-            torch.manual_seed(dropout_seed(config.seed, batch.step, chunk[0]))
+            seed_dropout(model, dropout_seed(config.seed, batch.step, chunk[0]))
             new_logp, _ = batched_teacher_forced_logprobs(
                 model, prompts, completions, _PAD_ID, batch.sampling
             )  # [B, T]
@@ -109,6 +109,15 @@ def batched_loss_fns(
         return loss_fn
 
     return [make(list(indices[start : start + size])) for start in range(0, len(indices), size)]
+
+
+def seed_dropout(model: torch.nn.Module, seed: int) -> None:
+    """Seed the generator the model's dropout draws from: on the CPU the default generator alone (what
+    `torch.manual_seed` seeds for CPU ops, without its ~0.1 ms of visiting every other backend), elsewhere all."""
+    if next(model.parameters()).device.type == "cpu":
+        torch.default_generator.manual_seed(seed)
+    else:
+        torch.manual_seed(seed)
 
 
 _TUNER_LAYERS: weakref.WeakKeyDictionary[PeftModel, list[BaseTunerLayer]] = weakref.WeakKeyDictionary()

@@ -35,6 +35,8 @@ PANDAS_DTYPES: dict[str, str] = {"question": "str", "answer": "str", "completion
 _ITER_FILE = re.compile(r"iter-(\d{5,})\.jsonl")
 
 RewardFn = Callable[[Rollout], float]
+# What `json.dumps(row, allow_nan=False, ensure_ascii=False)` builds on every call, built once (the same bytes).
+_ROW_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False)
 # An iteration's file: megabytes for the largest runs; a file past this is not one this tool wrote.
 MAX_ITERATION_FILE_BYTES = 256 << 20
 
@@ -250,7 +252,7 @@ def encode_rows(iteration: int, rows: Sequence[Mapping[str, Any]]) -> bytes:
         if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
             raise RowSchemaError(f"row {i} of iteration {iteration} has reward {reward!r}; rewards are finite numbers")
         try:
-            lines.append(json.dumps(dict(row), allow_nan=False, ensure_ascii=False))
+            lines.append(_ROW_ENCODER.encode(dict(row)))
         except (TypeError, ValueError) as exc:
             raise RowSchemaError(f"row {i} of iteration {iteration} is not plain finite JSON: {exc}") from exc
     return "".join(f"{line}\n" for line in lines).encode()

@@ -265,7 +265,7 @@ class LocalWritableVolume:
                         f"reaches outside. Point it at a path inside the volume, or copy the target in, then finalize"
                     )
             elif kind == "file":
-                files[rel] = self._file_entry(data / rel, rel, st)
+                files[rel] = self._file_entry(data, rel, st)
                 stats[rel] = st
             else:
                 raise UnsupportedFileError(
@@ -274,7 +274,7 @@ class LocalWritableVolume:
                 )
         return files, sorted(dirs), symlinks, stats
 
-    def _file_entry(self, path: Path, rel: str, st: os.stat_result) -> dict[str, Any]:
+    def _file_entry(self, data: Path, rel: str, st: os.stat_result) -> dict[str, Any]:
         executable = bool(st.st_mode & 0o111)
         inh = self._inherited.get(rel)
         if (
@@ -289,7 +289,7 @@ class LocalWritableVolume:
         # parent published within the racy window is rehashed on every fork, as a fast loop's buffer is: the redundant
         # fsyncs were most of an iteration, docs/benchmarks.md.)
         inherited_inode = inh is not None and inh.shares_parent_inode and st.st_ino == inh.ino
-        digest = self._store.fs.hash_file(path, fsync=self._store.durable and not inherited_inode)
+        digest = self._store.fs.hash_file(data / rel, fsync=self._store.durable and not inherited_inode)
         if inh is not None and inh.shares_parent_inode and st.st_ino == inh.ino and digest != inh.entry.sha256:
             parent = self._parent.version if self._parent else "?"
             raise SharedFileModifiedError(

@@ -772,7 +772,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         '            raise RowSchemaError(f"row {i} of iteration {iteration} has reward {reward!r}; rewards '
         'are finite numbers")\n'
         "        try:\n"
-        "            lines.append(json.dumps(dict(row), allow_nan=False, ensure_ascii=False))\n",
+        "            lines.append(_ROW_ENCODER.encode(dict(row)))\n",
         "or reward != reward:\n"
         '            raise RowSchemaError(f"row {i} of iteration {iteration} has reward {reward!r}; rewards '
         'are finite numbers")\n'
