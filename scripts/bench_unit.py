@@ -1,7 +1,8 @@
 """How long the fast suite takes: `nox -R -s unit` (a warm virtualenv, nothing installed) timed end to end, then where
 pytest's time went, summed per test file (setup, call and teardown of each test, across every worker).
 
-A benchmark, not a test: it prints numbers (the goal is 60 s on a quiet 2-core machine). Run it on a quiet machine:
+A benchmark, not a test: it prints numbers (the goal is 30 s on a quiet 2-core machine, issue 51; docs/benchmarks.md
+has the profile). Run it on a quiet machine:
 
     python scripts/bench_unit.py            # runs nox -R -s unit with a JUnit report, prints the wall time and files
     python scripts/bench_unit.py --top 40   # more files

@@ -39,6 +39,7 @@ IMPL = Implementation(
 """
 
 
+@pytest.mark.heavy  # the whole packaged suite in process, ~1.5 CPU-s
 def test_the_packaged_suite_binds_rl_impl_skips_missing_tiers_and_prints_the_reproduce_line(pytester):
     pytester.makepyfile(broken_impl=BROKEN_IMPL)
     pytester.syspathinsert()

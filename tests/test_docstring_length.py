@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from parsed_sources import walked
+
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 12
 DEFS = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
@@ -26,7 +28,7 @@ def long_docstrings(root: Path) -> list[str]:
     """`path:line name (N lines)` for each docstring under `root` over MAX_LINES lines, law docs excepted."""
     found = []
     for path in sorted(root.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in walked(path):
             if not isinstance(node, DEFS) or _is_law_doc(path, node):
                 continue
             doc = ast.get_docstring(node)

@@ -7,6 +7,7 @@ import pytest
 from rl.simulated.chaos import grpo_random, grpo_swarm, grpo_sweep
 
 
+@pytest.mark.heavy  # ~70 crash-and-resume runs, ~1 CPU-s; unit keeps the driver law (test_conformance_ours.py)
 @pytest.mark.parametrize("pipelined", [False, True])
 def test_killing_the_driver_at_every_await_point_resumes_to_the_uninterrupted_result(pipelined):
     """docs/guarantees.md: "Killing the driver at any await point and resuming gives the uninterrupted run's adapter,
@@ -34,6 +35,7 @@ def test_a_scenario_is_reproducible_from_its_seed():
     assert grpo_swarm(5) == grpo_swarm(5) != grpo_swarm(6)
 
 
+@pytest.mark.heavy  # a whole sweep, ~0.7 CPU-s
 def test_a_broken_driver_is_caught_by_the_sweep(monkeypatch):
     """The invariants can fail: a driver that forgets the optimizer state on resume diverges from the reference."""
     import rl.loop.grpo as grpo

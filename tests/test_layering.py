@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import setuptools
+from parsed_sources import walked_source
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
@@ -39,7 +40,7 @@ def _scan(text: str, filename: str) -> tuple[tuple[tuple[int, str], ...], tuple[
     name (the checks below read each file up to four times)."""
     imports: list[tuple[int, str]] = []
     strings: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(text, filename)):
+    for node in walked_source(text, filename):
         if isinstance(node, ast.Import):
             imports += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:

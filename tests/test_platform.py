@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from parsed_sources import parsed
 
 import rl
 from rl import platform
@@ -50,7 +51,7 @@ def test_no_module_outside_the_platform_layer_imports_an_os_specific_module_at_m
     for path in sorted(RL_ROOT.rglob("*.py")):
         if path == RL_ROOT / "platform.py":
             continue
-        names = set(_module_level_imports(ast.parse(path.read_text(), filename=str(path)))) & OS_SPECIFIC_MODULES
+        names = set(_module_level_imports(parsed(path))) & OS_SPECIFIC_MODULES
         if names:
             offenders[str(path.relative_to(REPO))] = sorted(names)
     assert offenders == {}

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from parsed_sources import walked
 
 from rl.checkpoint.format import DriverState, decode_state, encode_state
 from rl.errors import NonFiniteMetricError
@@ -171,7 +172,7 @@ def test_flagging_non_finite_values_gives_strict_json_that_unflags_to_the_same_r
 def _json_writes(path: Path) -> list[tuple[int, bool]]:
     """Each `json.dump(...)`/`json.dumps(...)` call in a file: its line, and whether it passes allow_nan=False."""
     calls = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in walked(path):
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)

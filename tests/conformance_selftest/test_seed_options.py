@@ -29,6 +29,7 @@ def test_another_rl_seed_draws_other_batches_and_the_same_seed_the_same_ones(pyt
     assert seven != default
 
 
+@pytest.mark.heavy  # 60 examples of the law, ~1 CPU-s
 def test_rl_examples_runs_that_many_draws(pytester):
     few, many = drawn(pytester), drawn(pytester, "--rl-examples", "60")
     assert len(set(many)) > 2 * len(set(few))
