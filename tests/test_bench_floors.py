@@ -43,12 +43,14 @@ def test_each_phase_floor_is_the_hand_worked_count():
     # decode, each sample's second token after 3 cached: 2 x 144 + 4 x 4 x 4 + 80 = 432, two samples; one step.
     assert floors["decode"].flops == 864
     assert floors["decode"].bytes == 736
-    # teacher-forced, 5 positions, head at 2: policy 2 x 5 x (144 + 8) + 4 x 4 x 15 + 2 x 2 x 40 = 1920, reference
-    # 1440 + 240 + 160 = 1840; two samples.
-    assert floors["teacher_forced_forward"].flops == 2 * (1920 + 1840)
+    # teacher-forced, the prompt once (head at its last position) and each sample's first completion token on its
+    # cache (head there): policy 2 x 3 x (144 + 8) + 96 + 80 = 1088, then 2 x (144 + 8) + 4 x 4 x (3 + 1) + 80 = 448
+    # a sample; reference 864 + 96 + 80 = 1040, then 288 + 64 + 80 = 432 a sample.
+    assert floors["teacher_forced_forward"].flops == (1088 + 2 * 448) + (1040 + 2 * 432)
     assert floors["teacher_forced_forward"].bytes == 2 * 736
-    # backward: the reference forward's 1840, attention once more (240), LoRA 4 x 8 x 5 = 160; two samples.
-    assert floors["backward"].flops == 2 * (1840 + 240 + 160)
+    # backward: the reference forward's counts, attention once more, LoRA 4 x 8 per position: the prompt
+    # 1040 + 96 + 96, each sample 432 + 64 + 32.
+    assert floors["backward"].flops == (1040 + 96 + 96) + 2 * (432 + 64 + 32)
     # optimizer: 40 bytes per LoRA parameter, no FLOPs counted.
     assert (floors["optimizer_step"].flops, floors["optimizer_step"].bytes) == (0, 320)
     for f in floors.values():  # at 1 ns per FLOP and per byte, the floor is the larger count in ns
@@ -60,8 +62,8 @@ def test_the_reference_forward_counts_only_when_the_trainer_runs_it():
         {f.phase: f for f in phase_floors(HAND, IterationShape.uniform(1, 2, 3, 2), UNIT_RATES, lora=8, reference=r)}
         for r in (True, False)
     )
-    assert without["teacher_forced_forward"].flops == 2 * 1920
-    assert with_ref["teacher_forced_forward"].flops - without["teacher_forced_forward"].flops == 2 * 1840
+    assert without["teacher_forced_forward"].flops == 1088 + 2 * 448
+    assert with_ref["teacher_forced_forward"].flops - without["teacher_forced_forward"].flops == 1040 + 2 * 432
 
 
 @pytest.mark.parametrize("arch", [HAND, SMOLLM2], ids=["hand", "smollm2"])

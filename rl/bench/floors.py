@@ -149,11 +149,23 @@ def phase_floors(
     decode = sum(forward_flops(arch, 1, p + t - 1, 1) for p, n in seqs for t in range(1, n))
     steps = max(n for _, n in seqs) - 1  # one batched step reads every weight once
     forwards = 2 if reference else 1
+    # The trainer forwards each group's prompt once (head at its last position: completion token 0) and each sample's
+    # first n - 1 completion tokens on its cache (head at each: tokens 1 .. n - 1).
     teacher = sum(
-        forward_flops(arch, p + n, 0, n, lora) + (forwards - 1) * forward_flops(arch, p + n, 0, n) for p, n in seqs
+        forward_flops(arch, p, 0, 1, lora)
+        + (forwards - 1) * forward_flops(arch, p, 0, 1)
+        + sum(
+            forward_flops(arch, n - 1, p, n - 1, lora) + (forwards - 1) * forward_flops(arch, n - 1, p, n - 1)
+            for n in ns
+        )
+        for p, ns in shape.groups
     )
     backward = sum(
-        forward_flops(arch, p + n, 0, n) + attention_flops(arch, p + n, 0) + 4.0 * lora * (p + n) for p, n in seqs
+        forward_flops(arch, p, 0, 1)
+        + attention_flops(arch, p, 0)
+        + 4.0 * lora * p
+        + sum(forward_flops(arch, n - 1, p, n - 1) + attention_flops(arch, n - 1, p) + 4.0 * lora * (n - 1) for n in ns)
+        for p, ns in shape.groups
     )
     return [
         _floor("prefill", prefill, weights, rates),
