@@ -14,6 +14,7 @@ min-max), the completion tokens per call, and vLLM's start-up separately. Result
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -70,6 +71,8 @@ def vllm_real_model_bench(model: str, *, repeats: int = 3) -> dict[str, Any]:
     """The figures of the module docstring on `model` (a pinned name such as `smollm2`, or a model directory)."""
     import tempfile
 
+    import torch
+
     from rl.artifacts import LocalArtifacts
     from rl.engines.torch_sampler import TorchSampler
     from rl.local import REAL_MODEL_TRAINER, make_engine
@@ -88,6 +91,7 @@ def vllm_real_model_bench(model: str, *, repeats: int = 3) -> dict[str, Any]:
             start = time.perf_counter()
             _ = engine.llm
             figures: dict[str, Any] = {"vllm_real_start_s": time.perf_counter() - start}
+            _progress(f"vLLM started in {figures['vllm_real_start_s']:.1f} s")
             engines = {"vllm": engine, "torch": sampler}
             calls = {
                 (name, case): (lambda e=e, r=requests: e.generate_groups(r))
@@ -96,6 +100,7 @@ def vllm_real_model_bench(model: str, *, repeats: int = 3) -> dict[str, Any]:
             }
             for key, call in calls.items():  # warm-up: adapter load and merge, first-call overheads
                 figures[f"vllm_real_{key[1]}_{key[0]}_first_s"] = _timed(call)[0]
+                _progress(f"warm-up {key[1]} on {key[0]}: {figures[f'vllm_real_{key[1]}_{key[0]}_first_s']:.1f} s")
             seconds: dict[tuple[str, str], list[float]] = {key: [] for key in calls}
             tokens: dict[tuple[str, str], list[int]] = {key: [] for key in calls}
             for r in range(repeats):
@@ -104,6 +109,8 @@ def vllm_real_model_bench(model: str, *, repeats: int = 3) -> dict[str, Any]:
                         s, t = _timed(calls[(name, case)])
                         seconds[(name, case)].append(s)
                         tokens[(name, case)].append(t)
+                        _progress(f"repeat {r + 1}/{repeats} {case} on {name}: {s:.1f} s, {t} tokens")
+            torch_threads = torch.get_num_threads()  # after vLLM's start, in this process
         finally:
             engine.close()
     for case in CASES:
@@ -114,9 +121,15 @@ def vllm_real_model_bench(model: str, *, repeats: int = 3) -> dict[str, Any]:
         figures.update(spread(f"vllm_real_{case}_vllm_over_torch", ratios))
     figures["vllm_real_shape"] = (
         f"{model}: group {_shape(cases['group'])}, iteration {_shape(cases['iteration'])}, heldout "
-        f"{_shape(cases['heldout'])}; <= {cases['group'][0].max_tokens} tokens, float32, {repeats} repeats"
+        f"{_shape(cases['heldout'])}; <= {cases['group'][0].max_tokens} tokens, float32, {repeats} repeats; "
+        f"torch sampler threads {torch_threads}"
     )
     return figures
+
+
+def _progress(line: str) -> None:
+    """One line per timed call on stderr: the section takes minutes on a real model."""
+    print(f"vllm --model: {line}", file=sys.stderr, flush=True)
 
 
 def _shape(requests: list[Any]) -> str:
