@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ def real_model_requests(adapter: Any) -> dict[str, list[Any]]:
     problems = demo_problems(real_model=True)
     train, held_out = problems.train_prompts(), problems.eval_prompts()
 
-    def requests(prompts: list[Any], n: int, seed: Callable[[int], int]) -> list[Any]:
+    def requests(prompts: Sequence[Any], n: int, seed: Callable[[int], int]) -> list[Any]:
         return [
             RolloutRequest(
                 group_id=i,
@@ -86,7 +86,7 @@ def vllm_real_model_bench(model: str, *, repeats: int = 3) -> dict[str, Any]:
         cases = real_model_requests(adapter)
         # The demo's two engines, as `rl demo grpo --model --engine torch|vllm` makes them (both on 2 threads).
         sampler = TorchSampler(base, store, threads=REAL_MODEL_TRAINER.threads)
-        engine = make_engine("vllm", base, store, REAL_MODEL_TRAINER.threads)
+        engine: Any = make_engine("vllm", base, store, REAL_MODEL_TRAINER.threads)  # a VLLMEngine
         try:
             start = time.perf_counter()
             _ = engine.llm
