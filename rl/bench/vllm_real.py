@@ -5,9 +5,9 @@ Three cases, each one `generate_groups` call on each engine with the same reques
 real-model settings: temperature 1, `max_tokens` 12, the chat template, stop at the model's end-of-turn): `group`
 (one training prompt x 8 samples), `iteration` (4 training prompts x 8) and `heldout` (every held-out problem of
 `rl.problems.Addition` x 8, as the demo's `SamplingEvaluator` sends them). The policy is a rank-8 adapter on q/k/v/o
-(`REAL_MODEL_TRAINER`) with small random B, standing in for a trained one. After one warm-up call per case and
-engine (adapter load, first-call overheads), each repeat times every case on both engines, the engine that goes first
-alternating. Figures: each case's seconds per call on each engine and the per-repeat ratio vLLM / torch (medians,
+(`REAL_MODEL_TRAINER`) with small random B, standing in for a trained one. After one warm-up call per engine (the
+group case: adapter load, first-call overheads), each repeat times every case on both engines, the engine that goes
+first alternating. Figures: each case's seconds per call on each engine and the per-repeat ratio vLLM / torch (medians,
 min-max), the completion tokens per call, and vLLM's start-up separately. Results: docs/benchmarks.md.
 """
 
@@ -98,9 +98,9 @@ def vllm_real_model_bench(model: str, *, repeats: int = 3) -> dict[str, Any]:
                 for name, e in engines.items()
                 for case, requests in cases.items()
             }
-            for key, call in calls.items():  # warm-up: adapter load and merge, first-call overheads
-                figures[f"vllm_real_{key[1]}_{key[0]}_first_s"] = _timed(call)[0]
-                _progress(f"warm-up {key[1]} on {key[0]}: {figures[f'vllm_real_{key[1]}_{key[0]}_first_s']:.1f} s")
+            for name in engines:  # warm-up, the group case: adapter load and merge, first-call overheads
+                figures[f"vllm_real_{name}_first_s"] = _timed(calls[(name, "group")])[0]
+                _progress(f"warm-up (group) on {name}: {figures[f'vllm_real_{name}_first_s']:.1f} s")
             seconds: dict[tuple[str, str], list[float]] = {key: [] for key in calls}
             tokens: dict[tuple[str, str], list[int]] = {key: [] for key in calls}
             for r in range(repeats):
