@@ -382,8 +382,8 @@ def _full_row_logits(
 def _shared_prompt_logits(
     model: nn.Module, prompts: list[list[int]], completions: list[list[int]], pad: int
 ) -> torch.Tensor | None:
-    """`_full_row_logits` with each distinct prompt forwarded once (its last position's logits predict token 0) and
-    every row's completion forwarded on a KV cache of its prompt, left-padded to the longest prompt (masked); None
+    """`_full_row_logits` with the distinct prompts forwarded once, together, left-padded to the longest (their last
+    column's logits predict token 0), and every row's completion forwarded on its prompt's rows of that KV cache; None
     where the cache is not a `DynamicCache` of `DynamicLayer`s (`_repeatable`), or no prompt repeats.
 
     Shape: -> [B, T_max, V]."""
@@ -392,26 +392,25 @@ def _shared_prompt_logits(
     if len(distinct) == len(prompts):
         return None
     device = next(model.parameters()).device
-    outs = []
-    for prompt in distinct:
-        ids = torch.tensor([prompt], dtype=torch.long, device=device)  # [1, P_u]
-        outs.append(model(input_ids=ids, use_cache=True, **_logits_kwargs(model, 1)))
-        if not _repeatable(_cache_of(outs[-1])):
-            return None
+    width = max(len(p) for p in distinct)
+    # The distinct prompts in one forward, left-padded (masked; positions count real tokens): the last column predicts.
+    prefix = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in distinct], dtype=torch.long, device=device)
+    ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in distinct], dtype=torch.long, device=device)
+    masked = {"attention_mask": prefix, "position_ids": (prefix.cumsum(1) - 1).clamp(min=0)} if not prefix.all() else {}
+    out = model(input_ids=ids, use_cache=True, **masked, **_logits_kwargs(model, 1))  # [U, P]
+    cache = _cache_of(out)
+    if not _repeatable(cache):
+        return None
     index = torch.tensor(row_prompt, device=device)  # [B]
-    first = torch.cat([out.logits[:, -1, :] for out in outs]).index_select(0, index).unsqueeze(1)  # [B, 1, V]
+    first = out.logits[:, -1:, :].index_select(0, index)  # [B, 1, V]
     t_max = max(len(c) for c in completions)
     if t_max == 1:
         return first
-    width = max(len(p) for p in distinct)
-    cache = _cache_of(outs[0])
-    for i, layer in enumerate(cache.layers):
+    for layer in cache.layers:
         for name in ("keys", "values"):
-            parts = []
-            for out, prompt in zip(outs, distinct, strict=True):
-                kv = getattr(_cache_of(out).layers[i], name)  # [1, H, P_u, D]
-                parts.append(torch.cat([kv.new_zeros(1, kv.shape[1], width - len(prompt), kv.shape[3]), kv], dim=2))
-            setattr(layer, name, torch.cat(parts).index_select(0, index))  # [B, H, P, D]; backward sums a group's rows
+            setattr(
+                layer, name, getattr(layer, name).index_select(0, index)
+            )  # [B, H, P, D]: backward sums a group's rows
     lengths = [len(prompts[b]) for b in range(len(prompts))]
     prompt_mask = [[0] * (width - n) + [1] * n for n in lengths]
     attention = torch.tensor([m + [1] * t_max for m in prompt_mask], dtype=torch.long, device=device)  # [B, P + T]
