@@ -79,26 +79,23 @@ def _as_ids(ids: Sequence[int] | torch.Tensor) -> list[int]:
 
 def _cache_kwarg(model: nn.Module) -> str:
     """The forward kwarg that takes a KV cache: `cache` from transformers 5.2x, `past_key_values` before."""
+    return "cache" if "cache" in _forward_parameters(model) else "past_key_values"
+
+
+_FORWARD_PARAMETERS: dict[type, frozenset[str]] = {}  # by model class: a signature costs more than a tiny model's step
+
+
+def _forward_parameters(model: nn.Module) -> frozenset[str]:
+    """The parameter names of the forward `model` (or the base model a PEFT model wraps) runs."""
     get_base_model = getattr(model, "get_base_model", None)
     base = get_base_model() if callable(get_base_model) else model
-    own = getattr(base, "__dict__", {}).get(
-        "forward"
-    )  # a forward set on the instance (a hook's wrapper) is the one called
-    return _takes_cache(own) if own is not None else _class_cache_kwarg(type(base))
-
-
-_CACHE_KWARGS: dict[type, str] = {}  # by model class: the signature costs more than a tiny model's decoding step
-
-
-def _class_cache_kwarg(cls: type[nn.Module]) -> str:
-    kwarg = _CACHE_KWARGS.get(cls)
-    if kwarg is None:
-        kwarg = _CACHE_KWARGS[cls] = _takes_cache(cls.forward)
-    return kwarg
-
-
-def _takes_cache(forward: Any) -> str:
-    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+    own = getattr(base, "__dict__", {}).get("forward")  # a forward set on the instance (a hook's wrapper) is called
+    if own is not None:
+        return frozenset(inspect.signature(own).parameters)
+    names = _FORWARD_PARAMETERS.get(type(base))
+    if names is None:
+        names = _FORWARD_PARAMETERS[type(base)] = frozenset(inspect.signature(type(base).forward).parameters)
+    return names
 
 
 def _cache_of(output: Any) -> Any:
@@ -354,9 +351,7 @@ def _dropout_active(model: nn.Module) -> bool:
 
 def _logits_kwargs(model: nn.Module, keep: int | torch.Tensor) -> dict[str, Any]:
     """`logits_to_keep=keep` where the model's forward takes it (transformers >= 4.50), else nothing."""
-    get_base_model = getattr(model, "get_base_model", None)
-    base = get_base_model() if callable(get_base_model) else model
-    return {"logits_to_keep": keep} if "logits_to_keep" in inspect.signature(base.forward).parameters else {}
+    return {"logits_to_keep": keep} if "logits_to_keep" in _forward_parameters(model) else {}
 
 
 def _full_row_logits(
