@@ -50,20 +50,10 @@ def real_engine(smollm2: Path, real_store: Any) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def trained(smollm2: Path) -> dict[str, bytes]:
-    """An adapter of the demo's shape (`REAL_MODEL_TRAINER`: r8 on q/k/v/o) with small random B, standing in for a
-    trained version (a fresh one has B = 0 and samples as the base)."""
-    import torch
+    """An adapter of the demo's shape with small random B, standing in for a trained version."""
+    from rl.bench.vllm_real import trained_like_adapter
 
-    from rl.local import REAL_MODEL_TRAINER
-    from rl.trainer.adapter import adapter_files, new_adapter, trainable_parameters
-
-    model = new_adapter(smollm2, REAL_MODEL_TRAINER, seed=0)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in trainable_parameters(model):
-            if "lora_B" in name:
-                p.copy_(0.02 * torch.randn(p.shape, generator=generator))
-    return adapter_files(model)
+    return trained_like_adapter(smollm2)
 
 
 def test_vllm_samples_the_real_model_with_its_chat_template_and_the_trainers_log_probs(

@@ -23,7 +23,7 @@ from typing import Any
 from rl.bench.figures import spread
 from rl.bench.vllm_cpu import require_vllm
 
-__all__ = ["CASES", "real_model_requests", "vllm_real_model_bench"]
+__all__ = ["CASES", "real_model_requests", "trained_like_adapter", "vllm_real_model_bench"]
 
 CASES = ("group", "iteration", "heldout")
 
@@ -82,7 +82,7 @@ def vllm_real_model_bench(model: str, *, repeats: int = 3) -> dict[str, Any]:
     base = resolve_model(model)
     with tempfile.TemporaryDirectory(prefix="rl-bench-vllm-real-") as tmp:
         store = LocalArtifacts(Path(tmp) / "artifacts")
-        adapter = asyncio.run(store.put(_trained_like_adapter(base), name="bench-adapter"))
+        adapter = asyncio.run(store.put(trained_like_adapter(base), name="bench-adapter"))
         cases = real_model_requests(adapter)
         # The demo's two engines, as `rl demo grpo --model --engine torch|vllm` makes them (both on 2 threads).
         sampler = TorchSampler(base, store, threads=REAL_MODEL_TRAINER.threads)
@@ -136,9 +136,9 @@ def _shape(requests: list[Any]) -> str:
     return f"{len(requests)} x {requests[0].n}"
 
 
-def _trained_like_adapter(base: Path) -> dict[str, bytes]:
-    """The demo's adapter shape (`REAL_MODEL_TRAINER`: r8 on q/k/v/o) with B drawn from N(0, 0.02^2), seeded, as
-    `vllm_cpu_tests/test_real_model_vllm.py`'s stand-in for a trained version (a fresh one samples as the base)."""
+def trained_like_adapter(base: Path) -> dict[str, bytes]:
+    """The demo's adapter shape (`REAL_MODEL_TRAINER`: r8 on q/k/v/o) with B drawn from N(0, 0.02^2), seeded: a
+    stand-in for a trained version (a fresh one has B = 0 and samples as the base). vllm_cpu_tests use it too."""
     import torch
 
     from rl.local import REAL_MODEL_TRAINER
