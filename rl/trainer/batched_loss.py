@@ -72,6 +72,7 @@ def batched_loss_fns(
     Shape: per micro-batch of B samples, new/old/ref log-probs and the mask are `[B, T_max]`, advantages `[B]`.
     """
     size = config.micro_batch_size
+    share = None if config.share_prompts and not config.gradient_checkpointing else False  # None: by model size
 
     def make(chunk: list[int]) -> Callable[[], torch.Tensor]:
         def loss_fn() -> torch.Tensor:
@@ -79,11 +80,11 @@ def batched_loss_fns(
             completions = [batch.rollouts[i].token_ids for i in chunk]
             with torch.no_grad(), adapters_off(model):
                 ref_logp, mask = batched_teacher_forced_logprobs(
-                    model, prompts, completions, _PAD_ID, batch.sampling
+                    model, prompts, completions, _PAD_ID, batch.sampling, share_prompts=share
                 )  # [B, T]
             seed_dropout(model, dropout_seed(config.seed, batch.step, chunk[0]))
             new_logp, _ = batched_teacher_forced_logprobs(
-                model, prompts, completions, _PAD_ID, batch.sampling
+                model, prompts, completions, _PAD_ID, batch.sampling, share_prompts=share
             )  # [B, T]
             width = new_logp.shape[1]
             old_logp = torch.tensor(

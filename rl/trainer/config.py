@@ -58,6 +58,10 @@ class TrainerConfig:
     # A DDP rank runs its shard the same way. The two agree up to float rounding; each is bitwise reproducible alone.
     loss_path: LossPath = "batched"
     micro_batch_size: int = 64
+    # The batched path forwards each distinct prompt of a micro-batch once and its samples' completions on that KV
+    # cache (from 10 M parameters, with no dropout; never with gradient checkpointing, which refuses a KV cache). Off:
+    # every sample's prompt is forwarded. The two agree up to float rounding.
+    share_prompts: bool = True
     # How the frozen base model is held (`rl.models.load_base_model`). The LoRA weights, their gradients and the
     # optimizer state are float32 whatever the base (PEFT upcasts the adapter). The defaults are the CPU demo's (its
     # recorded numbers come from them); a real-size model trains with "bfloat16", "sdpa" and checkpointing
