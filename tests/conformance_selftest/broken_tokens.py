@@ -77,7 +77,12 @@ RIGHT_PADDING_ENGINE = _memory("right-padding-engine", RightPaddingEngine)
 
 
 def _pad_between(
-    model: Any, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad: int, *sampling: Any
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    pad: int,
+    *sampling: Any,
+    **options: Any,
 ) -> Any:
     """Teacher forcing on prompts right-padded to the longest, each completion appended after the pads: PAD between a
     prompt and its completion (TRL PR #3722)."""
@@ -85,7 +90,7 @@ def _pad_between(
 
     width = max(len(p) for p in prompts)
     padded = [[*p, *[pad] * (width - len(p))] for p in prompts]
-    return batched_teacher_forced_logprobs(model, padded, completions, pad, *sampling)
+    return batched_teacher_forced_logprobs(model, padded, completions, pad, *sampling, **options)
 
 
 class _Patched:
