@@ -401,15 +401,12 @@ def _shared_prompt_logits(
     t_max = max(len(c) for c in completions)
     if t_max == 1:
         return first
-    for layer in cache.layers:
+    for layer in cache.layers:  # each row's prompt: [U, H, P, D] -> [B, H, P, D]; backward sums a group's rows
         for name in ("keys", "values"):
-            setattr(
-                layer, name, getattr(layer, name).index_select(0, index)
-            )  # [B, H, P, D]: backward sums a group's rows
-    lengths = [len(prompts[b]) for b in range(len(prompts))]
-    prompt_mask = [[0] * (width - n) + [1] * n for n in lengths]
-    attention = torch.tensor([m + [1] * t_max for m in prompt_mask], dtype=torch.long, device=device)  # [B, P + T]
-    positions = torch.tensor(lengths, device=device).unsqueeze(1) + torch.arange(t_max, device=device)  # [B, T]
+            setattr(layer, name, getattr(layer, name).index_select(0, index))
+    rows = prefix.index_select(0, index)  # [B, P]
+    attention = torch.cat([rows, rows.new_ones(len(prompts), t_max)], dim=1)  # [B, P + T]
+    positions = rows.sum(dim=1, keepdim=True) + torch.arange(t_max, device=device)  # [B, T]: after the prompt's tokens
     ids = torch.tensor([c + [pad] * (t_max - len(c)) for c in completions], dtype=torch.long, device=device)  # [B, T]
     out = model(
         input_ids=ids,
