@@ -27,7 +27,7 @@ from rl.errors import BatchError
 from rl.loss import grpo_sample_loss
 from rl.seeding import dropout_seed
 from rl.trainer.adapter import adapter_files, load_policy, trainable_parameters
-from rl.trainer.batched_loss import batched_backward
+from rl.trainer.batched_loss import batched_backward, seed_dropout
 from rl.trainer.config import TrainerConfig
 from rl.trainer.optimizer_state import build_optimizer, optimizer_files
 from rl.types import StepMetrics, TrainBatch
@@ -124,7 +124,7 @@ def sample_loss_fns(
         rollout = batch.rollouts[i]
 
         def loss_fn() -> torch.Tensor:
-            torch.manual_seed(dropout_seed(config.seed, batch.step, i))
+            seed_dropout(model, dropout_seed(config.seed, batch.step, i))
             new_logp = teacher_forced_logprobs(
                 model, rollout.prompt_token_ids, rollout.token_ids, batch.sampling
             )  # [T]
