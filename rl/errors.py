@@ -33,6 +33,7 @@ __all__ = [
     "InputError",
     "LedgerError",
     "MissingAdapterError",
+    "NonFiniteLogitsError",
     "NonFiniteMetricError",
     "NonFiniteRewardError",
     "RetriesExhaustedError",
@@ -185,6 +186,11 @@ class StaleBatchError(TierError, BatchError):
 
 class EngineContractError(TierError, RuntimeError):
     """A rollout engine returned something the protocol forbids (wrong count, version or group)."""
+
+
+class NonFiniteLogitsError(TierError, RuntimeError):
+    """The policy's next-token distribution holds NaN or an infinity (a diverged adapter or a broken model); nothing
+    was sampled from it. Resume from an earlier checkpoint with a lower learning rate, or check the model's weights."""
 
 
 class EngineClosedError(TierError, RuntimeError):

@@ -238,16 +238,15 @@ CATALOGUE: tuple[Mutant, ...] = (
         "engine-torch-per-row-seed-plus-index",
         "engine",
         "rl/engines/decoding.py",
-        "                torch.multinomial(probs[lo:hi], num_samples=1, generator=g)\n"
-        "                for g, (lo, hi) in zip(generators, itertools.pairwise(bounds), strict=True)\n",
-        "                torch.multinomial(\n"
-        "                    probs[r : r + 1],\n"
-        "                    num_samples=1,\n"
-        '                    generator=torch.Generator(device="cpu").manual_seed(\n'
-        "                        [s + i for s, k in zip(seeds, ns, strict=True) for i in range(k)][r] * 1_000_003 + t\n"
-        "                    ),\n"
-        "                )\n"
-        "                for r in range(rows)\n",
+        "        nxt = draw_tokens(logp.exp(), generators, bounds)  # [rows, 1]\n",
+        "        nxt = draw_tokens(\n"
+        "            logp.exp(),\n"
+        "            [\n"
+        '                torch.Generator(device="cpu").manual_seed(s_i * 1_000_003 + t)\n'
+        "                for s_i in [s + i for s, k in zip(seeds, ns, strict=True) for i in range(k)]\n"
+        "            ],\n"
+        "            range(rows + 1),\n"
+        "        )  # [rows, 1]\n",
         "row i of a group seeded s draws from a stream of its own seeded s + i (vLLM's per-sample seeds, as they are): "
         "groups seeded s and s + 1 share all samples but one",
         ("tests/test_torch_sampler.py",),
