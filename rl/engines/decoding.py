@@ -176,8 +176,9 @@ def sample_groups(
     lengths = torch.full((rows,), max_tokens, dtype=torch.long)  # [rows]
     for t in range(max_tokens):
         logp = sampling_logprobs(logits.float(), sampling)  # [rows, V]; -inf where a top-k/top-p cut removed a token
+        probs = logp.exp()
         # Sample from exp(logp), not softmax(logits): the recorded log-prob is then exactly the distribution sampled.
-        nxt = draw_tokens(logp.exp(), generators, bounds)  # [rows, 1]
+        nxt = draw_tokens(probs, generators, bounds)  # [rows, 1]
         tokens = torch.cat([tokens, nxt], dim=1)
         logps = torch.cat([logps, logp.gather(1, nxt)], dim=1)
         newly = (nxt.squeeze(1) == eos_token_id) & ~finished

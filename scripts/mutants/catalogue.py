@@ -238,9 +238,9 @@ CATALOGUE: tuple[Mutant, ...] = (
         "engine-torch-per-row-seed-plus-index",
         "engine",
         "rl/engines/decoding.py",
-        "        nxt = draw_tokens(logp.exp(), generators, bounds)  # [rows, 1]\n",
+        "        nxt = draw_tokens(probs, generators, bounds)  # [rows, 1]\n",
         "        nxt = draw_tokens(\n"
-        "            logp.exp(),\n"
+        "            probs,\n"
         "            [\n"
         '                torch.Generator(device="cpu").manual_seed(s_i * 1_000_003 + t)\n'
         "                for s_i in [s + i for s, k in zip(seeds, ns, strict=True) for i in range(k)]\n"
