@@ -128,7 +128,9 @@ def _find_plan(model: nn.Module) -> _Plan | None:
         return None
     inner = lm.model
     config = lm.config
-    if getattr(inner, "has_sliding_layers", False) or any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
+    if getattr(inner, "has_sliding_layers", False) or any(
+        t != "full_attention" for t in getattr(config, "layer_types", None) or ()
+    ):
         return None
     layers = tuple(inner.layers[: config.num_hidden_layers])
     arch = sys.modules[type(lm).__module__]
