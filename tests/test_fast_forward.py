@@ -25,6 +25,10 @@ from rl.engines.decoding import batched_teacher_forced_logprobs, sample_groups, 
 from rl.engines.fast_forward import causal_lm_forward, fast_plan
 from rl.types import SamplingSettings
 
+pytestmark = pytest.mark.skipif(
+    not fast_forward.transformers_verified(), reason="written out for other transformers releases: it falls back"
+)
+
 VOCAB = 50
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -22,6 +22,8 @@ import torch
 from torch import nn
 from torch.nn.modules import module as torch_module
 
+TRANSFORMERS_VERIFIED = ("5.25.",)
+"""transformers releases whose Qwen2/Llama forward `_forward` is written from and tested against; others fall back."""
 _KERNELS = ("eager", "sdpa")  # attention implementations written out here; others take transformers' forward
 _ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
 
@@ -95,8 +97,12 @@ def fast_plan(model: nn.Module, cache: Any = None) -> _Plan | None:
         or not getattr(config, "is_causal", True)
         or torch_module._global_forward_hooks
         or torch_module._global_forward_pre_hooks
-        or torch_module._global_forward_hooks_always_called
-        or any(m._forward_hooks or m._forward_pre_hooks for m in plan.wrappers)
+        or torch_module._global_backward_hooks
+        or torch_module._global_backward_pre_hooks
+        or any(
+            m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+            for m in plan.wrappers
+        )
         or any(getattr(layer, "gradient_checkpointing", False) for layer in plan.layers)
         or (cache is not None and not _plain_cache(cache))
     ):
@@ -104,7 +110,16 @@ def fast_plan(model: nn.Module, cache: Any = None) -> _Plan | None:
     return plan
 
 
+def transformers_verified() -> bool:
+    """Whether the installed transformers is one `_forward` is written from (`TRANSFORMERS_VERIFIED`)."""
+    import transformers
+
+    return transformers.__version__.startswith(TRANSFORMERS_VERIFIED)
+
+
 def _find_plan(model: nn.Module) -> _Plan | None:
+    if not transformers_verified():
+        return None
     wrappers: list[nn.Module] = []
     lm = model
     peft_config = getattr(model, "active_peft_config", None)
