@@ -40,9 +40,9 @@ class FastOutput:
 class _Plan:
     """A supported model's parts, found once per model (the checks that can change between calls run per call)."""
 
-    lm: nn.Module  # the *ForCausalLM
+    lm: Any  # the *ForCausalLM (Any: its submodules are read by name)
     wrappers: tuple[nn.Module, ...]  # modules whose forward is skipped: PEFT wrappers, model, layers, attentions, ...
-    layers: tuple[nn.Module, ...]
+    layers: tuple[Any, ...]
     eager: Any  # the architecture module's eager attention function
     rotary: Any  # its apply_rotary_pos_emb
 
@@ -121,7 +121,7 @@ def _find_plan(model: nn.Module) -> _Plan | None:
     if not transformers_verified():
         return None
     wrappers: list[nn.Module] = []
-    lm = model
+    lm: Any = model
     peft_config = getattr(model, "active_peft_config", None)
     if peft_config is not None:  # PEFT: plain LoRA only (no prompt learning, no aLoRA offsets)
         from peft import PeftType
@@ -133,7 +133,7 @@ def _find_plan(model: nn.Module) -> _Plan | None:
             or type(model).__name__ != "PeftModelForCausalLM"
         ):
             return None
-        tuner = model.base_model
+        tuner: Any = model.base_model
         wrappers += [model, tuner]
         lm = tuner.model
     if type(lm).__name__ not in _ARCHITECTURES or type(lm).__module__.split(".")[-1] not in (
