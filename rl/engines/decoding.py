@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rl.engines.fast_forward import causal_lm_forward
 from rl.errors import NonFiniteLogitsError, shown
 from rl.types import DEFAULT_SAMPLING, SamplingSettings
 
@@ -165,7 +166,6 @@ def sample_groups(
     width = max(len(p) for p in prompts)
     pad = eos_token_id if pad_token_id is None else pad_token_id
     padded = any(len(p) != width for p in prompts)
-    cache_kw = _cache_kwarg(model)
     # Each prompt is forwarded once, and its KV cache and last logits are repeated for its group's n rows.
     logits, past, mask, positions = _prefill(model, [list(p) for p in prompts], ns, width, pad, padded)
     next_position = positions[:, -1:] + 1  # [rows, 1]
@@ -191,7 +191,7 @@ def sample_groups(
             mask = torch.cat([mask, torch.ones((rows, 1), dtype=torch.long)], dim=1)
             extra = {"attention_mask": mask, "position_ids": next_position}
             next_position = next_position + 1
-        out = model(input_ids=nxt, use_cache=True, **{cache_kw: past}, **extra)
+        out = causal_lm_forward(model, input_ids=nxt, use_cache=True, cache=past, **extra)
         logits, past = out.logits[:, -1, :], _cache_of(out)
     token_lists, logp_lists = tokens.tolist(), logps.tolist()
     seqs = [
@@ -264,13 +264,14 @@ def _prefill(
     outs: list[Any] = []
     if _parameters(model) >= PREFILL_ONCE_MIN_PARAMETERS:
         for prompt in prompts:
-            outs.append(model(input_ids=torch.tensor([prompt], dtype=torch.long), use_cache=True))  # [1, P_g]
+            outs.append(causal_lm_forward(model, input_ids=torch.tensor([prompt], dtype=torch.long), use_cache=True))
             if not _repeatable(_cache_of(outs[-1])):
                 outs = []
                 break
     if not outs:
         input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], dtype=torch.long)  # [rows, P]
-        out = model(
+        out = causal_lm_forward(
+            model,
             input_ids=input_ids,
             use_cache=True,
             **({"attention_mask": mask, "position_ids": positions} if padded else {}),
@@ -321,7 +322,7 @@ def teacher_forced_logprobs(
         return torch.empty(0, dtype=torch.float32)
     device = next(model.parameters()).device  # the model's (CPU, or CUDA for the GPU trainer); the result lives there
     ids = torch.tensor([prompt + completion], dtype=torch.long, device=device)  # [1, P+T]
-    logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 : -1, :]  # [T, V]
+    logits = causal_lm_forward(model, input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 : -1, :]  # [T, V]
     targets = torch.tensor(completion, device=device).unsqueeze(1)  # [T, 1]
     keep = None if sampling.is_default else torch.zeros_like(logits, dtype=torch.bool).scatter(1, targets, True)
     logp = sampling_logprobs(logits.float(), sampling, keep=keep)  # [T, V]
@@ -403,7 +404,7 @@ def _full_row_logits(
     offset = first if kwargs else 0
     starts = torch.tensor([len(p) - 1 - offset for p in prompts], device=device)  # [B]
     positions = (starts.unsqueeze(1) + torch.arange(t_max, device=device)).clamp(max=width - 2 - offset)  # [B, T]
-    logits = model(input_ids=ids, use_cache=False, **kwargs).logits  # [B, L - offset, V]; no cache: nothing decodes
+    logits = causal_lm_forward(model, input_ids=ids, use_cache=False, **kwargs).logits  # [B, L - offset, V]
     return logits.gather(1, positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))  # [B, T_max, V]
 
 
@@ -425,7 +426,7 @@ def _shared_prompt_logits(
     prefix = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in distinct], dtype=torch.long, device=device)
     ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in distinct], dtype=torch.long, device=device)
     masked = {"attention_mask": prefix, "position_ids": (prefix.cumsum(1) - 1).clamp(min=0)} if not prefix.all() else {}
-    out = model(input_ids=ids, use_cache=True, **masked, **_logits_kwargs(model, 1))  # [U, P]
+    out = causal_lm_forward(model, input_ids=ids, use_cache=True, **masked, **_logits_kwargs(model, 1))  # [U, P]
     cache = _cache_of(out)
     if not _repeatable(cache):
         return None
@@ -441,12 +442,13 @@ def _shared_prompt_logits(
     attention = torch.cat([rows, rows.new_ones(len(prompts), t_max)], dim=1)  # [B, P + T]
     positions = rows.sum(dim=1, keepdim=True) + torch.arange(t_max, device=device)  # [B, T]: after the prompt's tokens
     ids = torch.tensor([c + [pad] * (t_max - len(c)) for c in completions], dtype=torch.long, device=device)  # [B, T]
-    out = model(
+    out = causal_lm_forward(
+        model,
         input_ids=ids,
         attention_mask=attention,
         position_ids=positions,
         use_cache=True,
-        **{_cache_kwarg(model): cache},
+        cache=cache,
         **_logits_kwargs(model, torch.arange(t_max - 1, device=device)),
     )
     return torch.cat([first, out.logits[:, : t_max - 1, :]], dim=1)  # [B, T_max, V]
