@@ -132,7 +132,9 @@ def _run_unit(session: nox.Session) -> None:
     skipped = ["gpu", "slow", "heavy", "fuzz", "ray", "browser"] + ([] if "--with-flyte" in args else ["flyte"])
     args = [a for a in args if a != "--with-flyte"]
     workers = ("-n", "auto", "--maxprocesses", "4", "--dist", "worksteal")
-    session.run("pytest", *workers, "-m", " and ".join(f"not {m}" for m in skipped), *args, env=SESSION_ENV)
+    # The `unit` profile (10 examples a property) unless HYPOTHESIS_PROFILE names one: .ci/run names `dev` or `ci`.
+    env = {**SESSION_ENV, "HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "unit")}
+    session.run("pytest", *workers, "-m", " and ".join(f"not {m}" for m in skipped), *args, env=env)
 
 
 @nox.session(name="unit-py313", python="3.13", venv_backend="uv")

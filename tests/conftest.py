@@ -1,4 +1,5 @@
-"""Hypothesis profiles: `dev` (fast, the default) and `ci` (more examples), chosen by HYPOTHESIS_PROFILE."""
+"""Hypothesis profiles, chosen by HYPOTHESIS_PROFILE: `dev` (the default), `ci` (more examples) and `unit` (what a bare
+`nox -s unit` runs; CI names `dev` or `ci` for every session, docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from hypothesis import HealthCheck, settings
 
 settings.register_profile("dev", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Only properties that name no count of their own; a law's own `max_examples` is kept.
+settings.register_profile("unit", max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 

@@ -11,7 +11,6 @@ the same declared layers."""
 from __future__ import annotations
 
 import ast
-import functools
 import shutil
 import subprocess
 import sys
@@ -34,13 +33,22 @@ def _module_name(path: Path, root: Path = ROOT) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-@functools.cache
+_SCANS: dict[str, tuple[tuple[tuple[int, str], ...], tuple[tuple[int, str], ...]]] = {}
+
+
 def _scan(text: str, filename: str) -> tuple[tuple[tuple[int, str], ...], tuple[tuple[int, str], ...]]:
-    """(imports, string constants) of a module's source, each as (line, name): one parse per distinct source and file
-    name (the checks below read each file up to four times)."""
+    """(imports, string constants) of a module's source, each as (line, name): one parse per distinct source, so a
+    copied tree (the planted checks below) parses only the files it changed. `filename` names a file that fails to
+    parse (nothing is kept for it)."""
+    if text not in _SCANS:
+        _SCANS[text] = _scan_tree(walked_source(text, filename))
+    return _SCANS[text]
+
+
+def _scan_tree(nodes: tuple[ast.AST, ...]) -> tuple[tuple[tuple[int, str], ...], tuple[tuple[int, str], ...]]:
     imports: list[tuple[int, str]] = []
     strings: list[tuple[int, str]] = []
-    for node in walked_source(text, filename):
+    for node in nodes:
         if isinstance(node, ast.Import):
             imports += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -142,31 +150,40 @@ def test_the_tree_keeps_every_import_contract() -> None:
     assert "0 broken" in result.stdout
 
 
-def test_the_layer_check_sees_a_violation(tmp_path: Path) -> None:
-    """The check is live: in a copy of the tree, the driver importing the simulator by a relative import and the CPU
-    deployment (which loads torch) by an absolute one is refused, each named, and so is the tier protocols importing
-    the agentic domain (one layer of the main contract, so only its own contract orders them)."""
-    root = _copy_tree(tmp_path)
+@pytest.fixture(scope="module")
+def planted_lint(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """import-linter on one copy of the tree with every violation below planted: one run (a fresh interpreter, ~0.3
+    CPU-s) serves the checks that read it, each for the violations it planted."""
+    root = _copy_tree(tmp_path_factory.mktemp("planted"))
+    # The layers: the driver importing the simulator by a relative import and the CPU deployment by an absolute one;
+    # the tier protocols importing the agentic domain.
     grpo = root / "rl" / "loop" / "grpo.py"
     _plant(grpo, "from __future__ import annotations\n", "from ..sim import swarm  # noqa")
     _plant(grpo, "from __future__ import annotations\n", "import rl.local  # noqa")
     _plant(root / "rl" / "protocols.py", "from __future__ import annotations\n", "import rl.agentic.world  # noqa")
-    result = _lint_imports(root)
+    # The forbidden contracts: a Flyte task module reaching for the simulator's worlds; the engine importing scoring.
+    _plant(
+        root / "rl" / "flyte" / "envs.py", "from __future__ import annotations\n", "import rl.simulated.worlds  # noqa"
+    )
+    _plant(root / "rl" / "sim" / "faults.py", "from __future__ import annotations\n", "import rl.scoring  # noqa")
+    return _lint_imports(root)
+
+
+def test_the_layer_check_sees_a_violation(planted_lint: subprocess.CompletedProcess[str]) -> None:
+    """The check is live: in a copy of the tree, the driver importing the simulator by a relative import and the CPU
+    deployment (which loads torch) by an absolute one is refused, each named, and so is the tier protocols importing
+    the agentic domain (one layer of the main contract, so only its own contract orders them)."""
+    result = planted_lint
     assert result.returncode != 0, result.stdout
     assert "rl.protocols -> rl.agentic.world" in result.stdout, result.stdout
     assert "rl.loop.grpo -> rl.sim.swarm" in result.stdout, result.stdout
     assert "rl.loop.grpo -> rl.local" in result.stdout, result.stdout
 
 
-def test_the_forbidden_contracts_see_a_violation(tmp_path: Path) -> None:
+def test_the_forbidden_contracts_see_a_violation(planted_lint: subprocess.CompletedProcess[str]) -> None:
     """The forbidden contracts are live: a Flyte task module reaching for the simulator's in-memory worlds is refused,
     though both sit in one layer; so is the engine importing the scoring, a layer below it."""
-    root = _copy_tree(tmp_path)
-    _plant(
-        root / "rl" / "flyte" / "envs.py", "from __future__ import annotations\n", "import rl.simulated.worlds  # noqa"
-    )
-    _plant(root / "rl" / "sim" / "faults.py", "from __future__ import annotations\n", "import rl.scoring  # noqa")
-    result = _lint_imports(root)
+    result = planted_lint
     assert result.returncode != 0, result.stdout
     assert "rl.flyte.envs -> rl.simulated.worlds" in result.stdout, result.stdout
     assert "rl.sim is not allowed to import rl.scoring" in result.stdout, result.stdout
