@@ -59,7 +59,7 @@ class DdpShardStepContract(ContractBase):
 
         An override must load with `rl.models.load_base_model`, accept PEFT's "all-linear" LoRA and have token ids 2-39.
         """
-        from rl.conformance.bindings.ours import tiny_base_model
+        from rl.conformance.support.tiny_model import tiny_base_model
 
         return tiny_base_model()
 

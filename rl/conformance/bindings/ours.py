@@ -32,6 +32,7 @@ from rl.conformance.algorithm_spec import AlgorithmSpec
 from rl.conformance.capabilities import Capabilities
 from rl.conformance.implementation import Implementation
 from rl.conformance.law_sizes import LawSizes
+from rl.conformance.support.tiny_model import temp_dir, tiny_base_model
 from rl.loop.agentic import run_agentic
 from rl.loop.grpo import run_grpo
 from rl.metrics import pass_at_k
@@ -195,24 +196,9 @@ IN_MEMORY = Implementation(
 )
 
 
-def _temp_dir(prefix: str) -> Path:
-    path = Path(tempfile.mkdtemp(prefix=prefix))
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    return path
-
-
-@functools.cache
-def tiny_base_model() -> Path:
-    """A tiny base model (the test suite's shape), built once per process into a temporary directory."""
-    from rl.models import TinyModelConfig, build_tiny_model
-
-    config = TinyModelConfig(seed=7, hidden_size=32, layers=2, heads=4, kv_heads=2, intermediate=64)
-    return build_tiny_model(_temp_dir("rl-conformance-model-") / "base", config)
-
-
 def local_artifacts() -> LocalArtifacts:
     """A fresh `LocalArtifacts` store in its own temporary directory."""
-    return LocalArtifacts(_temp_dir("rl-conformance-artifacts-"))
+    return LocalArtifacts(temp_dir("rl-conformance-artifacts-"))
 
 
 def torch_sampler(artifacts: Artifacts) -> TorchSampler:
@@ -269,7 +255,7 @@ def local_ddp_trainer(artifacts: Artifacts, world_size: int) -> LocalDdpTrainer:
 
 def file_state_store() -> FileStateStore:
     """A `FileStateStore` on a checkpoint file that does not exist yet, in its own temporary directory."""
-    return FileStateStore(_temp_dir("rl-conformance-state-") / "checkpoint.json")
+    return FileStateStore(temp_dir("rl-conformance-state-") / "checkpoint.json")
 
 
 REAL_CPU = Implementation(
@@ -303,7 +289,7 @@ def vllm_base_model() -> Path:
     from rl.gpu import VLLM_MODEL
     from rl.models import build_tiny_model
 
-    return build_tiny_model(_temp_dir("rl-conformance-vllm-model-") / "base", VLLM_MODEL)
+    return build_tiny_model(temp_dir("rl-conformance-vllm-model-") / "base", VLLM_MODEL)
 
 
 @functools.cache
