@@ -69,16 +69,15 @@ class KlReferenceLaws:
         if algorithm.kl_reference == "base":
             assert metrics.kl > KL_FLOOR, (
                 f"a new trainer's first step from an adapter trained 3 steps away from zero reported KL "
-                f"{metrics.kl!r} (loss {metrics.loss!r}); AlgorithmSpec(kl_reference='base') makes it the policy's "
-                f"distance from the base, positive (> {KL_FLOOR}). The reference is the starting adapter (declare "
-                "kl_reference='initial_adapter'), or the policy itself (no KL at all)"
+                f"{metrics.kl!r} (loss {metrics.loss!r}), expected > {KL_FLOOR} under AlgorithmSpec(kl_reference="
+                "'base'). The reference is the starting adapter (declare kl_reference='initial_adapter'), or the "
+                "policy itself (no KL at all)"
             )
             return
         surrogate, size = declared_step_loss(algorithm, sampled, batch, declared_stop_ids(engine))
         assert abs(metrics.kl) <= KL_FLOOR and abs(metrics.loss - surrogate) <= LOSS_RTOL * size, (
             f"a new trainer's first step from an adapter trained 3 steps away from zero reported KL {metrics.kl!r} and "
-            f"loss {metrics.loss!r}; AlgorithmSpec(kl_reference='initial_adapter') makes the reference that adapter, "
-            f"so the KL is 0 and the loss the surrogate's alone, {surrogate!r} (tolerance {LOSS_RTOL * size:.3g}). "
-            "The reference fell back to the base model (the adapter disabled), which is right only for an adapter "
-            "that starts at zero: copy the starting adapter as a frozen reference"
+            f"loss {metrics.loss!r}, expected KL 0 and the surrogate's loss {surrogate!r} (tolerance "
+            f"{LOSS_RTOL * size:.3g}) under AlgorithmSpec(kl_reference='initial_adapter'). The reference fell back to "
+            "the base model (the adapter disabled): copy the starting adapter as a frozen reference"
         )

@@ -136,9 +136,8 @@ class LossRatioLaws:
                 )
             elif token.side == "capped":
                 assert abs(have) <= tolerance, (
-                    f"{law}: {where} is beyond the trust region on the side that raises the objective, so the "
-                    f"surrogate is flat and d loss / d new_logp must be 0, got {have!r}: a stale sample's gain is not "
-                    f"capped (the ratio is not clipped).{hint}\n({rounded})"
+                    f"{law}: {where} is beyond the trust region on the gain side: gradient {have!r}, expected 0: a "
+                    f"stale sample's gain is not capped (the ratio is not clipped).{hint}\n({rounded})"
                 )
             elif token.side == "dual_capped":
                 assert abs(have) <= tolerance, (
