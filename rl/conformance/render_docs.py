@@ -61,6 +61,8 @@ def law_rows() -> list[tuple[str, str, str, str]]:
                 marks = [m.name for m in getattr(value, "pytestmark", []) if m.name.startswith("rl_")]
                 marks = [m for m in marks if m != "rl_conformance"]
                 doc = " ".join((inspect.getdoc(value) or "").split())
+                if not doc:
+                    raise ValueError(f"{owner.__name__}.{law} has no docstring: a law's reason is written in it")
                 rows.append((owner.__name__, ", ".join(f"`{m}`" for m in marks), law, doc))
     return rows
 
