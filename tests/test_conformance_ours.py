@@ -20,8 +20,8 @@ from rl.conformance import (
     LoopContract,
     LossContract,
 )
-from rl.conformance.ours import IN_MEMORY, REAL_LM, trainer_algorithm
-from rl.conformance.ours import batch_loss as our_batch_loss
+from rl.conformance.bindings.ours import IN_MEMORY, REAL_LM, trainer_algorithm
+from rl.conformance.bindings.ours import batch_loss as our_batch_loss
 from rl.loss import grpo_sample_loss
 from rl.simulated.artifacts import MemoryArtifacts
 from rl.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer

@@ -114,7 +114,7 @@ def test_shrinking_changes_sizes_only_and_fills_in_the_fork_placeholder():
     )
     assert shrink("rl chaos --loop grpo --seeds=1000") == "rl chaos --loop grpo --seeds=5"
     assert shrink("rl demo grpo --no-iterations-here") == "rl demo grpo --no-iterations-here"
-    assert "rl.conformance.ours:IN_MEMORY" in shrink("pytest --rl-impl my_fork.conformance:IMPL -m rl_engine")
+    assert "rl.conformance.bindings.ours:IN_MEMORY" in shrink("pytest --rl-impl my_fork.conformance:IMPL -m rl_engine")
 
 
 def test_extraction_keeps_quoted_hashes_and_drops_trailing_comments():

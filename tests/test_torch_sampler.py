@@ -10,7 +10,7 @@ import torch
 from fixtures_real import LORA_TARGETS, adapter_dirs, one_thread, refs, run, store, tiny_model_dir
 
 from rl.artifacts import ArtifactNotFoundError, LocalArtifacts
-from rl.conformance.engine_lifetime import coincidence_tail
+from rl.conformance.engine_lifetime_laws import coincidence_tail
 from rl.engines.adapter_cache import NotAnAdapterError
 from rl.engines.decoding import (
     InvalidRolloutRequestError,

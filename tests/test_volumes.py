@@ -18,8 +18,8 @@ from hypothesis.stateful import invariant, rule
 
 from rl.bench.volumes import bench_fork, format_bench
 from rl.conformance import VolumeStoreContract
-from rl.conformance.volume_rewrites import rewrite_in_place
-from rl.conformance.volumes import PATHS, VolumeStoreMachine, read_tree
+from rl.conformance.in_place_rewrite_laws import rewrite_in_place
+from rl.conformance.volume_store_contract import PATHS, VolumeStoreMachine, read_tree
 from rl.platform import bytes_written
 from rl.volumes import (
     MIN_RACY_NS,

@@ -51,7 +51,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from peers.trl_grpo import ALGORITHM
 from rl.conformance import Implementation
-from rl.conformance.ours import tiny_base_model
+from rl.conformance.support.tiny_model import tiny_base_model
 from rl.models.tiny import load_base_model, load_tokenizer
 from rl.protocols import Artifacts
 from rl.types import Rollout, RolloutRequest, StepMetrics, TrainBatch, TrainResult

@@ -18,62 +18,62 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # `X as X`: an explicit re-export, for strict type checkers
-    from rl.conformance.advantage_laws import AdvantageContract as AdvantageContract
-    from rl.conformance.agentic import AgenticContract as AgenticContract
-    from rl.conformance.artifacts import ArtifactsContract as ArtifactsContract
+    from rl.conformance.advantage_contract import AdvantageContract as AdvantageContract
+    from rl.conformance.agentic_contract import AgenticContract as AgenticContract
+    from rl.conformance.algorithm_spec import AlgorithmSpec as AlgorithmSpec
+    from rl.conformance.artifacts_contract import ArtifactsContract as ArtifactsContract
     from rl.conformance.capabilities import Capabilities as Capabilities
-    from rl.conformance.ddp import DdpShardStepContract as DdpShardStepContract
-    from rl.conformance.driver import GrpoDriverContract as GrpoDriverContract
-    from rl.conformance.generation_batch import GenerationBatchContract as GenerationBatchContract
-    from rl.conformance.history import DriverReplayContract as DriverReplayContract
-    from rl.conformance.history import RecordedHistory as RecordedHistory
-    from rl.conformance.history import load_history as load_history
-    from rl.conformance.history import record_history as record_history
+    from rl.conformance.ddp_shard_step_contract import DdpShardStepContract as DdpShardStepContract
+    from rl.conformance.driver_replay_contract import DriverReplayContract as DriverReplayContract
+    from rl.conformance.generation_batch_contract import GenerationBatchContract as GenerationBatchContract
+    from rl.conformance.grpo_driver_contract import GrpoDriverContract as GrpoDriverContract
     from rl.conformance.implementation import Implementation as Implementation
     from rl.conformance.implementation import load_implementation as load_implementation
-    from rl.conformance.loop import LoopContract as LoopContract
-    from rl.conformance.loss_laws import LossContract as LossContract
-    from rl.conformance.loss_laws import sample_loss_as_batch_loss as sample_loss_as_batch_loss
-    from rl.conformance.rollout_buffer import RolloutBufferContract as RolloutBufferContract
-    from rl.conformance.rollout_engine import RolloutEngineContract as RolloutEngineContract
-    from rl.conformance.scorer import ScorerContract as ScorerContract
-    from rl.conformance.scoring_utilities import ScoringUtilitiesContract as ScoringUtilitiesContract
-    from rl.conformance.sizes import LawSizes as LawSizes
-    from rl.conformance.spec import AlgorithmSpec as AlgorithmSpec
-    from rl.conformance.state_store import StateStoreContract as StateStoreContract
-    from rl.conformance.trainer import TrainerContract as TrainerContract
-    from rl.conformance.trainer import trained_adapter as trained_adapter
-    from rl.conformance.volumes import VolumeStoreContract as VolumeStoreContract
+    from rl.conformance.law_sizes import LawSizes as LawSizes
+    from rl.conformance.loop_contract import LoopContract as LoopContract
+    from rl.conformance.loss_contract import LossContract as LossContract
+    from rl.conformance.loss_contract import sample_loss_as_batch_loss as sample_loss_as_batch_loss
+    from rl.conformance.recorded_history import RecordedHistory as RecordedHistory
+    from rl.conformance.recorded_history import load_history as load_history
+    from rl.conformance.recorded_history import record_history as record_history
+    from rl.conformance.rollout_buffer_contract import RolloutBufferContract as RolloutBufferContract
+    from rl.conformance.rollout_engine_contract import RolloutEngineContract as RolloutEngineContract
+    from rl.conformance.scorer_contract import ScorerContract as ScorerContract
+    from rl.conformance.scoring_utilities_contract import ScoringUtilitiesContract as ScoringUtilitiesContract
+    from rl.conformance.state_store_contract import StateStoreContract as StateStoreContract
+    from rl.conformance.trainer_contract import TrainerContract as TrainerContract
+    from rl.conformance.trainer_contract import trained_adapter as trained_adapter
+    from rl.conformance.volume_store_contract import VolumeStoreContract as VolumeStoreContract
 
 
 # The module under rl.conformance that each public name loads from.
 _HOMES = {
-    "AdvantageContract": "advantage_laws",
-    "AgenticContract": "agentic",
-    "AlgorithmSpec": "spec",
-    "ArtifactsContract": "artifacts",
+    "AdvantageContract": "advantage_contract",
+    "AgenticContract": "agentic_contract",
+    "AlgorithmSpec": "algorithm_spec",
+    "ArtifactsContract": "artifacts_contract",
     "Capabilities": "capabilities",
-    "DdpShardStepContract": "ddp",
-    "DriverReplayContract": "history",
-    "GenerationBatchContract": "generation_batch",
-    "GrpoDriverContract": "driver",
+    "DdpShardStepContract": "ddp_shard_step_contract",
+    "DriverReplayContract": "driver_replay_contract",
+    "GenerationBatchContract": "generation_batch_contract",
+    "GrpoDriverContract": "grpo_driver_contract",
     "Implementation": "implementation",
-    "LawSizes": "sizes",
-    "LoopContract": "loop",
-    "LossContract": "loss_laws",
-    "RecordedHistory": "history",
-    "RolloutBufferContract": "rollout_buffer",
-    "RolloutEngineContract": "rollout_engine",
-    "ScorerContract": "scorer",
-    "ScoringUtilitiesContract": "scoring_utilities",
-    "StateStoreContract": "state_store",
-    "TrainerContract": "trainer",
-    "VolumeStoreContract": "volumes",
-    "load_history": "history",
+    "LawSizes": "law_sizes",
+    "LoopContract": "loop_contract",
+    "LossContract": "loss_contract",
+    "RecordedHistory": "recorded_history",
+    "RolloutBufferContract": "rollout_buffer_contract",
+    "RolloutEngineContract": "rollout_engine_contract",
+    "ScorerContract": "scorer_contract",
+    "ScoringUtilitiesContract": "scoring_utilities_contract",
+    "StateStoreContract": "state_store_contract",
+    "TrainerContract": "trainer_contract",
+    "VolumeStoreContract": "volume_store_contract",
+    "load_history": "recorded_history",
     "load_implementation": "implementation",
-    "record_history": "history",
-    "sample_loss_as_batch_loss": "loss_laws",
-    "trained_adapter": "trainer",
+    "record_history": "recorded_history",
+    "sample_loss_as_batch_loss": "loss_contract",
+    "trained_adapter": "trainer_contract",
 }
 __all__ = sorted(_HOMES)
 

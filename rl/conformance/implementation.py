@@ -7,9 +7,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from rl.conformance.algorithm_spec import AlgorithmSpec
 from rl.conformance.capabilities import Capabilities
-from rl.conformance.sizes import LawSizes
-from rl.conformance.spec import AlgorithmSpec
+from rl.conformance.law_sizes import LawSizes
 
 if TYPE_CHECKING:
     from rl.loop.grpo import GrpoDriver

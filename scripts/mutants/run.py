@@ -42,7 +42,7 @@ MARKERS = "not gpu and not slow and not ray and not browser and not flyte"
 """The `unit` session's selection (noxfile.py): what `tests/` means here."""
 SKIP_TESTS = ("tests/test_mutants_catalogue.py",)
 """Checks the catalogue's snippets are in the tree: in a mutated copy one is not, by construction."""
-IMPLS = {"in_memory": "rl.conformance.ours:IN_MEMORY", "real_cpu": "rl.conformance.ours:REAL_CPU"}
+IMPLS = {"in_memory": "rl.conformance.bindings.ours:IN_MEMORY", "real_cpu": "rl.conformance.bindings.ours:REAL_CPU"}
 ENV = {"HYPOTHESIS_PROFILE": "dev", "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 
 SANITY = Mutant(

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 from unittest import mock
 
-from rl.conformance.ours import REAL_CPU, micro_batched_trainer
+from rl.conformance.bindings.ours import REAL_CPU, micro_batched_trainer
 from rl.protocols import Artifacts
 
 

@@ -13,7 +13,8 @@ from typing import Any
 from unittest import mock
 
 from rl.conformance import Implementation
-from rl.conformance.ours import REAL_CPU, LocalDdpTrainer, tiny_base_model
+from rl.conformance.bindings.ours import REAL_CPU, LocalDdpTrainer
+from rl.conformance.support.tiny_model import tiny_base_model
 from rl.trainer.ddp import ddp_shard_step
 
 

@@ -18,7 +18,7 @@ import rl.checkpoint.resume as resume
 import rl.loop.grpo as grpo
 from rl.checkpoint.format import DriverState, decode_state, encode_state
 from rl.conformance import Implementation
-from rl.conformance.ours import IN_MEMORY
+from rl.conformance.bindings.ours import IN_MEMORY
 from rl.errors import CheckpointCorruptError
 from rl.identity import content_digest
 from rl.loop.grpo import GrpoConfig, GrpoOutcome, GrpoTiers, run_grpo

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from rl.conformance import AlgorithmSpec, Implementation
-from rl.conformance.ours import memory_version0_adapter
+from rl.conformance.bindings.ours import memory_version0_adapter
 from rl.simulated.grpo_tiers import MemoryEngine, MemoryTrainer, _row, _softmax, sampling_probs
 from rl.types import DEFAULT_SAMPLING, Rollout, RolloutRequest, SamplingSettings, TrainBatch, TrainResult
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from rl.advantages import group_normalized_advantages
 from rl.checkpoint.memory_store import MemoryStateStore
 from rl.conformance import AlgorithmSpec, Implementation, LawSizes
-from rl.conformance.ours import IN_MEMORY, memory_version0_adapter
+from rl.conformance.bindings.ours import IN_MEMORY, memory_version0_adapter
 from rl.simulated.artifacts import MemoryArtifacts
 from rl.simulated.grpo_tiers import (
     DIGITS,

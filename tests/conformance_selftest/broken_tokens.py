@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from unittest import mock
 
 from rl.conformance import Implementation
-from rl.conformance.ours import REAL_CPU, memory_version0_adapter, peft_trainer
+from rl.conformance.bindings.ours import REAL_CPU, memory_version0_adapter, peft_trainer
 from rl.protocols import Artifacts
 from rl.simulated.grpo_tiers import DIGITS, MemoryEngine, MemoryTrainer
 from rl.types import Rollout, RolloutRequest, TrainBatch, TrainResult

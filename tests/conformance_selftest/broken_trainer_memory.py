@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from rl.conformance import Capabilities, Implementation
-from rl.conformance.ours import memory_version0_adapter
+from rl.conformance.bindings.ours import memory_version0_adapter
 from rl.simulated.artifacts import MemoryArtifacts
 from rl.simulated.grpo_tiers import MemoryEngine, MemoryTrainer
 from rl.types import TrainBatch, TrainResult

@@ -33,7 +33,7 @@ def run_law(pytester: pytest.Pytester, impl: str) -> pytest.RunResult:
 
 
 def test_our_micro_batched_trainer_passes_the_accumulation_law(pytester: pytest.Pytester) -> None:
-    run_law(pytester, "rl.conformance.ours:REAL_CPU").assert_outcomes(passed=2)
+    run_law(pytester, "rl.conformance.bindings.ours:REAL_CPU").assert_outcomes(passed=2)
 
 
 def test_a_mean_per_micro_batch_fails_the_accumulation_law_on_the_uneven_split_only(pytester: pytest.Pytester) -> None:

@@ -44,6 +44,6 @@ def test_the_batch_reward_laws_fail_a_broken_scorer_on_the_law_it_breaks(pyteste
 
 
 def test_ours_passes_the_batch_reward_laws(pytester):
-    run = run_suite(pytester, "rl.conformance.ours:IN_MEMORY", "rl_batch_reward")
+    run = run_suite(pytester, "rl.conformance.bindings.ours:IN_MEMORY", "rl_batch_reward")
     assert not run.failed and not run.skipped, run.reports
     assert len(run.passed) == 4, sorted(run.passed)

@@ -25,7 +25,7 @@ LAW = "test_buffer_read_refuses_a_stored_non_finite_reward"
         ("broken_buffer_reads:TRUSTED_READS", {f"{LAW}[inf]", f"{LAW}[-inf]", f"{LAW}[nan]"}),
         ("broken_buffer_reads:NAN_ONLY_READS", {f"{LAW}[inf]", f"{LAW}[-inf]"}),
         ("broken_buffer_reads:CHECKED_READS", set()),
-        ("rl.conformance.ours:IN_MEMORY", set()),
+        ("rl.conformance.bindings.ours:IN_MEMORY", set()),
     ],
     ids=["reads trusted", "reads checked for NaN only", "reads checked", "ours (IN_MEMORY)"],
 )

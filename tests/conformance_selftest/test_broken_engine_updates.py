@@ -50,6 +50,6 @@ def test_the_update_laws_fail_an_engine_that_keeps_an_older_versions_state(pytes
 
 
 def test_ours_passes_the_update_laws(pytester):
-    run = run_suite(pytester, "rl.conformance.ours:IN_MEMORY", "rl_engine", "-k", f"{SERVED} or {PAUSED}")
+    run = run_suite(pytester, "rl.conformance.bindings.ours:IN_MEMORY", "rl_engine", "-k", f"{SERVED} or {PAUSED}")
     assert not run.failed, run.reports
     assert run.passed == {SERVED, PAUSED} and not run.skipped, run

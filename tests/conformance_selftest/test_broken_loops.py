@@ -435,7 +435,7 @@ NOT_IN_MEMORY = {
 def test_the_reference_passes_every_law_these_cases_run(pytester):
     run = run_suite(
         pytester,
-        "rl.conformance.ours:IN_MEMORY",
+        "rl.conformance.bindings.ours:IN_MEMORY",
         "rl_engine or rl_trainer or rl_scorer or rl_state_store or rl_agentic or " + DRIVER_TIERS,
     )
     assert not run.failed, run.reports

@@ -21,7 +21,7 @@ def test_the_rewrite_law_fails_a_store_that_trusts_a_stat_inside_the_racy_window
     assert re.search(r"the store kept the parent's digest for a file whose bytes changed", run.reports[REWRITE])
 
 
-@pytest.mark.parametrize("impl", ["broken_volumes:DIR_STORE", "rl.conformance.ours:IN_MEMORY"])
+@pytest.mark.parametrize("impl", ["broken_volumes:DIR_STORE", "rl.conformance.bindings.ours:IN_MEMORY"])
 def test_correct_stores_pass_the_rewrite_law(pytester, impl):
     run = run_suite(pytester, impl, "rl_volumes")
     assert REWRITE in run.passed and not run.failed, run.reports

@@ -101,11 +101,13 @@ def test_a_log_prob_function_that_ignores_the_cut_passes_declared_and_fails_the_
 def test_the_real_cpu_stack_passes_the_sampling_laws(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _subprocess_run(pytester, monkeypatch, "rl.conformance.ours:REAL_CPU").assert_outcomes(passed=3 + 3 + 2 + 4)
+    _subprocess_run(pytester, monkeypatch, "rl.conformance.bindings.ours:REAL_CPU").assert_outcomes(
+        passed=3 + 3 + 2 + 4
+    )
 
 
 def test_the_in_memory_tiers_pass_the_sampling_laws(pytester: pytest.Pytester) -> None:
-    run = run_suite(pytester, "rl.conformance.ours:IN_MEMORY", "rl_engine or rl_trainer", "-k", LAWS)
+    run = run_suite(pytester, "rl.conformance.bindings.ours:IN_MEMORY", "rl_engine or rl_trainer", "-k", LAWS)
     assert not run.failed, run.reports
     assert not run.skipped, sorted(run.skipped)
     assert len(run.passed) == 3 + 3 + 2, sorted(run.passed)

@@ -128,7 +128,7 @@ def test_the_storage_laws_fail_a_broken_implementation_on_the_law_it_breaks(
 
 @pytest.mark.parametrize(
     "impl",
-    ["rl.conformance.ours:IN_MEMORY", "broken_volumes:DIR_STORE", "broken_buffers:MEMORY_BUFFER"],
+    ["rl.conformance.bindings.ours:IN_MEMORY", "broken_volumes:DIR_STORE", "broken_buffers:MEMORY_BUFFER"],
     ids=["ours (IN_MEMORY)", "a copying directory store", "an in-memory buffer"],
 )
 def test_correct_stores_and_buffers_pass_every_storage_law(pytester, impl):

@@ -1,5 +1,5 @@
 """The token-level laws (issue 47 §1 items 3 and 5) fail the bug each names, run the way a fork runs the suite, and
-only that law of its tier; `rl.conformance.ours` passes them (tests/test_conformance_ours.py and `nox -s
+only that law of its tier; `rl.conformance.bindings.ours` passes them (tests/test_conformance_ours.py and `nox -s
 conformance`)."""
 
 from __future__ import annotations

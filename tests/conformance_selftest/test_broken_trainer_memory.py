@@ -25,5 +25,5 @@ def test_the_memory_law_fails_a_trainer_that_keeps_every_steps_loss(pytester):
 
 
 def test_ours_passes_the_memory_law(pytester):
-    run = run_suite(pytester, "rl.conformance.ours:IN_MEMORY", "rl_trainer", "-k", LAW)
+    run = run_suite(pytester, "rl.conformance.bindings.ours:IN_MEMORY", "rl_trainer", "-k", LAW)
     assert run.passed == {LAW}, run

@@ -12,4 +12,4 @@ def test_a_run_that_never_reports_its_laws_is_an_error_not_an_empty_list_of_fail
     """An INTERNALERROR (CPython 3.11.7's re-entered `ast.parse`, say) or a usage error leaves the outcome lists empty:
     read as "no law failed", it made a broken implementation look caught by nothing."""
     with pytest.raises(SuiteRunBroke, match=r"exit code .*USAGE_ERROR"):
-        run_suite(pytester, "rl.conformance.ours:IN_MEMORY", "rl_engine", "--no-such-option")
+        run_suite(pytester, "rl.conformance.bindings.ours:IN_MEMORY", "rl_engine", "--no-such-option")

@@ -1,0 +1,80 @@
+"""The truncated-completion law, mixed into `TrainerContract`: a completion cut at `max_tokens` enters the loss as
+`AlgorithmSpec.truncated_completions` declares, in the numerator and the normaliser alike.
+
+Why: leaving truncated completions out of the loss (TRL's `mask_truncated_completions`, DAPO's overlong filtering) is a
+choice; doing it halfway is a bug. A mask applied to the token losses but not to the count they are divided by shrinks
+every step by the share of truncated completions, which grows as completions lengthen, and nothing errs. And a
+completion is truncated only if it did not end at a stop id: code that asks only `eos_token_id` masks the completions
+that ended on a secondary stop (TRL PR #7039: Phi-3.5's `<|end|>` read as truncated, `clipped_ratio` 0.97). The law
+reads the stop ids from the engine's declaration (`rl.conformance.stop_token_laws.declared_stop_ids`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rl.conformance.algorithm_spec import AlgorithmSpec
+from rl.conformance.stop_token_laws import declared_stop_ids
+from rl.conformance.support.contract_base import Run, tier
+from rl.conformance.support.step_reference import DIGIT_PROMPTS, declared_step_loss, ended, sampled_batch, shifted_batch
+from rl.conformance.trainer_restore_laws import LOSS_RTOL
+from rl.protocols import RolloutEngine, Trainer
+from rl.seeding import derive_seed
+from rl.types import TrainResult
+
+__all__ = ["TruncationLaws"]
+
+MAX_TOKENS = 4
+"""Short enough that most of the tiny model's completions are cut, long enough that some stop."""
+GROUP = 8
+
+
+@tier("trainer")
+class TruncationLaws:
+    """Needs the `trainer`, `engine`, `trainer_version0`, `algorithm`, `rl_seed` and `rl_run` fixtures of
+    `TrainerContract`."""
+
+    def test_trainer_masks_truncated_completions_as_declared(
+        self,
+        trainer: Trainer,
+        engine: RolloutEngine,
+        trainer_version0: TrainResult,
+        algorithm: AlgorithmSpec,
+        rl_seed: int,
+        rl_run: Run[Any],
+    ) -> None:
+        """Step 0 on completions some of which were cut at `max_tokens` (their last token no declared stop id) reports
+        the declared loss with those completions kept, or left out of both the token sum and its normaliser: a mask
+        on one side only, or a stop read from `eos_token_id` alone, fails."""
+        stops = declared_stop_ids(engine)
+        sampled = sampled_batch(
+            engine,
+            trainer_version0,
+            DIGIT_PROMPTS,
+            derive_seed("conformance.trainer.truncation", rl_seed),
+            rl_run,
+            n=GROUP,
+            max_tokens=MAX_TOKENS,
+        )
+        stopped = ended(sampled, stops)
+        if algorithm.truncated_completions == "masked" and (all(stopped) or not any(stopped)):
+            pytest.fail(
+                f"the engine's {len(stopped)} completions (max_tokens={MAX_TOKENS}, declared stop ids {sorted(stops)}) "
+                f"are all {'ended' if all(stopped) else 'truncated'}: the law needs both to check a declared mask. "
+                "Declare the engine's stop ids as its `stop_token_ids` attribute",
+                pytrace=False,
+            )
+        batch = shifted_batch(sampled, algorithm)
+        expected, size = declared_step_loss(algorithm, sampled, batch, stops)
+        reported = rl_run(trainer.train_step(batch)).metrics.loss
+        truncated = stopped.count(False)
+        assert abs(reported - expected) <= LOSS_RTOL * size, (
+            f"step 0 on {len(stopped)} completions, {truncated} of them truncated at max_tokens={MAX_TOKENS} (no "
+            f"declared stop id {sorted(stops)} at their end), reported loss {reported!r}; "
+            f"AlgorithmSpec(truncated_completions={algorithm.truncated_completions!r}) gives {expected!r} (tolerance "
+            f"{LOSS_RTOL * size:.3g}). A truncated completion is either trained like any other or left out of the "
+            "token sum and of the count it is divided by, both; and a completion that ended at any declared stop id "
+            "is not truncated"
+        )
