@@ -150,7 +150,7 @@ def sample_groups(
     (`tests/test_torch_sampler.py` bounds it; docs/benchmarks.md has the gap measured), so a token drawn right at a
     boundary of the cumulative distribution could differ. The same arguments give the same bits (resume and replay).
 
-    Shape: G prompts [P] (one P) -> G lists of n_g sequences of length T_i <= max_tokens.
+    Shape: G prompts [P_g] -> G lists of n_g sequences of length T_i <= max_tokens.
     """
     if len(prompts) != len(ns) or len(prompts) != len(seeds):
         raise InvalidRolloutRequestError(f"got {len(prompts)} prompts, {len(ns)} group sizes and {len(seeds)} seeds")

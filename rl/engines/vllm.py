@@ -37,10 +37,11 @@ from rl.protocols import Artifacts
 from rl.types import ArtifactRef, Rollout, RolloutRequest, SamplingSettings
 
 VLLM_SEED_STRIDE = 2**8
+"""Each group seed owns this many consecutive vLLM seeds: the largest group whose per-sample seeds stay its own."""
+
 VLLM_MAX_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """vLLM 0.33's `vllm.config.lora.MaxLoRARanks`: the only values `max_lora_rank` may take (vLLM's config refuses any
 other; `nox -s vllm-api` checks this against the wheel). An adapter of rank r is served by any `max_lora_rank >= r`."""
-"""Each group seed owns this many consecutive vLLM seeds: the largest group whose per-sample seeds stay its own."""
 
 VLLM_DEFAULT_MAX_LORA_RANK = 16
 """`vllm.config.lora.LoRAConfig.max_lora_rank`'s default (0.32 and 0.33): the largest rank vLLM loads unless told."""

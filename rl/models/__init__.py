@@ -1,4 +1,5 @@
-"""Tiny causal LMs built offline from a seed: the base model the CPU stack samples from and trains adapters on."""
+"""The base models the CPU stack samples from and trains adapters on: tiny causal LMs built offline from a seed, a
+small Qwen3 of the real layout, the pinned real model (SmolLM2) and any checked model directory."""
 
 from rl.models.tiny import (
     CHARACTERS,
