@@ -19,9 +19,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM, Qwen2Config
+from transformers import AutoModelForCausalLM
 
 from rl.engines.fast_forward import causal_lm_forward
+from rl.models.tiny import TinyModelConfig, build_tokenizer, qwen2_config
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -37,18 +38,7 @@ def main() -> None:
     args = p.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    config = Qwen2Config(
-        vocab_size=50,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=128,
-        initializer_range=0.2,
-        tie_word_embeddings=False,
-        use_sliding_window=False,
-    )
+    config = qwen2_config(TinyModelConfig(), build_tokenizer())  # the demo's shape
     model = AutoModelForCausalLM.from_config(config, attn_implementation=args.attention).eval()
     lora = LoraConfig(r=8, target_modules=TARGETS, task_type="CAUSAL_LM")
     peft = get_peft_model(AutoModelForCausalLM.from_config(config, attn_implementation=args.attention), lora)

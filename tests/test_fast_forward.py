@@ -23,6 +23,7 @@ import rl.engines.fast_forward as fast_forward
 from rl.engines import decoding
 from rl.engines.decoding import batched_teacher_forced_logprobs, sample_groups, teacher_forced_logprobs
 from rl.engines.fast_forward import causal_lm_forward, fast_plan
+from rl.models.tiny import TinyModelConfig, build_tokenizer, qwen2_config
 from rl.types import SamplingSettings
 
 pytestmark = pytest.mark.skipif(
@@ -34,19 +35,8 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 def _config(arch: str) -> Qwen2Config | LlamaConfig:
-    if arch == "qwen2":  # rl.models.tiny's demo shape
-        return Qwen2Config(
-            vocab_size=VOCAB,
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=128,
-            max_position_embeddings=128,
-            initializer_range=0.2,
-            tie_word_embeddings=False,
-            use_sliding_window=False,
-        )
+    if arch == "qwen2":  # the demo's shape, as rl.models.tiny builds it
+        return qwen2_config(TinyModelConfig(), build_tokenizer())
     return LlamaConfig(  # SmolLM2-shaped: tied embeddings, 3 query heads per KV head
         vocab_size=VOCAB,
         hidden_size=48,
