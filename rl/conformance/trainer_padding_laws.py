@@ -12,11 +12,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from rl.conformance.algorithm_spec import AlgorithmSpec
 from rl.conformance.batch_padding_laws import PROMPTS_OF_OTHER_LENGTHS
 from rl.conformance.stop_token_laws import declared_stop_ids
 from rl.conformance.support.contract_base import Run, tier
-from rl.conformance.support.step_reference import declared_step_loss, sampled_batch, shifted_batch
+from rl.conformance.support.step_reference import (
+    ENDING_DRAWS,
+    batch_with_endings,
+    declared_step_loss,
+    sampled_batch,
+    shifted_batch,
+)
 from rl.conformance.trainer_restore_laws import LOSS_RTOL
 from rl.protocols import RolloutEngine, Trainer
 from rl.seeding import derive_seed
@@ -42,12 +50,23 @@ class TrainerPaddingLaws:
         """Step 0 on groups whose prompts differ in length, each in either order, reports the loss the declared
         `AlgorithmSpec` gives with the trainer's log-probs equal to the engine's: padding between a prompt and its
         completion (or positions counted from the pads) moves the shorter prompt's log-probs and fails."""
+        stops = declared_stop_ids(engine)
+        seed = derive_seed("conformance.trainer.padding", rl_seed)
         for order in (PROMPTS_OF_OTHER_LENGTHS, PROMPTS_OF_OTHER_LENGTHS[::-1]):
-            sampled = sampled_batch(
-                engine, trainer_version0, order, derive_seed("conformance.trainer.padding", rl_seed), rl_run
-            )
+            if algorithm.truncated_completions == "masked":  # a batch that trains on something, masked or not
+                found = batch_with_endings(engine, trainer_version0, order, seed, rl_run, stops, truncated_too=True)
+                if found is None:
+                    pytest.fail(
+                        f"none of {ENDING_DRAWS} batches held both a completion that ended at a declared stop id "
+                        f"{sorted(stops)} and a truncated one. Declare the engine's stop ids as its `stop_token_ids` "
+                        "attribute",
+                        pytrace=False,
+                    )
+                sampled = found
+            else:
+                sampled = sampled_batch(engine, trainer_version0, order, seed, rl_run)
             batch = shifted_batch(sampled, algorithm)
-            expected, size = declared_step_loss(algorithm, sampled, batch, declared_stop_ids(engine))
+            expected, size = declared_step_loss(algorithm, sampled, batch, stops)
             reported = rl_run(trainer.train_step(batch)).metrics.loss
             lengths = [len(r.prompt_token_ids) for r in batch.rollouts]
             assert abs(reported - expected) <= LOSS_RTOL * size, (

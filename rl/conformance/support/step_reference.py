@@ -26,7 +26,16 @@ from rl.types import (
     TrainResult,
 )
 
-__all__ = ["DIGIT_PROMPTS", "declared_step_loss", "ended", "sample_groups", "sampled_batch", "shifted_batch"]
+__all__ = [
+    "DIGIT_PROMPTS",
+    "ENDING_DRAWS",
+    "batch_with_endings",
+    "declared_step_loss",
+    "ended",
+    "sample_groups",
+    "sampled_batch",
+    "shifted_batch",
+]
 
 DIGIT_PROMPTS = (Prompt("3=", "4"), Prompt("7=", "8"))
 """The trainer laws' usual prompts, of one length: no padding between them."""
@@ -89,6 +98,36 @@ def sampled_batch(
         optimizer_state=start.optimizer_state,
         new_version=1,
     )
+
+
+ENDING_DRAWS = 64
+"""Batches a law under `truncated_completions="masked"` may draw for one whose endings it can check: the tiny model
+ends about 2% of its completions within 4 tokens, so a single batch often ends none."""
+
+
+def batch_with_endings(
+    engine: RolloutEngine,
+    start: TrainResult,
+    prompts: Sequence[Prompt],
+    seed: int,
+    run: Run[Any],
+    stops: Collection[int],
+    *,
+    truncated_too: bool,
+    n: int = 4,
+    max_tokens: int = 4,
+) -> TrainBatch | None:
+    """`sampled_batch`'s first batch, on `seed` then on `derive_seed("conformance.endings", seed, k)` for k = 1, 2,
+    ... (`ENDING_DRAWS` in all), with a completion that ended at a declared stop id in `stops` and, if
+    `truncated_too`, one cut at `max_tokens`; None when no draw has them. Under a declared mask a batch without an
+    ended completion trains on nothing, so a law on it would check nothing."""
+    for k in range(ENDING_DRAWS):
+        draw = seed if k == 0 else derive_seed("conformance.endings", seed, k)
+        batch = sampled_batch(engine, start, prompts, draw, run, n=n, max_tokens=max_tokens)
+        stopped = ended(batch, stops)
+        if any(stopped) and not (truncated_too and all(stopped)):
+            return batch
+    return None
 
 
 def shifted_batch(batch: TrainBatch, algorithm: AlgorithmSpec) -> TrainBatch:
