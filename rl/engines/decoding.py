@@ -209,7 +209,7 @@ def draw_tokens(probs: torch.Tensor, generators: Sequence[torch.Generator], boun
     """One token per row from `probs` (unnormalised, >= 0) by inverse CDF: rows `bounds[g]:bounds[g + 1]` take one
     uniform each from `generators[g]`, and the token is the first whose cumulative mass (float64) exceeds that share
     of the row's total. A token of zero mass is never drawn. One uniform a row, where `torch.multinomial` draws an
-    Exp(1) per vocabulary entry (docs/benchmarks.md: 18% of the real model's sampling).
+    Exp(1) per vocabulary entry (docs/benchmarks.md has what that cost).
 
     Shape: probs [rows, V] -> [rows, 1] (long)."""
     cdf = probs.double().cumsum(dim=-1)  # [rows, V]
