@@ -45,24 +45,23 @@ def _chi_square_critical(df: int) -> float:
 
 
 def frequency_test(counts: dict[int, int], probs: dict[int, float]) -> tuple[float, float, list[tuple[float, int]]]:
-    """Pearson's chi-square of observed token counts against recorded probabilities: tokens binned from the most to the
-    least probable until each bin expects `MIN_EXPECTED` draws, every unobserved token's mass (1 - the recorded sum) in
-    the last bin. Returns (statistic, critical value at `FALSE_ALARM`, [(expected, observed)] per bin)."""
+    """Pearson's chi-square of observed token counts against recorded probabilities: each token expected at least
+    `MIN_EXPECTED` times is a bin of its own, and every other token, drawn or not, shares the last bin (1 - the
+    binned tokens' mass). Only drawn tokens have a recorded probability, so a bin of rarely drawn ones would hold a
+    draw for each by selection; a token this probable is drawn whatever the seed (missed with chance e^-16). Returns
+    (statistic, critical value at `FALSE_ALARM`, [(expected, observed)] per bin)."""
     total = sum(counts.values())
-    bins: list[tuple[float, int]] = []
-    expected, observed = 0.0, 0
-    for token in sorted(probs, key=lambda t: -probs[t]):
-        expected += total * probs[token]
-        observed += counts.get(token, 0)  # a token never drawn was observed 0 times
-        if expected >= MIN_EXPECTED:
-            bins.append((expected, observed))
-            expected, observed = 0.0, 0
-    expected += total * max(0.0, 1.0 - sum(probs.values()))
-    if bins and expected < MIN_EXPECTED:
+    bins = [
+        (total * probs[token], counts.get(token, 0))
+        for token in sorted(probs, key=lambda t: -probs[t])
+        if total * probs[token] >= MIN_EXPECTED
+    ]
+    rest = (total - sum(e for e, _ in bins), total - sum(o for _, o in bins))
+    if bins and rest[0] < MIN_EXPECTED:
         last_e, last_o = bins.pop()
-        expected, observed = expected + last_e, observed + last_o
-    if expected > 0.0 or observed:
-        bins.append((expected, observed))
+        rest = (rest[0] + last_e, rest[1] + last_o)
+    if rest[0] > 0.0 or rest[1]:
+        bins.append(rest)
     if len(bins) < 2:
         return 0.0, math.inf, bins
     statistic = sum((o - e) ** 2 / e if e > 0 else math.inf for e, o in bins)
