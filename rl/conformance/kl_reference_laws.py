@@ -22,9 +22,8 @@ from rl.conformance.support.contract_base import Run, tier
 from rl.conformance.support.step_reference import (
     DIGIT_PROMPTS,
     ENDING_DRAWS,
-    batch_with_endings,
     declared_step_loss,
-    sampled_batch,
+    law_batch,
     shifted_batch,
 )
 from rl.conformance.trainer_restore_laws import LOSS_RTOL
@@ -70,19 +69,16 @@ class KlReferenceLaws:
             version=0,
             metrics=StepMetrics(0.0, 0, 0),
         )
-        if algorithm.truncated_completions == "masked":
-            stops = declared_stop_ids(engine)
-            found = batch_with_endings(engine, start, DIGIT_PROMPTS, seed, rl_run, stops, truncated_too=False)
-            if found is None:
-                pytest.fail(
-                    f"none of {ENDING_DRAWS} batches held a completion that ended at a declared stop id "
-                    f"{sorted(stops)}: under truncated_completions='masked' the step would train on nothing. Declare "
-                    "the engine's stop ids as its `stop_token_ids` attribute",
-                    pytrace=False,
-                )
-            sampled = found
-        else:
-            sampled = sampled_batch(engine, start, DIGIT_PROMPTS, seed, rl_run)
+        stops = declared_stop_ids(engine)
+        found = law_batch(engine, start, DIGIT_PROMPTS, seed, rl_run, algorithm, stops, truncated_too=False)
+        if found is None:
+            pytest.fail(
+                f"none of {ENDING_DRAWS} batches held a completion that ended at a declared stop id "
+                f"{sorted(stops)}: under truncated_completions='masked' the step would train on nothing. Declare "
+                "the engine's stop ids as its `stop_token_ids` attribute",
+                pytrace=False,
+            )
+        sampled = found
         batch = shifted_batch(sampled, algorithm)
         metrics = rl_run(another_trainer.train_step(batch)).metrics
         if algorithm.kl_reference == "base":

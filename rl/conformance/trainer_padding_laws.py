@@ -20,9 +20,8 @@ from rl.conformance.stop_token_laws import declared_stop_ids
 from rl.conformance.support.contract_base import Run, tier
 from rl.conformance.support.step_reference import (
     ENDING_DRAWS,
-    batch_with_endings,
     declared_step_loss,
-    sampled_batch,
+    law_batch,
     shifted_batch,
 )
 from rl.conformance.trainer_restore_laws import LOSS_RTOL
@@ -53,18 +52,15 @@ class TrainerPaddingLaws:
         stops = declared_stop_ids(engine)
         seed = derive_seed("conformance.trainer.padding", rl_seed)
         for order in (PROMPTS_OF_OTHER_LENGTHS, PROMPTS_OF_OTHER_LENGTHS[::-1]):
-            if algorithm.truncated_completions == "masked":  # a batch that trains on something, masked or not
-                found = batch_with_endings(engine, trainer_version0, order, seed, rl_run, stops, truncated_too=True)
-                if found is None:
-                    pytest.fail(
-                        f"none of {ENDING_DRAWS} batches held both a completion that ended at a declared stop id "
-                        f"{sorted(stops)} and a truncated one. Declare the engine's stop ids as its `stop_token_ids` "
-                        "attribute",
-                        pytrace=False,
-                    )
-                sampled = found
-            else:
-                sampled = sampled_batch(engine, trainer_version0, order, seed, rl_run)
+            found = law_batch(engine, trainer_version0, order, seed, rl_run, algorithm, stops, truncated_too=True)
+            if found is None:
+                pytest.fail(
+                    f"none of {ENDING_DRAWS} batches held both a completion that ended at a declared stop id "
+                    f"{sorted(stops)} and a truncated one. Declare the engine's stop ids as its `stop_token_ids` "
+                    "attribute",
+                    pytrace=False,
+                )
+            sampled = found
             batch = shifted_batch(sampled, algorithm)
             expected, size = declared_step_loss(algorithm, sampled, batch, stops)
             reported = rl_run(trainer.train_step(batch)).metrics.loss

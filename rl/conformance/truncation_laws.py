@@ -21,10 +21,9 @@ from rl.conformance.support.contract_base import Run, tier
 from rl.conformance.support.step_reference import (
     DIGIT_PROMPTS,
     ENDING_DRAWS,
-    batch_with_endings,
     declared_step_loss,
     ended,
-    sampled_batch,
+    law_batch,
     shifted_batch,
 )
 from rl.conformance.trainer_restore_laws import LOSS_RTOL
@@ -58,24 +57,19 @@ class TruncationLaws:
         on one side only, or a stop read from `eos_token_id` alone, fails."""
         stops = declared_stop_ids(engine)
         seed = derive_seed("conformance.trainer.truncation", rl_seed)
-        if algorithm.truncated_completions == "masked":
-            found = batch_with_endings(
-                engine, trainer_version0, DIGIT_PROMPTS, seed, rl_run, stops, truncated_too=True, n=GROUP,
-                max_tokens=MAX_TOKENS,
-            )  # fmt: skip
-            if found is None:
-                pytest.fail(
-                    f"none of {ENDING_DRAWS} batches of {GROUP * len(DIGIT_PROMPTS)} completions (max_tokens="
-                    f"{MAX_TOKENS}, declared stop ids {sorted(stops)}) held both an ended and a truncated one: the law "
-                    "needs both to check a declared mask. Declare the engine's stop ids as its `stop_token_ids` "
-                    "attribute",
-                    pytrace=False,
-                )
-            sampled = found
-        else:
-            sampled = sampled_batch(
-                engine, trainer_version0, DIGIT_PROMPTS, seed, rl_run, n=GROUP, max_tokens=MAX_TOKENS
+        found = law_batch(
+            engine, trainer_version0, DIGIT_PROMPTS, seed, rl_run, algorithm, stops, truncated_too=True, n=GROUP,
+            max_tokens=MAX_TOKENS,
+        )  # fmt: skip
+        if found is None:
+            pytest.fail(
+                f"none of {ENDING_DRAWS} batches of {GROUP * len(DIGIT_PROMPTS)} completions (max_tokens="
+                f"{MAX_TOKENS}, declared stop ids {sorted(stops)}) held both an ended and a truncated one: the law "
+                "needs both to check a declared mask. Declare the engine's stop ids as its `stop_token_ids` "
+                "attribute",
+                pytrace=False,
             )
+        sampled = found
         stopped = ended(sampled, stops)
         batch = shifted_batch(sampled, algorithm)
         expected, size = declared_step_loss(algorithm, sampled, batch, stops)

@@ -32,6 +32,7 @@ __all__ = [
     "batch_with_endings",
     "declared_step_loss",
     "ended",
+    "law_batch",
     "sample_groups",
     "sampled_batch",
     "shifted_batch",
@@ -128,6 +129,28 @@ def batch_with_endings(
         if any(stopped) and not (truncated_too and all(stopped)):
             return batch
     return None
+
+
+def law_batch(
+    engine: RolloutEngine,
+    start: TrainResult,
+    prompts: Sequence[Prompt],
+    seed: int,
+    run: Run[Any],
+    algorithm: AlgorithmSpec,
+    stops: Collection[int],
+    *,
+    truncated_too: bool,
+    n: int = 4,
+    max_tokens: int = 4,
+) -> TrainBatch | None:
+    """A trainer law's batch: `sampled_batch` on `seed`, or under `truncated_completions="masked"`
+    `batch_with_endings` (None when no draw has the endings the law needs)."""
+    if algorithm.truncated_completions != "masked":
+        return sampled_batch(engine, start, prompts, seed, run, n=n, max_tokens=max_tokens)
+    return batch_with_endings(
+        engine, start, prompts, seed, run, stops, truncated_too=truncated_too, n=n, max_tokens=max_tokens
+    )
 
 
 def shifted_batch(batch: TrainBatch, algorithm: AlgorithmSpec) -> TrainBatch:
