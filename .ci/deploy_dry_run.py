@@ -16,12 +16,12 @@ import flyte
 
 
 def main(config: str) -> int:
-    import rl.flyte.agentic_faults
-    import rl.flyte.grpo_faults  # noqa: F401  (the same for the GRPO drivers' failure-injected twins)
-    from rl.flyte.agentic import agentic_driver_env
-    from rl.flyte.clustered import grpo_clustered_driver_env
-    from rl.flyte.envs import PYPROJECT
-    from rl.flyte.grpo import grpo_driver_env
+    import rl.deploy.flyte.agentic_faults
+    import rl.deploy.flyte.grpo_faults  # noqa: F401  (the same for the GRPO drivers' failure-injected twins)
+    from rl.deploy.flyte.agentic import agentic_driver_env
+    from rl.deploy.flyte.clustered import grpo_clustered_driver_env
+    from rl.deploy.flyte.envs import PYPROJECT
+    from rl.deploy.flyte.grpo import grpo_driver_env
 
     # The image spec installs the project PYPROJECT names: it must be the directory deployed from (nox -s
     # deploy-dry-run deploys a clean copy, with PYTHONPATH pointing there).

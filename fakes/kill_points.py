@@ -4,7 +4,7 @@ Random delays (`fakes.process_kills`) land wherever the clock says; a write that
 kill point names one filesystem step of one module (the volume store's publishing rename, the checkpoint's replace,
 the artifact store's rename) and the process kills itself with SIGKILL just before or just after its Nth call, so the
 torn state that step can leave is produced on purpose. Only calls made from that module's own code count (the caller's
-file is checked, looking through `rl/safe_fs.py`, which every write goes through), so `os.rename` elsewhere is
+file is checked, looking through `rl/storage/safe_fs.py`, which every write goes through), so `os.rename` elsewhere is
 untouched. Armed from the command line before the CLI runs:
 
     python -c "from fakes.kill_points import arm_and_run; arm_and_run()" POINT N COUNT_FILE rl-args...
@@ -28,7 +28,7 @@ from typing import Any
 @dataclass(frozen=True)
 class KillPoint:
     module_file: str
-    """The caller's source path ends with this (`rl/volumes/writable.py`)."""
+    """The caller's source path ends with this (`rl/storage/volumes/writable.py`)."""
     call: str
     """The `os` function whose calls from that file are counted."""
     after: bool
@@ -38,16 +38,18 @@ class KillPoint:
 
 POINTS = {
     "volume-staged": KillPoint(
-        "rl/volumes/writable.py", "rename", False, "a volume version written, not yet published"
+        "rl/storage/volumes/writable.py", "rename", False, "a volume version written, not yet published"
     ),
     "volume-published": KillPoint(
-        "rl/volumes/writable.py", "rename", True, "a volume version published, its directory not yet fsynced"
+        "rl/storage/volumes/writable.py", "rename", True, "a volume version published, its directory not yet fsynced"
     ),
     "checkpoint": KillPoint(
-        "rl/checkpoint/file_store.py", "replace", False, "a checkpoint written and fsynced, not yet in place"
+        "rl/storage/checkpoint/file_store.py", "replace", False, "a checkpoint written and fsynced, not yet in place"
     ),
-    "artifact-staged": KillPoint("rl/artifacts.py", "rename", False, "an artifact written, not yet published"),
-    "artifact-ref": KillPoint("rl/artifacts.py", "replace", False, "an artifact published, its name not yet updated"),
+    "artifact-staged": KillPoint("rl/storage/artifacts.py", "rename", False, "an artifact written, not yet published"),
+    "artifact-ref": KillPoint(
+        "rl/storage/artifacts.py", "replace", False, "an artifact published, its name not yet updated"
+    ),
 }
 
 
@@ -59,7 +61,7 @@ def arm(point: KillPoint, nth: int, count_file: Path) -> None:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         nonlocal calls
         frame = sys._getframe(1)
-        while frame.f_back is not None and _file(frame).endswith("rl/safe_fs.py"):
+        while frame.f_back is not None and _file(frame).endswith("rl/storage/safe_fs.py"):
             frame = frame.f_back  # the module's own call, through the no-follow layer it writes with
         if not _file(frame).endswith(point.module_file):
             return real(*args, **kwargs)

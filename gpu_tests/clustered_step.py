@@ -3,10 +3,10 @@ gpu_tests/test_clustered_nccl.py (NCCL on cuda:0, in the device check) and tests
 on the CPU), so both run the same launcher, worker and checks and differ only in the device the rank finds.
 
 `torchrun --standalone --nproc-per-node 1` runs `tests/clustered_torchrun_worker.py`, which calls Flyte's
-`load_and_run_task` on `rl.flyte.clustered.train_step_clustered` as the `clustered` launcher's `a0` does: the rank
-joins the process group (`join_process_group`: NCCL on the GPU `task_device` gives it, gloo on a CPU), waits for local
-rank 0's download of the base on a gloo group beside the NCCL default group (`node_base`), runs `ddp_train_step` and
-publishes from rank 0.
+`load_and_run_task` on `rl.deploy.flyte.clustered.train_step_clustered` as the `clustered` launcher's `a0` does: the
+rank joins the process group (`join_process_group`: NCCL on the GPU `task_device` gives it, gloo on a CPU), waits for
+local rank 0's download of the base on a gloo group beside the NCCL default group (`node_base`), runs `ddp_train_step`
+and publishes from rank 0.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ HANG_BOUND_S = 240  # only bounds a hang: the run is killed with its worker and 
 def _dir_input(path: Path) -> Any:
     from flyte.io import Dir
 
-    from rl.artifacts import compute_digest, read_dir
+    from rl.storage.artifacts import compute_digest, read_dir
 
     return Dir.from_existing_remote(str(path), dir_cache_key=compute_digest(read_dir(path)))
 
@@ -37,9 +37,9 @@ def _inputs(root: Path, base_dir: Path, batch: Any, store: Any, config: Any) -> 
     from flyte._internal.runtime.convert import convert_from_native_to_inputs
     from flyte._internal.runtime.io import upload_inputs
 
-    from rl.artifacts import write_files
-    from rl.flyte.clustered import train_step_clustered
-    from rl.flyte.grpo_tasks import TrainInput
+    from rl.deploy.flyte.clustered import train_step_clustered
+    from rl.deploy.flyte.grpo_tasks import TrainInput
+    from rl.storage.artifacts import write_files
 
     adapter_dir, optimizer_dir = root / "adapter-in", root / "optimizer-in"
     write_files(asyncio.run(store.get(batch.adapter)), adapter_dir)
@@ -60,7 +60,7 @@ def _read_output(outputs: Path) -> Any:
     from flyte._internal.runtime.convert import convert_outputs_to_native
     from flyte._internal.runtime.io import load_outputs
 
-    from rl.flyte.clustered import train_step_clustered
+    from rl.deploy.flyte.clustered import train_step_clustered
 
     loaded = asyncio.run(load_outputs(str(outputs / "outputs.pb")))
     return asyncio.run(convert_outputs_to_native(train_step_clustered.native_interface, loaded))
@@ -76,7 +76,7 @@ def one_rank_clustered_step(base_dir: Path, root: Path, device: str) -> dict[str
     from gpu_helpers import base_rollouts, run_marked, varied_rewards
     from safetensors.torch import load as load_safetensors
 
-    from rl.artifacts import LocalArtifacts, compute_digest, read_dir
+    from rl.storage.artifacts import LocalArtifacts, compute_digest, read_dir
     from rl.trainer.config import TrainerConfig
     from rl.trainer.peft_trainer import PeftTrainer
     from rl.types import TrainBatch

@@ -120,7 +120,7 @@ def gpu_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def gpu_store(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """One `LocalArtifacts` store for the session: the vLLM engine reads every adapter it serves from it."""
-    from rl.artifacts import LocalArtifacts
+    from rl.storage.artifacts import LocalArtifacts
 
     return LocalArtifacts(tmp_path_factory.mktemp("gpu-artifacts"))
 
@@ -134,8 +134,8 @@ def vllm_engine(gpu_model_dir: Path, gpu_store: Any, tmp_path_factory: pytest.Te
     """
     requires_cuda()
     requires_vllm()
-    from rl.engines.vllm import VLLMEngine
     from rl.models import load_tokenizer
+    from rl.samplers.vllm import VLLMEngine
 
     engine = VLLMEngine(
         gpu_model_dir,

@@ -2,7 +2,7 @@
 random adapters, and the log-prob comparison between vLLM and the trainer.
 
 Everything that decides a test's inputs runs on the CPU from seeds (the batches are sampled from the float32 base model
-with `rl.engines.decoding.sample_group`), so a test's inputs are the same on every machine and only the code under
+with `rl.samplers.decoding.sample_group`), so a test's inputs are the same on every machine and only the code under
 test runs on the GPU.
 """
 
@@ -88,8 +88,8 @@ def base_rollouts(
     The base model is what a version-0 adapter samples (PEFT initialises LoRA's B to zero), so these are exactly the
     rollouts, token ids and sampling log-probs a sampler of version 0 records: the first step's ratios are 1.
     """
-    from rl.engines.decoding import sample_group
     from rl.models import load_base_model, load_tokenizer
+    from rl.samplers.decoding import sample_group
 
     tokenizer = load_tokenizer(base_dir)
     model = load_base_model(base_dir)
@@ -164,7 +164,7 @@ def logprob_gaps(rollouts: Sequence[Rollout], policy: Any) -> list[float]:
     """|sampling log-prob - teacher-forced log-prob under `policy`| for every completion token of `rollouts`."""
     import torch
 
-    from rl.engines.decoding import teacher_forced_logprobs
+    from rl.samplers.decoding import teacher_forced_logprobs
 
     gaps: list[float] = []
     with torch.no_grad():
@@ -218,7 +218,7 @@ def round_trip_step(base_dir: Path, tmp_path: Path, config: Any, device: Any, fi
 
     import torch
 
-    from rl.artifacts import LocalArtifacts
+    from rl.storage.artifacts import LocalArtifacts
     from rl.trainer.adapter import adapter_files, load_policy, trainable_parameters
     from rl.trainer.optimizer_state import build_optimizer, optimizer_files
     from rl.trainer.peft_trainer import PeftTrainer

@@ -45,11 +45,11 @@ def realistic_head(model: Any) -> Any:
 
 def ratio_spread(base_dir: Path, device: torch.device) -> dict[str, float]:
     """First-step ratios exp(logp_fp32 - logp_bf16) on `device` for rollouts sampled (on the CPU, seeded) from the
-    rescaled float32 model, summarised by `rl.engines.numerics.ratio_spread`, and the logits' median per-position
+    rescaled float32 model, summarised by `rl.samplers.numerics.ratio_spread`, and the logits' median per-position
     max."""
-    from rl.engines.decoding import sample_group
-    from rl.engines.numerics import log_ratios, ratio_spread
     from rl.models import load_base_model, load_tokenizer
+    from rl.samplers.decoding import sample_group
+    from rl.samplers.numerics import log_ratios, ratio_spread
 
     tokenizer = load_tokenizer(base_dir)
     cpu_model = realistic_head(load_base_model(base_dir)).eval()

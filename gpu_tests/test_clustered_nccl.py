@@ -1,7 +1,7 @@
 """Production's clustered train step on NCCL, on one GPU, through the entry a Flyte pod runs: a one-rank
-`torchrun` of `rl.flyte.clustered.train_step_clustered` under Flyte's task runner (`clustered_step.py`), so the join
-(`join_process_group`: `task_device`, `set_device`, NCCL's default group) and the base-model download wait on a gloo
-group beside it (`node_base`) run as they do in a pod. gpu_tests/ddp_nccl_worker.py sets NCCL up itself; this does
+`torchrun` of `rl.deploy.flyte.clustered.train_step_clustered` under Flyte's task runner (`clustered_step.py`), so the
+join (`join_process_group`: `task_device`, `set_device`, NCCL's default group) and the base-model download wait on a
+gloo group beside it (`node_base`) run as they do in a pod. gpu_tests/ddp_nccl_worker.py sets NCCL up itself; this does
 not. The same scenario runs on gloo on the CPU in tests/test_device_check_clustered.py.
 """
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from gpu_helpers import base_rollouts, round_trip_step, varied_rewards
 
-from rl.artifacts import LocalArtifacts
+from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.batched_loss import batched_backward
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer

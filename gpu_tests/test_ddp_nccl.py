@@ -24,7 +24,7 @@ import torch
 from gpu_helpers import base_rollouts, torchrun, varied_rewards
 from safetensors.torch import load as load_safetensors
 
-from rl.artifacts import LocalArtifacts
+from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
 from rl.types import TrainBatch, TrainResult

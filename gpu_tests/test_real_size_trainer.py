@@ -31,10 +31,10 @@ import torch
 from gpu_helpers import torchrun
 from safetensors.torch import load as load_safetensors
 
-from rl.artifacts import LocalArtifacts
-from rl.flyte.config import REAL_SIZE_TRAINER, stress
+from rl.deploy.flyte.config import REAL_SIZE_TRAINER, stress
 from rl.memory_plan import ModelArch, trainer_plan
 from rl.models.qwen3 import Qwen3Shape, build_qwen3_model
+from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
 from rl.types import ArtifactRef, Rollout, TrainBatch
@@ -57,8 +57,8 @@ def real_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _rollouts(model_dir: Path, device: torch.device) -> list[Rollout]:
     """Fixed token ids (inside the character tokenizer's 50), their log-probs under the float32 base on `device`: the
     log-probs version 0 samples with, so the first step's ratios are 1 up to the arithmetic."""
-    from rl.engines.decoding import teacher_forced_logprobs
     from rl.models import load_base_model
+    from rl.samplers.decoding import teacher_forced_logprobs
 
     model = load_base_model(model_dir, torch.float32, device, attention="sdpa").eval()
     rollouts = []

@@ -22,11 +22,11 @@ import pytest
 import torch
 from gpu_helpers import logprob_gaps, summarize, trainer_policy
 
-from rl.checkpoint.file_store import FileStateStore
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor
 from rl.rewards import score
 from rl.scoring import SamplingEvaluator
+from rl.storage.checkpoint.file_store import FileStateStore
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
 from rl.types import Rollout, RolloutRequest, TrainBatch, TrainResult

@@ -1,4 +1,4 @@
-"""The vLLM rollout engine on a GPU (`rl.engines.vllm.VLLMEngine` over real vLLM, bf16, LoRA per policy version).
+"""The vLLM rollout engine on a GPU (`rl.samplers.vllm.VLLMEngine` over real vLLM, bf16, LoRA per policy version).
 
 Served adapters are identified by what they compute, never by their names: vLLM caches LoRAs by integer id, and peers
 shipped "stale adapter served" bugs where a request named the new policy and sampled the old one (TRL #6344, SkyRL

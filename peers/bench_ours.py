@@ -1,9 +1,9 @@
 """Our side of `nox -s bench-peers`: `rl demo grpo`'s loop, durability included, timed per iteration.
 
-`python -m peers.bench_ours --shape demo --iterations 40 --seed 0` builds the demo's deployment (`rl.local.local_grpo`:
-tiny base model, torch sampler, PEFT trainer, artifacts and checkpoint on disk, the rollout buffer on, the report
-re-rendered every 15 s as the demo does) in a temporary directory, runs `rl.loop.grpo.run_grpo` with evaluation off,
-and prints one `RunRecord` JSON line.
+`python -m peers.bench_ours --shape demo --iterations 40 --seed 0` builds the demo's deployment
+(`rl.deploy.local.local_grpo`: tiny base model, torch sampler, PEFT trainer, artifacts and checkpoint on disk, the
+rollout buffer on, the report re-rendered every 15 s as the demo does) in a temporary directory, runs
+`rl.loop.grpo.run_grpo` with evaluation off, and prints one `RunRecord` JSON line.
 
 Timing sits outside the loop, so it measures whatever the loop does today: the driver publishes the report once per
 trained iteration, and a Reporter wrapper marks the clocks there; the engine's `generate*` coroutines mark when
@@ -11,7 +11,7 @@ generation starts and ends (any of them, so a batched generate call is timed too
 
 A real-model shape (`--shape smollm2`) builds `rl demo grpo --model smollm2`'s run instead (`grpo_demo_config`,
 `REAL_MODEL_TRAINER`, `Addition`'s prompts) and, after training, evaluates the last checkpoint's adapter with
-`rl.heldout.heldout_accuracy`, outside the iteration times.
+`rl.bench.heldout.heldout_accuracy`, outside the iteration times.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from peers.bench_shapes import (
     peak_rss_mib,
     runner_args,
 )
-from rl.demo import grpo_demo_config
-from rl.heldout import heldout_accuracy, trained_policy
-from rl.local import DEMO_TRAINER, REAL_MODEL_TRAINER, LocalDeployment, local_grpo
+from rl.bench.heldout import heldout_accuracy, trained_policy
+from rl.deploy.demo import grpo_demo_config
+from rl.deploy.local import DEMO_TRAINER, REAL_MODEL_TRAINER, LocalDeployment, local_grpo
 from rl.loop.grpo import GrpoConfig, run_grpo
 from rl.models import load_tokenizer
 from rl.models.pretrained import resolve_model
@@ -51,7 +51,7 @@ from rl.protocols import Reporter
 from rl.types import EvalResult, IterationMetrics
 
 DEMO_REPORT_INTERVAL_S = 15.0
-"""What `rl demo grpo` passes to `local_grpo` (rl/demo.py): the report is rendered at most this often."""
+"""What `rl demo grpo` passes to `local_grpo` (rl/deploy/demo.py): the report is rendered at most this often."""
 
 
 def time_generation(engine: Any, clock: IterationClock) -> None:

@@ -43,7 +43,7 @@ class Shape:
 
 
 SHAPES: dict[str, Shape] = {
-    # The demo's shape before it sampled groups of 16 (rl.demo.grpo_demo_config), kept so the ratios in
+    # The demo's shape before it sampled groups of 16 (rl.deploy.demo.grpo_demo_config), kept so the ratios in
     # docs/benchmarks.md stay comparable from one measurement to the next.
     "demo": Shape(prompts=8, samples=8, max_tokens=3, default_iterations=120),
     "large": Shape(prompts=32, samples=8, max_tokens=16, default_iterations=20),
@@ -52,7 +52,7 @@ SHAPES: dict[str, Shape] = {
 """`demo` is `rl demo grpo`'s shape; `large` shows how each side scales with batch and length. The default iteration
 counts keep a 3-seed `nox -s bench-peers` to about 2 minutes of runs on a quiet 2-core machine (93 s measured).
 `smollm2` is `rl demo grpo --model smollm2`'s (Addition, chat template, `REAL_MODEL_TRAINER`), then held-out accuracy
-(`rl.heldout`); about 9 s an iteration a side on a quiet machine, so only with `--shapes smollm2`."""
+(`rl.bench.heldout`); about 9 s an iteration a side on a quiet machine, so only with `--shapes smollm2`."""
 
 DEFAULT_SHAPES = [name for name, shape in SHAPES.items() if not shape.opt_in]
 
@@ -95,7 +95,7 @@ class RunRecord:
     accuracy: list[float] = field(default_factory=list)
     peak_rss_mib: float = 0.0
     version: str = ""
-    heldout_correct: int = 0  # after the last iteration, real-model shapes only (rl.heldout)
+    heldout_correct: int = 0  # after the last iteration, real-model shapes only (rl.bench.heldout)
     heldout_total: int = 0
 
     def to_json(self) -> str:

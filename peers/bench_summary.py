@@ -47,7 +47,7 @@ FIGURES = (
     Figure("training accuracy, last tenth", lambda r, w: statistics.fmean(last_tenth(r.accuracy)), ".3f"),
 )
 HELDOUT = Figure("held-out accuracy after the last iteration", lambda r, w: r.heldout_correct / r.heldout_total, ".3f")
-"""Shown for a shape whose every record was evaluated (the real-model shapes: `rl.heldout`)."""
+"""Shown for a shape whose every record was evaluated (the real-model shapes: `rl.bench.heldout`)."""
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,12 @@
 `python -m peers.trl_loop --shape demo --iterations 40 --seed 0` trains in its own process and prints one `RunRecord`
 JSON line. Only in the environment `nox -s bench-peers` builds: TRL is never an import of `rl`.
 
-The setting, matched to `rl demo grpo` (rl/local.py `DEMO_MODEL`, `DEMO_TRAINER`; rl/loop/grpo.py):
+The setting, matched to `rl demo grpo` (rl/deploy/local.py `DEMO_MODEL`, `DEMO_TRAINER`; rl/loop/grpo.py):
 
-- model: the demo's tiny base model, built by `rl.local.base_model(root, DEMO_MODEL)` (the same `model.safetensors`)
-  and loaded as our trainer loads it (`rl.models.tiny.load_base_model`: float32, eager attention), its tokenizer by
-  `load_tokenizer` (`PreTrainedTokenizerFast`; a plain-text prompt gets `<bos>` prepended, as our sampler encodes it)
+- model: the demo's tiny base model, built by `rl.deploy.local.base_model(root, DEMO_MODEL)` (the same
+  `model.safetensors`) and loaded as our trainer loads it (`rl.models.tiny.load_base_model`: float32, eager attention),
+  its tokenizer by `load_tokenizer` (`PreTrainedTokenizerFast`; a plain-text prompt gets `<bos>` prepended, as our
+  sampler encodes it)
 - prompts: `DigitSuccessor`'s, through `peers.bench_shapes.bench_prompts` (the large shape's 32 per step are drawn
   from the ten repeated four times, as on our side); TRL's `RepeatSampler` draws `prompts` of them per step
 - reward: `rl.rewards.score(completion, answer)`, what `RewardScorer("default")` applies; TRL decodes completions
@@ -30,8 +31,8 @@ directory (`rl.models.pretrained.resolve_model`, loaded by the same functions), 
 conversations (TRL applies the chat template with the assistant's turn opened, as `rl.models.chat.encode_prompt` does;
 completions come back as messages, the reward scores their text), `REAL_MODEL_TRAINER`'s LoRA (r8, alpha 16 on
 q/k/v/o), lr, beta and threads (2); TRL stops at the tokenizer's eos, `<|im_end|>`, as ours does. After training, the
-trained `PeftModel` is evaluated by `rl.heldout.heldout_accuracy`, as bench_ours evaluates ours; neither evaluation
-is in the iteration times.
+trained `PeftModel` is evaluated by `rl.bench.heldout.heldout_accuracy`, as bench_ours evaluates ours; neither
+evaluation is in the iteration times.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ from peers.bench_shapes import (
     peak_rss_mib,
     runner_args,
 )
-from rl.heldout import heldout_accuracy
-from rl.local import DEMO_MODEL, DEMO_TRAINER, REAL_MODEL_TRAINER, base_model, demo_problems
+from rl.bench.heldout import heldout_accuracy
+from rl.deploy.local import DEMO_MODEL, DEMO_TRAINER, REAL_MODEL_TRAINER, base_model, demo_problems
 from rl.models.pretrained import resolve_model
 from rl.models.tiny import load_base_model, load_tokenizer
 from rl.rewards import is_correct, score

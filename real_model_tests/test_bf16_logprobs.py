@@ -4,7 +4,7 @@ with a rescaled head (this model's logits really reach 30-40).
 
 Tokens are sampled from the float32 model (the demo's shape: 4 Addition prompts x 8 samples, up to 12 tokens, its chat
 template), then teacher-forced by a float32 and a bfloat16 load of the same weights; the ratios are
-exp(logp_fp32 - logp_bf16) (`rl.engines.numerics`). The figures are printed and recorded in docs/vllm-cpu.md.
+exp(logp_fp32 - logp_bf16) (`rl.samplers.numerics`). The figures are printed and recorded in docs/vllm-cpu.md.
 
 The bounds. bf16 keeps 8 significant bits: its spacing is 0.125 for logits in [16, 32) and 0.25 in [32, 64). Rounding
 the final logits alone moves a log-prob (the token's logit minus the log-sum-exp) by up to twice half the spacing, and
@@ -25,12 +25,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-from rl.engines.decoding import sample_groups
-from rl.engines.numerics import log_ratios, ratio_spread
 from rl.models import load_base_model, load_tokenizer
 from rl.models.chat import encode_prompt
 from rl.models.pretrained import SMOLLM2, pinned_model
 from rl.problems import Addition
+from rl.samplers.decoding import sample_groups
+from rl.samplers.numerics import log_ratios, ratio_spread
 from rl.trainer.config import TrainerConfig
 from rl.trainer.step import pinned_threads
 

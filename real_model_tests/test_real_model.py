@@ -16,12 +16,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-from rl.engines.decoding import teacher_forced_logprobs
-from rl.local import REAL_MODEL_TRAINER, local_grpo
+from rl.deploy.local import REAL_MODEL_TRAINER, local_grpo
 from rl.loop.grpo import GrpoConfig, run_grpo
 from rl.models import load_tokenizer
 from rl.models.pretrained import SMOLLM2, pinned_model
 from rl.problems import Addition
+from rl.samplers.decoding import teacher_forced_logprobs
 from rl.trainer.adapter import load_policy
 from rl.types import RolloutRequest
 

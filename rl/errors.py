@@ -6,8 +6,8 @@ family's `exit_code` is the `rl` command's exit status when that family ends it:
 
 Each family keeps the builtin base it had (`ValueError`, `RuntimeError`, `LookupError`, ...), so `except` clauses
 written against those still catch it. This module is the ground floor: it imports nothing of `rl` (`ArtifactError`'s
-and `VolumeError`'s subclasses live with their stores, `rl.artifacts` and `rl.volumes.errors`). A fork's driver raises
-these (or subclasses) so that the same `except` clauses, and the same laws, hold for it
+and `VolumeError`'s subclasses live with their stores, `rl.storage.artifacts` and `rl.storage.volumes.errors`). A fork's
+driver raises these (or subclasses) so that the same `except` clauses, and the same laws, hold for it
 (docs/conformance.md#the-errors-your-driver-raises). Each message says what to do next.
 """
 
@@ -145,15 +145,16 @@ class NonFiniteMetricError(RlError, ValueError):
 class NonFiniteRewardError(TierError, ValueError):
     """A reward is NaN or an infinity (a scorer returned it); nothing was trained on it or committed.
 
-    The driver raises it for a scorer's reward, `rl.advantages` (hence every trainer) for a reward it is given:
-    one check, `rl.checks.finite_rewards`. A `ValueError`, as an invalid argument of the advantage functions.
+    The driver raises it for a scorer's reward, `rl.algorithm.advantages` (hence every trainer) for a reward it is
+    given: one check, `rl.algorithm.checks.finite_rewards`. A `ValueError`, as an invalid argument of the advantage
+    functions.
     """
 
 
 class StaleBatchError(TierError, BatchError):
     """A rollout's policy version is newer than the version being trained, or older than `max_staleness` allows.
 
-    One check (`rl.checks.check_staleness`) for the driver and the trainers, so one type: a `TierError` to the
+    One check (`rl.algorithm.checks.check_staleness`) for the driver and the trainers, so one type: a `TierError` to the
     driver's callers and a `BatchError` (a `TrainerError`, a `ValueError`) to a trainer's. Its fields name the rollout;
     it pickles from them, so it crosses process boundaries (DDP ranks, remote tasks) intact.
     """
@@ -209,13 +210,13 @@ class CheckpointError(RlError, RuntimeError):
 
 
 class ArtifactError(RlError):
-    """Base of the artifact store's errors (`rl.artifacts` holds the subclasses)."""
+    """Base of the artifact store's errors (`rl.storage.artifacts` holds the subclasses)."""
 
     exit_code = 4
 
 
 class VolumeError(RlError):
-    """Base class of every error the volume layer raises (`rl.volumes.errors` holds the subclasses)."""
+    """Base class of every error the volume layer raises (`rl.storage.volumes.errors` holds the subclasses)."""
 
     exit_code = 5
 

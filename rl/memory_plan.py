@@ -38,9 +38,10 @@ GIB = 1 << 30
 MIB = 1 << 20
 CUDA_CONTEXT_BYTES = 1 * GIB  # the CUDA context, cuBLAS workspaces and the caching allocator's slack, per process
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-# vLLM 0.33's batch defaults for `LLM(...)`, which our engine leaves alone (rl.flyte.config.EngineSpec.vllm_kwargs):
-# `EngineArgs.get_batch_defaults` (vllm/engine/arg_utils.py) picks them by the GPU's memory and name, see
-# `vllm_batch_defaults`. (max_num_seqs, max_num_batched_tokens) for UsageContext.LLM_CLASS:
+# vLLM 0.33's batch defaults for `LLM(...)`, which our engine leaves alone
+# (rl.deploy.flyte.config.EngineSpec.vllm_kwargs): `EngineArgs.get_batch_defaults` (vllm/engine/arg_utils.py) picks them
+# by the GPU's memory and name, see `vllm_batch_defaults`. (max_num_seqs, max_num_batched_tokens) for
+# UsageContext.LLM_CLASS:
 VLLM_SMALL_GPU_BATCH = (256, 8192)
 VLLM_LARGE_GPU_BATCH = (1024, 16384)  # >= 160 GiB, or >= 70 GiB and not an A100 (nor a GB10)
 

@@ -182,7 +182,8 @@ class WritableVolume(Protocol):
 
 @runtime_checkable
 class VolumeStore(Protocol):
-    """Where volumes live: new volumes, and every finalized version by id or by name (`rl.volumes.LocalVolumeStore`)."""
+    """Where volumes live: new volumes, and every finalized version by id or by name
+    (`rl.storage.volumes.LocalVolumeStore`)."""
 
     def new(self, name: str) -> WritableVolume:
         """An empty writable volume named `name`, its first version's writer."""

@@ -41,7 +41,7 @@ class SamplingSettings:
 
     The log-prob an engine records for a token, and the one the trainer teacher-forces, is the token's log-prob under
     that tempered, truncated, renormalised distribution (the distribution sampled), so the importance ratio at the
-    sampling policy is exactly 1 (`rl.engines.decoding.sampling_logprobs`; declared to the conformance suite as
+    sampling policy is exactly 1 (`rl.samplers.decoding.sampling_logprobs`; declared to the conformance suite as
     `AlgorithmSpec(logprob_truncation="renormalised")`). The defaults sample the policy itself.
 
     Raises:

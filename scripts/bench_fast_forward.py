@@ -1,4 +1,4 @@
-"""transformers' forward against `rl.engines.fast_forward.causal_lm_forward` on the tiny demo shape.
+"""transformers' forward against `rl.samplers.fast_forward.causal_lm_forward` on the tiny demo shape.
 
     .nox/unit/bin/python scripts/bench_fast_forward.py --attention eager
 
@@ -21,8 +21,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from rl.engines.fast_forward import causal_lm_forward
 from rl.models.tiny import TinyModelConfig, build_tokenizer, qwen2_config
+from rl.samplers.fast_forward import causal_lm_forward
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -46,7 +46,7 @@ def worker(seeds: list[int], root: Path) -> None:
     """Run the demo on each seed in this process and print one JSON line each."""
     from rich.console import Console
 
-    from rl.demo import grpo_demo_config, run_demo
+    from rl.deploy.demo import grpo_demo_config, run_demo
 
     for seed in seeds:
         config = grpo_demo_config(iterations=120, seed=seed)

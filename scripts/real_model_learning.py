@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from rl.heldout import heldout_accuracy, trained_policy
+from rl.bench.heldout import heldout_accuracy, trained_policy
 from rl.metrics import two_proportion_p
 from rl.models import load_base_model, load_tokenizer
 from rl.models.pretrained import resolve_model

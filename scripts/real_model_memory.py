@@ -1,7 +1,7 @@
 """Peak memory (RSS) of `rl demo grpo --model smollm2`'s trainer step and torch sampler on the CPU, each in a fresh
 process, against `rl plan`'s terms (`rl.memory_plan.trainer_plan`, the function `rl plan` prints) for the same model
-and shape: 4 prompts x 8 samples, up to 12 new tokens, `rl.local.REAL_MODEL_TRAINER` (float32 base, eager attention,
-LoRA r8 on q/k/v/o, one micro-batch).
+and shape: 4 prompts x 8 samples, up to 12 new tokens, `rl.deploy.local.REAL_MODEL_TRAINER` (float32 base, eager
+attention, LoRA r8 on q/k/v/o, one micro-batch).
 
 Each process records its RSS after its imports, after loading (the model's share: the difference), and its peak over
 the work (the step's or the sampling's share: peak minus the RSS before it; the peak is reset between phases by
@@ -29,7 +29,7 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-PROMPTS, SAMPLES, MAX_TOKENS = 4, 8, 12  # the demo's iteration with --model (rl.commands.demo, rl.demo)
+PROMPTS, SAMPLES, MAX_TOKENS = 4, 8, 12  # the demo's iteration with --model (rl.commands.demo, rl.deploy.demo)
 
 
 def rss() -> int:
@@ -69,8 +69,8 @@ def reset_peak() -> None:
 
 def init_adapter(model_dir: Path, store: Path) -> dict[str, Any]:
     """Adapter version 0 as the demo's trainer writes it, in the artifact store `store`."""
-    from rl.artifacts import LocalArtifacts
-    from rl.local import REAL_MODEL_TRAINER
+    from rl.deploy.local import REAL_MODEL_TRAINER
+    from rl.storage.artifacts import LocalArtifacts
     from rl.trainer.peft_trainer import PeftTrainer
 
     result = asyncio.run(PeftTrainer(model_dir, LocalArtifacts(store), REAL_MODEL_TRAINER).init_adapter(seed=0))
@@ -79,9 +79,9 @@ def init_adapter(model_dir: Path, store: Path) -> dict[str, Any]:
 
 def sampler(model_dir: Path, store: Path, ref: dict[str, str], threads: int, rollouts_out: Path) -> dict[str, Any]:
     """One iteration's groups from `TorchSampler.generate_groups`; the rollouts go to `rollouts_out` for the trainer."""
-    from rl.artifacts import LocalArtifacts
-    from rl.engines.torch_sampler import TorchSampler
     from rl.problems import Addition
+    from rl.samplers.torch_sampler import TorchSampler
+    from rl.storage.artifacts import LocalArtifacts
     from rl.types import ArtifactRef, RolloutRequest
 
     found: dict[str, Any] = {"rss_imports": rss(), "file_imports": rss_file()}
@@ -116,8 +116,8 @@ def trainer(
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from rl.artifacts import LocalArtifacts
-    from rl.local import REAL_MODEL_TRAINER
+    from rl.deploy.local import REAL_MODEL_TRAINER
+    from rl.storage.artifacts import LocalArtifacts
     from rl.trainer.step import pinned_threads, prepare_step, run_step
     from rl.types import ArtifactRef, Rollout, TrainBatch
 
@@ -166,7 +166,7 @@ def gib(n: float) -> str:
 
 def table(model_dir: Path, s: dict[str, Any], t: dict[str, Any], a: dict[str, Any], threads: int) -> list[str]:
     """The comparison, as a markdown table (GiB), and the lines that explain it."""
-    from rl.local import REAL_MODEL_TRAINER
+    from rl.deploy.local import REAL_MODEL_TRAINER
     from rl.memory_plan import ModelArch, lora_parameters, trainer_plan
 
     arch = ModelArch.from_config_file(model_dir)

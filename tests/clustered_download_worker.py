@@ -1,6 +1,6 @@
 """One torchrun rank of `tests/test_clustered_download.py` (not a test module): joins the group as a clustered task
-does, then fetches the base model through `rl.flyte.clustered.node_base`, where local rank 0's download (a stand-in
-Dir) takes `SLOW_S` seconds while the step's collective timeout is cut to `COLLECTIVE_S`.
+does, then fetches the base model through `rl.deploy.flyte.clustered.node_base`, where local rank 0's download (a
+stand-in Dir) takes `SLOW_S` seconds while the step's collective timeout is cut to `COLLECTIVE_S`.
 
 Usage: python -m torch.distributed.run --standalone --nproc_per_node=2 clustered_download_worker.py OUT_DIR
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-import rl.flyte.clustered as clustered
+import rl.deploy.flyte.clustered as clustered
 
 # 5 s, not less: the same timeout bounds joining the group, which is slow on a loaded CI machine (docs/benchmarks.md).
 COLLECTIVE_S, SLOW_S, DOWNLOAD_S = 5.0, 15.0, 120.0

@@ -1,6 +1,6 @@
 """One torchrun worker of `tests/test_clustered_torchrun.py` and `gpu_tests/clustered_step.py` (NCCL on a GPU):
-runs `rl.flyte.clustered.train_step_clustered` through Flyte's own task runner, as the `clustered` launcher's `a0`
-worker does in a pod.
+runs `rl.deploy.flyte.clustered.train_step_clustered` through Flyte's own task runner, as the `clustered` launcher's
+`a0` worker does in a pod.
 
 `flyte._bin.clustered` execs torchrun with `a0 ...` per worker, and `a0` (with no controller, since torchrun marks the
 worker clustered through `TORCHELASTIC_RUN_ID`) calls `load_and_run_task`: it loads the inputs file, runs the task
@@ -36,7 +36,7 @@ def _instrument(events: Path) -> None:
     import torch.distributed as dist
     from flyte.io import Dir
 
-    import rl.flyte.clustered as clustered
+    import rl.deploy.flyte.clustered as clustered
     import rl.trainer.ddp as ddp
 
     join, upload, download = clustered.join_process_group, clustered.upload_dir, Dir.download
@@ -90,7 +90,7 @@ def main() -> None:
             version="v0",
             controller=None,
             resolver="flyte._internal.resolvers.default.DefaultTaskResolver",
-            resolver_args=["mod", "rl.flyte.clustered", "instance", "train_step_clustered"],
+            resolver_args=["mod", "rl.deploy.flyte.clustered", "instance", "train_step_clustered"],
             input_path=inputs,
         )
     )

@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Any
 
-from rl.simulated.artifacts import MemoryArtifacts
-from rl.simulated.grpo_tiers import MemoryEngine, MemoryTrainer
+from rl.deploy.simulated.artifacts import MemoryArtifacts
+from rl.deploy.simulated.grpo_tiers import MemoryEngine, MemoryTrainer
 from rl.types import Prompt, RolloutRequest, TrainBatch
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl.artifacts import LocalArtifacts
 from rl.models import TinyModelConfig, build_tiny_model
+from rl.storage.artifacts import LocalArtifacts
 from rl.types import ArtifactRef
 
 # Small enough that a forward pass costs well under a millisecond per token on one thread.

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import Groups, dyadic_rewards, groups
 
-from rl.advantages import group_normalized_advantages, no_signal_groups
+from rl.algorithm.advantages import group_normalized_advantages, no_signal_groups
 from rl.conformance import AdvantageContract, AlgorithmSpec
 
 SCALES = st.sampled_from(["population_std", "none"])

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from rl.advantages import group_normalized_advantages
+from rl.algorithm.advantages import group_normalized_advantages
 
 
 def test_rewards_whose_sum_overflows_give_the_advantages_of_the_same_rewards_halved():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from conformance_selftest.broken_agentic import landing_order_driver, untraced_judge_tier
 
-from rl.simulated.agentic_sim import AgenticSim
-from rl.simulated.chaos_agentic import agentic_scenario, agentic_sweep, check_agentic_run
+from rl.deploy.simulated.agentic_sim import AgenticSim
+from rl.deploy.simulated.chaos_agentic import agentic_scenario, agentic_sweep, check_agentic_run
 
 SMALL = {"n_steps": 2, "n_worlds": 2, "prompts_per_step": 2, "n_samples": 2}
 

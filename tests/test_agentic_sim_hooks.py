@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rl.sim.attempts import attempt_number, run_name
-from rl.sim.durable_sim import DurableSimulator
+from rl.durable.attempts import attempt_number, run_name
+from rl.durable.durable_sim import DurableSimulator
 
 
 def test_attempt_number_called_from_driver_code_is_the_driver_attempt():

@@ -1,6 +1,7 @@
 """The agentic driver's `span` hook (the `flyte.group` role): each step's actions run inside `step-<N>`.
 
-The Flyte binding (`rl.flyte.agentic`) passes `flyte.group`; a context variable stands in for Flyte's task context.
+The Flyte binding (`rl.deploy.flyte.agentic`) passes `flyte.group`; a context variable stands in for Flyte's task
+context.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from span_support import CURRENT, recording_span
 from rl.agentic.bandit import BanditTrainer
 from rl.agentic.judge import judge_score
 from rl.agentic.tiers import JudgeTier, LocalAgenticTiers, SandboxTier, TrainerTier
+from rl.deploy.simulated.worlds import MemoryWorlds
 from rl.loop.agentic import AgenticConfig, run_agentic
-from rl.simulated.worlds import MemoryWorlds
 from rl.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
 
 SMALL = AgenticConfig(n_steps=2, n_worlds=2, prompts_per_step=2, n_samples=2)

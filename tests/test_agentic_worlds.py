@@ -11,12 +11,12 @@ from rl.agentic.judge import judge_score
 from rl.agentic.tiers import JudgeTier, LocalAgenticTiers, SandboxTier, TrainerTier
 from rl.agentic.volume_worlds import VolumeWorlds
 from rl.agentic.world import world_files
+from rl.deploy.simulated.agentic_sim import AgenticSim
+from rl.deploy.simulated.worlds import MemoryWorlds, RetiredWorkspaceError, UnknownVersionError
 from rl.loop.agentic import AgenticConfig, run_agentic
 from rl.protocols import Workspace, WorldStore
-from rl.simulated.agentic_sim import AgenticSim
-from rl.simulated.worlds import MemoryWorlds, RetiredWorkspaceError, UnknownVersionError
+from rl.storage.volumes import LocalVolumeStore
 from rl.types import Rubric, Trajectory
-from rl.volumes import LocalVolumeStore
 
 SMALL = {"n_steps": 2, "n_worlds": 2, "prompts_per_step": 2, "n_samples": 2}
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rl.artifacts import (
+from rl.protocols import Artifacts
+from rl.storage.artifacts import (
     ArtifactCorruptError,
     ArtifactNotFoundError,
     InvalidArtifactError,
@@ -17,7 +18,6 @@ from rl.artifacts import (
     materialize,
     put_dir,
 )
-from rl.protocols import Artifacts
 from rl.types import ArtifactRef
 
 FILES = {"adapter_config.json": b'{"r": 4}', "adapter_model.safetensors": b"\x00\x01weights", "sub/notes.txt": b"hi"}

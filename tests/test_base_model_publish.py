@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-import rl.local
-from rl.local import DEMO_MODEL, base_model, discard_abandoned_bases
+import rl.deploy.local
+from rl.deploy.local import DEMO_MODEL, base_model, discard_abandoned_bases
 from rl.models import load_base_model, load_tokenizer
 
 _FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
@@ -20,18 +20,18 @@ class Killed(BaseException):
 
 def test_a_kill_mid_build_leaves_no_half_model_and_the_next_start_builds_it(tmp_path, monkeypatch):
     """The builder dies after writing config.json but before the weights; the next start gets a loadable model."""
-    real_build = rl.local.build_tiny_model
+    real_build = rl.deploy.local.build_tiny_model
 
     def killed_mid_write(out_dir, config):
         real_build(out_dir, config)
         (out_dir / "model.safetensors").unlink()  # the weights were still being written
         raise Killed
 
-    monkeypatch.setattr(rl.local, "build_tiny_model", killed_mid_write)
+    monkeypatch.setattr(rl.deploy.local, "build_tiny_model", killed_mid_write)
     with pytest.raises(Killed):
         base_model(tmp_path, DEMO_MODEL)
     assert not list(tmp_path.glob("base-*"))  # nothing published
-    monkeypatch.setattr(rl.local, "build_tiny_model", real_build)
+    monkeypatch.setattr(rl.deploy.local, "build_tiny_model", real_build)
     base = base_model(tmp_path, DEMO_MODEL)
     assert all((base / name).is_file() for name in _FILES)
     load_base_model(base) and load_tokenizer(base)

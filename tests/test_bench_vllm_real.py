@@ -9,7 +9,7 @@ import pytest
 
 from rl.bench import vllm_real
 from rl.cli import main
-from rl.demo import grpo_demo_config
+from rl.deploy.demo import grpo_demo_config
 from rl.problems import Addition
 from rl.seeding import eval_problem_seed
 from rl.types import ArtifactRef

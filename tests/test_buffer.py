@@ -14,8 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rl.conformance import RolloutBufferContract
-from rl.types import Rollout
-from rl.volumes import (
+from rl.storage.volumes import (
     PANDAS_DTYPES,
     ROW_FIELDS,
     IterationExistsError,
@@ -25,7 +24,8 @@ from rl.volumes import (
     RowSchemaError,
     rollout_rows,
 )
-from rl.volumes.buffer import encode_rows, iteration_file
+from rl.storage.volumes.buffer import encode_rows, iteration_file
+from rl.types import Rollout
 
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
 

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl.checkpoint.format import DriverState, decode_state, encode_state
 from rl.identity import content_digest
+from rl.storage.checkpoint.format import DriverState, decode_state, encode_state
 from rl.strict_json import tag_non_finite
 from rl.types import ArtifactRef, EvalResult, IterationMetrics
 
@@ -34,8 +34,8 @@ class _Float(float):
 
 _floats = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([0.0, -0.0, 5e-324, 1.7e308])
 _text = st.text(max_size=8)
-# What the driver writes, and so what a checkpoint's schema admits (rl.checkpoint.schema): counts are non-negative,
-# timings finite, held-out rates in [0, 1].
+# What the driver writes, and so what a checkpoint's schema admits (rl.storage.checkpoint.schema): counts are
+# non-negative, timings finite, held-out rates in [0, 1].
 _counts = st.integers(0, 10**12)
 _rates = st.floats(0.0, 1.0)
 _timings = st.dictionaries(_text, st.floats(allow_nan=False, allow_infinity=False), max_size=3)
@@ -149,7 +149,7 @@ def test_a_row_of_another_type_in_the_history_takes_the_general_path():
 
 def test_each_checkpoint_encodes_only_the_rows_it_adds(monkeypatch):
     """Re-encoding every row each iteration made a run's checkpoints quadratic in its length."""
-    from rl.checkpoint import format as fmt
+    from rl.storage.checkpoint import format as fmt
 
     ref = ArtifactRef(uri="mem://adapter", digest="d")
     state = DriverState.initial("c" * 32, ref, ref)

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from rl.checkpoint.format import RUN_KEY_ENV, DriverState, decode_state, encode_state
 from rl.errors import CheckpointSealError
 from rl.identity import content_digest
+from rl.storage.checkpoint.format import RUN_KEY_ENV, DriverState, decode_state, encode_state
 from rl.types import ArtifactRef
 
 

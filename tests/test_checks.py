@@ -1,4 +1,5 @@
-"""One finite-reward check and one staleness check (`rl.checks`): every layer that calls them raises the same type."""
+"""One finite-reward check and one staleness check (`rl.algorithm.checks`): every layer that calls them raises the same
+type."""
 
 from __future__ import annotations
 
@@ -10,15 +11,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rl.advantages import group_normalized_advantages, no_signal_groups
-from rl.checkpoint.format import DriverState
-from rl.checks import check_staleness, finite_rewards
+from rl.algorithm.advantages import group_normalized_advantages, no_signal_groups
+from rl.algorithm.checks import check_staleness, finite_rewards
+from rl.deploy.simulated.artifacts import MemoryArtifacts
+from rl.deploy.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
 from rl.errors import BatchError, NonFiniteRewardError, StaleBatchError, TierError, TrainerError
 from rl.loop import grpo
 from rl.loop.phase_timing import Scored
 from rl.problems import DigitSuccessor
-from rl.simulated.artifacts import MemoryArtifacts
-from rl.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
+from rl.storage.checkpoint.format import DriverState
 from rl.types import Rollout, TrainBatch
 
 
@@ -67,7 +68,7 @@ def test_finite_rewards_names_the_first_non_finite_reward(data):
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_the_advantages_refuse_a_non_finite_reward_with_the_drivers_error(bad):
-    """`rl.advantages` (what every trainer computes first) raises the driver's `NonFiniteRewardError`."""
+    """`rl.algorithm.advantages` (what every trainer computes first) raises the driver's `NonFiniteRewardError`."""
     for fn in (group_normalized_advantages, no_signal_groups):
         with pytest.raises(NonFiniteRewardError, match=r"rewards\[1\] is .* \(group 0\)"):
             fn([0, 0], [1.0, bad])

@@ -72,7 +72,7 @@ def test_rl_chaos_in_two_processes_reports_what_one_process_does(capsys):
 
 
 def test_rl_chaos_failure_prints_the_seed_and_the_reproducing_command(capsys, monkeypatch):
-    import rl.simulated.chaos as chaos
+    import rl.deploy.simulated.chaos as chaos
 
     def broken(pipelined, trace=False):
         return lambda seed: chaos.ScenarioReport("grpo", seed, ["iteration 2 was trained 2 times"], 1, 2)
@@ -203,7 +203,7 @@ def test_the_parallel_scenario_rate_runs_every_invariant_on_each_process():
 def _imported_simulator(_: int) -> bool:
     import sys
 
-    return all(name in sys.modules for name in ("rl.simulated.chaos", "rl.simulated.chaos_agentic"))
+    return all(name in sys.modules for name in ("rl.deploy.simulated.chaos", "rl.deploy.simulated.chaos_agentic"))
 
 
 @pytest.mark.slow
@@ -212,7 +212,7 @@ def test_a_scenario_pools_workers_start_with_the_simulator_already_imported():
     instead of each importing it again on start."""
     import multiprocessing
 
-    from rl.simulated.scenarios import scenario_pool
+    from rl.deploy.simulated.scenarios import scenario_pool
 
     if "forkserver" not in multiprocessing.get_all_start_methods():
         pytest.skip("no forkserver on this platform: workers are spawned and import the simulator themselves")

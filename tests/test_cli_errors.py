@@ -51,16 +51,16 @@ FAMILY_MEMBERS = [
     ("rl.errors", "EngineContractError", RuntimeError),
     ("rl.errors", "CheckpointError", RuntimeError),
     ("rl.errors", "MissingAdapterError", RuntimeError),
-    ("rl.flyte.config", "ConfigError", ValueError),
+    ("rl.deploy.flyte.config", "ConfigError", ValueError),
     ("rl.rewards", "UnknownRewardError", KeyError),
     ("rl.errors", "AgenticInputError", ValueError),
-    ("rl.artifacts", "ArtifactNotFoundError", FileNotFoundError),
-    ("rl.artifacts", "ArtifactCorruptError", Exception),
-    ("rl.artifacts", "InvalidArtifactError", ValueError),
-    ("rl.volumes.errors", "InvalidPathError", ValueError),
-    ("rl.volumes.errors", "VersionNotFoundError", LookupError),
-    ("rl.volumes.errors", "VolumeCorruptedError", Exception),
-    ("rl.volumes.buffer", "RowSchemaError", ValueError),
+    ("rl.storage.artifacts", "ArtifactNotFoundError", FileNotFoundError),
+    ("rl.storage.artifacts", "ArtifactCorruptError", Exception),
+    ("rl.storage.artifacts", "InvalidArtifactError", ValueError),
+    ("rl.storage.volumes.errors", "InvalidPathError", ValueError),
+    ("rl.storage.volumes.errors", "VersionNotFoundError", LookupError),
+    ("rl.storage.volumes.errors", "VolumeCorruptedError", Exception),
+    ("rl.storage.volumes.buffer", "RowSchemaError", ValueError),
     ("rl.errors", "BatchError", ValueError),
     ("rl.errors", "StaleBatchError", ValueError),  # the trainer's stale rollout too (was StaleRolloutError)
     ("rl.trainer.adapter", "AdapterArtifactError", ValueError),
@@ -117,8 +117,8 @@ def test_a_damaged_volume_manifest_ends_in_one_line_and_the_volume_exit_code(tin
 
 def test_a_held_buffer_lock_ends_in_one_line_and_the_volume_exit_code(tiny_run, tmp_path, capsys):
     """A second writer of the run's rollout buffer is refused with a message naming the holder."""
-    from rl.volumes.sink import BUFFER_NAME
-    from rl.volumes.store import LocalVolumeStore
+    from rl.storage.volumes.sink import BUFFER_NAME
+    from rl.storage.volumes.store import LocalVolumeStore
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run)
@@ -132,12 +132,12 @@ def test_a_held_buffer_lock_ends_in_one_line_and_the_volume_exit_code(tiny_run, 
 
 def test_a_full_disk_ends_in_one_line_that_says_to_free_space(tmp_path, capsys, monkeypatch):
     """ENOSPC in the middle of a run is the filesystem's exit status (10) and a line about the disk."""
-    import rl.demo
+    import rl.deploy.demo
 
     async def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "checkpoint.json"))
 
-    monkeypatch.setattr(rl.demo, "run_demo", disk_full)
+    monkeypatch.setattr(rl.deploy.demo, "run_demo", disk_full)
     assert main(["demo", "grpo", *TINY_RUN, "--out", str(tmp_path / "run")]) == 10
     _assert_one_line(capsys.readouterr().err, "rl demo grpo", "No space left on device", "free some space")
 

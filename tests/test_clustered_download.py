@@ -1,4 +1,4 @@
-"""The clustered trainer's base-model download against its collective timeout (`rl.flyte.clustered.node_base`).
+"""The clustered trainer's base-model download against its collective timeout (`rl.deploy.flyte.clustered.node_base`).
 
 Local rank 0 downloads the base while the other ranks wait for it. They used to wait inside an all-reduce on the
 step's process group, whose 10-minute `COLLECTIVE_TIMEOUT` killed the step whenever 16 GB came slower than ~27 MB/s.

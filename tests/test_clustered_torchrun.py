@@ -29,8 +29,8 @@ from fixtures_real import TEST_MODEL_CONFIG
 from safetensors.torch import load as load_safetensors
 from trainer_batches import make_batch, make_rollouts, varied_rewards
 
-from rl.artifacts import LocalArtifacts, compute_digest, read_dir, write_files
 from rl.models import build_tiny_model
+from rl.storage.artifacts import LocalArtifacts, compute_digest, read_dir, write_files
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
 from rl.types import TrainBatch, TrainResult
@@ -73,8 +73,8 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Prepared:
     from flyte._internal.runtime.convert import convert_from_native_to_inputs
     from flyte._internal.runtime.io import upload_inputs
 
-    from rl.flyte.clustered import train_step_clustered
-    from rl.flyte.grpo_tasks import TrainInput
+    from rl.deploy.flyte.clustered import train_step_clustered
+    from rl.deploy.flyte.grpo_tasks import TrainInput
 
     root = tmp_path_factory.mktemp("torchrun")
     base = build_tiny_model(root / "base-model", TEST_MODEL_CONFIG)
@@ -173,7 +173,7 @@ def read_output(run: Path) -> Any:
     from flyte._internal.runtime.convert import convert_outputs_to_native
     from flyte._internal.runtime.io import load_outputs
 
-    from rl.flyte.clustered import train_step_clustered
+    from rl.deploy.flyte.clustered import train_step_clustered
 
     outputs = asyncio.run(load_outputs(str(run / "outputs" / "outputs.pb")))
     return asyncio.run(convert_outputs_to_native(train_step_clustered.native_interface, outputs))

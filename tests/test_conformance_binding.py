@@ -21,9 +21,9 @@ from rl.conformance import (
 )
 from rl.conformance.bindings.ours import IN_MEMORY, memory_version0_adapter
 from rl.conformance.implementation import ImplementationError
+from rl.deploy.simulated.artifacts import MemoryArtifacts
+from rl.deploy.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
 from rl.loop.grpo import GrpoConfig, run_grpo
-from rl.simulated.artifacts import MemoryArtifacts
-from rl.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
 from rl.types import Prompt, Rollout, RolloutRequest
 
 

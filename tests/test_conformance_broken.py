@@ -10,7 +10,6 @@ import pytest
 from conformance_support import run, train_batch
 
 import rl.loop.grpo as grpo
-from rl.checkpoint.memory_store import MemoryStateStore
 from rl.conformance import (
     ArtifactsContract,
     Capabilities,
@@ -22,10 +21,11 @@ from rl.conformance import (
 )
 from rl.conformance.bindings.ours import memory_version0_adapter
 from rl.conformance.scorer_contract import default_scorer_group
+from rl.deploy.simulated.artifacts import MemoryArtifacts
+from rl.deploy.simulated.chaos import grpo_random
+from rl.deploy.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer, decode_table, encode_table
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
-from rl.simulated.artifacts import MemoryArtifacts
-from rl.simulated.chaos import grpo_random
-from rl.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer, decode_table, encode_table
+from rl.storage.checkpoint.memory_store import MemoryStateStore
 from rl.types import ArtifactRef, Prompt, Rollout, RolloutRequest, TrainBatch, TrainResult
 
 

@@ -11,9 +11,8 @@ import functools
 
 import pytest
 
-from rl.advantages import group_normalized_advantages
-from rl.artifacts import LocalArtifacts
-from rl.checkpoint.memory_store import MemoryStateStore
+from rl.algorithm.advantages import group_normalized_advantages
+from rl.algorithm.loss import grpo_sample_loss
 from rl.conformance import (
     AdvantageContract,
     ArtifactsContract,
@@ -22,9 +21,10 @@ from rl.conformance import (
 )
 from rl.conformance.bindings.ours import IN_MEMORY, REAL_LM, trainer_algorithm
 from rl.conformance.bindings.ours import batch_loss as our_batch_loss
-from rl.loss import grpo_sample_loss
-from rl.simulated.artifacts import MemoryArtifacts
-from rl.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
+from rl.deploy.simulated.artifacts import MemoryArtifacts
+from rl.deploy.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
+from rl.storage.artifacts import LocalArtifacts
+from rl.storage.checkpoint.memory_store import MemoryStateStore
 from rl.trainer.config import TrainerConfig
 
 
@@ -73,8 +73,8 @@ class TestInMemory(LoopContract):
 
 
 class TestOurBatchLoss(LossContract):
-    """`rl.loss.grpo_masked_loss`, the padded `[B, T]` form the trainer runs (as TRL-style trainers do): the loss laws
-    under our declaration, through the `batch_loss` fixture."""
+    """`rl.algorithm.loss.grpo_masked_loss`, the padded `[B, T]` form the trainer runs (as TRL-style trainers do): the
+    loss laws under our declaration, through the `batch_loss` fixture."""
 
     @pytest.fixture
     def batch_loss(self):
@@ -104,7 +104,7 @@ class TestLocalArtifacts(ArtifactsContract):
 
 
 def test_real_lm_declares_the_algorithm_its_trainer_config_runs():
-    """REAL_LM binds its declaration without importing rl.local (torch): it must stay REAL_MODEL_TRAINER's."""
-    from rl.local import REAL_MODEL_TRAINER
+    """REAL_LM binds its declaration without importing rl.deploy.local (torch): it must stay REAL_MODEL_TRAINER's."""
+    from rl.deploy.local import REAL_MODEL_TRAINER
 
     assert REAL_LM.algorithm == trainer_algorithm(REAL_MODEL_TRAINER)

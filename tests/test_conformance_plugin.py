@@ -22,7 +22,7 @@ def pytester(pytester):
 BROKEN_IMPL = """
 from dataclasses import replace
 
-from rl.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
+from rl.deploy.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
 from rl.conformance import Capabilities, Implementation
 
 
@@ -80,7 +80,7 @@ def test_the_header_says_when_the_implementation_declares_smaller_sampling_laws(
     pytester.makepyfile(
         sized_impl="""
 from rl.conformance import Implementation, LawSizes
-from rl.simulated.grpo_tiers import MemoryEngine, MemoryTrainer
+from rl.deploy.simulated.grpo_tiers import MemoryEngine, MemoryTrainer
 
 IMPL = Implementation(name="sized", engine=MemoryEngine, trainer=MemoryTrainer, sizes=LawSizes(draw_fraction=0.25))
 FULL = Implementation(name="full", engine=MemoryEngine, trainer=MemoryTrainer)

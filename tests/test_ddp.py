@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load as load_safetensors
 from trainer_batches import make_batch, make_rollouts, varied_rewards
 
-from rl.artifacts import LocalArtifacts
+from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.config import TrainerConfig
 from rl.trainer.ddp import ddp_train_step, run_local_ddp, shard
 from rl.trainer.ddp_check import shard_step_report

@@ -14,7 +14,7 @@ import pytest
 from fixtures_real import one_rank_group, tiny_model_dir
 from trainer_batches import make_batch, make_rollouts, varied_rewards
 
-from rl.artifacts import LocalArtifacts
+from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.config import TrainerConfig
 from rl.trainer.ddp import ddp_train_step
 from rl.trainer.peft_trainer import PeftTrainer

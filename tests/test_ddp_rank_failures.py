@@ -22,8 +22,8 @@ from rank_agreement_worker import dies_before_agreeing
 from trainer_batches import make_batch, make_rollouts, varied_rewards
 
 import rl.trainer.ddp as ddp
-from rl.artifacts import LocalArtifacts
 from rl.errors import RankFailedError, StaleBatchError
+from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
 from rl.trainer.rank_agreement import agree, broadcast_outcome

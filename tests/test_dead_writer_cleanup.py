@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from rl.checkpoint.file_store import FileStateStore
+from rl.storage.checkpoint.file_store import FileStateStore
 
 
 def _hold(path: Path) -> int:
-    """Lock `path` as its live writer would (`rl.dead_writers`); close the fd to 'die'."""
+    """Lock `path` as its live writer would (`rl.storage.dead_writers`); close the fd to 'die'."""
     fd = os.open(path, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX)
     return fd
@@ -21,7 +21,7 @@ def _hold(path: Path) -> int:
 
 def test_a_run_start_deletes_what_dead_writers_left_and_keeps_live_and_foreign_files(tmp_path):
     """`local_grpo` (the start of `rl demo grpo`) cleans every store's leftovers of a killed writer."""
-    from rl.local import local_grpo
+    from rl.deploy.local import local_grpo
     from rl.loop.grpo import GrpoConfig
 
     out = tmp_path / "run"
@@ -65,11 +65,11 @@ async def test_a_checkpoint_write_cleans_nothing_of_its_own_and_leaves_no_temp_f
 @pytest.mark.asyncio
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names an open descriptor's path through /proc")
 async def test_a_put_whose_new_entries_a_cleaner_took_before_the_lock_makes_new_ones(tmp_path, monkeypatch):
-    """The race `rl.dead_writers` closes from the writer's side: a cleaner that deletes a put's fresh staging
+    """The race `rl.storage.dead_writers` closes from the writer's side: a cleaner that deletes a put's fresh staging
     directory or ref temp file before the put locks it leaves the put to make another; the artifact lands whole and
     tmp/ is left empty."""
-    import rl.dead_writers as dead_writers
-    from rl.artifacts import LocalArtifacts
+    import rl.storage.dead_writers as dead_writers
+    from rl.storage.artifacts import LocalArtifacts
 
     store = LocalArtifacts(tmp_path / "artifacts")
     real, taken = dead_writers.flock, []
@@ -93,8 +93,8 @@ async def test_a_put_whose_new_entries_a_cleaner_took_before_the_lock_makes_new_
 def test_a_new_directory_removed_by_a_cleaner_before_its_lock_is_made_again(tmp_path, monkeypatch):
     """Between a writer's mkdir and its lock another process's cleaner may find the directory unlocked and remove it
     (two xdist workers loading a model at once did); the writer makes a new one instead of failing."""
-    from rl import dead_writers
-    from rl.safe_fs import Tree
+    from rl.storage import dead_writers
+    from rl.storage.safe_fs import Tree
 
     names = iter(["stage-a", "stage-b"])
     real_open = dead_writers.open_dir_at

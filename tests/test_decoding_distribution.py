@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from rl.engines.decoding import sample_groups
+from rl.samplers.decoding import sample_groups
 
 LOGITS = torch.tensor([3.0, 0.0, -1.0, 0.5])  # p(0) = 0.80 at temperature 1, 0.93 at 0.7
 EOS = 3

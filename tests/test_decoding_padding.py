@@ -9,9 +9,9 @@ import pytest
 import torch
 from fixtures_real import one_thread, tiny_model_dir
 
-from rl.engines import decoding
-from rl.engines.decoding import _cache_kwarg, _cache_of, sample_group, sample_groups
 from rl.models import load_base_model, load_tokenizer
+from rl.samplers import decoding
+from rl.samplers.decoding import _cache_kwarg, _cache_of, sample_group, sample_groups
 
 __all__ = ["one_thread", "tiny_model_dir"]
 

@@ -8,8 +8,8 @@ import importlib.util
 import pytest
 
 from rl.cli import main
+from rl.deploy.local import DEMO_MODEL, VLLM_DEMO_MODEL, check_engine, refuse_other_model
 from rl.errors import GrpoInputError, InputError
-from rl.local import DEMO_MODEL, VLLM_DEMO_MODEL, check_engine, refuse_other_model
 
 
 def _without_vllm(monkeypatch: pytest.MonkeyPatch) -> None:

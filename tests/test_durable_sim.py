@@ -8,11 +8,11 @@ import logging
 
 import pytest
 
-from rl.sim.attempts import attempt_number
-from rl.sim.durable_sim import DurableSimulator
-from rl.sim.errors import DriverAttemptsExhausted, DriverCrash, SimUsageError, TaskFailed
-from rl.sim.faults import FaultPlan
-from rl.simulated.artifacts import MemoryArtifacts
+from rl.deploy.simulated.artifacts import MemoryArtifacts
+from rl.durable.attempts import attempt_number
+from rl.durable.durable_sim import DurableSimulator
+from rl.durable.errors import DriverAttemptsExhausted, DriverCrash, SimUsageError, TaskFailed
+from rl.durable.faults import FaultPlan
 
 
 def _counter_tasks(sim: DurableSimulator):
@@ -550,7 +550,7 @@ def test_a_killed_attempts_tasks_are_cancelled_oldest_first_in_every_process():
 def test_a_killed_attempts_tasks_leave_no_exception_for_the_garbage_collector_to_report(caplog):
     """Code a kill ends (here a `finally` that calls a task: "attempt is dead") dies silently, as it does with its
     process remotely. asyncio would report its exception from a finalizer at some later collection, and on CPython
-    3.11.7 that report can break a concurrent `ast.parse` (see `rl.sim.supervisor.dies_with_the_attempt`)."""
+    3.11.7 that report can break a concurrent `ast.parse` (see `rl.durable.supervisor.dies_with_the_attempt`)."""
     sim = DurableSimulator(seed=65)
 
     @sim.task

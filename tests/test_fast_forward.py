@@ -1,4 +1,4 @@
-"""`rl.engines.fast_forward`: the written-out decoder forward gives transformers' bits, or is not used.
+"""`rl.samplers.fast_forward`: the written-out decoder forward gives transformers' bits, or is not used.
 
 Each check runs the same inputs through `causal_lm_forward` and through `model(...)` (or, for the sampler and trainer,
 through the same functions with the written-out path turned off) and asserts `torch.equal`: logits, KV caches,
@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen2Config
 
-import rl.engines.fast_forward as fast_forward
-from rl.engines import decoding
-from rl.engines.decoding import batched_teacher_forced_logprobs, sample_groups, teacher_forced_logprobs
-from rl.engines.fast_forward import causal_lm_forward, fast_plan
+import rl.samplers.fast_forward as fast_forward
 from rl.models.tiny import TinyModelConfig, build_tokenizer, qwen2_config
+from rl.samplers import decoding
+from rl.samplers.decoding import batched_teacher_forced_logprobs, sample_groups, teacher_forced_logprobs
+from rl.samplers.fast_forward import causal_lm_forward, fast_plan
 from rl.types import SamplingSettings
 
 pytestmark = pytest.mark.skipif(

@@ -1,4 +1,4 @@
-"""The agentic tutorial's agentic loop as Flyte tasks (`rl.flyte.agentic`) in Flyte's real local mode.
+"""The agentic tutorial's agentic loop as Flyte tasks (`rl.deploy.flyte.agentic`) in Flyte's real local mode.
 
 What local mode can show is checked here against the simulator's run of the same seed; what it cannot (driver replay,
 the trace memo across retries, `flyte.rerun`, attempt-0-only faults, enforced timeouts) must be reported as remote-only
@@ -13,10 +13,10 @@ import pytest
 from flyte_support import LocalFlyte, isolated_flyte
 
 from rl.agentic.faults import AgenticFaults
-from rl.flyte import agentic
-from rl.flyte.agentic import SMOKE, AgenticRunResult, RemoteOnlyError, fork, train
-from rl.flyte.agentic_faults import AgenticFaultSpec, train_with_faults
-from rl.simulated.agentic_sim import AgenticSim
+from rl.deploy.flyte import agentic
+from rl.deploy.flyte.agentic import SMOKE, AgenticRunResult, RemoteOnlyError, fork, train
+from rl.deploy.flyte.agentic_faults import AgenticFaultSpec, train_with_faults
+from rl.deploy.simulated.agentic_sim import AgenticSim
 from rl.types import Rubric
 
 pytestmark = pytest.mark.flyte

@@ -1,8 +1,8 @@
-"""The clustered trainer and the pipelined driver of `rl.flyte.clustered`.
+"""The clustered trainer and the pipelined driver of `rl.deploy.flyte.clustered`.
 
 A clustered task runs with no controller, so it cannot call another task; in local mode such a call would silently
-work, so the rule is checked statically over the source of `rl/flyte/`. The pipelined driver then runs end to end in
-Flyte's local mode, where the clustered step forms a one-rank gloo group of its own.
+work, so the rule is checked statically over the source of `rl/deploy/flyte/`. The pipelined driver then runs end to end
+in Flyte's local mode, where the clustered step forms a one-rank gloo group of its own.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from flyte_support import LocalFlyte, isolated_flyte
 
-import rl.flyte
-from rl.flyte.config import GrpoRunConfig, smoke
-from rl.local import local_grpo
+import rl.deploy.flyte
+from rl.deploy.flyte.config import GrpoRunConfig, smoke
+from rl.deploy.local import local_grpo
 from rl.loop.grpo import GrpoOutcome, run_grpo
 
 pytestmark = pytest.mark.flyte
 
-FLYTE_DIR = Path(rl.flyte.__file__).parent
+FLYTE_DIR = Path(rl.deploy.flyte.__file__).parent
 CONFIG = smoke().replace(grpo=replace(smoke().grpo, pipelined=True))
 
 
@@ -112,7 +112,7 @@ def test_the_clustered_trainer_is_a_torchrun_jobset_restarted_as_a_whole():
     set."""
     from flyte.clustered import ClusteredTaskTemplate, ClusterFailurePolicy, TorchRun
 
-    from rl.flyte import clustered, envs
+    from rl.deploy.flyte import clustered, envs
 
     task = clustered.train_step_clustered
     assert isinstance(task, ClusteredTaskTemplate)
@@ -145,7 +145,7 @@ def test_the_pipelined_driver_trains_one_step_stale_batches_on_the_clustered_tra
 ):
     """The training-loop tutorial: batch N+1 comes from the adapter before N's; the DDP step (one rank here) trains it
     as one process does, bit for bit."""
-    from rl.flyte.clustered import train_rl_clustered
+    from rl.deploy.flyte.clustered import train_rl_clustered
 
     result = flyte_local.run(train_rl_clustered, config=CONFIG).output
     assert [row.iteration for row in result.history] == [0, 1, 2]
@@ -160,7 +160,7 @@ def test_the_pipelined_driver_trains_one_step_stale_batches_on_the_clustered_tra
 def test_every_clustered_pod_requests_disk_for_one_copy_of_its_base_model(tiers: str) -> None:
     """Each pod stores the base model once (local rank 0 downloads it); with no disk request Kubernetes may place the
     pod where 16 GB of bf16 8B weights do not fit, and evict it mid-download. A stress pod holds a float32 8B copy."""
-    from rl.flyte.envs import sizing
+    from rl.deploy.flyte.envs import sizing
 
     disk = sizing(tiers).cluster_pod.disk
     assert disk is not None
@@ -187,7 +187,7 @@ class _FakeBaseDir:
 def test_a_node_cache_copy_appears_only_complete_and_is_downloaded_once(tmp_path: Path) -> None:
     """A failed download leaves neither the model nor a partial copy where a retry would look; a finished one is
     renamed into place whole and found by the next call without downloading again."""
-    from rl.flyte.clustered import _download_once
+    from rl.deploy.flyte.clustered import _download_once
 
     target = tmp_path / "cache" / "digest"
     broken = _FakeBaseDir(fail=True)

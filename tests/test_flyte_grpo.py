@@ -1,7 +1,9 @@
-"""The GRPO tasks (`rl.flyte.grpo_tasks`) and driver (`rl.flyte.grpo`) in Flyte's real local mode, on the tiny model.
+"""The GRPO tasks (`rl.deploy.flyte.grpo_tasks`) and driver (`rl.deploy.flyte.grpo`) in Flyte's real local mode, on the
+tiny model.
 
 The Flyte binding must add orchestration and nothing else: its run trains the same adapter, bit for bit, as the same
-components wired in one process (`rl.local`), and a driver that dies after an iteration resumes from its checkpoint.
+components wired in one process (`rl.deploy.local`), and a driver that dies after an iteration resumes from its
+checkpoint.
 """
 
 from __future__ import annotations
@@ -16,16 +18,16 @@ import pandas as pd
 import pytest
 from flyte_support import LocalFlyte, isolated_flyte
 
-from rl.artifacts import ArtifactCorruptError, ArtifactNotFoundError, compute_digest, read_dir
-from rl.checkpoint.format import decode_state
-from rl.flyte.bindings import DirArtifacts, dir_of, ref_of
-from rl.flyte.config import FaultSpec, GrpoRunConfig, smoke
-from rl.flyte.grpo import GrpoRunResult, train_rl
-from rl.flyte.grpo_faults import train_rl_clustered_with_faults, train_rl_with_faults
-from rl.local import local_grpo
+from rl.deploy.flyte.bindings import DirArtifacts, dir_of, ref_of
+from rl.deploy.flyte.config import FaultSpec, GrpoRunConfig, smoke
+from rl.deploy.flyte.grpo import GrpoRunResult, train_rl
+from rl.deploy.flyte.grpo_faults import train_rl_clustered_with_faults, train_rl_with_faults
+from rl.deploy.local import local_grpo
 from rl.loop.grpo import GrpoOutcome, run_grpo
+from rl.storage.artifacts import ArtifactCorruptError, ArtifactNotFoundError, compute_digest, read_dir
+from rl.storage.checkpoint.format import decode_state
+from rl.storage.volumes.buffer import PANDAS_DTYPES
 from rl.types import ArtifactRef
-from rl.volumes.buffer import PANDAS_DTYPES
 
 pytestmark = pytest.mark.flyte
 
@@ -141,7 +143,7 @@ def test_a_driver_that_fails_after_iteration_one_resumes_from_its_checkpoint(fly
 def test_the_driver_declares_every_tier_it_calls_and_the_tiers_their_own_failure_handling():
     """The training-loop tutorial: "depends_on lists every environment the driver calls, so deploying the driver deploys
     the whole loop"."""
-    from rl.flyte import envs, grpo, grpo_tasks
+    from rl.deploy.flyte import envs, grpo, grpo_tasks
 
     declared = {env.name for env in envs.grpo_driver_env.depends_on}
     rollout = {envs.rollout_env.name, envs.cpu_rollout_env.name}  # vLLM's GPU pods, the torch sampler's CPU pods
@@ -203,7 +205,7 @@ def test_dir_artifacts_copy_verify_and_address_by_content(flyte_local: LocalFlyt
 def test_the_production_drivers_take_no_fault_knob_and_their_failure_injected_twins_do():
     """Issue 20: as in the agentic loop, a crash is injected by wrapping a tier (the checkpoint store), in drivers of
     their own; `train_rl` and `train_rl_clustered`, what a cluster runs, take the run config alone."""
-    from rl.flyte.clustered import train_rl_clustered
+    from rl.deploy.flyte.clustered import train_rl_clustered
 
     assert "faults" not in GrpoRunConfig.model_fields
     for task in (train_rl, train_rl_clustered):

@@ -54,7 +54,7 @@ def test_fresh_deletes_only_what_the_run_wrote_and_starts_over(tmp_path, capsys)
 
 def test_fresh_unlinks_a_symlinked_entry_without_touching_what_it_points_at(tmp_path):
     """A run directory someone crafted: `--fresh` removes the link, never the files behind it."""
-    from rl.run_layout import claim, start_fresh
+    from rl.storage.run_layout import claim, start_fresh
 
     victim = tmp_path / "victim"
     victim.mkdir()
@@ -78,7 +78,7 @@ def test_fresh_refuses_an_out_that_is_a_file(tmp_path):
 def test_every_entry_a_run_layout_names_is_one_fresh_may_delete(tmp_path: Path) -> None:
     """Each path `RunLayout` gives a run's writers (and a base model's staging name) is an entry `--fresh` recognises,
     so a writer and `--fresh` cannot disagree on a name; a neighbour's file is not one."""
-    from rl.run_layout import RunLayout, written_by_run
+    from rl.storage.run_layout import RunLayout, written_by_run
 
     layout = RunLayout(tmp_path)
     base = layout.base_model("0123456789abcdef" * 4)

@@ -1,4 +1,5 @@
-"""What crosses a simulated task boundary (`rl.sim.frozen`): a consumer never shares a value its producer can change.
+"""What crosses a simulated task boundary (`rl.durable.frozen`): a consumer never shares a value its producer can
+change.
 
 Values nothing can change in place (`immutable`) are handed on as they are; a list or dict of them gets a new container
 each time; anything else goes through a pickle copy. Each law here could break: a mutable value taken for immutable
@@ -13,8 +14,8 @@ from dataclasses import dataclass, field
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from rl.sim.durable_sim import DurableSimulator
-from rl.sim.frozen import freeze, immutable, inputs_digest, thaw
+from rl.durable.durable_sim import DurableSimulator
+from rl.durable.frozen import freeze, immutable, inputs_digest, thaw
 from rl.types import ArtifactRef, Trajectory, Turn, Weights, WorldRef
 
 

@@ -11,7 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 
 from rl.commands.plan import plan_profile, profile_tokens
-from rl.flyte.config import EngineSpec, GrpoRunConfig, gpu_smoke, stress
+from rl.deploy.flyte.config import EngineSpec, GrpoRunConfig, gpu_smoke, stress
 from rl.gpu_settings import fits_with_margin
 from rl.memory_plan import GPUS, UnknownGpuError
 
@@ -107,7 +107,7 @@ def test_production_and_the_bench_make_one_eager_or_graphs_choice(reuse: str, mo
 
 
 def test_the_torch_sampler_takes_one_group_per_call() -> None:
-    from rl.flyte.strict import ConfigError
+    from rl.deploy.flyte.strict import ConfigError
 
     with pytest.raises(ConfigError, match="groups_per_call=4 is vLLM's"):
         EngineSpec(kind="torch", groups_per_call=4)

@@ -166,9 +166,9 @@ async def test_the_vllm_settings_pass_through_the_engine(tmp_path: Path) -> None
     """`VLLMEngine(llm_kwargs=vllm_llm_kwargs())` builds `LLM(model, enable_lora=True, **kwargs)` (on the stub), and
     a LoRA of the trainer's default rank fits its max_lora_rank."""
     import fakes.vllm_stub as stub
-    from rl.artifacts import LocalArtifacts
-    from rl.engines.vllm import VLLMEngine
     from rl.models import TinyModelConfig, build_tiny_model, load_tokenizer
+    from rl.samplers.vllm import VLLMEngine
+    from rl.storage.artifacts import LocalArtifacts
     from rl.trainer.config import TrainerConfig
     from rl.trainer.peft_trainer import PeftTrainer
     from rl.types import Prompt, RolloutRequest
@@ -206,8 +206,8 @@ def test_the_stub_takes_every_keyword_our_vllm_settings_pass(kwargs_of: Any, tmp
     our settings must be added there too (`nox -s vllm-api` checks the list against vLLM), or the stub-beside-real
     tests fail only in `nox -s vllm-cpu`."""
     import fakes.vllm_stub as stub
-    from rl.engines.vllm import engine_llm_kwargs
     from rl.models import TinyModelConfig, build_tiny_model
+    from rl.samplers.vllm import engine_llm_kwargs
 
     config = TinyModelConfig(seed=1, hidden_size=32, intermediate=64, max_position=gpu.VLLM_MODEL.max_position)
     base = build_tiny_model(tmp_path / "model", config)
@@ -222,8 +222,8 @@ def test_a_vllm_engine_spec_takes_its_length_from_the_model(tmp_path: Path) -> N
     """`EngineSpec(kind="vllm")` asks vLLM for the model's own length: a fixed 2048 was longer than the tiny model's
     positions, which vLLM (and the stub) refuse."""
     import fakes.vllm_stub as stub
-    from rl.flyte.config import ConfigError, EngineSpec
-    from rl.flyte.grpo_tasks import _make_engine
+    from rl.deploy.flyte.config import ConfigError, EngineSpec
+    from rl.deploy.flyte.grpo_tasks import _make_engine
     from rl.models import TinyModelConfig, build_tiny_model
 
     base = build_tiny_model(tmp_path / "model", TinyModelConfig(seed=1, hidden_size=32, intermediate=64))
@@ -236,7 +236,7 @@ def test_a_vllm_engine_spec_takes_its_length_from_the_model(tmp_path: Path) -> N
 
 def test_rollout_tasks_make_vllm_spawn_its_engine_process() -> None:
     """Forking a threaded process can hang vLLM's engine core; rollout tasks set the spawn start method."""
-    from rl.flyte.envs import rollout_env
+    from rl.deploy.flyte.envs import rollout_env
 
     assert rollout_env.env_vars["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
 
@@ -244,7 +244,7 @@ def test_rollout_tasks_make_vllm_spawn_its_engine_process() -> None:
 def test_gpu_smoke_trains_at_the_rate_the_cuda_trainer_test_measured() -> None:
     """gpu_tests/test_cuda_trainer.py records that the CPU demo's lr 1e-2 overshoots on VLLM_MODEL; gpu-smoke trains
     that model, so it uses the rate that test uses."""
-    from rl.flyte.config import gpu_smoke
+    from rl.deploy.flyte.config import gpu_smoke
 
     source = (Path(__file__).parents[1] / "gpu_tests" / "test_cuda_trainer.py").read_text()
     [measured] = re.findall(r"^CONFIG = TrainerConfig\(lr=([0-9.e-]+)", source, flags=re.M)
@@ -257,7 +257,7 @@ def test_an_existing_nccl_group_computes_on_the_ranks_gpu(monkeypatch: pytest.Mo
     import torch
     import torch.distributed as dist
 
-    from rl.flyte.clustered import join_process_group
+    from rl.deploy.flyte.clustered import join_process_group
 
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_rank", lambda: 3)
@@ -311,8 +311,8 @@ def _a_pod_given_a_gpu_on_an_r570_driver(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_a_train_task_given_a_gpu_it_cannot_use_refuses_naming_the_driver(monkeypatch: pytest.MonkeyPatch) -> None:
     """It used to train on the CPU (torch.cuda.is_available() False) until its 30-minute timeout, three times over."""
+    from rl.deploy.flyte.grpo_tasks import train_device
     from rl.errors import RlError
-    from rl.flyte.grpo_tasks import train_device
     from rl.gpu import CudaUnavailableError
 
     _a_pod_given_a_gpu_on_an_r570_driver(monkeypatch)
@@ -328,7 +328,7 @@ def test_a_clustered_rank_given_a_gpu_it_cannot_use_refuses_instead_of_joining_g
 ) -> None:
     import torch.distributed as dist
 
-    from rl.flyte.clustered import join_process_group
+    from rl.deploy.flyte.clustered import join_process_group
     from rl.gpu import CudaUnavailableError
 
     _a_pod_given_a_gpu_on_an_r570_driver(monkeypatch)
@@ -346,7 +346,7 @@ def test_a_clustered_rank_given_a_gpu_it_cannot_use_refuses_instead_of_joining_g
 def test_a_task_given_no_gpu_computes_on_the_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A CPU pod or Flyte's local mode on a laptop: no assigned GPU, no NVIDIA driver."""
     import rl.gpu
-    from rl.flyte.grpo_tasks import train_device
+    from rl.deploy.flyte.grpo_tasks import train_device
 
     monkeypatch.delenv("NVIDIA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(rl.gpu, "nvidia_driver_version", lambda *a, **k: None)

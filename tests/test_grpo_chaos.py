@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rl.simulated.chaos import grpo_random, grpo_swarm, grpo_sweep
+from rl.deploy.simulated.chaos import grpo_random, grpo_swarm, grpo_sweep
 
 
 @pytest.mark.heavy  # ~70 crash-and-resume runs, ~1 CPU-s; unit keeps the driver law (test_conformance_ours.py)
@@ -62,8 +62,8 @@ def test_the_direct_binding_reaches_the_simulated_runs_outcome_without_issuing_a
     action."""
     from dataclasses import replace
 
-    from rl.simulated.chaos import CHAOS_GRPO
-    from rl.simulated.grpo_sim import grpo_sim, outcome_violations
+    from rl.deploy.simulated.chaos import CHAOS_GRPO
+    from rl.deploy.simulated.grpo_sim import grpo_sim, outcome_violations
 
     config = replace(CHAOS_GRPO, pipelined=pipelined, seed=5)
     simulated = grpo_sim(config, seed=5).run()

@@ -8,7 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from rl.checkpoint.memory_store import MemoryStateStore
+from rl.deploy.simulated.artifacts import MemoryArtifacts
+from rl.deploy.simulated.grpo_sim import Latencies, grpo_sim, lineage_violations
+from rl.deploy.simulated.grpo_tiers import LatencyModel, MemoryEngine, MemoryScorer, MemoryTrainer
 from rl.errors import (
     CheckpointConfigMismatchError,
     CheckpointCorruptError,
@@ -20,9 +22,7 @@ from rl.errors import (
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor
 from rl.seeding import rollout_seed
-from rl.simulated.artifacts import MemoryArtifacts
-from rl.simulated.grpo_sim import Latencies, grpo_sim, lineage_violations
-from rl.simulated.grpo_tiers import LatencyModel, MemoryEngine, MemoryScorer, MemoryTrainer
+from rl.storage.checkpoint.memory_store import MemoryStateStore
 from rl.types import Rollout, RolloutRequest
 
 CONFIG = GrpoConfig(iterations=4, prompts_per_iteration=4, group_size=4, seed=3)
@@ -230,12 +230,12 @@ def test_eval_every_evaluates_multiples_and_always_the_last_version(every, versi
 
 def test_the_errors_a_fork_raises_live_in_rl_errors_and_the_driver_modules_raise_those_same_classes():
     """One class per error: `except rl.errors.X` catches what the driver and its checkpoint raise."""
-    import rl.checkpoint.format
-    import rl.checkpoint.resume
     import rl.errors
     import rl.loop.grpo
+    import rl.storage.checkpoint.format
+    import rl.storage.checkpoint.resume
 
     for name in rl.errors.__all__:
-        for module in (rl.loop.grpo, rl.checkpoint.format, rl.checkpoint.resume):
+        for module in (rl.loop.grpo, rl.storage.checkpoint.format, rl.storage.checkpoint.resume):
             assert getattr(module, name, getattr(rl.errors, name)) is getattr(rl.errors, name), (name, module)
     assert issubclass(rl.errors.CheckpointConfigMismatchError, rl.errors.CheckpointError)

@@ -1,7 +1,7 @@
 """The GRPO driver's `span` hook (the `flyte.group` role): every action of an iteration runs inside `iter-<N>`.
 
-The Flyte binding (`rl.flyte.grpo`) passes `flyte.group` as `GrpoTiers.span`; these tests pin which group each tier
-call sees, sequential and pipelined, with a context variable standing in for Flyte's task context.
+The Flyte binding (`rl.deploy.flyte.grpo`) passes `flyte.group` as `GrpoTiers.span`; these tests pin which group each
+tier call sees, sequential and pipelined, with a context variable standing in for Flyte's task context.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from dataclasses import replace
 import pytest
 from span_support import CURRENT, recording_span
 
-from rl.checkpoint.memory_store import MemoryStateStore
+from rl.deploy.simulated.artifacts import MemoryArtifacts
+from rl.deploy.simulated.grpo_tiers import MemoryEngine, MemoryEvaluator, MemoryScorer, MemoryTrainer
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor
 from rl.seeding import rollout_seed
-from rl.simulated.artifacts import MemoryArtifacts
-from rl.simulated.grpo_tiers import MemoryEngine, MemoryEvaluator, MemoryScorer, MemoryTrainer
+from rl.storage.checkpoint.memory_store import MemoryStateStore
 from rl.types import ArtifactRef, EvalResult, RolloutRequest, TrainBatch, TrainResult
 
 CONFIG = GrpoConfig(iterations=3, prompts_per_iteration=2, group_size=2, seed=5, eval_k=2)

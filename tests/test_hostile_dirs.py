@@ -29,9 +29,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from rl.artifacts import compute_digest
 from rl.cli import main
 from rl.identity import content_digest
+from rl.storage.artifacts import compute_digest
 
 EXAMPLES = int(os.environ.get("RL_FUZZ_EXAMPLES", "3"))
 # The documented exit statuses (docs/commands.md's table): success, a family's, argparse's usage error. 70 is a bug.

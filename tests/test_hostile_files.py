@@ -15,17 +15,17 @@ from typing import Any
 import pytest
 from report_rows import rows
 
-from rl.checkpoint.file_store import FileStateStore
-from rl.checkpoint.format import DriverState, decode_state, encode_state
-from rl.checkpoint.resume import load_state
 from rl.cli import main
+from rl.deploy.report import render_report
 from rl.errors import CheckpointCorruptError, CheckpointError
 from rl.identity import content_digest
-from rl.report import render_report
+from rl.storage.checkpoint.file_store import FileStateStore
+from rl.storage.checkpoint.format import DriverState, decode_state, encode_state
+from rl.storage.checkpoint.resume import load_state
+from rl.storage.volumes.buffer import RolloutBuffer, rollout_rows
+from rl.storage.volumes.sink import BUFFER_NAME
+from rl.storage.volumes.store import LocalVolumeStore
 from rl.types import ArtifactRef, EvalResult, Rollout
-from rl.volumes.buffer import RolloutBuffer, rollout_rows
-from rl.volumes.sink import BUFFER_NAME
-from rl.volumes.store import LocalVolumeStore
 
 MARKUP = '<img src=x onerror="document.body.dataset.pwned=1"><script>document.body.dataset.pwned=1</script>'
 
@@ -117,7 +117,7 @@ def test_load_state_names_the_checkpoint_file(tmp_path):
 
 def test_a_checkpoint_larger_than_any_we_write_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
     """The size bound is checked on the bytes, before json parses them (a huge field is slow and dear to parse)."""
-    import rl.checkpoint.file_store as file_store
+    import rl.storage.checkpoint.file_store as file_store
 
     monkeypatch.setattr(file_store, "MAX_CHECKPOINT_BYTES", 1000)
     path = tmp_path / "checkpoint.json"
@@ -207,7 +207,7 @@ def test_a_full_disk_in_the_base_model_build_is_the_filesystems_exit_status(tmp_
     not a bug (70), and the directory stays resumable (only the staging directory is left, discarded next start)."""
     import safetensors
 
-    import rl.local
+    import rl.deploy.local
 
     def full(out_dir: Path, config: Any) -> None:
         (out_dir / "config.json").write_text("{}")
@@ -215,7 +215,7 @@ def test_a_full_disk_in_the_base_model_build_is_the_filesystems_exit_status(tmp_
             'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
         )
 
-    monkeypatch.setattr(rl.local, "build_tiny_model", full)
+    monkeypatch.setattr(rl.deploy.local, "build_tiny_model", full)
     run = tmp_path / "run"
     assert main(["demo", "grpo", "--iterations", "1", "--out", str(run)]) == 10
     err = capsys.readouterr().err.strip().splitlines()

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-PURE_MODULES = ("rl.advantages", "rl.rewards", "rl.metrics", "rl.seeding")
+PURE_MODULES = ("rl.algorithm.advantages", "rl.rewards", "rl.metrics", "rl.seeding")
 HEAVY_PACKAGES = ("torch", "flyte", "vllm")
 
 

@@ -8,13 +8,13 @@ from dataclasses import replace
 
 import pytest
 
-from rl.advantages import no_signal_groups
-from rl.checkpoint.memory_store import MemoryStateStore
+from rl.algorithm.advantages import no_signal_groups
+from rl.deploy.simulated.artifacts import MemoryArtifacts
+from rl.deploy.simulated.grpo_sim import Latencies, grpo_sim
+from rl.deploy.simulated.grpo_tiers import LatencyModel, MemoryEngine, MemoryScorer, MemoryTrainer
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor, accuracy
-from rl.simulated.artifacts import MemoryArtifacts
-from rl.simulated.grpo_sim import Latencies, grpo_sim
-from rl.simulated.grpo_tiers import LatencyModel, MemoryEngine, MemoryScorer, MemoryTrainer
+from rl.storage.checkpoint.memory_store import MemoryStateStore
 from rl.types import IterationMetrics, TrainBatch, TrainResult
 
 CONFIG = GrpoConfig(iterations=3, prompts_per_iteration=4, group_size=4, seed=5)

@@ -142,9 +142,9 @@ def _plant(path: Path, after: str, line: str) -> None:
 
 def test_the_tree_keeps_every_import_contract() -> None:
     """Law: every `rl` module imports only its own and lower layers, Flyte code and the simulator stay apart, the
-    drivers load no ML framework, nothing imports `fakes`, the engine (rl.sim) imports of rl only seeding, identity and
-    errors, the modules of rl.sim, rl.simulated and rl.flyte form no circle, and the tier protocols never import the
-    agentic domain."""
+    drivers load no ML framework, nothing imports `fakes`, the engine (rl.durable) imports of rl only seeding, identity
+    and errors, the modules of rl.durable, rl.deploy.simulated and rl.deploy.flyte form no circle, and the tier
+    protocols never import the agentic domain."""
     result = _lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 broken" in result.stdout
@@ -158,14 +158,16 @@ def planted_lint(tmp_path_factory: pytest.TempPathFactory) -> subprocess.Complet
     # The layers: the driver importing the simulator by a relative import and the CPU deployment by an absolute one;
     # the tier protocols importing the agentic domain.
     grpo = root / "rl" / "loop" / "grpo.py"
-    _plant(grpo, "from __future__ import annotations\n", "from ..sim import swarm  # noqa")
-    _plant(grpo, "from __future__ import annotations\n", "import rl.local  # noqa")
+    _plant(grpo, "from __future__ import annotations\n", "from ..durable import swarm  # noqa")
+    _plant(grpo, "from __future__ import annotations\n", "import rl.deploy.local  # noqa")
     _plant(root / "rl" / "protocols.py", "from __future__ import annotations\n", "import rl.agentic.world  # noqa")
     # The forbidden contracts: a Flyte task module reaching for the simulator's worlds; the engine importing scoring.
     _plant(
-        root / "rl" / "flyte" / "envs.py", "from __future__ import annotations\n", "import rl.simulated.worlds  # noqa"
+        root / "rl" / "deploy" / "flyte" / "envs.py",
+        "from __future__ import annotations\n",
+        "import rl.deploy.simulated.worlds  # noqa",
     )
-    _plant(root / "rl" / "sim" / "faults.py", "from __future__ import annotations\n", "import rl.scoring  # noqa")
+    _plant(root / "rl" / "durable" / "faults.py", "from __future__ import annotations\n", "import rl.scoring  # noqa")
     return _lint_imports(root)
 
 
@@ -176,8 +178,8 @@ def test_the_layer_check_sees_a_violation(planted_lint: subprocess.CompletedProc
     result = planted_lint
     assert result.returncode != 0, result.stdout
     assert "rl.protocols -> rl.agentic.world" in result.stdout, result.stdout
-    assert "rl.loop.grpo -> rl.sim.swarm" in result.stdout, result.stdout
-    assert "rl.loop.grpo -> rl.local" in result.stdout, result.stdout
+    assert "rl.loop.grpo -> rl.durable.swarm" in result.stdout, result.stdout
+    assert "rl.loop.grpo -> rl.deploy.local" in result.stdout, result.stdout
 
 
 def test_the_forbidden_contracts_see_a_violation(planted_lint: subprocess.CompletedProcess[str]) -> None:
@@ -185,8 +187,8 @@ def test_the_forbidden_contracts_see_a_violation(planted_lint: subprocess.Comple
     though both sit in one layer; so is the engine importing the scoring, a layer below it."""
     result = planted_lint
     assert result.returncode != 0, result.stdout
-    assert "rl.flyte.envs -> rl.simulated.worlds" in result.stdout, result.stdout
-    assert "rl.sim is not allowed to import rl.scoring" in result.stdout, result.stdout
+    assert "rl.deploy.flyte.envs -> rl.deploy.simulated.worlds" in result.stdout, result.stdout
+    assert "rl.durable is not allowed to import rl.scoring" in result.stdout, result.stdout
 
 
 def test_strings_naming_rl_modules_respect_the_layers() -> None:
@@ -196,12 +198,15 @@ def test_strings_naming_rl_modules_respect_the_layers() -> None:
 
 
 def test_the_string_check_sees_a_violation(tmp_path: Path) -> None:
-    """The string check is live: `importlib.import_module("rl.sim.swarm")` planted in rl/loss.py is refused."""
+    """The string check is live: `importlib.import_module("rl.durable.swarm")` planted in rl/algorithm/loss.py is
+    refused."""
     root = _copy_tree(tmp_path)
     _plant(
-        root / "rl" / "loss.py",
+        root / "rl" / "algorithm" / "loss.py",
         "from __future__ import annotations\n",
-        'import importlib\n_S = importlib.import_module("rl.sim.swarm")',
+        'import importlib\n_S = importlib.import_module("rl.durable.swarm")',
     )
-    line = (root / "rl" / "loss.py").read_text().splitlines().index('_S = importlib.import_module("rl.sim.swarm")') + 1
-    assert _dynamic_violations(root) == [f"rl.loss (line {line}) names rl.sim.swarm, a layer above it"]
+    line = (root / "rl" / "algorithm" / "loss.py").read_text().splitlines().index(
+        '_S = importlib.import_module("rl.durable.swarm")'
+    ) + 1
+    assert _dynamic_violations(root) == [f"rl.algorithm.loss (line {line}) names rl.durable.swarm, a layer above it"]

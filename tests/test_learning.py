@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rl.demo import grpo_demo_config, run_demo
+from rl.deploy.demo import grpo_demo_config, run_demo
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "demo_learning.py"
 # Seeds 0 and 3 stalled (0.45, 0.58) under lr 1e-2 and groups of 8; seed 5 is the recipe's weakest since.

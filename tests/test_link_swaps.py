@@ -1,5 +1,6 @@
 """A folder or file of a run directory swapped for a symlink, before or while a command runs, never carries a write or
-a delete outside the directory (rl.safe_fs): lock files, temp files, staging, versions, artifact objects, metrics.
+a delete outside the directory (rl.storage.safe_fs): lock files, temp files, staging, versions, artifact objects,
+metrics.
 
 Each attack plants the link after the store or reporter passed its start-up checks, as someone with write access to a
 shared run directory could; the outside tree must come out byte for byte as it went in.
@@ -17,17 +18,17 @@ import pytest
 from report_rows import rows
 
 from rl import platform
-from rl.artifacts import LocalArtifacts
-from rl.checkpoint.file_store import FileStateStore
 from rl.cli import main
+from rl.deploy.file_reporter import FileReporter
 from rl.errors import RlError, UnsafeRunDirError
-from rl.file_reporter import FileReporter
-from rl.run_lock import HOLDER_NAME, LOCK_NAME, run_lock
-from rl.safe_fs import LinkRefusedError, Tree
+from rl.storage.artifacts import LocalArtifacts
+from rl.storage.checkpoint.file_store import FileStateStore
+from rl.storage.run_lock import HOLDER_NAME, LOCK_NAME, run_lock
+from rl.storage.safe_fs import LinkRefusedError, Tree
+from rl.storage.volumes.buffer import RolloutBuffer, rollout_rows
+from rl.storage.volumes.sink import BUFFER_NAME
+from rl.storage.volumes.store import LocalVolumeStore
 from rl.types import Rollout
-from rl.volumes.buffer import RolloutBuffer, rollout_rows
-from rl.volumes.sink import BUFFER_NAME
-from rl.volumes.store import LocalVolumeStore
 
 
 def snapshot(root: Path) -> dict[str, object]:

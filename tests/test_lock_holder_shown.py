@@ -10,7 +10,7 @@ import pytest
 
 from rl.cli import main
 from rl.errors import VALUE_CHARS
-from rl.run_lock import HOLDER_NAME, run_lock
+from rl.storage.run_lock import HOLDER_NAME, run_lock
 
 LONG = 60_000
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from fixtures_real import adapter_dirs, make_adapter_dir, one_thread, refs, run, store, tiny_model_dir
 
-from rl.artifacts import LocalArtifacts, read_dir
-from rl.engines.adapter_cache import AdapterCache
-from rl.engines.lora_merge import MergedBase, UnsupportedLora, parse_lora
-from rl.engines.torch_sampler import TorchSampler
+from rl.samplers.adapter_cache import AdapterCache
+from rl.samplers.lora_merge import MergedBase, UnsupportedLora, parse_lora
+from rl.samplers.torch_sampler import TorchSampler
+from rl.storage.artifacts import LocalArtifacts, read_dir
 from rl.types import ArtifactRef
 
 __all__ = ["adapter_dirs", "one_thread", "refs", "store", "tiny_model_dir"]

@@ -10,7 +10,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from strategies import advantages, logprob_tensors
 
-from rl.loss import clip_fraction, grpo_masked_loss, grpo_masked_row_losses, grpo_sample_loss, k3_kl
+from rl.algorithm.loss import clip_fraction, grpo_masked_loss, grpo_masked_row_losses, grpo_sample_loss, k3_kl
 
 CLIP_EPS = st.floats(min_value=0.05, max_value=0.4)
 CLIP_EPS_HIGH = st.one_of(st.none(), st.floats(min_value=0.05, max_value=0.5))

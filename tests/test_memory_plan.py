@@ -20,12 +20,12 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from rl.artifacts import LocalArtifacts
 from rl.cli import main
 from rl.commands.plan import plan_profile
-from rl.flyte.config import gpu_smoke, smoke, stress
+from rl.deploy.flyte.config import gpu_smoke, smoke, stress
 from rl.memory_plan import GPUS, ModelArch, engine_plan, gpu, lora_parameters, trainer_plan, vllm_batch_defaults
 from rl.models.qwen3 import QWEN3_8B, Qwen3Shape, build_qwen3_model, qwen3_config
+from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.batched_loss import batched_backward
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
@@ -312,12 +312,12 @@ def test_rl_plan_warns_about_the_cost_of_running_without_reuse(
 def test_the_stress_tier_warns_about_the_cost_of_running_without_reuse(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`python -m rl.flyte.grpo --profile stress` on a cluster (flyte.run faked: nothing is submitted)."""
+    """`python -m rl.deploy.flyte.grpo --profile stress` on a cluster (flyte.run faked: nothing is submitted)."""
     from types import SimpleNamespace
 
     import flyte
 
-    import rl.flyte.grpo as grpo
+    import rl.deploy.flyte.grpo as grpo
 
     submitted: list[object] = []
     monkeypatch.setattr(flyte, "init_from_config", lambda *a, **k: None)

@@ -1,6 +1,6 @@
 """A conversion's staging directory is never left behind (issue 50, "Trusted twice"): SIGTERM removes it (a handler
 during the conversion, then the signal goes on), and what a SIGKILL leaves is deleted by the next conversion, unless
-its process still lives (it holds the `rl.dead_writers` lock)."""
+its process still lives (it holds the `rl.storage.dead_writers` lock)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-from rl.dead_writers import locked_new_dir_at
 from rl.models.converted_cache import PRIVATE_PREFIX, STAGING_PREFIX
 from rl.models.pretrained import pinned_model
-from rl.safe_fs import Tree
+from rl.storage.dead_writers import locked_new_dir_at
+from rl.storage.safe_fs import Tree
 from tests.test_model_cache import GGUF, CopyConverter, converted  # noqa: F401  (the fixture)
 from tests.test_pretrained_model import make_wheel, source_for
 

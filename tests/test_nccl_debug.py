@@ -14,7 +14,7 @@ import flyte
 import pytest
 import torch.distributed as dist
 
-from rl.flyte.nccl_debug import NCCL_DEBUG_ENV, apply_nccl_diagnostics, nccl_diagnostics
+from rl.deploy.flyte.nccl_debug import NCCL_DEBUG_ENV, apply_nccl_diagnostics, nccl_diagnostics
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -35,7 +35,7 @@ def test_the_switch_on_sets_every_diagnostic_and_keeps_what_the_user_set() -> No
 
 @pytest.mark.heavy  # imports Flyte and the clustered task (~10 s on a loaded core)
 def test_joining_the_process_group_applies_the_switch_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rl.flyte.clustered import join_process_group
+    from rl.deploy.flyte.clustered import join_process_group
 
     for name in nccl_diagnostics():  # absent now and after the test (setenv records the state to restore)
         monkeypatch.setenv(name, "x")
@@ -54,7 +54,7 @@ def test_joining_the_process_group_applies_the_switch_first(monkeypatch: pytest.
 @pytest.mark.heavy  # imports Flyte and declares every environment
 def test_every_task_environment_carries_the_switch() -> None:
     """Including the clustered trainer's, whose pods start the NCCL group."""
-    import rl.flyte.envs as envs
+    import rl.deploy.flyte.envs as envs
 
     declared = [v for v in vars(envs).values() if isinstance(v, flyte.Environment)]
     assert envs.cluster_train_env in declared
@@ -65,7 +65,7 @@ def test_every_task_environment_carries_the_switch() -> None:
 def test_the_switch_travels_from_the_deploying_shell() -> None:
     """The value is the deploying shell's, read when the environments are declared (a fresh interpreter: ~3 s of
     imports on a quiet core, 27 s on a loaded one)."""
-    code = "import rl.flyte.envs as e; print(e.ENV_VARS['RL_NCCL_DEBUG'], e.ROLLOUT_ENV_VARS['RL_NCCL_DEBUG'])"
+    code = "import rl.deploy.flyte.envs as e; print(e.ENV_VARS['RL_NCCL_DEBUG'], e.ROLLOUT_ENV_VARS['RL_NCCL_DEBUG'])"
     env = {**os.environ, NCCL_DEBUG_ENV: "1", "HF_HUB_OFFLINE": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["1", "1"]

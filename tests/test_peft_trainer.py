@@ -18,8 +18,8 @@ import torch
 from fixtures_real import tiny_model_dir
 from trainer_batches import make_batch, make_rollouts, varied_rewards
 
-from rl.artifacts import LocalArtifacts
 from rl.errors import BatchError, StaleBatchError
+from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.adapter import load_policy, trainable_parameters
 from rl.trainer.config import TrainerConfig
 from rl.trainer.optimizer_state import (

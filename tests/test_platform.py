@@ -16,10 +16,10 @@ from parsed_sources import parsed
 
 import rl
 from rl import platform
-from rl.dead_writers import discard_if_dead, locked_new_dir
-from rl.safe_fs import Tree
-from rl.volumes import LocalVolumeStore
-from rl.volumes.filesystem import probe_share_mode, try_reflink
+from rl.storage.dead_writers import discard_if_dead, locked_new_dir
+from rl.storage.safe_fs import Tree
+from rl.storage.volumes import LocalVolumeStore
+from rl.storage.volumes.filesystem import probe_share_mode, try_reflink
 
 RL_ROOT = Path(rl.__file__).parent
 REPO = RL_ROOT.parent

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from rl.durable.durable_sim import DurableSimulator
+from rl.durable.execution import Tier
 from rl.protocols import BatchedRolloutEngine, is_batched
-from rl.sim.durable_sim import DurableSimulator
-from rl.sim.execution import Tier
 
 
 class Plain:

@@ -1,4 +1,5 @@
-"""`rl.engines.numerics`: the summary of first-step ratios both bf16 tests report, and the log-ratios they summarise."""
+"""`rl.samplers.numerics`: the summary of first-step ratios both bf16 tests report, and the log-ratios they
+summarise."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import pytest
 import torch
 from fixtures_real import TEST_MODEL_CONFIG, one_thread, tiny_model_dir
 
-from rl.engines.decoding import teacher_forced_logprobs
-from rl.engines.numerics import log_ratios, ratio_spread
 from rl.models import load_base_model, load_tokenizer
 from rl.models.tiny import build_tiny_model
+from rl.samplers.decoding import teacher_forced_logprobs
+from rl.samplers.numerics import log_ratios, ratio_spread
 
 __all__ = ["one_thread", "tiny_model_dir"]
 

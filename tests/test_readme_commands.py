@@ -99,11 +99,14 @@ def test_command_lines_of_every_docs_page_run_and_a_line_shown_twice_runs_once(t
     (tmp_path / "docs").mkdir()
     (tmp_path / "README.md").write_text("## Set up\n```bash\nnox -s unit\n```\n```bash\nrl plan --gpu L4\n```\n")
     (tmp_path / "docs" / "conformance.md").write_text("## Three commands\n```bash\npytest\n```\n")
-    local, remote = "flyte run --local rl/flyte/grpo.py train_rl   # local", "flyte run rl/flyte/grpo.py train_rl"
+    local, remote = (
+        "flyte run --local rl/deploy/flyte/grpo.py train_rl   # local",
+        "flyte run rl/deploy/flyte/grpo.py train_rl",
+    )
     (tmp_path / "docs" / "flyte.md").write_text(f"# Cluster\n```bash\n{local}\n{remote}\n```\n")
     (tmp_path / "docs" / "chaos.md").write_text("# Chaos\n```bash\nrl chaos --seeds 1000\nrl plan --gpu L4\n```\n")
     examples = readme_commands.readme_blocks(tmp_path)["examples"].lines
-    assert examples == ("rl plan --gpu L4", "rl chaos --seeds 5", "flyte run --local rl/flyte/grpo.py train_rl")
+    assert examples == ("rl plan --gpu L4", "rl chaos --seeds 5", "flyte run --local rl/deploy/flyte/grpo.py train_rl")
 
 
 def test_shrinking_changes_sizes_only_and_fills_in_the_fork_placeholder():

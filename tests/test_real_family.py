@@ -22,10 +22,10 @@ import torch
 from safetensors.torch import load as load_safetensors
 from trainer_batches import make_batch, make_rollouts, varied_rewards
 
-from rl.artifacts import LocalArtifacts
 from rl.models import ModelDirError, load_base_model, load_tokenizer
 from rl.models.model_dir import INDEX_FILE, check_model_dir
 from rl.models.qwen3 import Qwen3Shape, build_qwen3_model
+from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.adapter import load_policy
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
@@ -181,7 +181,7 @@ def test_a_run_checks_its_model_directory_from_the_listing_before_any_task(tmp_p
     only the listing and the JSON files."""
     from flyte.io import Dir
 
-    from rl.flyte.bindings import check_base
+    from rl.deploy.flyte.bindings import check_base
 
     model_dir = build_qwen3_model(tmp_path / "model", SMALL_VOCAB, max_shard_size="100KB")
     run(check_base(Dir.from_existing_remote(str(model_dir))))

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from rl.local import local_grpo
+from rl.deploy.local import local_grpo
 from rl.loop.grpo import GrpoConfig, run_grpo
 
 CONFIG = GrpoConfig(iterations=3, prompts_per_iteration=2, group_size=4, seed=11, max_tokens=3, eval_k=2)
@@ -59,7 +59,8 @@ class _RecordingTrainer:
 @pytest.mark.heavy
 def test_each_rows_kl_and_clip_fraction_are_the_peft_steps_own(tmp_path):
     """Pipelined on the real stack (stale samples, a moving adapter), each row's KL to the base, clip fraction and
-    gradient norm are exactly what that iteration's PEFT step computed from `rl.loss`, and they are not all zero."""
+    gradient norm are exactly what that iteration's PEFT step computed from `rl.algorithm.loss`, and they are not all
+    zero."""
     from dataclasses import replace
 
     config = GrpoConfig(iterations=4, prompts_per_iteration=4, group_size=8, seed=1, max_tokens=3, evaluate=False)

@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 from report_rows import MARKED_TASK, evals, rows
 
-from rl.file_reporter import FileReporter
-from rl.report import RECENT_SAMPLES, panels, render_report
+from rl.deploy.file_reporter import FileReporter
+from rl.deploy.report import RECENT_SAMPLES, panels, render_report
 from rl.types import IterationMetrics
 
 TRAINER_PANELS = ["loss", "kl", "clip_frac", "grad_norm", "no_signal", "completion_tokens"]
@@ -164,7 +164,7 @@ def test_trainer_charts_are_drawn_empty_before_the_first_step():
 def test_rendering_while_running_stays_under_its_share_of_the_run_and_completion_always_renders(tmp_path, monkeypatch):
     """A render that took 1 s (on a fake clock) holds the next one back 1 / max_render_share = 20 s, whatever the
     interval; completion renders at once. The JSONL is written on every publication regardless."""
-    import rl.file_reporter as report
+    import rl.deploy.file_reporter as report
 
     clock = [0.0]
     real_render = report.render_report

@@ -7,7 +7,7 @@ import pytest
 from chromium import browser_context
 from report_rows import MARKED_TASK, evals, rows
 
-from rl.report import panels, render_report
+from rl.deploy.report import panels, render_report
 
 pytestmark = pytest.mark.browser
 
@@ -79,8 +79,8 @@ def _markup_checkpoint_report(tmp_path) -> str:
     import dataclasses
     import json
 
-    from rl.checkpoint.format import DriverState, decode_state, encode_state
     from rl.identity import content_digest
+    from rl.storage.checkpoint.format import DriverState, decode_state, encode_state
     from rl.types import ArtifactRef, EvalResult
 
     ref = ArtifactRef(uri=_MARKUP, digest=_MARKUP[:200])

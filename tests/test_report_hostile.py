@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from report_rows import evals, rows
 
-from rl import report
+from rl.deploy import report
 from rl.types import EvalResult, IterationMetrics
 
 LONG = "A" * 3000

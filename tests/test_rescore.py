@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from rl.cli import main
-from rl.volumes.buffer import PANDAS_DTYPES, RolloutBuffer
-from rl.volumes.sink import BUFFER_NAME
-from rl.volumes.store import LocalVolumeStore
+from rl.storage.volumes.buffer import PANDAS_DTYPES, RolloutBuffer
+from rl.storage.volumes.sink import BUFFER_NAME
+from rl.storage.volumes.store import LocalVolumeStore
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def test_the_demo_keeps_one_buffer_version_per_iteration_readable_by_pandas(demo
 
 def test_rescore_writes_a_new_version_and_generates_nothing(demo_run, capsys, monkeypatch):
     """`rl rescore --reward format` re-scores every stored rollout; a sampler that refuses to run proves none ran."""
-    import rl.engines.decoding as sampler
+    import rl.samplers.decoding as sampler
 
     def refuse(*args, **kwargs):
         raise AssertionError("rescoring must not generate")
@@ -61,7 +61,7 @@ def test_rescore_imports_no_sampler_or_trainer(demo_run):
     code = (
         "import sys; from rl.cli import main; "
         f"main(['rescore', {str(demo_run)!r}, '--reward', 'correctness']); "
-        "print(sorted(m for m in sys.modules if m.startswith(('rl.engines', 'rl.trainer', 'torch'))))"
+        "print(sorted(m for m in sys.modules if m.startswith(('rl.samplers', 'rl.trainer', 'torch'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"

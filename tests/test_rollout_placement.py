@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rl.deploy.flyte import envs, grpo_tasks
+from rl.deploy.flyte.config import EngineSpec, smoke
 from rl.errors import RolloutPlacementError
-from rl.flyte import envs, grpo_tasks
-from rl.flyte.config import EngineSpec, smoke
 from rl.types import ArtifactRef, Prompt, RolloutRequest
 
 TIERS = ("gpu", "cpu", "stress")
@@ -93,9 +93,9 @@ async def test_several_groups_per_call_give_each_group_what_its_own_call_gives(
     """The batched tier (vLLM, groups_per_call > 1) on the real VLLMEngine over the vLLM stub: the groups in request
     order, each equal to the group sampled in a call of its own (per-request seeds), in calls of at most that many."""
     import fakes.vllm_stub as stub
-    from rl.artifacts import LocalArtifacts
-    from rl.engines.vllm import VLLMEngine
     from rl.models import TinyModelConfig, build_tiny_model
+    from rl.samplers.vllm import VLLMEngine
+    from rl.storage.artifacts import LocalArtifacts
     from rl.trainer.config import TrainerConfig
     from rl.trainer.peft_trainer import PeftTrainer
 

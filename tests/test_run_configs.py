@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rl.agentic.faults import AgenticFaults
-from rl.flyte.agentic import SMOKE as AGENTIC_SMOKE
-from rl.flyte.agentic import AgenticRunConfig
-from rl.flyte.config import ConfigError, FaultSpec, GrpoRunConfig, smoke
+from rl.deploy.flyte.agentic import SMOKE as AGENTIC_SMOKE
+from rl.deploy.flyte.agentic import AgenticRunConfig
+from rl.deploy.flyte.config import ConfigError, FaultSpec, GrpoRunConfig, smoke
 
 
 def _flyte_cli(config_type: type, default: object, value: dict) -> object:
@@ -141,7 +141,7 @@ def test_grpo_fault_inputs_refuse_a_typo_a_bad_iteration_and_one_beyond_the_run(
 
 def test_agentic_fault_inputs_refuse_an_unknown_key():
     """`train_with_faults --faults '<json>'`: a misspelt key is refused (a dataclass input would have dropped it)."""
-    from rl.flyte.agentic_faults import AgenticFaultSpec
+    from rl.deploy.flyte.agentic_faults import AgenticFaultSpec
 
     with pytest.raises(ValueError, match="flaky_rate"):
         _flyte_cli(AgenticFaultSpec, AgenticFaultSpec(), {"flaky_rate": 0.3})
@@ -178,8 +178,8 @@ def test_an_unknown_reward_fails_before_the_grpo_driver_starts_a_task(monkeypatc
     (before: only at the first `score_group`, after the base model was built)."""
     import asyncio
 
-    import rl.flyte.grpo as grpo
-    import rl.flyte.grpo_driver as grpo_driver
+    import rl.deploy.flyte.grpo as grpo
+    import rl.deploy.flyte.grpo_driver as grpo_driver
 
     started: list[str] = []
 

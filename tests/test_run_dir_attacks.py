@@ -1,6 +1,7 @@
 """What a run directory someone sent you cannot do (issue 39's classes): write through a hard link or a device, block a
 read or a write on a FIFO or socket, size memory by a claimed number, or put escape sequences on a terminal. Each test
-builds the attack by hand and checks the one layer every caller goes through (`rl.safe_fs.Tree`, `rl.errors.shown`)."""
+builds the attack by hand and checks the one layer every caller goes through (`rl.storage.safe_fs.Tree`,
+`rl.errors.shown`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from rl.commands import failures
 from rl.errors import UnsafeRunDirError, shown
-from rl.safe_fs import Tree
+from rl.storage.safe_fs import Tree
 
 WRITE_MODES = ["w", "a", "wb", "ab", "r+", "w+"]
 
@@ -132,7 +133,7 @@ def test_shown_leaves_no_control_character_and_cuts_long_values() -> None:
 def test_a_symlinked_checkpoint_whose_target_holds_escapes_prints_them_visibly(tmp_path: Path) -> None:
     """docs/guarantees.md: "A path or value read from a run directory reaches a terminal, a log or the report only
     through one escaping function": the error line of a crafted symlink shows its escape sequences as text."""
-    from rl.run_layout import require_safe
+    from rl.storage.run_layout import require_safe
 
     run = tmp_path / "run"
     run.mkdir()
@@ -155,7 +156,7 @@ def test_a_sparse_file_in_an_artifact_is_refused_without_being_read_whole(tmp_pa
     import asyncio
     import tracemalloc
 
-    from rl.artifacts import ArtifactCorruptError, LocalArtifacts
+    from rl.storage.artifacts import ArtifactCorruptError, LocalArtifacts
 
     store = LocalArtifacts(tmp_path / "artifacts")
     ref = asyncio.run(store.put({"adapter_model.safetensors": b"weights"}, name="adapter"))
@@ -333,8 +334,8 @@ def test_the_sampler_and_the_trainer_refuse_a_hostile_adapter_in_one_typed_line(
 ) -> None:
     """Both loaders (the sampler's adapter cache, the trainer's `load_policy`) go through the check: exit 4, the
     adapter named, where a pickle or a 2**40-byte header ended in exit 70 and a regex hung."""
-    from rl.engines.adapter_cache import AdapterCache
     from rl.models.model_dir import AdapterDirError
+    from rl.samplers.adapter_cache import AdapterCache
     from rl.trainer.adapter import load_policy
 
     files = _hostile_adapters(adapter)[hostile]

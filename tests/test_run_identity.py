@@ -13,18 +13,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl.checkpoint.format import DriverState, encode_state
-from rl.checkpoint.memory_store import MemoryStateStore
 from rl.cli import main
+from rl.deploy.simulated.artifacts import MemoryArtifacts
+from rl.deploy.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
 from rl.errors import CheckpointConfigMismatchError
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor
-from rl.simulated.artifacts import MemoryArtifacts
-from rl.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
+from rl.storage.checkpoint.format import DriverState, encode_state
+from rl.storage.checkpoint.memory_store import MemoryStateStore
+from rl.storage.volumes.buffer import RolloutBuffer, rollout_rows
+from rl.storage.volumes.sink import BUFFER_NAME
+from rl.storage.volumes.store import LocalVolumeStore
 from rl.types import ArtifactRef, Rollout
-from rl.volumes.buffer import RolloutBuffer, rollout_rows
-from rl.volumes.sink import BUFFER_NAME
-from rl.volumes.store import LocalVolumeStore
 
 CONFIG = GrpoConfig(iterations=4, prompts_per_iteration=2, group_size=2, seed=5, evaluate=False)
 

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 
 from rl.errors import RunLockedError
-from rl.run_layout import MARKER, MARKER_TEXT
-from rl.run_lock import HOLDER_NAME, run_lock
+from rl.storage.run_layout import MARKER, MARKER_TEXT
+from rl.storage.run_lock import HOLDER_NAME, run_lock
 
 _HOLD = (
     "import sys\n"
     "from pathlib import Path\n"
-    "from rl.run_lock import run_lock\n"
+    "from rl.storage.run_lock import run_lock\n"
     "with run_lock(Path(sys.argv[1]), command='the holder'):\n"
     "    print('held', flush=True)\n"
     "    sys.stdin.read()\n"

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from fixtures_real import adapter_dirs, refs, run, store, tiny_model_dir
 
-from rl.artifacts import LocalArtifacts
-from rl.engines import torch_sampler
-from rl.engines.torch_sampler import TorchSampler
 from rl.models.chat import decode_texts
+from rl.samplers import torch_sampler
+from rl.samplers.torch_sampler import TorchSampler
+from rl.storage.artifacts import LocalArtifacts
 from rl.types import Prompt, RolloutRequest
 
 __all__ = ["adapter_dirs", "refs", "store", "tiny_model_dir"]

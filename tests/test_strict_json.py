@@ -20,14 +20,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from parsed_sources import walked
 
-from rl.checkpoint.format import DriverState, decode_state, encode_state
+from rl.deploy.file_reporter import FileReporter
 from rl.errors import NonFiniteMetricError
-from rl.file_reporter import FileReporter
 from rl.loop.grpo import iteration_metrics
+from rl.storage.checkpoint.format import DriverState, decode_state, encode_state
+from rl.storage.volumes.buffer import RolloutBuffer, rollout_rows
+from rl.storage.volumes.store import LocalVolumeStore
 from rl.strict_json import dumps, flag_non_finite, unflag_non_finite
 from rl.types import ArtifactRef, IterationMetrics, Rollout, StepMetrics
-from rl.volumes.buffer import RolloutBuffer, rollout_rows
-from rl.volumes.store import LocalVolumeStore
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,17 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rl.deploy.simulated.agentic_sim import AgenticSim, default_inputs
+from rl.deploy.simulated.chaos import CHAOS_GRPO, _grpo_reference, grpo_random, grpo_swarm, resume_violations
+from rl.deploy.simulated.chaos_agentic import _reference, agentic_report, check_agentic_run
+from rl.deploy.simulated.grpo_sim import TRAIN, grpo_sim, lineage_violations, outcome_violations
+from rl.durable.durable_sim import DurableSimulator
+from rl.durable.errors import DriverAttemptsExhausted, TaskFailed
+from rl.durable.faults import FaultPlan
+from rl.durable.swarm import FAULT_KINDS, coverage
+from rl.durable.virtual_loop import VirtualTimeLoop
 from rl.errors import RetriesExhaustedError
 from rl.loop.grpo import GrpoConfig
-from rl.sim.durable_sim import DurableSimulator
-from rl.sim.errors import DriverAttemptsExhausted, TaskFailed
-from rl.sim.faults import FaultPlan
-from rl.sim.swarm import FAULT_KINDS, coverage
-from rl.sim.virtual_loop import VirtualTimeLoop
-from rl.simulated.agentic_sim import AgenticSim, default_inputs
-from rl.simulated.chaos import CHAOS_GRPO, _grpo_reference, grpo_random, grpo_swarm, resume_violations
-from rl.simulated.chaos_agentic import _reference, agentic_report, check_agentic_run
-from rl.simulated.grpo_sim import TRAIN, grpo_sim, lineage_violations, outcome_violations
 
 SMALL = GrpoConfig(iterations=2, prompts_per_iteration=2, group_size=2, seed=0)
 
@@ -252,8 +252,8 @@ def test_hypothesis_fault_plans_keep_every_agentic_invariant(data):
 def test_seeds_are_grouped_so_that_each_reference_run_is_computed_in_one_process(loop):
     """`rl chaos --jobs N` hands a process whole groups: every seed in exactly one group, and a group's scenarios,
     run on a cold cache, compute exactly one reference run between them (and no other group needs it)."""
-    from rl.simulated import chaos, chaos_agentic
-    from rl.simulated.scenarios import grouped_by_reference, reference_key, scenarios_in_worker
+    from rl.deploy.simulated import chaos, chaos_agentic
+    from rl.deploy.simulated.scenarios import grouped_by_reference, reference_key, scenarios_in_worker
 
     seeds = list(range(48))
     groups = grouped_by_reference(loop, seeds)

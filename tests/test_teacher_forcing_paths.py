@@ -10,9 +10,9 @@ import torch
 from fixtures_real import one_thread, tiny_model_dir
 from peft import LoraConfig, get_peft_model
 
-from rl.engines import decoding
-from rl.engines.decoding import batched_teacher_forced_logprobs, teacher_forced_logprobs
 from rl.models import load_base_model, load_tokenizer
+from rl.samplers import decoding
+from rl.samplers.decoding import batched_teacher_forced_logprobs, teacher_forced_logprobs
 from rl.types import SamplingSettings
 
 __all__ = ["one_thread", "tiny_model_dir"]

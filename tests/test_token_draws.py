@@ -1,4 +1,4 @@
-"""The sampler's token draw (`rl.engines.decoding.draw_tokens`): inverse CDF, one uniform a row from its group's
+"""The sampler's token draw (`rl.samplers.decoding.draw_tokens`): inverse CDF, one uniform a row from its group's
 generator; it follows the distribution, never draws a token of zero mass, and refuses a distribution that is not one."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from rl.engines.decoding import draw_tokens, tokens_at
 from rl.errors import NonFiniteLogitsError
+from rl.samplers.decoding import draw_tokens, tokens_at
 
 
 def test_draws_follow_the_distribution() -> None:

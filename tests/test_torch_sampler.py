@@ -9,18 +9,18 @@ import pytest
 import torch
 from fixtures_real import LORA_TARGETS, adapter_dirs, one_thread, refs, run, store, tiny_model_dir
 
-from rl.artifacts import ArtifactNotFoundError, LocalArtifacts
 from rl.conformance.engine_lifetime_laws import coincidence_tail
-from rl.engines.adapter_cache import NotAnAdapterError
-from rl.engines.decoding import (
+from rl.models import load_base_model
+from rl.protocols import RolloutEngine
+from rl.samplers.adapter_cache import NotAnAdapterError
+from rl.samplers.decoding import (
     InvalidRolloutRequestError,
     batched_teacher_forced_logprobs,
     sample_group,
     teacher_forced_logprobs,
 )
-from rl.engines.torch_sampler import TorchSampler
-from rl.models import load_base_model
-from rl.protocols import RolloutEngine
+from rl.samplers.torch_sampler import TorchSampler
+from rl.storage.artifacts import ArtifactNotFoundError, LocalArtifacts
 from rl.types import ArtifactRef, Prompt, RolloutRequest
 
 __all__ = ["adapter_dirs", "one_thread", "refs", "store", "tiny_model_dir"]

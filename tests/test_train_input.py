@@ -12,7 +12,7 @@ from flyte.types import TypeEngine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl.flyte.grpo_tasks import TrainInput
+from rl.deploy.flyte.grpo_tasks import TrainInput
 from rl.trainer.config import TrainerConfig
 from rl.types import ArtifactRef, Rollout, TrainBatch
 

@@ -16,16 +16,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rl.artifacts import ArtifactCorruptError, LocalArtifacts, compute_digest
 from rl.cli import main
 from rl.errors import UnsafeRunDirError
+from rl.storage.artifacts import ArtifactCorruptError, LocalArtifacts, compute_digest
+from rl.storage.volumes.buffer import RolloutBuffer, rollout_rows
+from rl.storage.volumes.errors import InvalidPathError, VersionNotFoundError, VolumeCorruptedError
+from rl.storage.volumes.filesystem import force_rmtree
+from rl.storage.volumes.manifest import digest
+from rl.storage.volumes.sink import BUFFER_NAME
+from rl.storage.volumes.store import LocalVolumeStore
 from rl.types import ArtifactRef, Rollout
-from rl.volumes.buffer import RolloutBuffer, rollout_rows
-from rl.volumes.errors import InvalidPathError, VersionNotFoundError, VolumeCorruptedError
-from rl.volumes.filesystem import force_rmtree
-from rl.volumes.manifest import digest
-from rl.volumes.sink import BUFFER_NAME
-from rl.volumes.store import LocalVolumeStore
 
 
 def _rollout(group: int) -> Rollout:
@@ -197,7 +197,7 @@ async def test_an_artifact_object_that_links_elsewhere_is_not_read(tmp_path):
 @pytest.mark.parametrize("entry", ["metrics.jsonl", "checkpoint.json", "artifacts", "volumes"])
 def test_a_run_directory_entry_that_is_a_symlink_is_refused_before_anything_is_written(tmp_path, entry):
     """The report, checkpoint and stores are written through: a link in their place is refused at start."""
-    from rl.run_layout import require_safe
+    from rl.storage.run_layout import require_safe
 
     target = tmp_path / "victim"
     target.mkdir()

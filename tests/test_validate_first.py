@@ -63,8 +63,8 @@ def test_demo_config_is_checked_before_fresh_deletes_the_previous_run(tmp_path, 
 
 def test_local_grpo_refuses_a_config_before_building_the_base_model(tmp_path):
     """The library entry point checks too: nothing is written under out_dir for a config `run_grpo` would refuse."""
+    from rl.deploy.local import local_grpo
     from rl.errors import InputError
-    from rl.local import local_grpo
     from rl.loop.grpo import GrpoConfig
 
     out = tmp_path / "run"

@@ -9,12 +9,12 @@ from asyncio import base_events
 
 import pytest
 
+from rl.deploy.simulated import grpo_tiers
+from rl.deploy.simulated.chaos import grpo_random
+from rl.deploy.simulated.chaos_agentic import agentic_report
+from rl.durable import virtual_loop
+from rl.durable.virtual_loop import UnsupportedAsyncio, VirtualTimeLoop, loop_path
 from rl.loop.awaiting import results_in_order
-from rl.sim import virtual_loop
-from rl.sim.virtual_loop import UnsupportedAsyncio, VirtualTimeLoop, loop_path
-from rl.simulated import grpo_tiers
-from rl.simulated.chaos import grpo_random
-from rl.simulated.chaos_agentic import agentic_report
 
 # sha256 prefixes of `rl chaos --loop L --seed S --trace`'s report lines, recorded on CPython 3.11.7; CI runs this file
 # on 3.13 too (`nox -s unit-py313`), so a scheduling change between Pythons fails here.

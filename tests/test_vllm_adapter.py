@@ -24,10 +24,12 @@ from hypothesis import strategies as st
 import fakes.vllm_stub as vllm_stub
 from fakes.vllm_stub import CompletionOutput, Logprob, RequestOutput, SamplingParams
 from fakes.vllm_stub.lora.request import LoRARequest
-from rl.artifacts import LocalArtifacts, read_dir
-from rl.engines.decoding import teacher_forced_logprobs
-from rl.engines.torch_sampler import TorchSampler
-from rl.engines.vllm import (
+from rl.errors import SamplingSettingsError, VLLMSamplingError
+from rl.models import load_tokenizer
+from rl.protocols import RolloutEngine
+from rl.samplers.decoding import teacher_forced_logprobs
+from rl.samplers.torch_sampler import TorchSampler
+from rl.samplers.vllm import (
     VLLM_SEED_STRIDE,
     EngineOutputError,
     VLLMEngine,
@@ -36,9 +38,7 @@ from rl.engines.vllm import (
     sampling_params_kwargs,
     vllm_seed,
 )
-from rl.errors import SamplingSettingsError, VLLMSamplingError
-from rl.models import load_tokenizer
-from rl.protocols import RolloutEngine
+from rl.storage.artifacts import LocalArtifacts, read_dir
 from rl.types import ArtifactRef, Prompt, Rollout, RolloutRequest, SamplingSettings
 
 __all__ = ["adapter_dirs", "one_thread", "refs", "store", "tiny_model_dir"]
@@ -73,7 +73,7 @@ def test_vllm_engine_is_a_rollout_engine(engine: VLLMEngine) -> None:
 def test_importing_the_adapter_imports_neither_vllm_nor_torch() -> None:
     """vLLM is imported lazily, and the translation layer needs no torch."""
     code = (
-        "import json, sys\nimport rl.engines.vllm\n"
+        "import json, sys\nimport rl.samplers.vllm\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -404,7 +404,7 @@ def test_the_stubs_raw_logprobs_are_the_untempered_policys_and_processed_ones_th
 ) -> None:
     """As vLLM's sampler: `raw_logprobs` is log_softmax of the logits before temperature and cut, `processed_logprobs`
     after both (renormalised); the tokens drawn are the same, and at the defaults so are the log-probs, bit for bit."""
-    from rl.engines.adapter_cache import AdapterCache
+    from rl.samplers.adapter_cache import AdapterCache
 
     sp = SamplingParams(
         n=3, seed=8, logprobs=0, max_tokens=6, temperature=sampling.temperature, top_p=sampling.top_p,
@@ -549,7 +549,7 @@ def test_an_adapter_vllm_would_die_loading_is_refused_before_vllm_sees_it(
 ) -> None:
     """vLLM loads adapters in its worker, and a failed load kills the engine core (every later request fails): the
     engine refuses an adapter above its `max_lora_rank` itself, naming the fix, and its vLLM stays alive."""
-    from rl.engines.vllm import AdapterRefused
+    from rl.samplers.vllm import AdapterRefused
 
     engine = VLLMEngine(
         tiny_model_dir, store, vllm_module=vllm_stub, adapter_root=tmp_path / "a", llm_kwargs={"max_lora_rank": 1}
@@ -565,7 +565,7 @@ def test_a_refused_adapter_is_checked_again_on_the_retry_and_never_handed_to_vll
     """A rollout task retries a refused request as it retries any failure: the retry must check the adapter again
     and refuse it again, not find its staged directory remembered from the refused call and hand it to vLLM (whose
     worker would then fail the load and kill the engine core for every later request)."""
-    from rl.engines.vllm import AdapterRefused
+    from rl.samplers.vllm import AdapterRefused
 
     engine = VLLMEngine(
         tiny_model_dir, store, vllm_module=vllm_stub, adapter_root=tmp_path / "a", llm_kwargs={"max_lora_rank": 1}
@@ -600,8 +600,8 @@ def test_a_replica_closes_the_engine_it_evicts(tiny_model_dir: Path, monkeypatch
     (its vLLM engine-core process ended), not just forgotten."""
     from types import SimpleNamespace
 
-    from rl.flyte import grpo_tasks
-    from rl.flyte.config import EngineSpec
+    from rl.deploy.flyte import grpo_tasks
+    from rl.deploy.flyte.config import EngineSpec
 
     async def local(base: object) -> Path:
         return tiny_model_dir
@@ -624,7 +624,7 @@ def test_a_replica_closes_the_engine_it_evicts(tiny_model_dir: Path, monkeypatch
 def test_the_engines_scratch_directory_leaves_room_for_vllms_socket_paths(tmp_path, monkeypatch):
     """vLLM binds Unix sockets at VLLM_RPC_BASE_PATH/<uuid4>, at most 107 bytes: under a TMPDIR too long for that the
     engine's scratch directory goes to /tmp (a demo under such a TMPDIR failed its engine start with a ZMQError)."""
-    from rl.engines import vllm as engine_module
+    from rl.samplers import vllm as engine_module
 
     monkeypatch.setattr(tempfile, "tempdir", "/tmp")
     assert engine_module._scratch_parent() is None

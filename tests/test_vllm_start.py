@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from fixtures_real import tiny_model_dir
 
-import rl.engines.vllm as vllm_engine
-from rl.artifacts import LocalArtifacts
+import rl.samplers.vllm as vllm_engine
 from rl.cli import main
-from rl.engines.vllm import KVCACHE_ENV, VLLMEngine, cpu_kvcache_gib, start_failure_cause
 from rl.errors import EngineStartError, RlError
+from rl.samplers.vllm import KVCACHE_ENV, VLLMEngine, cpu_kvcache_gib, start_failure_cause
+from rl.storage.artifacts import LocalArtifacts
 
 __all__ = ["tiny_model_dir"]  # a fixture
 

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from fixtures_real import tiny_model_dir
 
-import rl.engines.vllm as vllm_engine
-from rl.artifacts import LocalArtifacts
-from rl.engines.vllm import KVCACHE_ENV, VLLMEngine
-from rl.engines.vllm_start_errors import StartContext, start_advice
+import rl.samplers.vllm as vllm_engine
 from rl.errors import EngineStartError
+from rl.samplers.vllm import KVCACHE_ENV, VLLMEngine
+from rl.samplers.vllm_start_errors import StartContext, start_advice
+from rl.storage.artifacts import LocalArtifacts
 
 __all__ = ["tiny_model_dir"]  # a fixture
 

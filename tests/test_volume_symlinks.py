@@ -1,5 +1,5 @@
-"""Our volumes' symlink rule (`rl.volumes.manifest.symlink_target_problem`) against the kernel: a target it accepts
-resolves inside the volume, and one it refuses for climbing resolves outside, at every depth."""
+"""Our volumes' symlink rule (`rl.storage.volumes.manifest.symlink_target_problem`) against the kernel: a target it
+accepts resolves inside the volume, and one it refuses for climbing resolves outside, at every depth."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from rl.volumes.manifest import symlink_target_problem
+from rl.storage.volumes.manifest import symlink_target_problem
 
 NAMES = st.sampled_from(["a", "b", "x"])
 

@@ -21,7 +21,7 @@ from rl.conformance import VolumeStoreContract
 from rl.conformance.in_place_rewrite_laws import rewrite_in_place
 from rl.conformance.volume_store_contract import PATHS, VolumeStoreMachine, read_tree
 from rl.platform import bytes_written
-from rl.volumes import (
+from rl.storage.volumes import (
     MIN_RACY_NS,
     RACY_NS,
     InvalidNameError,

@@ -39,8 +39,8 @@ def test_the_stub_like_vllm_refuses_a_second_engine_while_the_first_holds_the_gp
 def test_a_warm_replica_closes_its_engine_before_starting_the_next(tiny_model_dir: Path, stub_vllm: None) -> None:
     from flyte.io import Dir
 
-    from rl.flyte import grpo_tasks
-    from rl.flyte.config import EngineSpec
+    from rl.deploy.flyte import grpo_tasks
+    from rl.deploy.flyte.config import EngineSpec
 
     base = Dir.from_existing_remote(str(tiny_model_dir), dir_cache_key="sha256:" + "1" * 64)
     spec = EngineSpec(kind="vllm", gpu_memory_utilization=0.85)

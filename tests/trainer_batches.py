@@ -1,6 +1,6 @@
 """Synthetic GRPO batches on the tiny model for the trainer tests (imported by test modules from tests/ on sys.path).
 
-The sampling log-probs are computed here independently of `rl.engines` (one full forward, log-softmax, gather), as the
+The sampling log-probs are computed here independently of `rl.samplers` (one full forward, log-softmax, gather), as the
 base model's teacher-forced log-probs: a version-0 adapter is the identity (PEFT initialises LoRA's B to zero), so these
 are exactly what a sampler of version 0 would have recorded, and the first step's importance ratios are 1.
 """

@@ -2,7 +2,7 @@
 
 vLLM's wheel installs without its CUDA dependencies (`pip install --no-deps`); its configuration and request classes
 (`EngineArgs`, `LoRAConfig`, `ModelConfig`, `SamplingParams`, `LoRARequest`, `PEFTHelper`, the parallel-sampling
-parent request) then import and validate on the CPU. These tests prove that what `rl.engines.vllm.VLLMEngine` builds is
+parent request) then import and validate on the CPU. These tests prove that what `rl.samplers.vllm.VLLMEngine` builds is
 what real vLLM accepts, and that `fakes.vllm_stub` refuses each thing real vLLM refuses, so the CPU tests that run on
 the stub are never kinder than vLLM. Nothing here can load a model into vLLM or sample: that is `nox -s gpu`.
 """
@@ -32,10 +32,10 @@ from vllm.v1.engine.parallel_sampling import ParentRequest  # noqa: E402
 
 import fakes.vllm_stub as stub  # noqa: E402
 from rl import gpu  # noqa: E402
-from rl.artifacts import LocalArtifacts  # noqa: E402
-from rl.engines.vllm import VLLMEngine, engine_llm_kwargs, model_max_len, sampling_params_kwargs  # noqa: E402
-from rl.flyte.config import EngineSpec, gpu_smoke, stress  # noqa: E402
+from rl.deploy.flyte.config import EngineSpec, gpu_smoke, stress  # noqa: E402
 from rl.models import TinyModelConfig, build_tiny_model, load_tokenizer  # noqa: E402
+from rl.samplers.vllm import VLLMEngine, engine_llm_kwargs, model_max_len, sampling_params_kwargs  # noqa: E402
+from rl.storage.artifacts import LocalArtifacts  # noqa: E402
 from rl.trainer.config import TrainerConfig  # noqa: E402
 from rl.trainer.peft_trainer import PeftTrainer  # noqa: E402
 from rl.types import ArtifactRef, Prompt, RolloutRequest, SamplingSettings  # noqa: E402
@@ -156,7 +156,7 @@ def test_the_stub_refuses_the_adapters_vllm_refuses(
 
 
 async def _materialize(store: LocalArtifacts, ref: ArtifactRef, out: Path) -> None:
-    from rl.artifacts import materialize
+    from rl.storage.artifacts import materialize
 
     await materialize(store, ref, out)
 
@@ -212,7 +212,7 @@ def test_vllms_sampling_ranges_are_the_ones_the_engine_and_the_stub_assume() -> 
     cannot sample as declared."""
     import vllm.sampling_params as real
 
-    from rl.engines.vllm import VLLM_MAX_TEMPERATURE, VLLM_MIN_TEMPERATURE
+    from rl.samplers.vllm import VLLM_MAX_TEMPERATURE, VLLM_MIN_TEMPERATURE
 
     assert real._MAX_TEMP == VLLM_MIN_TEMPERATURE == stub.MAX_TEMP and real._SAMPLING_EPS == stub.SAMPLING_EPS
     for cls in (SamplingParams, stub.SamplingParams):

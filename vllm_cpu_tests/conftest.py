@@ -64,7 +64,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The session's artifact store: the engine reads every adapter it serves from it."""
-    from rl.artifacts import LocalArtifacts
+    from rl.storage.artifacts import LocalArtifacts
 
     return LocalArtifacts(tmp_path_factory.mktemp("vllm-cpu-artifacts"))
 
@@ -72,9 +72,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.fixture(scope="session")
 def engine(model_dir: Path, store: Any) -> Iterator[Any]:
     """The session's real `VLLMEngine`, started once (its own adapter directory, removed by `close`)."""
-    from rl.engines.vllm import VLLMEngine
     from rl.gpu import vllm_cpu_llm_kwargs
     from rl.models import load_tokenizer
+    from rl.samplers.vllm import VLLMEngine
 
     engine = VLLMEngine(model_dir, store, llm_kwargs=vllm_cpu_llm_kwargs(), tokenizer=load_tokenizer(model_dir))
     _ = engine.llm  # start vLLM now, so its start-up is not charged to the first test

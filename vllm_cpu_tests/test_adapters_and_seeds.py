@@ -14,7 +14,7 @@ from typing import Any
 from gpu_helpers import logprob_gaps, summarize
 from vllm_cpu_helpers import LOGPROB_MAX_ABS_TOL, generate, request, served_by
 
-from rl.engines.vllm import VLLM_SEED_STRIDE, VLLMEngine
+from rl.samplers.vllm import VLLM_SEED_STRIDE, VLLMEngine
 from rl.types import Prompt
 
 
@@ -30,7 +30,7 @@ def test_a_second_run_on_a_warm_engine_never_samples_the_first_runs_adapter(
 ) -> None:
     """Run one serves its version 0 (adapter a) on the warm engine; run two's version 0 is another adapter (c),
     fetched from run two's own store, under the same version label and seed: it is served, not run one's."""
-    from rl.artifacts import LocalArtifacts
+    from rl.storage.artifacts import LocalArtifacts
 
     (first,) = generate(engine, request(adapters["a"][0], version=0, seed=20))
     second_store = LocalArtifacts(tmp_path / "run-two")
@@ -108,7 +108,7 @@ def _raw_generate(engine: VLLMEngine, ref: Any, seed: int) -> list[list[int]]:
     """The completions' token ids of one request sent to the engine's `LLM` directly, with `seed` as it is."""
     import vllm
 
-    from rl.engines.vllm import sampling_params_kwargs
+    from rl.samplers.vllm import sampling_params_kwargs
 
     req = request(ref, seed=0, max_tokens=16)
     params = vllm.SamplingParams(**{**sampling_params_kwargs(req), "seed": seed})

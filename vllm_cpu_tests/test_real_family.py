@@ -23,11 +23,11 @@ def test_a_sharded_bf16_qwen3_directory_rolls_out_on_real_vllm_with_the_trainers
     log-probs the trainer computes for the same tokens."""
     import torch
 
-    from rl.artifacts import LocalArtifacts
-    from rl.engines.vllm import VLLMEngine
     from rl.gpu import vllm_cpu_llm_kwargs
     from rl.models import load_tokenizer
     from rl.models.qwen3 import build_qwen3_model
+    from rl.samplers.vllm import VLLMEngine
+    from rl.storage.artifacts import LocalArtifacts
 
     model_dir = build_qwen3_model(tmp_path / "qwen3")
     shards = sorted(model_dir.glob("model-*-of-*.safetensors"))

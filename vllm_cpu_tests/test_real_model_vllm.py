@@ -33,15 +33,16 @@ def smollm2() -> Path:
 
 @pytest.fixture(scope="module")
 def real_store(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from rl.artifacts import LocalArtifacts
+    from rl.storage.artifacts import LocalArtifacts
 
     return LocalArtifacts(tmp_path_factory.mktemp("real-model-artifacts"))
 
 
 @pytest.fixture(scope="module")
 def real_engine(smollm2: Path, real_store: Any) -> Iterator[Any]:
-    """The demo's engine for `--engine vllm` (`rl.local.make_engine`) on the real model; closed after this module."""
-    from rl.local import make_engine
+    """The demo's engine for `--engine vllm` (`rl.deploy.local.make_engine`) on the real model; closed after this
+    module."""
+    from rl.deploy.local import make_engine
 
     engine = make_engine("vllm", smollm2, real_store, threads=2)
     yield engine

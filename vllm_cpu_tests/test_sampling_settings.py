@@ -30,7 +30,7 @@ SETTINGS = {
 @pytest.fixture(scope="module")
 def raw_engine(model_dir: Path, store: Any) -> Iterator[Any]:
     """A second `VLLMEngine` whose `LLM` records vLLM's default raw log-probs (started now, closed after)."""
-    import rl.engines.vllm as vllm_engine
+    import rl.samplers.vllm as vllm_engine
     from rl.gpu import vllm_cpu_llm_kwargs
     from rl.models import load_tokenizer
 
@@ -48,7 +48,7 @@ def _gaps(rollouts: list[Rollout], policy: Any, sampling: SamplingSettings) -> l
     """|recorded - teacher-forced under `sampling`| for every token."""
     import torch
 
-    from rl.engines.decoding import teacher_forced_logprobs
+    from rl.samplers.decoding import teacher_forced_logprobs
 
     gaps: list[float] = []
     with torch.no_grad():

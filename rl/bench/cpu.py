@@ -16,14 +16,14 @@ from typing import Any
 
 import torch
 
-from rl.artifacts import LocalArtifacts
 from rl.bench.figures import check_repeats, spread
-from rl.engines.decoding import batched_teacher_forced_logprobs
-from rl.engines.torch_sampler import TorchSampler
-from rl.local import DEMO_MODEL, DEMO_TRAINER, base_model
+from rl.deploy.local import DEMO_MODEL, DEMO_TRAINER, base_model
 from rl.loop.grpo import GrpoConfig, GrpoTiers, generate_and_score
 from rl.problems import DigitSuccessor
+from rl.samplers.decoding import batched_teacher_forced_logprobs
+from rl.samplers.torch_sampler import TorchSampler
 from rl.scoring import RewardScorer
+from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.peft_trainer import PeftTrainer
 from rl.types import TrainBatch
 

@@ -61,16 +61,16 @@ class _Timers:
 async def _iterations(root: Path, base: Path, real: bool, repeats: int) -> tuple[list[dict[str, float]], list[Any]]:
     """(measured seconds per phase, rollouts) of each timed iteration on the model in `base` (`real`: a pretrained
     model, in `rl demo grpo --model`'s setting)."""
-    import rl.engines.decoding as decoding
-    import rl.engines.torch_sampler as torch_sampler
+    import rl.samplers.decoding as decoding
+    import rl.samplers.torch_sampler as torch_sampler
     import rl.trainer.batched_loss as batched_loss
     import rl.trainer.step as step
-    from rl.artifacts import LocalArtifacts
-    from rl.demo import grpo_demo_config
-    from rl.engines.torch_sampler import TorchSampler
-    from rl.local import DEMO_TRAINER, REAL_MODEL_TRAINER, demo_problems
+    from rl.deploy.demo import grpo_demo_config
+    from rl.deploy.local import DEMO_TRAINER, REAL_MODEL_TRAINER, demo_problems
     from rl.loop.grpo import GrpoTiers, generate_and_score
+    from rl.samplers.torch_sampler import TorchSampler
     from rl.scoring import RewardScorer
+    from rl.storage.artifacts import LocalArtifacts
     from rl.trainer.peft_trainer import PeftTrainer
     from rl.types import TrainBatch
 
@@ -127,7 +127,7 @@ def floors_bench(model: str | None = None, repeats: int = 5) -> tuple[dict[str, 
     """(figures, the table's lines) for the tiny demo model, or for `model` (a pinned name such as `smollm2`, or a
     model directory): each phase's median seconds, its median floor over the repeats' shapes, their ratio."""
     check_repeats(repeats)
-    from rl.local import DEMO_TRAINER, REAL_MODEL_TRAINER
+    from rl.deploy.local import DEMO_TRAINER, REAL_MODEL_TRAINER
 
     with tempfile.TemporaryDirectory(prefix="rl-bench-floors-") as tmp:
         base = _model_dir(model, Path(tmp))
@@ -168,7 +168,7 @@ def _model_dir(model: str | None, root: Path) -> Path:
         from rl.models.pretrained import resolve_model
 
         return resolve_model(model)
-    from rl.local import DEMO_MODEL, base_model
+    from rl.deploy.local import DEMO_MODEL, base_model
 
     return base_model(root, DEMO_MODEL)
 

@@ -65,7 +65,7 @@ def bench_config(config: GpuBenchConfig) -> GpuBenchConfig:
     """`config` with `enforce_eager` resolved as production resolves it (`rl.gpu.vllm_enforce_eager`)."""
     if config.enforce_eager is not None:
         return config
-    from rl.flyte.config import reuse_enabled
+    from rl.deploy.flyte.config import reuse_enabled
 
     return replace(config, enforce_eager=vllm_enforce_eager(reuse=reuse_enabled()))
 
@@ -117,8 +117,8 @@ class _Bench:
 
 def _setup(root: Path, config: GpuBenchConfig, device: Any) -> _Bench:
     """Build the model under `root`, its version-0 adapter on `device`, and the prompts' token ids."""
-    from rl.artifacts import LocalArtifacts
     from rl.models import build_tiny_model, load_tokenizer
+    from rl.storage.artifacts import LocalArtifacts
     from rl.trainer.config import TrainerConfig
     from rl.trainer.peft_trainer import PeftTrainer
 
@@ -209,7 +209,7 @@ def _rollouts(bench: _Bench, config: GpuBenchConfig, policy: Any, completions: l
     """The completions as version-0 rollouts, old log-probs teacher-forced by `policy`, so ratios start at 1."""
     import torch
 
-    from rl.engines.decoding import teacher_forced_logprobs
+    from rl.samplers.decoding import teacher_forced_logprobs
     from rl.types import Rollout
 
     rollouts = []

@@ -9,12 +9,12 @@ from dataclasses import replace
 from typing import Any
 
 from rl.bench.figures import check_repeats, spread
+from rl.deploy.simulated.chaos import CHAOS_GRPO, grpo_random
+from rl.deploy.simulated.chaos_agentic import agentic_report
+from rl.deploy.simulated.grpo_sim import Latencies, grpo_sim, outcome_violations
+from rl.deploy.simulated.grpo_tiers import LatencyModel
+from rl.durable.durable_sim import DurableSimulator
 from rl.loop.grpo import GrpoConfig
-from rl.sim.durable_sim import DurableSimulator
-from rl.simulated.chaos import CHAOS_GRPO, grpo_random
-from rl.simulated.chaos_agentic import agentic_report
-from rl.simulated.grpo_sim import Latencies, grpo_sim, outcome_violations
-from rl.simulated.grpo_tiers import LatencyModel
 
 # The training-loop tutorial's measured loop: 434 s per iteration sequential, 298 s pipelined (Qwen3-8B, two nodes of
 # four GPUs). Pipelining hides the trainer, so generation is ~298 s and the train step (cold start included) ~434 - 298
@@ -108,7 +108,7 @@ def parallel_scenario_speed(scenarios: int = 400, jobs: int | None = None) -> di
     import functools
     import os
 
-    from rl.simulated.scenarios import scenario_in_worker, scenario_pool
+    from rl.deploy.simulated.scenarios import scenario_in_worker, scenario_pool
 
     jobs = jobs or os.cpu_count() or 1
     rates: dict[str, float] = {}

@@ -70,11 +70,11 @@ def vllm_cpu_bench(
 ) -> dict[str, Any]:
     """The figures of the module docstring. Refuses with an `InputError` where vllm is not installed."""
     require_vllm()
-    from rl.artifacts import LocalArtifacts
-    from rl.engines.torch_sampler import TorchSampler
-    from rl.engines.vllm import VLLMEngine
     from rl.gpu import VLLM_MODEL, vllm_cpu_llm_kwargs
     from rl.models import build_tiny_model, load_tokenizer
+    from rl.samplers.torch_sampler import TorchSampler
+    from rl.samplers.vllm import VLLMEngine
+    from rl.storage.artifacts import LocalArtifacts
 
     with tempfile.TemporaryDirectory(prefix="rl-bench-vllm-") as tmp:
         root = Path(tmp)

@@ -1,7 +1,7 @@
 """`rl bench --sections vllm --model smollm2`: vLLM's CPU build against our torch sampler on a real model, on the
 requests `rl demo grpo --model` sends, interleaved.
 
-Three cases, each one `generate_groups` call on each engine with the same requests (`rl.demo.grpo_demo_config`'s
+Three cases, each one `generate_groups` call on each engine with the same requests (`rl.deploy.demo.grpo_demo_config`'s
 real-model settings: temperature 1, `max_tokens` 12, the chat template, stop at the model's end-of-turn): `group`
 (one training prompt x 8 samples), `iteration` (4 training prompts x 8) and `heldout` (every held-out problem of
 `rl.problems.Addition` x 8, as the demo's `SamplingEvaluator` sends them). The policy is a rank-8 adapter on q/k/v/o
@@ -30,8 +30,8 @@ CASES = ("group", "iteration", "heldout")
 
 def real_model_requests(adapter: Any) -> dict[str, list[Any]]:
     """Each case's requests, with `rl demo grpo --model`'s group size, `max_tokens` and held-out seeds."""
-    from rl.demo import grpo_demo_config
-    from rl.local import demo_problems
+    from rl.deploy.demo import grpo_demo_config
+    from rl.deploy.local import demo_problems
     from rl.seeding import eval_problem_seed
     from rl.types import RolloutRequest
 
@@ -73,10 +73,10 @@ def vllm_real_model_bench(model: str, *, repeats: int = 3) -> dict[str, Any]:
 
     import torch
 
-    from rl.artifacts import LocalArtifacts
-    from rl.engines.torch_sampler import TorchSampler
-    from rl.local import REAL_MODEL_TRAINER, make_engine
+    from rl.deploy.local import REAL_MODEL_TRAINER, make_engine
     from rl.models.pretrained import resolve_model
+    from rl.samplers.torch_sampler import TorchSampler
+    from rl.storage.artifacts import LocalArtifacts
 
     require_vllm()
     base = resolve_model(model)
@@ -141,7 +141,7 @@ def trained_like_adapter(base: Path) -> dict[str, bytes]:
     stand-in for a trained version (a fresh one has B = 0 and samples as the base). vllm_cpu_tests use it too."""
     import torch
 
-    from rl.local import REAL_MODEL_TRAINER
+    from rl.deploy.local import REAL_MODEL_TRAINER
     from rl.trainer.adapter import adapter_files, new_adapter, trainable_parameters
 
     model = new_adapter(base, REAL_MODEL_TRAINER, seed=0)

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from rl import platform
-from rl.volumes.filesystem import ShareMode
-from rl.volumes.filesystem import force_rmtree as _force_rmtree
-from rl.volumes.store import LocalVolumeStore
-from rl.volumes.version import LocalVolumeVersion
+from rl.storage.volumes.filesystem import ShareMode
+from rl.storage.volumes.filesystem import force_rmtree as _force_rmtree
+from rl.storage.volumes.store import LocalVolumeStore
+from rl.storage.volumes.version import LocalVolumeVersion
 
 GIB = 1 << 30
 

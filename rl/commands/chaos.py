@@ -19,10 +19,16 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rl.simulated.chaos import ScenarioReport
+    from rl.deploy.simulated.chaos import ScenarioReport
 
 from rl.argtypes import non_negative_int, positive_int
-from rl.simulated.scenarios import LOOPS, grouped_by_reference, scenario_and_sweep, scenario_pool, scenarios_in_worker
+from rl.deploy.simulated.scenarios import (
+    LOOPS,
+    grouped_by_reference,
+    scenario_and_sweep,
+    scenario_pool,
+    scenarios_in_worker,
+)
 from rl.strict_json import flag_non_finite
 
 
@@ -62,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import track
 
-    from rl.sim.swarm import coverage
+    from rl.durable.swarm import coverage
 
     console = Console(stderr=True)
     if args.trace and args.seed is None:
@@ -124,10 +130,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _kinds(loop: str) -> tuple[str, ...]:
-    from rl.sim.swarm import FAULT_KINDS
+    from rl.durable.swarm import FAULT_KINDS
 
     if loop == "agentic":
-        from rl.simulated.chaos_agentic import AGENTIC_KINDS, SIM_KINDS
+        from rl.deploy.simulated.chaos_agentic import AGENTIC_KINDS, SIM_KINDS
 
         return SIM_KINDS + AGENTIC_KINDS
     return FAULT_KINDS

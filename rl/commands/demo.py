@@ -65,11 +65,11 @@ def run_grpo_demo(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from rl.demo import grpo_demo_config, run_demo
-    from rl.local import check_local_grpo, demo_problems
+    from rl.deploy.demo import grpo_demo_config, run_demo
+    from rl.deploy.local import check_local_grpo, demo_problems
     from rl.models.pretrained import resolve_model
-    from rl.run_layout import check_fresh, start_fresh
-    from rl.run_lock import run_lock
+    from rl.storage.run_layout import check_fresh, start_fresh
+    from rl.storage.run_lock import run_lock
 
     console = Console(stderr=True)
     real = args.model is not None

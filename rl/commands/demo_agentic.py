@@ -76,7 +76,7 @@ def run_agentic_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from rl.simulated.agentic_sim import AgenticSim
+    from rl.deploy.simulated.agentic_sim import AgenticSim
 
     check_agentic_args(args)
     console = Console(highlight=False)

@@ -40,8 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _profile(name: str, gpu_name: str) -> Any:
+    from rl.deploy.flyte.config import PROFILES
     from rl.errors import InputError
-    from rl.flyte.config import PROFILES
 
     if name not in PROFILES:
         raise InputError(f"unknown profile {name!r}; choose one of {', '.join(sorted(PROFILES))}")
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         terms = {p.task.split(" ")[0]: {**p.terms, "total": p.total, "budget": p.budget} for p in plans}
         print(strict_json.dumps(terms))
-    from rl.flyte.config import reuse_enabled, reuse_warning
+    from rl.deploy.flyte.config import reuse_enabled, reuse_warning
 
     warning = reuse_warning(config, reuse_enabled(), profile_arch(config, args.model_config)[0].parameters() * 2)
     if warning is not None:

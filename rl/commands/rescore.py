@@ -38,12 +38,12 @@ def run(args: argparse.Namespace) -> int:
 
     from rl.errors import IncompleteBufferError, InputError, shown
     from rl.rewards import get_reward
-    from rl.run_layout import RunLayout, require_safe
-    from rl.run_lock import run_lock
+    from rl.storage.run_layout import RunLayout, require_safe
+    from rl.storage.run_lock import run_lock
+    from rl.storage.volumes.buffer import RolloutBuffer
+    from rl.storage.volumes.sink import BUFFER_NAME
+    from rl.storage.volumes.store import LocalVolumeStore
     from rl.types import Rollout
-    from rl.volumes.buffer import RolloutBuffer
-    from rl.volumes.sink import BUFFER_NAME
-    from rl.volumes.store import LocalVolumeStore
 
     reward = get_reward(args.reward)  # an unknown name is refused before anything is read
     require_safe(args.run_dir)  # a run directory someone sent: volumes/ must not lead elsewhere
@@ -100,11 +100,11 @@ def _trained_through(run_dir: Path, held: list[int]) -> tuple[int, str]:
     """The last iteration the run trained, and where that figure comes from (for the message)."""
     import sys
 
-    from rl.checkpoint.file_store import MAX_CHECKPOINT_BYTES
-    from rl.checkpoint.format import decode_state
     from rl.errors import CheckpointCorruptError, CheckpointError, shown
-    from rl.run_layout import RunLayout
-    from rl.safe_fs import Tree
+    from rl.storage.checkpoint.file_store import MAX_CHECKPOINT_BYTES
+    from rl.storage.checkpoint.format import decode_state
+    from rl.storage.run_layout import RunLayout
+    from rl.storage.safe_fs import Tree
 
     path = RunLayout(run_dir).checkpoint
     fs = Tree(run_dir)

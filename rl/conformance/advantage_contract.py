@@ -68,11 +68,11 @@ class AdvantageContract(ContractBase):
     @pytest.fixture
     def advantages(self) -> AdvantageFn:
         """Return the function under test: `(group_ids, rewards) -> list[float]`, one advantage per sample in input
-        order, like `rl.advantages.group_normalized_advantages`."""
+        order, like `rl.algorithm.advantages.group_normalized_advantages`."""
         raise must_provide(
             "AdvantageContract",
             "advantages",
-            "a callable (group_ids, rewards) -> list[float] like rl.advantages.group_normalized_advantages",
+            "a callable (group_ids, rewards) -> list[float] like rl.algorithm.advantages.group_normalized_advantages",
         )
 
     @pytest.fixture

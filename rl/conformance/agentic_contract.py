@@ -21,9 +21,7 @@ from typing import Any
 import pytest
 
 from rl.conformance.support.contract_base import ContractBase, tier
-from rl.loop.agentic import AgenticOutcome, run_agentic
-from rl.sim.faults import FaultPlan
-from rl.simulated.agentic_sim import (
+from rl.deploy.simulated.agentic_sim import (
     AgenticDriver,
     AgenticSim,
     JudgeTierFactory,
@@ -32,7 +30,9 @@ from rl.simulated.agentic_sim import (
     default_inputs,
     traced_judge_tier,
 )
-from rl.simulated.chaos_agentic import SEED_FAILURES, agentic_sweep, all_trial_ids
+from rl.deploy.simulated.chaos_agentic import SEED_FAILURES, agentic_sweep, all_trial_ids
+from rl.durable.faults import FaultPlan
+from rl.loop.agentic import AgenticOutcome, run_agentic
 from rl.types import Reward, Rubric, TrainerInfo, Weights
 
 __all__ = ["AgenticContract"]

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from rl.checkpoint.format import as_altered, as_another_schema_version
 from rl.conformance.support.contract_base import Run, tier
+from rl.deploy.simulated.artifacts import MemoryArtifacts
+from rl.deploy.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
 from rl.errors import (
     CheckpointConfigMismatchError,
     CheckpointCorruptError,
@@ -28,8 +29,7 @@ from rl.errors import (
 )
 from rl.loop.grpo import GrpoConfig, GrpoDriver, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor
-from rl.simulated.artifacts import MemoryArtifacts
-from rl.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
+from rl.storage.checkpoint.format import as_altered, as_another_schema_version
 from rl.types import ArtifactRef, TrainBatch, TrainResult
 
 __all__ = ["FOREIGN_BLOB", "DriverCheckpointLaws"]
@@ -116,7 +116,7 @@ class DriverCheckpointLaws:
     @pytest.fixture
     def checkpoint_from_another_version(self, driver: GrpoDriver) -> Callable[[bytes], bytes]:
         """Return `(blob) -> bytes`: a checkpoint your driver saved, rewritten as another schema version of your driver
-        would have saved the same state. Default: ours (`rl.checkpoint.format.as_another_schema_version`) for
+        would have saved the same state. Default: ours (`rl.storage.checkpoint.format.as_another_schema_version`) for
         `run_grpo`; for another driver the schema-version law skips until you override this fixture."""
         if driver is run_grpo:
             return as_another_schema_version
@@ -129,8 +129,8 @@ class DriverCheckpointLaws:
     def checkpoint_altered(self, driver: GrpoDriver) -> Callable[[bytes], bytes]:
         """Return `(blob) -> bytes`: a checkpoint your driver saved with part of its state changed after it was
         written and its integrity check (digest, checksum, signature) left as it was. Default: ours
-        (`rl.checkpoint.format.as_altered`) for `run_grpo`; for another driver the law skips until you override this
-        fixture (a checkpoint with no integrity check cannot give one)."""
+        (`rl.storage.checkpoint.format.as_altered`) for `run_grpo`; for another driver the law skips until you override
+        this fixture (a checkpoint with no integrity check cannot give one)."""
         if driver is run_grpo:
             return as_altered
         pytest.skip(

@@ -14,17 +14,17 @@ from typing import Any
 
 import pytest
 
-from rl.checkpoint.memory_store import MemoryStateStore
 from rl.conformance.capabilities import Capabilities, require
 from rl.conformance.driver_checkpoint_laws import DriverCheckpointLaws
 from rl.conformance.support.contract_base import ContractBase, Run, tier
+from rl.deploy.simulated.artifacts import MemoryArtifacts
+from rl.deploy.simulated.chaos import grpo_random, grpo_sweep
+from rl.deploy.simulated.grpo_sim import Latencies, grpo_sim
+from rl.deploy.simulated.grpo_tiers import LatencyModel, MemoryEngine, MemoryScorer, MemoryTrainer
 from rl.errors import NonFiniteRewardError
 from rl.loop.grpo import GrpoConfig, GrpoDriver, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor
-from rl.simulated.artifacts import MemoryArtifacts
-from rl.simulated.chaos import grpo_random, grpo_sweep
-from rl.simulated.grpo_sim import Latencies, grpo_sim
-from rl.simulated.grpo_tiers import LatencyModel, MemoryEngine, MemoryScorer, MemoryTrainer
+from rl.storage.checkpoint.memory_store import MemoryStateStore
 from rl.types import Rollout, RolloutRequest, TrainBatch, TrainResult
 
 __all__ = ["LAW_RUN_SHAPE", "MODES", "RANDOM_SCENARIOS", "GrpoDriver", "GrpoDriverContract", "pipelined_mode"]

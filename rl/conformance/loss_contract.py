@@ -2,8 +2,8 @@
 
 Subclass `LossContract` and provide `batch_loss`, `(new_logp, old_logp, ref_logp, advantages, mask, *, clip_eps,
 kl_beta) -> loss` or `(loss, stats)` on `[B, T]` log-probs, `[B]` advantages and a `[B, T]` mask (1.0 on tokens, 0.0
-on padding), as TRL-style trainers do; or a per-completion `sample_loss` like `rl.loss.grpo_sample_loss`, which
-`sample_loss_as_batch_loss` lifts to that form (each row's unmasked tokens, then the mean over rows). Provide the
+on padding), as TRL-style trainers do; or a per-completion `sample_loss` like `rl.algorithm.loss.grpo_sample_loss`,
+which `sample_loss_as_batch_loss` lifts to that form (each row's unmasked tokens, then the mean over rows). Provide the
 `algorithm` fixture when your choices differ from ours. Invariants hold for every declaration (REINFORCE at ratio 1, a
 non-negative KL that pulls towards the reference, the clip, padding, a finite scalar); choice laws compare to the
 float64 reference of the declaration (`rl.conformance.support.reference`) at its dtype's tolerance, each dividing out
@@ -73,7 +73,7 @@ class LossContract(LossRatioLaws, LossKlLaws, ContractBase):
 
     @pytest.fixture
     def sample_loss(self) -> SampleLossFn:
-        """Return the per-completion loss, with the signature of `rl.loss.grpo_sample_loss`:
+        """Return the per-completion loss, with the signature of `rl.algorithm.loss.grpo_sample_loss`:
         `(new_logp, old_logp, ref_logp, advantage, clip_eps=0.2, kl_beta=0.03) -> (loss, stats)`, the tensors 1-D of
         one length, `loss` a 0-d tensor differentiable w.r.t. `new_logp`, `stats` a mapping of floats; or provide
         `batch_loss` instead."""
@@ -81,7 +81,7 @@ class LossContract(LossRatioLaws, LossKlLaws, ContractBase):
             "LossContract",
             "sample_loss",
             "a callable (new_logp, old_logp, ref_logp, advantage, clip_eps=0.2, kl_beta=0.03) -> (loss, stats) "
-            "like rl.loss.grpo_sample_loss (or provide `batch_loss` instead)",
+            "like rl.algorithm.loss.grpo_sample_loss (or provide `batch_loss` instead)",
         )
 
     @pytest.fixture
@@ -104,7 +104,7 @@ class LossContract(LossRatioLaws, LossKlLaws, ContractBase):
                 "LossContract",
                 "batch_loss` or `sample_loss",
                 "the loss under test, in batch form (new_logp, old_logp, ref_logp, advantages, mask, *, clip_eps, "
-                "kl_beta) -> loss, or per completion like rl.loss.grpo_sample_loss",
+                "kl_beta) -> loss, or per completion like rl.algorithm.loss.grpo_sample_loss",
             ) from None
         if "token_mean" in (spec.loss_aggregation, spec.kl_aggregation):
             raise ValueError(

@@ -72,7 +72,7 @@ def _config(base: dict[str, Any], mode: str) -> Any:
 
 def issued_actions(driver: GrpoDriver, config_dict: dict[str, Any], mode: str) -> list[tuple[str, str]]:
     """The `(task, action_id)` of every action `driver` issues in one uninterrupted simulated run of `config_dict`."""
-    from rl.simulated.grpo_sim import grpo_sim
+    from rl.deploy.simulated.grpo_sim import grpo_sim
 
     config = _config(config_dict, mode)
     result = grpo_sim(config, seed=config.seed, driver=driver).run()

@@ -2,7 +2,7 @@
 iteration added per version, every version readable later exactly as it was, and re-scoring into a new version that
 samples nothing.
 
-There is no tier protocol for reading a buffer, so the laws use the surface of `rl.volumes.RolloutBuffer`, which
+There is no tier protocol for reading a buffer, so the laws use the surface of `rl.storage.volumes.RolloutBuffer`, which
 yours must have: `append(iteration, rows, *, parent=None) -> version`, `read(version, iterations=None)`,
 `iterations(version)`, `versions()` and `rescore(version, reward_fn)`. What each must do, and an example subclass
 (`rollout_buffer_factory` returns a factory of fresh buffers): docs/conformance.md#the-rollout-buffers-surface.
@@ -19,8 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rl.conformance.support.contract_base import ContractBase, explicit_examples, law_settings, tier
+from rl.storage.volumes.buffer import ROLLOUT_FIELDS, rollout_rows
 from rl.types import Rollout
-from rl.volumes.buffer import ROLLOUT_FIELDS, rollout_rows
 
 __all__ = ["HAZARDOUS_FLOATS", "HAZARDOUS_TEXTS", "RolloutBufferContract", "exact_difference"]
 
@@ -226,7 +226,7 @@ class RolloutBufferContract(ContractBase):
     def test_buffer_rows_round_trip_bit_for_bit(self, rollout_buffer_factory: BufferFactory, case: Any) -> None:
         """`read` returns every appended row exactly: floats to the bit (1/3, 5e-324, -0.0, 1.8e308), integers
         beyond 2^53, non-ASCII text, JSON escapes and Unicode line separators included; and each row
-        (`rl.volumes.rollout_rows`) holds its rollout and reward exactly as the loop handed them over."""
+        (`rl.storage.volumes.rollout_rows`) holds its rollout and reward exactly as the loop handed them over."""
         iteration, (rs, rewards) = case
         rows = rollout_rows(iteration, rs, rewards)
         _assert_rows([_row_of(iteration, r, w) for r, w in zip(rs, rewards, strict=True)], rows, "rollout_rows' rows")

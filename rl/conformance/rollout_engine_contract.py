@@ -19,9 +19,9 @@ from rl.conformance.sampler_fidelity_laws import SamplerFidelityLaws, first_diff
 from rl.conformance.stop_token_laws import StopTokenLaws
 from rl.conformance.support.contract_base import ContractBase, Run, must_provide, tier
 from rl.conformance.truncated_sampling_laws import TruncatedSamplingLaws
+from rl.deploy.simulated.artifacts import MemoryArtifacts
 from rl.protocols import Artifacts, RolloutEngine
 from rl.seeding import derive_seed
-from rl.simulated.artifacts import MemoryArtifacts
 from rl.types import ArtifactRef, Prompt, Rollout, RolloutRequest
 
 __all__ = ["RolloutEngineContract"]

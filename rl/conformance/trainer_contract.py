@@ -21,9 +21,9 @@ from rl.conformance.trainer_memory_laws import TrainerMemoryLaws
 from rl.conformance.trainer_padding_laws import TrainerPaddingLaws
 from rl.conformance.trainer_restore_laws import TrainerRestoreLaws
 from rl.conformance.truncation_laws import TruncationLaws
+from rl.deploy.simulated.artifacts import MemoryArtifacts
 from rl.protocols import Artifacts, RolloutEngine, Trainer
 from rl.seeding import derive_seed
-from rl.simulated.artifacts import MemoryArtifacts
 from rl.types import ArtifactRef, Rollout, TrainBatch, TrainResult
 
 __all__ = ["TrainerContract", "digit_groups", "trained_adapter"]

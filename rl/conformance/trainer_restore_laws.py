@@ -124,13 +124,13 @@ class TrainerRestoreLaws:
         except Exception as exc:
             pytest.fail(
                 f"training version {trained} on rollouts of version {claimed} ({case}) raised "
-                f"{type(exc).__name__}: {exc}; raise rl.errors.StaleBatchError (rl.checks.check_staleness does), the "
-                "type the driver handles",
+                f"{type(exc).__name__}: {exc}; raise rl.errors.StaleBatchError "
+                "(rl.algorithm.checks.check_staleness does), the type the driver handles",
                 pytrace=False,
             )
         pytest.fail(
             f"the trainer trained version {trained} on rollouts of version {claimed} ({case}) and returned adapter "
             f"version {result.version}: a batch outside any staleness bound was not refused. Check every rollout with "
-            "rl.checks.check_staleness (StaleBatchError) before the step",
+            "rl.algorithm.checks.check_staleness (StaleBatchError) before the step",
             pytrace=False,
         )

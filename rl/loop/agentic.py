@@ -1,8 +1,8 @@
 """The durable agentic driver of the agentic tutorial, as plain async code over its tiers (no flyte import).
 
-In production each tier method awaits a Flyte task; on the simulator it is a task of `rl.sim.durable_sim`. The driver
-has no checkpoint, state file or resume flag: a retried driver replays its completed actions and resumes at the first
-incomplete one, which works only because every action's inputs are the same on every attempt.
+In production each tier method awaits a Flyte task; on the simulator it is a task of `rl.durable.durable_sim`. The
+driver has no checkpoint, state file or resume flag: a retried driver replays its completed actions and resumes at the
+first incomplete one, which works only because every action's inputs are the same on every attempt.
 
 Guarantees (each is a test): trials launch concurrently and are judged as each lands; a trial whose task still fails
 after its retries is skipped and counted, never fatal to the step; the train step's rewards are canonical (sorted by

@@ -20,10 +20,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from rl.advantages import no_signal_groups
-from rl.checkpoint.format import DriverState
-from rl.checkpoint.resume import check_recording, load_state, save_state
-from rl.checks import check_staleness, finite_rewards
+from rl.algorithm.advantages import no_signal_groups
+from rl.algorithm.checks import check_staleness, finite_rewards
 from rl.errors import EngineContractError, GrpoInputError
 from rl.identity import canonical, content_digest
 from rl.loop.awaiting import results_in_order
@@ -44,6 +42,8 @@ from rl.protocols import (
     is_batched,
 )
 from rl.seeding import adapter_init_seed, eval_seed, prompt_draw_seed, rollout_seed
+from rl.storage.checkpoint.format import DriverState
+from rl.storage.checkpoint.resume import check_recording, load_state, save_state
 from rl.types import (
     DEFAULT_SAMPLING,
     ArtifactRef,

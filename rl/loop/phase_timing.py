@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import NamedTuple, TypeVar
 
-from rl.checkpoint.format import DriverState
+from rl.storage.checkpoint.format import DriverState
 from rl.types import EvalResult, Rollout
 
 T = TypeVar("T")

@@ -7,7 +7,7 @@ cache): the copy is what loads, so a file swapped after the check cannot reach t
 missing or extra ends in `ModelCacheError` naming it. With `RL_RUN_KEY` set the manifest is sealed (HMAC-SHA256);
 without it, it catches a swap and damage, not a forged manifest (docs/guarantees.md#a-model-directory).
 
-Staging directories and private copies hold a `rl.dead_writers` lock while their process lives (`discard_stale`
+Staging directories and private copies hold a `rl.storage.dead_writers` lock while their process lives (`discard_stale`
 deletes the others); `removed_on_sigterm` turns SIGTERM into an exception while converting, then re-delivers it.
 """
 
@@ -28,9 +28,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rl.dead_writers import discard_if_dead, locked_new_dir_at
 from rl.errors import InputError, RunDirError, shown
-from rl.safe_fs import Tree, create_at
+from rl.storage.dead_writers import discard_if_dead, locked_new_dir_at
+from rl.storage.safe_fs import Tree, create_at
 from rl.untrusted import UntrustedValueError, parse_json
 
 __all__ = [
@@ -48,7 +48,7 @@ __all__ = [
 MANIFEST_FILE = "rl-manifest.json"
 STAGING_PREFIX = ".staging-"
 PRIVATE_PREFIX = ".verified-"
-RUN_KEY_ENV = "RL_RUN_KEY"  # the key that seals checkpoints (rl.checkpoint.format) seals manifests too
+RUN_KEY_ENV = "RL_RUN_KEY"  # the key that seals checkpoints (rl.storage.checkpoint.format) seals manifests too
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_FILES = 256
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # what save_pretrained writes: flat, plain names

@@ -3,8 +3,8 @@
 A Hugging Face model directory holds `config.json` and its weights either as one `model.safetensors` (what
 `save_pretrained` writes below its shard size: the tiny models) or as shards `model-0000N-of-0000M.safetensors` listed
 by `model.safetensors.index.json` (every real model: Qwen3-8B ships five). The check reads only the names in the
-directory, `config.json` and the index, so it runs on a listing of a remote directory too (`rl.flyte.grpo`, at the
-start of a run) and costs nothing beside loading the weights. What it refuses, it refuses in one line that names the
+directory, `config.json` and the index, so it runs on a listing of a remote directory too (`rl.deploy.flyte.grpo`, at
+the start of a run) and costs nothing beside loading the weights. What it refuses, it refuses in one line that names the
 directory, what is wrong and what to do.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rl.errors import ArtifactError, InputError, shown
-from rl.safe_fs import Tree
+from rl.storage.safe_fs import Tree
 from rl.untrusted import UntrustedValueError, parse_json
 
 __all__ = [

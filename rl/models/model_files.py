@@ -25,7 +25,7 @@ from typing import Any
 
 from rl.errors import RunDirError, UnsafeRunDirError
 from rl.models.model_dir import CONFIG_FILE, INDEX_FILE, MODEL_DIR_FIX, ModelDirError, check_model_dir
-from rl.safe_fs import Tree, special_kind
+from rl.storage.safe_fs import Tree, special_kind
 from rl.untrusted import UntrustedValueError, parse_json, shown
 
 __all__ = ["FILE_LIMITS", "CheckedModelDir", "ModelFileError", "WeightsFile", "open_model_dir", "staged_model_dir"]
@@ -250,8 +250,8 @@ STAGE_PREFIX = "rl-model-"
 @contextlib.contextmanager
 def _new_stage() -> Iterator[Path]:
     """A private (0700) directory in the temp directory, locked while the block runs and removed after; those a
-    killed process left (no live lock: `rl.dead_writers`) go first."""
-    from rl.dead_writers import discard_if_dead, locked_new_dir_at
+    killed process left (no live lock: `rl.storage.dead_writers`) go first."""
+    from rl.storage.dead_writers import discard_if_dead, locked_new_dir_at
 
     root = Path(tempfile.gettempdir())
     fs = Tree(root)

@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rl.dead_writers import locked_new_dir_at
 from rl.errors import InputError, shown
 from rl.models.converted_cache import (
     STAGING_PREFIX,
@@ -40,7 +39,8 @@ from rl.models.converted_cache import (
 )
 from rl.models.model_dir import ModelDirError, check_model_dir
 from rl.models.model_files import check_model_dir_files
-from rl.safe_fs import Tree
+from rl.storage.dead_writers import locked_new_dir_at
+from rl.storage.safe_fs import Tree
 
 __all__ = [
     "PINNED",

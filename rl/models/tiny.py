@@ -179,7 +179,7 @@ def declare_tokenizer_class(path: Path) -> None:
     transformers 5 writes `TokenizersBackend`, a class 4.x lacks, so 4.x's `AutoTokenizer` (what vLLM builds on) would
     refuse the directory; 4.x honours `PreTrainedTokenizerFast`. transformers 5's `AutoTokenizer` ignores the field for
     model_type qwen2 and builds a `Qwen2Tokenizer`, which drops spaces and newlines: load with `load_tokenizer`, and
-    give vLLM token ids (`rl.engines.vllm.VLLMEngine(tokenizer=...)`).
+    give vLLM token ids (`rl.samplers.vllm.VLLMEngine(tokenizer=...)`).
     """
     config = json.loads(path.read_text())
     config["tokenizer_class"] = "PreTrainedTokenizerFast"

@@ -2,9 +2,9 @@
 
 The per-sample path (`rl.trainer.step.sample_loss_fns`) runs two forwards per sample; on the tiny CPU model
 a forward costs about the same whatever the batch, so batching is most of the train step's speed. The objective is the
-same (each sample's token-mean loss, mean over samples, `rl.loss.grpo_masked_row_losses`), and the numbers agree with
-the per-sample path up to float rounding: a batch's matmuls add in another order than one row's. Each path is bitwise
-reproducible on its own, which is what resume and replay need; `TrainerConfig.loss_path` chooses.
+same (each sample's token-mean loss, mean over samples, `rl.algorithm.loss.grpo_masked_row_losses`), and the numbers
+agree with the per-sample path up to float rounding: a batch's matmuls add in another order than one row's. Each path is
+bitwise reproducible on its own, which is what resume and replay need; `TrainerConfig.loss_path` chooses.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 from peft import PeftModel
 from peft.tuners.tuners_utils import BaseTunerLayer
 
-from rl.engines.decoding import batched_teacher_forced_logprobs
-from rl.loss import grpo_masked_row_losses
+from rl.algorithm.loss import grpo_masked_row_losses
+from rl.samplers.decoding import batched_teacher_forced_logprobs
 from rl.seeding import dropout_seed
 from rl.trainer.config import TrainerConfig
 from rl.types import TrainBatch

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal, get_args
 
-from rl.advantages import Scale
+from rl.algorithm.advantages import Scale
 from rl.errors import InputError
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class TrainerConfig:
     # How the frozen base model is held (`rl.models.load_base_model`). The LoRA weights, their gradients and the
     # optimizer state are float32 whatever the base (PEFT upcasts the adapter). The defaults are the CPU demo's (its
     # recorded numbers come from them); a real-size model trains with "bfloat16", "sdpa" and checkpointing
-    # (`rl.flyte.config.stress`; `rl plan` prints what each costs).
+    # (`rl.deploy.flyte.config.stress`; `rl plan` prints what each costs).
     base_dtype: BaseDtype = "float32"
     attention: Attention = "eager"
     # Recompute each decoder layer's activations in backward instead of keeping them: a layer's input per token is all

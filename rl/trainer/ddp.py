@@ -31,8 +31,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-from rl.artifacts import LocalArtifacts
 from rl.errors import RankFailedError
+from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.adapter import adapter_files
 from rl.trainer.batched_loss import batched_loss_fns, batched_stat_sums
 from rl.trainer.config import TrainerConfig

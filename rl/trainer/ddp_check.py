@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from rl.advantages import group_normalized_advantages
+from rl.algorithm.advantages import group_normalized_advantages
 from rl.trainer.adapter import load_policy, trainable_parameters
 from rl.trainer.config import TrainerConfig
 from rl.trainer.ddp import ddp_shard_step, shard

@@ -2,11 +2,11 @@
 
 Everything a step needs comes in as artifact files and everything it produces goes out as artifact files, so a
 retried or replayed step recomputes the same bytes: the thread count is pinned and every random draw is seeded from
-(config seed, step, sample). The objective is `rl.loss`'s, evaluated along `TrainerConfig.loss_path`: `batched`
-(`rl.trainer.batched_loss`, one padded forward per micro-batch; the default) or `per_sample` (`sample_loss_fns` here,
-the reference the batched path is tested against). Zero-advantage samples are skipped entirely, surrogate *and* KL
-term, so a batch in which no sample carries signal takes no optimizer step: the new version's adapter and optimizer
-state are byte-identical to the old ones. Why: docs/design.md#the-train-step.
+(config seed, step, sample). The objective is `rl.algorithm.loss`'s, evaluated along `TrainerConfig.loss_path`:
+`batched` (`rl.trainer.batched_loss`, one padded forward per micro-batch; the default) or `per_sample`
+(`sample_loss_fns` here, the reference the batched path is tested against). Zero-advantage samples are skipped entirely,
+surrogate *and* KL term, so a batch in which no sample carries signal takes no optimizer step: the new version's adapter
+and optimizer state are byte-identical to the old ones. Why: docs/design.md#the-train-step.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 from peft import PeftModel
 
-from rl.advantages import group_normalized_advantages
-from rl.checks import check_staleness
-from rl.engines.decoding import teacher_forced_logprobs
+from rl.algorithm.advantages import group_normalized_advantages
+from rl.algorithm.checks import check_staleness
+from rl.algorithm.loss import grpo_sample_loss
 from rl.errors import BatchError
-from rl.loss import grpo_sample_loss
+from rl.samplers.decoding import teacher_forced_logprobs
 from rl.seeding import dropout_seed
 from rl.trainer.adapter import adapter_files, load_policy, trainable_parameters
 from rl.trainer.batched_loss import batched_backward, seed_dropout
@@ -67,7 +67,7 @@ def check_batch(batch: TrainBatch, config: TrainerConfig) -> int:
         BatchError: rewards and rollouts differ in length, `new_version < 1`, or a rollout has no completion tokens or
             a log-prob count that differs from its token count.
         StaleBatchError: a rollout claims a policy version newer than the one being trained, or is more than
-            `config.max_staleness` versions old (`rl.checks.check_staleness`).
+            `config.max_staleness` versions old (`rl.algorithm.checks.check_staleness`).
     """
     if len(batch.rewards) != len(batch.rollouts):
         raise BatchError(f"batch {batch.step} has {len(batch.rollouts)} rollouts but {len(batch.rewards)} rewards")

@@ -44,11 +44,11 @@ class Mutant:
 
 
 CATALOGUE: tuple[Mutant, ...] = (
-    # --- advantages (rl/advantages.py) ---
+    # --- advantages (rl/algorithm/advantages.py) ---
     Mutant(
         "adv-sample-std",
         "advantages",
-        "rl/advantages.py",
+        "rl/algorithm/advantages.py",
         "statistics.pstdev(group_rewards) + math.ldexp(eps, -shift)",
         "statistics.stdev(group_rewards) + math.ldexp(eps, -shift)",
         "sample std (n-1) instead of the declared population std: advantages scaled by sqrt((n-1)/n)",
@@ -57,7 +57,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "adv-eps-dropped",
         "advantages",
-        "rl/advantages.py",
+        "rl/algorithm/advantages.py",
         "statistics.pstdev(group_rewards) + math.ldexp(eps, -shift), 0",
         "statistics.pstdev(group_rewards), 0",
         "eps silently dropped from the denominator: the declared std_eps is not applied",
@@ -66,7 +66,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "adv-no-all-equal-guard",
         "advantages",
-        "rl/advantages.py",
+        "rl/algorithm/advantages.py",
         "        if _all_equal(group_rewards):\n            continue\n",
         "",
         "all-equal guard removed: a no-signal group gets the float-mean residue (1e-13 / eps) instead of exact zeros",
@@ -75,17 +75,17 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "adv-batch-mean",
         "advantages",
-        "rl/advantages.py",
+        "rl/algorithm/advantages.py",
         "mean = statistics.fmean(group_rewards)",
         "mean = statistics.fmean(rewards_f)",
         "baseline is the batch mean, not the group's: advantages depend on other groups and do not centre per group",
         ("tests/test_advantages.py",),
     ),
-    # --- loss (rl/loss.py) ---
+    # --- loss (rl/algorithm/loss.py) ---
     Mutant(
         "loss-sign-flip",
         "loss",
-        "rl/loss.py",
+        "rl/algorithm/loss.py",
         "loss = -(surrogate - beta * kl)",
         "loss = surrogate + beta * kl",
         "objective's sign flipped (gradient ascent on the loss): not REINFORCE at ratio 1",
@@ -94,7 +94,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "loss-kl-sign",
         "loss",
-        "rl/loss.py",
+        "rl/algorithm/loss.py",
         "loss = -(surrogate - beta * kl)",
         "loss = -(surrogate + beta * kl)",
         "KL penalty added with the wrong sign: pushes the policy away from the reference",
@@ -103,7 +103,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "loss-kl-k1",
         "loss",
-        "rl/loss.py",
+        "rl/algorithm/loss.py",
         "return torch.expm1(delta) - delta",
         "return -delta",
         "k1 estimator (ref - new) instead of k3: the per-token penalty can go negative",
@@ -112,7 +112,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "loss-clip-one-sided",
         "loss",
-        "rl/loss.py",
+        "rl/algorithm/loss.py",
         "clipped = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)",
         "clipped = torch.clamp(ratio, max=1.0 + clip_eps_high)",
         "ratio clipped above only: a negative-advantage sample below 1 - eps keeps pushing (gain not capped)",
@@ -121,7 +121,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "loss-clip-both-sides",
         "loss",
-        "rl/loss.py",
+        "rl/algorithm/loss.py",
         "return torch.minimum(ratio * advantage, clipped * advantage)",
         "return clipped * advantage",
         "the pessimistic min dropped: the clip also zeroes the gradient of a move that lowers the objective",
@@ -130,7 +130,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "loss-ratio-inverted",
         "loss",
-        "rl/loss.py",
+        "rl/algorithm/loss.py",
         "return torch.exp(new_logp - old_logp.detach())",
         "return torch.exp(old_logp.detach() - new_logp)",
         "importance ratio inverted (old over new)",
@@ -139,7 +139,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "loss-masked-token-sum",
         "loss",
-        "rl/loss.py",
+        "rl/algorithm/loss.py",
         "surrogate_mean = (surrogate * weight).sum(dim=1) / tokens  # [B]",
         "surrogate_mean = (surrogate * weight).sum(dim=1)  # [B]",
         "the padded loss sums a completion's tokens instead of averaging them: long completions weigh more",
@@ -148,7 +148,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "loss-batch-sum",
         "loss",
-        "rl/loss.py",
+        "rl/algorithm/loss.py",
         "loss = rows.mean()",
         "loss = rows.sum()",
         "batch aggregation sums completions instead of averaging: the step size grows with the batch",
@@ -157,17 +157,17 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "loss-token-sum",
         "loss",
-        "rl/loss.py",
+        "rl/algorithm/loss.py",
         "surrogate = clipped_surrogate(ratio, advantage, eps_low, eps_high).mean()",
         "surrogate = clipped_surrogate(ratio, advantage, eps_low, eps_high).sum()",
         "token sum instead of token mean per completion: long completions weigh more (another aggregation)",
         ("tests/test_loss.py",),
     ),
-    # --- engine (rl/engines/decoding.py, rl/engines/torch_sampler.py) ---
+    # --- engine (rl/samplers/decoding.py, rl/samplers/torch_sampler.py) ---
     Mutant(
         "engine-unseeded",
         "engine",
-        "rl/engines/decoding.py",
+        "rl/samplers/decoding.py",
         'generators = [torch.Generator(device="cpu").manual_seed(seed) for seed in seeds]',
         'generators = [torch.Generator(device="cpu") for _ in seeds]\n    for g in generators:\n        g.seed()',
         "sampler's generator seeded from the OS: a retried request samples other tokens",
@@ -176,7 +176,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "engine-seed-not-passed",
         "engine",
-        "rl/engines/torch_sampler.py",
+        "rl/samplers/torch_sampler.py",
         "                seeds=[requests[i].seed for i in members],\n",
         "                seeds=[0 for i in members],\n",
         "the request's seed never reaches the sampler: every group and iteration samples the same stream",
@@ -185,7 +185,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "engine-cache-by-version",
         "engine",
-        "rl/engines/torch_sampler.py",
+        "rl/samplers/torch_sampler.py",
         "            model = await self.policy(first.adapter)\n",
         '            model = self.adapters.get(f"v{first.policy_version}")\n'
         "            if model is None:\n"
@@ -198,7 +198,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "engine-logprobs-missing",
         "engine",
-        "rl/engines/torch_sampler.py",
+        "rl/samplers/torch_sampler.py",
         "                logprobs=s.logprobs,\n",
         "                logprobs=[],\n",
         "rollouts carry no sampling log-probs (the loss then has no old policy)",
@@ -207,7 +207,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "engine-sampling-temperature",
         "engine",
-        "rl/engines/decoding.py",
+        "rl/samplers/decoding.py",
         "        probs = logp.exp()\n",
         "        probs = torch.softmax(logits.float() / 0.7, dim=-1)\n",
         "samples at temperature 0.7 but records the temperature-1 log-probs: the ratio's denominator is not the "
@@ -217,7 +217,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "engine-batch-ignores-adapter",
         "engine",
-        "rl/engines/torch_sampler.py",
+        "rl/samplers/torch_sampler.py",
         "buckets.setdefault((request.adapter.digest, request.max_tokens, request.sampling), []).append(i)",
         "buckets.setdefault((request.max_tokens, request.sampling), []).append(i)",
         "one call's requests bucketed without their adapter: every request of a bucket sampled from the first's",
@@ -227,7 +227,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "engine-finished-rows-decode-on",
         "engine",
-        "rl/engines/decoding.py",
+        "rl/samplers/decoding.py",
         "newly = (nxt.squeeze(1) == eos_token_id) & ~finished",
         "newly = nxt.squeeze(1) == eos_token_id",
         "a row that sampled <eos> keeps decoding and every later <eos> moves its end: a completion runs past its first "
@@ -237,7 +237,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "engine-torch-per-row-seed-plus-index",
         "engine",
-        "rl/engines/decoding.py",
+        "rl/samplers/decoding.py",
         "        nxt = draw_tokens(probs, generators, bounds)  # [rows, 1]\n",
         "        nxt = draw_tokens(\n"
         "            probs,\n"
@@ -254,7 +254,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "engine-vllm-seed-stride-one",
         "engine",
-        "rl/engines/vllm.py",
+        "rl/samplers/vllm.py",
         "    return seed * VLLM_SEED_STRIDE\n",
         "    return seed\n",
         "vLLM gets the group's seed as it is: it seeds completion i with seed + i, so groups seeded s and s + 1 share "
@@ -264,7 +264,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "engine-vllm-close-keeps-adapter-paths",
         "engine",
-        "rl/engines/vllm.py",
+        "rl/samplers/vllm.py",
         "        llm, self._llm = self._llm, None\n        self._adapter_dirs.clear()\n",
         "        llm, self._llm = self._llm, None\n",
         "close deletes the adapter copies but keeps their paths: the engine used again hands vLLM directories that no "
@@ -360,7 +360,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "trainer-teacher-forcing-temperature",
         "trainer",
-        "rl/engines/decoding.py",
+        "rl/samplers/decoding.py",
         "    logp = sampling_logprobs(picked.float(), sampling, keep=keep)  # [B, T_max, V]\n",
         "    logp = sampling_logprobs(picked.float() / 0.7, sampling, keep=keep)  # [B, T_max, V]\n",
         "the trainer teacher-forces at temperature 0.7 while the sampler records at 1: every ratio is off on-policy",
@@ -376,11 +376,11 @@ CATALOGUE: tuple[Mutant, ...] = (
         "advantages function is right, the step is not",
         ("tests/test_peft_trainer.py",),
     ),
-    # --- artifacts (rl/artifacts.py) ---
+    # --- artifacts (rl/storage/artifacts.py) ---
     Mutant(
         "artifacts-aliasing",
         "artifacts",
-        "rl/artifacts.py",
+        "rl/storage/artifacts.py",
         "        return self._read_verified(ref)\n\n    async def exists",
         '        return self.__dict__.setdefault("_reads", {}).setdefault(ref.digest, self._read_verified(ref))\n\n'
         "    async def exists",
@@ -390,7 +390,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "artifacts-digest-ignores-content",
         "artifacts",
-        "rl/artifacts.py",
+        "rl/storage/artifacts.py",
         "        h.update(content)\n",
         "",
         "digest over paths and sizes only: two different artifacts of the same shape share an address",
@@ -399,17 +399,17 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "artifacts-missing-is-empty",
         "artifacts",
-        "rl/artifacts.py",
+        "rl/storage/artifacts.py",
         '        if kind != "dir":\n            raise ArtifactNotFoundError(',
         '        if kind != "dir":\n            return {}\n            raise ArtifactNotFoundError(',
         "a missing ref reads as an empty artifact instead of raising",
         ("tests/test_artifacts.py",),
     ),
-    # --- state store (rl/checkpoint/file_store.py) ---
+    # --- state store (rl/storage/checkpoint/file_store.py) ---
     Mutant(
         "state-in-place-write",
         "state-store",
-        "rl/checkpoint/file_store.py",
+        "rl/storage/checkpoint/file_store.py",
         "        with self.fs.directory(self.path.parent) as dfd:  # held: each step below is one call by name\n",
         '        with self.fs.open_file(self.path, "wb", perm=0o600) as f:  # no-follow kept: only the tear\n'
         "            f.write(data[: len(data) // 2])\n"
@@ -423,7 +423,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "state-keeps-first-write",
         "state-store",
-        "rl/checkpoint/file_store.py",
+        "rl/storage/checkpoint/file_store.py",
         "        self.path.parent.mkdir(parents=True, exist_ok=True)\n",
         "        if self.path.exists():\n"
         "            return\n"
@@ -465,8 +465,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         "rl/loop/grpo.py",
         "        refuse_non_finite(iteration, groups[gid], group_rewards)\n",
         "        pass\n",
-        "the driver's reward check off (`rl.checks.finite_rewards` not called): non-finite rewards pass into the train "
-        "step instead of raising NonFiniteRewardError naming the iteration",
+        "the driver's reward check off (`rl.algorithm.checks.finite_rewards` not called): non-finite rewards pass "
+        "into the train step instead of raising NonFiniteRewardError naming the iteration",
         ("tests/test_grpo_driver.py",),
     ),
     Mutant(
@@ -519,11 +519,11 @@ CATALOGUE: tuple[Mutant, ...] = (
         "pipelined resume generates the next batch with the newest adapter, not the one an uninterrupted run used",
         ("tests/test_grpo_driver.py",),
     ),
-    # --- checkpoint (rl/checkpoint/format.py, rl/checkpoint/resume.py) ---
+    # --- checkpoint (rl/storage/checkpoint/format.py, rl/storage/checkpoint/resume.py) ---
     Mutant(
         "ckpt-history-dropped",
         "checkpoint",
-        "rl/checkpoint/format.py",
+        "rl/storage/checkpoint/format.py",
         'history=[IterationMetrics.from_dict(row) for row in d["history"]],',
         "history=[],",
         "history not restored from the checkpoint: a resumed run reports only its own iterations",
@@ -532,7 +532,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "ckpt-digest-unchecked",
         "checkpoint",
-        "rl/checkpoint/format.py",
+        "rl/storage/checkpoint/format.py",
         '    if _plain_digest(doc["state"]) != doc["digest"]:\n',
         "    if False:\n",
         "checkpoint digest not verified: a partial or altered (but parseable) checkpoint is resumed",
@@ -541,7 +541,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "ckpt-corrupt-is-fresh",
         "checkpoint",
-        "rl/checkpoint/resume.py",
+        "rl/storage/checkpoint/resume.py",
         '    state = decode_state(blob, str(path) if path is not None else "the driver checkpoint")\n',
         "    try:\n"
         '        state = decode_state(blob, str(path) if path is not None else "the driver checkpoint")\n'
@@ -553,7 +553,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "ckpt-other-schema-accepted",
         "checkpoint",
-        "rl/checkpoint/format.py",
+        "rl/storage/checkpoint/format.py",
         '    if doc["schema"] != SCHEMA_VERSION or type(doc["schema"]) is not int:\n',
         '    if type(doc["schema"]) is not int:\n',
         "a checkpoint of another schema version is read as this one",
@@ -562,7 +562,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "ckpt-other-config-accepted",
         "checkpoint",
-        "rl/checkpoint/resume.py",
+        "rl/storage/checkpoint/resume.py",
         "    if state.config_digest != config.digest():\n",
         "    if not state.config_digest:\n",
         "a checkpoint written under another configuration is resumed",
@@ -571,7 +571,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "ckpt-missing-adapter-accepted",
         "checkpoint",
-        "rl/checkpoint/resume.py",
+        "rl/storage/checkpoint/resume.py",
         "        if not await artifacts.exists(ref):\n",
         "        if False:\n",
         "a checkpoint naming an artifact the store no longer has is resumed (fails later, untyped)",
@@ -580,7 +580,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "ckpt-missing-optimizer-accepted",
         "checkpoint",
-        "rl/checkpoint/resume.py",
+        "rl/storage/checkpoint/resume.py",
         '    for what, ref in (("adapter", state.adapter), ("optimizer state", state.optimizer_state)):\n',
         '    for what, ref in (("adapter", state.adapter),):\n',
         "the resume verifies only the checkpoint's adapter: a lost optimizer state is resumed (fails later, untyped)",
@@ -699,11 +699,11 @@ CATALOGUE: tuple[Mutant, ...] = (
         "weigh 1/3 and 1/2 where each should weigh 2/5",
         ("tests/test_ddp.py",),
     ),
-    # --- volumes (rl/volumes/writable.py) ---
+    # --- volumes (rl/storage/volumes/writable.py) ---
     Mutant(
         "volume-fork-writes-in-place",
         "volumes",
-        "rl/volumes/writable.py",
+        "rl/storage/volumes/writable.py",
         '        fs.write_atomic(path, data, tmp_name=f".{path.name}.tmp-{uuid.uuid4().hex[:8]}", perm=mode)\n',
         "        if fs.kind(path) is not None:\n"
         "            fs.chmod(path, mode)\n"
@@ -717,7 +717,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "volume-truncate-shared",
         "volumes",
-        "rl/volumes/writable.py",
+        "rl/storage/volumes/writable.py",
         "                fs.unlink(path)\n",
         "                fs.chmod(path, 0o644)\n",
         "open_for_write('w') truncates the shared inode instead of unlinking it: the parent version changes",
@@ -728,7 +728,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "volume-not-sealed",
         "volumes",
-        "rl/volumes/writable.py",
+        "rl/storage/volumes/writable.py",
         "        self._seal_modes(data, stats, dirs, durable=durable)\n",
         "",
         "finalize does not seal modes: a published version stays writable and can be mutated",
@@ -737,18 +737,18 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "volume-symlink-depth-off-by-one",
         "volumes",
-        "rl/volumes/manifest.py",
+        "rl/storage/volumes/manifest.py",
         "    if ups > len(PurePosixPath(rel).parts) - 1:\n",
         "    if ups > len(PurePosixPath(rel).parts):\n",
         "a symlink's '..' steps counted against its path's length, not its directory's depth: a link may climb one "
         "level above the volume's root",
         ("tests/test_volume_symlinks.py", "tests/test_volumes.py"),
     ),
-    # --- rollout buffer (rl/volumes/buffer.py) ---
+    # --- rollout buffer (rl/storage/volumes/buffer.py) ---
     Mutant(
         "buffer-float-rounding",
         "buffer",
-        "rl/volumes/buffer.py",
+        "rl/storage/volumes/buffer.py",
         '"reward": float(w)}',
         '"reward": round(float(w), 6)}',
         "rewards rounded to 6 decimals when stored: the buffer does not round-trip a reward",
@@ -757,7 +757,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "buffer-reappend-silently-kept",
         "buffer",
-        "rl/volumes/buffer.py",
+        "rl/storage/volumes/buffer.py",
         "            if base.files[relpath].sha256 == hashlib.sha256(payload).hexdigest():\n",
         "            if True:\n",
         "re-appending an iteration with different rows silently keeps the old rows",
@@ -766,7 +766,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "buffer-infinite-reward-appended",
         "buffer",
-        "rl/volumes/buffer.py",
+        "rl/storage/volumes/buffer.py",
         "or not math.isfinite(reward):\n"
         '            raise RowSchemaError(f"row {i} of iteration {iteration} has reward {reward!r}; rewards '
         'are finite numbers")\n'
@@ -784,7 +784,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "buffer-infinite-reward-read",
         "buffer",
-        "rl/volumes/buffer.py",
+        "rl/storage/volumes/buffer.py",
         "    reward: _Finite\n",
         "    reward: float\n",
         "a row read back is checked for a number, not a finite one: a stored 1e999 reward is read as infinity",
@@ -794,7 +794,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "engine-vllm-raw-logprobs",
         "engine",
-        "rl/engines/vllm.py",
+        "rl/samplers/vllm.py",
         'VLLM_LOGPROBS_MODE = "processed_logprobs"',
         'VLLM_LOGPROBS_MODE = "raw_logprobs"',
         "vLLM records raw log-probs, before the temperature and the cut (TRL #4159): at any setting but the default "
@@ -804,7 +804,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "engine-sampler-ignores-temperature",
         "engine",
-        "rl/engines/decoding.py",
+        "rl/samplers/decoding.py",
         "    scores = logits / sampling.temperature if sampling.temperature != 1.0 else logits\n",
         "    scores = logits\n",
         "the sampler and teacher forcing drop the temperature: a run set to T = 0.6 samples and trains at T = 1",
@@ -813,7 +813,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "engine-top-p-drops-the-top-token",
         "engine",
-        "rl/engines/decoding.py",
+        "rl/samplers/decoding.py",
         "        below[..., -1] = False  # the most probable token is always kept\n",
         "",
         "a top-p small enough to cut every token leaves nothing to sample: the most probable token is not kept",
@@ -823,7 +823,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "engine-vllm-refused-adapter-cached",
         "engine",
-        "rl/engines/vllm.py",
+        "rl/samplers/vllm.py",
         "        check_adapter_dir(final)  # a pickle, a regex target, a damaged header: refused before vLLM's worker "
         "reads it\n"
         "        self._check_servable(adapter, final)\n"
@@ -839,7 +839,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "volume-racy-window-skipped-for-copies",
         "volumes",
-        "rl/volumes/writable.py",
+        "rl/storage/volumes/writable.py",
         "            and inh.mtime_ns < self._forked_at_ns - self._store.racy_ns\n",
         "            and (not inh.shares_parent_inode or inh.mtime_ns < self._forked_at_ns - self._store.racy_ns)\n",
         "a fork's own copy (share='copy' or 'reflink') is trusted from its stat however young: rewritten in place "
@@ -849,7 +849,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "volume-racy-window-skipped",
         "volumes",
-        "rl/volumes/writable.py",
+        "rl/storage/volumes/writable.py",
         "            and inh.mtime_ns < self._forked_at_ns - self._store.racy_ns\n",
         "",
         "no racy window: an inherited file rewritten in place within one timestamp step (same inode, size and mtime) "

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from rl.advantages import group_normalized_advantages
+from rl.algorithm.advantages import group_normalized_advantages
+from rl.algorithm.loss import clipped_surrogate, grpo_sample_loss, importance_ratio, k3_kl
 from rl.conformance import AlgorithmSpec, Implementation
-from rl.loss import clipped_surrogate, grpo_sample_loss, importance_ratio, k3_kl
 
 EPS = 1e-4
 

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from rl.conformance import Implementation
+from rl.storage.volumes.buffer import ROLLOUT_FIELDS
 from rl.types import Rollout
-from rl.volumes.buffer import ROLLOUT_FIELDS
 
 
 class MemoryBuffer:

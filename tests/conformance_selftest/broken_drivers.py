@@ -13,10 +13,9 @@ from dataclasses import replace
 from typing import Any
 from unittest import mock
 
-import rl.checkpoint.format as checkpoint_format
-import rl.checkpoint.resume as resume
 import rl.loop.grpo as grpo
-from rl.checkpoint.format import DriverState, decode_state, encode_state
+import rl.storage.checkpoint.format as checkpoint_format
+import rl.storage.checkpoint.resume as resume
 from rl.conformance import Implementation
 from rl.conformance.bindings.ours import IN_MEMORY
 from rl.errors import CheckpointCorruptError
@@ -25,6 +24,7 @@ from rl.loop.grpo import GrpoConfig, GrpoOutcome, GrpoTiers, run_grpo
 from rl.loop.phase_timing import Scored
 from rl.protocols import StateStore
 from rl.seeding import derive_seed
+from rl.storage.checkpoint.format import DriverState, decode_state, encode_state
 from rl.types import RolloutRequest
 
 

@@ -10,8 +10,8 @@ from dataclasses import replace
 
 from rl.conformance import Implementation
 from rl.conformance.bindings.ours import memory_version0_adapter
-from rl.simulated.artifacts import MemoryArtifacts
-from rl.simulated.grpo_tiers import DIGITS, MemoryEngine, MemoryTrainer, _row, sampling_probs
+from rl.deploy.simulated.artifacts import MemoryArtifacts
+from rl.deploy.simulated.grpo_tiers import DIGITS, MemoryEngine, MemoryTrainer, _row, sampling_probs
 from rl.types import ArtifactRef, Rollout, RolloutRequest
 
 

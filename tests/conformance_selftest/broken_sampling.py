@@ -9,7 +9,7 @@ from typing import Any
 
 from rl.conformance import AlgorithmSpec, Implementation
 from rl.conformance.bindings.ours import memory_version0_adapter
-from rl.simulated.grpo_tiers import MemoryEngine, MemoryTrainer, _row, _softmax, sampling_probs
+from rl.deploy.simulated.grpo_tiers import MemoryEngine, MemoryTrainer, _row, _softmax, sampling_probs
 from rl.types import DEFAULT_SAMPLING, Rollout, RolloutRequest, SamplingSettings, TrainBatch, TrainResult
 
 
@@ -64,14 +64,14 @@ class RecomputingTrainer(MemoryTrainer):
 
 def untempered_token_logprobs(model: Any, prompts: Any, completions: Any, sampling: Any) -> Any:
     """Our batched teacher forcing with the sampling settings dropped: log softmax(logits), TRL 0.15's."""
-    from rl.engines.decoding import batched_teacher_forced_logprobs
+    from rl.samplers.decoding import batched_teacher_forced_logprobs
 
     return batched_teacher_forced_logprobs(model, prompts, completions, 0)[0]
 
 
 def uncut_token_logprobs(model: Any, prompts: Any, completions: Any, sampling: Any) -> Any:
     """A correct choice, TRL 0.16's: log softmax(logits / T) over every token, the top-k/top-p cut ignored."""
-    from rl.engines.decoding import batched_teacher_forced_logprobs
+    from rl.samplers.decoding import batched_teacher_forced_logprobs
 
     tempered = SamplingSettings(temperature=sampling.temperature)
     return batched_teacher_forced_logprobs(model, prompts, completions, 0, tempered)[0]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 from rl.conformance import Implementation
+from rl.deploy.simulated.grpo_tiers import MemoryScorer
 from rl.metrics import pass_at_k
 from rl.rewards import extract_answer
-from rl.simulated.grpo_tiers import MemoryScorer
 
 
 def biased_pass_at_k(n: int, c: int, k: int) -> float:

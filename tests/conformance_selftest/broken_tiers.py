@@ -13,12 +13,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from rl.advantages import group_normalized_advantages
-from rl.checkpoint.memory_store import MemoryStateStore
+from rl.algorithm.advantages import group_normalized_advantages
 from rl.conformance import AlgorithmSpec, Implementation, LawSizes
 from rl.conformance.bindings.ours import IN_MEMORY, memory_version0_adapter
-from rl.simulated.artifacts import MemoryArtifacts
-from rl.simulated.grpo_tiers import (
+from rl.deploy.simulated.artifacts import MemoryArtifacts
+from rl.deploy.simulated.grpo_tiers import (
     DIGITS,
     MemoryEngine,
     MemoryTrainer,
@@ -28,6 +27,7 @@ from rl.simulated.grpo_tiers import (
     decode_table,
     encode_table,
 )
+from rl.storage.checkpoint.memory_store import MemoryStateStore
 from rl.types import ArtifactRef, Rollout, RolloutRequest, TrainBatch, TrainResult
 
 

@@ -12,8 +12,8 @@ from unittest import mock
 
 from rl.conformance import Implementation
 from rl.conformance.bindings.ours import REAL_CPU, memory_version0_adapter, peft_trainer
+from rl.deploy.simulated.grpo_tiers import DIGITS, MemoryEngine, MemoryTrainer
 from rl.protocols import Artifacts
-from rl.simulated.grpo_tiers import DIGITS, MemoryEngine, MemoryTrainer
 from rl.types import Rollout, RolloutRequest, TrainBatch, TrainResult
 
 if TYPE_CHECKING:  # torch is imported when a binding runs: the self-test imports this module in pytester's snapshot
@@ -86,7 +86,7 @@ def _pad_between(
 ) -> Any:
     """Teacher forcing on prompts right-padded to the longest, each completion appended after the pads: PAD between a
     prompt and its completion (TRL PR #3722)."""
-    from rl.engines.decoding import batched_teacher_forced_logprobs
+    from rl.samplers.decoding import batched_teacher_forced_logprobs
 
     width = max(len(p) for p in prompts)
     padded = [[*p, *[pad] * (width - len(p))] for p in prompts]
@@ -158,7 +158,7 @@ what TRL promised for a pretrained PEFT adapter and PR #6591's path did not do."
 
 
 def _row_sums(micro_batch: tuple[torch.Tensor, ...], clip_eps: float, kl_beta: float) -> torch.Tensor:
-    from rl.loss import grpo_masked_row_losses
+    from rl.algorithm.loss import grpo_masked_row_losses
 
     new, old, ref, advantages, mask = micro_batch
     rows, _ = grpo_masked_row_losses(new, old, ref, advantages, mask.bool(), clip_eps=clip_eps, kl_beta=kl_beta)
@@ -172,8 +172,8 @@ def per_step_loss(
     clip_eps: float,
     kl_beta: float,
 ) -> list[torch.Tensor]:
-    """Our sequence-mean loss (`rl.loss.grpo_masked_row_losses`) accumulated as our step scales it: each micro-batch's
-    row sum times 1 / (samples in its optimizer step)."""
+    """Our sequence-mean loss (`rl.algorithm.loss.grpo_masked_row_losses`) accumulated as our step scales it: each
+    micro-batch's row sum times 1 / (samples in its optimizer step)."""
     rows = sum(len(m[0]) for m in micro_batches[:gradient_accumulation_steps])
     return [_row_sums(m, clip_eps, kl_beta) / rows for m in micro_batches]
 

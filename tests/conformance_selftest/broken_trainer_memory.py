@@ -7,8 +7,8 @@ import torch
 
 from rl.conformance import Capabilities, Implementation
 from rl.conformance.bindings.ours import memory_version0_adapter
-from rl.simulated.artifacts import MemoryArtifacts
-from rl.simulated.grpo_tiers import MemoryEngine, MemoryTrainer
+from rl.deploy.simulated.artifacts import MemoryArtifacts
+from rl.deploy.simulated.grpo_tiers import MemoryEngine, MemoryTrainer
 from rl.types import TrainBatch, TrainResult
 
 

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from rl.advantages import group_normalized_advantages
+from rl.algorithm.advantages import group_normalized_advantages
+from rl.algorithm.loss import grpo_sample_loss
 from rl.conformance import AlgorithmSpec, Implementation
-from rl.loss import grpo_sample_loss
 
 # -- advantages --------------------------------------------------------------------------------------------------------
 

@@ -17,9 +17,9 @@ import torch
 from declared_algorithm import _k3, _per_group
 from torch import Tensor
 
-from rl.advantages import group_normalized_advantages
+from rl.algorithm.advantages import group_normalized_advantages
+from rl.algorithm.loss import grpo_sample_loss
 from rl.conformance import AlgorithmSpec, Implementation
-from rl.loss import grpo_sample_loss
 
 # -- advantages --------------------------------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rl.advantages import group_normalized_advantages
+from rl.algorithm.advantages import group_normalized_advantages
 from rl.conformance import Implementation
 
 SEEN: list[tuple[tuple[int, ...], tuple[float, ...]]] = []

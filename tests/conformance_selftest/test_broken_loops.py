@@ -308,7 +308,7 @@ CASES = [
         DRIVER_TIERS,
         f"{INFINITE}[positive]",
         # The trainer's advantages refuse the infinity too, with the same NonFiniteRewardError (one check,
-        # rl.checks.finite_rewards), so the law catches the driver by the step it let the reward reach.
+        # rl.algorithm.checks.finite_rewards), so the law catches the driver by the step it let the reward reach.
         r"the iteration with the reward inf was trained \(steps \[0, 1\]\) before the error was raised",
         {f"{INFINITE}[positive]", f"{INFINITE}[negative]"},
         id="infinite reward trained",

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from rl.checkpoint.format import as_altered, as_another_schema_version
 from rl.conformance.agentic_contract import AgenticContract
 from rl.conformance.algorithm_spec import AlgorithmSpec
 from rl.conformance.artifacts_contract import ArtifactsContract
@@ -33,11 +32,12 @@ from rl.conformance.support.contract_base import Run
 from rl.conformance.token_logprob_contract import TokenLogprobContract
 from rl.conformance.trainer_contract import TrainerContract, trained_adapter
 from rl.conformance.volume_store_contract import StoreFactory, VolumeStoreContract
+from rl.deploy.simulated.agentic_sim import bandit_trainer, traced_judge_tier
+from rl.deploy.simulated.artifacts import MemoryArtifacts
 from rl.loop.agentic import run_agentic
 from rl.loop.grpo import GrpoDriver, run_grpo
 from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer
-from rl.simulated.agentic_sim import bandit_trainer, traced_judge_tier
-from rl.simulated.artifacts import MemoryArtifacts
+from rl.storage.checkpoint.format import as_altered, as_another_schema_version
 from rl.types import ArtifactRef
 
 

@@ -23,33 +23,33 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rl.advantages import group_normalized_advantages
-from rl.artifacts import LocalArtifacts
-from rl.checkpoint.file_store import FileStateStore
-from rl.checkpoint.format import as_altered, as_another_schema_version
-from rl.checkpoint.memory_store import MemoryStateStore
+from rl.algorithm.advantages import group_normalized_advantages
 from rl.conformance.algorithm_spec import AlgorithmSpec
 from rl.conformance.capabilities import Capabilities
 from rl.conformance.implementation import Implementation
 from rl.conformance.law_sizes import LawSizes
 from rl.conformance.support.tiny_model import temp_dir, tiny_base_model
+from rl.deploy.simulated.agentic_sim import bandit_trainer, traced_judge_tier
+from rl.deploy.simulated.artifacts import MemoryArtifacts
+from rl.deploy.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
 from rl.loop.agentic import run_agentic
 from rl.loop.grpo import run_grpo
 from rl.metrics import pass_at_k
 from rl.protocols import Artifacts
 from rl.rewards import extract_answer
 from rl.scoring import BatchRewardScorer, RewardScorer
-from rl.simulated.agentic_sim import bandit_trainer, traced_judge_tier
-from rl.simulated.artifacts import MemoryArtifacts
-from rl.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
+from rl.storage.artifacts import LocalArtifacts
+from rl.storage.checkpoint.file_store import FileStateStore
+from rl.storage.checkpoint.format import as_altered, as_another_schema_version
+from rl.storage.checkpoint.memory_store import MemoryStateStore
+from rl.storage.volumes import LocalVolumeStore, RolloutBuffer
 from rl.trainer.config import TrainerConfig
 from rl.types import ArtifactRef
-from rl.volumes import LocalVolumeStore, RolloutBuffer
 
 if TYPE_CHECKING:
-    from rl.engines.torch_sampler import TorchSampler
-    from rl.engines.vllm import VLLMEngine
     from rl.protocols import RolloutEngine
+    from rl.samplers.torch_sampler import TorchSampler
+    from rl.samplers.vllm import VLLMEngine
     from rl.trainer.peft_trainer import PeftTrainer
     from rl.types import Rollout, RolloutRequest
 
@@ -71,8 +71,8 @@ async def memory_version0_adapter(artifacts: Artifacts) -> ArtifactRef:
 
 
 def sample_loss(*args: Any, **kwargs: Any) -> Any:
-    """`rl.loss.grpo_sample_loss`, imported on first call (so binding it here imports no torch)."""
-    from rl.loss import grpo_sample_loss
+    """`rl.algorithm.loss.grpo_sample_loss`, imported on first call (so binding it here imports no torch)."""
+    from rl.algorithm.loss import grpo_sample_loss
 
     return grpo_sample_loss(*args, **kwargs)
 
@@ -80,9 +80,9 @@ def sample_loss(*args: Any, **kwargs: Any) -> Any:
 def batch_loss(
     new_logp: Any, old_logp: Any, ref_logp: Any, advantages: Any, mask: Any, *, clip_eps: float, kl_beta: float
 ) -> Any:
-    """`rl.loss.grpo_masked_loss`, the padded `[B, T]` form the PEFT trainer back-propagates (its rows), imported on
-    first call. Shape: `[B, T]` log-probs and mask, `[B]` advantages -> loss `[]`."""
-    from rl.loss import grpo_masked_loss
+    """`rl.algorithm.loss.grpo_masked_loss`, the padded `[B, T]` form the PEFT trainer back-propagates (its rows),
+    imported on first call. Shape: `[B, T]` log-probs and mask, `[B]` advantages -> loss `[]`."""
+    from rl.algorithm.loss import grpo_masked_loss
 
     return grpo_masked_loss(new_logp, old_logp, ref_logp, advantages, mask, clip_eps=clip_eps, kl_beta=kl_beta)
 
@@ -95,9 +95,9 @@ def ddp_shard_step(ddp_model: Any, sample_loss_fns: Any, sync_forward: Any) -> N
 
 
 def token_logprobs(model: Any, prompts: Any, completions: Any, sampling: Any) -> Any:
-    """`rl.engines.decoding.batched_teacher_forced_logprobs`, the log-probs our trainer's batched loss path scores with,
-    imported on first call. Shape: B prompts, B completions -> [B, T_max]."""
-    from rl.engines.decoding import batched_teacher_forced_logprobs
+    """`rl.samplers.decoding.batched_teacher_forced_logprobs`, the log-probs our trainer's batched loss path scores
+    with, imported on first call. Shape: B prompts, B completions -> [B, T_max]."""
+    from rl.samplers.decoding import batched_teacher_forced_logprobs
 
     logprobs, _ = batched_teacher_forced_logprobs(model, prompts, completions, 0, sampling)
     return logprobs
@@ -154,7 +154,7 @@ def plant_rollout_rows(buffer: RolloutBuffer, iteration: int, rows: Any) -> Any:
     import json
     import math
 
-    from rl.volumes.buffer import iteration_file
+    from rl.storage.volumes.buffer import iteration_file
 
     def line(row: Any) -> str:
         reward = row["reward"]
@@ -203,7 +203,7 @@ def local_artifacts() -> LocalArtifacts:
 
 def torch_sampler(artifacts: Artifacts) -> TorchSampler:
     """The torch sampler on the tiny model, one intra-op thread (bitwise-reproducible sampling)."""
-    from rl.engines.torch_sampler import TorchSampler
+    from rl.samplers.torch_sampler import TorchSampler
 
     return TorchSampler(tiny_base_model(), artifacts, threads=1)
 
@@ -267,7 +267,7 @@ REAL_CPU = Implementation(
     batch_reward_scorer=BatchRewardScorer,
     trainer=peft_trainer,
     advantages=group_normalized_advantages,
-    # The batch form (IN_MEMORY binds the per-completion one): both of rl.loss's functions meet the loss laws.
+    # The batch form (IN_MEMORY binds the per-completion one): both of rl.algorithm.loss's functions meet the loss laws.
     batch_loss=batch_loss,
     ddp_shard_step=ddp_shard_step,
     distributed_trainer=local_ddp_trainer,
@@ -296,9 +296,9 @@ def vllm_base_model() -> Path:
 def warm_vllm() -> VLLMEngine:
     """The process's one real vLLM engine (float32, `rl.gpu.vllm_cpu_llm_kwargs`), started on first use and closed at
     exit (its engine-core process ends, its adapter copies go)."""
-    from rl.engines.vllm import VLLMEngine
     from rl.gpu import vllm_cpu_llm_kwargs
     from rl.models import load_tokenizer
+    from rl.samplers.vllm import VLLMEngine
 
     base = vllm_base_model()
     engine = VLLMEngine(base, local_artifacts(), llm_kwargs=vllm_cpu_llm_kwargs(), tokenizer=load_tokenizer(base))
@@ -367,17 +367,17 @@ def smollm2_model() -> Path:
 
 
 def real_model_trainer_config() -> TrainerConfig:
-    """`rl.local.REAL_MODEL_TRAINER`, the demo's trainer config on a real model, imported on first call (rl.local
-    loads torch)."""
-    from rl.local import REAL_MODEL_TRAINER
+    """`rl.deploy.local.REAL_MODEL_TRAINER`, the demo's trainer config on a real model, imported on first call
+    (rl.deploy.local loads torch)."""
+    from rl.deploy.local import REAL_MODEL_TRAINER
 
     return REAL_MODEL_TRAINER
 
 
 def lm_sampler(artifacts: Artifacts) -> RolloutEngine:
-    """The torch sampler on SmolLM2 as the demo builds it (`rl.local.make_engine`): chat template, `<|im_end|>` as eos,
-    the trainer's thread count."""
-    from rl.local import make_engine
+    """The torch sampler on SmolLM2 as the demo builds it (`rl.deploy.local.make_engine`): chat template, `<|im_end|>`
+    as eos, the trainer's thread count."""
+    from rl.deploy.local import make_engine
 
     if not isinstance(artifacts, LocalArtifacts):
         raise TypeError(f"the demo's engine reads a LocalArtifacts store, got {type(artifacts).__name__}")
@@ -385,7 +385,7 @@ def lm_sampler(artifacts: Artifacts) -> RolloutEngine:
 
 
 def lm_trainer(artifacts: Artifacts) -> PeftTrainer:
-    """The PEFT LoRA trainer on SmolLM2 with the demo's config (`rl.local.REAL_MODEL_TRAINER`)."""
+    """The PEFT LoRA trainer on SmolLM2 with the demo's config (`rl.deploy.local.REAL_MODEL_TRAINER`)."""
     from rl.trainer.peft_trainer import PeftTrainer
 
     return PeftTrainer(smollm2_model(), artifacts, real_model_trainer_config())

@@ -31,7 +31,7 @@ __all__ = ["AdvantageFn"]
 
 AdvantageFn = Callable[[Sequence[int], Sequence[float]], Sequence[float]]
 """`(group_ids, rewards) -> advantages`, one per sample in input order, like
-`rl.advantages.group_normalized_advantages`."""
+`rl.algorithm.advantages.group_normalized_advantages`."""
 
 
 def call_advantages(advantages: AdvantageFn, batch: RewardBatch, spec: AlgorithmSpec) -> list[float]:

@@ -48,7 +48,7 @@ def law_inputs(base_dir: Path, seed: int) -> tuple[dict[str, bytes], TrainBatch]
     version-0 adapter is the identity), and the rewards a seeded permutation of four distinct values in every group, so
     every advantage is non-zero and every sample contributes a gradient.
     """
-    from rl.engines.decoding import teacher_forced_logprobs
+    from rl.samplers.decoding import teacher_forced_logprobs
 
     rng = random.Random(derive_seed("conformance.ddp.batch", seed))
     base = load_base_model(base_dir)

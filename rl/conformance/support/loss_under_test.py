@@ -31,7 +31,7 @@ __all__ = ["BatchLossFn", "LossUnderTest", "SampleLossFn", "sample_loss_as_batch
 
 SampleLossFn = Callable[..., Any]
 """`(new_logp, old_logp, ref_logp, advantage, clip_eps=0.2, kl_beta=0.03) -> (loss, stats)` on 1-D torch tensors of one
-completion, like `rl.loss.grpo_sample_loss`."""
+completion, like `rl.algorithm.loss.grpo_sample_loss`."""
 
 BatchLossFn = Callable[..., Any]
 """`(new_logp, old_logp, ref_logp, advantages, mask, *, clip_eps, kl_beta) -> loss` or `(loss, stats)`: `[B, T]`

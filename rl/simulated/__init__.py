@@ -1,3 +1,0 @@
-"""The GRPO and agentic deployments simulated on the durable-execution engine (`rl.sim`), with their in-memory tiers
-and backends (artifacts, worlds), and the chaos scenarios that torture them: what the driver laws, `rl chaos` and
-`rl bench` run on a laptop CPU."""

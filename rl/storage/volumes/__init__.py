@@ -1,0 +1,70 @@
+"""Versioned copy-on-write volumes on the local filesystem, and the rollout buffer built on them.
+
+`LocalVolumeStore` implements `rl.protocols.VolumeVersion` / `WritableVolume` (the `ROVolume` / `Volume` roles of seeds
+000 and 002) from plain directories; `RolloutBuffer` keeps one `iter-NNNNN.jsonl` per iteration on a chain of its
+versions. docs/volumes.md says which filesystems get true copy-on-write and how it is guaranteed elsewhere.
+"""
+
+from __future__ import annotations
+
+from rl.storage.volumes.buffer import (
+    PANDAS_DTYPES,
+    ROW_FIELDS,
+    IterationExistsError,
+    IterationNotFoundError,
+    RescoreStats,
+    RewardFn,
+    RolloutBuffer,
+    RowSchemaError,
+    encode_rows,
+    iteration_file,
+    rollout_rows,
+)
+from rl.storage.volumes.errors import (
+    InvalidNameError,
+    InvalidPathError,
+    SharedFileModifiedError,
+    UnsupportedFileError,
+    VersionNotFoundError,
+    VolumeCorruptedError,
+    VolumeError,
+    VolumeSealedError,
+    WriterConflictError,
+)
+from rl.storage.volumes.filesystem import MIN_RACY_NS, RACY_NS, ShareMode, probe_share_mode, racy_window_ns
+from rl.storage.volumes.manifest import FileEntry
+from rl.storage.volumes.store import LocalVolumeStore
+from rl.storage.volumes.version import LocalVolumeVersion
+from rl.storage.volumes.writable import LocalWritableVolume
+
+__all__ = [
+    "MIN_RACY_NS",
+    "PANDAS_DTYPES",
+    "RACY_NS",
+    "ROW_FIELDS",
+    "FileEntry",
+    "InvalidNameError",
+    "InvalidPathError",
+    "IterationExistsError",
+    "IterationNotFoundError",
+    "LocalVolumeStore",
+    "LocalVolumeVersion",
+    "LocalWritableVolume",
+    "RescoreStats",
+    "RewardFn",
+    "RolloutBuffer",
+    "RowSchemaError",
+    "ShareMode",
+    "SharedFileModifiedError",
+    "UnsupportedFileError",
+    "VersionNotFoundError",
+    "VolumeCorruptedError",
+    "VolumeError",
+    "VolumeSealedError",
+    "WriterConflictError",
+    "encode_rows",
+    "iteration_file",
+    "probe_share_mode",
+    "racy_window_ns",
+    "rollout_rows",
+]
