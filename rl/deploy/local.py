@@ -148,6 +148,7 @@ def refuse_other_model(run: RunDir, model: TinyModelConfig, engine: str) -> None
     this one. A `GrpoInputError` naming what to pass instead; nothing is written."""
     from rl.errors import GrpoInputError
 
+    run = checked(run)
     out_dir, layout = run.root, run.layout
     wanted = layout.base_model(content_digest(model))
     others = [name for name in layout.base_models() if name != wanted.name]
