@@ -43,12 +43,12 @@ class RunDir:
 
 def checked(run: object) -> RunDir:
     """`run` if it is an opened `RunDir`; a `TypeError` otherwise (a plain path would skip its checks)."""
-    if not isinstance(run, RunDir):
-        raise TypeError(
-            f"expected a RunDir from rl.storage.run_dir.open_run, got {type(run).__name__}: a plain path skips the "
-            "run directory's checks and lock"
-        )
-    return run
+    if isinstance(run, RunDir):
+        return run
+    raise TypeError(
+        f"expected a RunDir from rl.storage.run_dir.open_run, got {type(run).__name__}: a plain path skips the run "
+        "directory's checks and lock"
+    )
 
 
 @contextmanager
