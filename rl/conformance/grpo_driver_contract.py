@@ -172,12 +172,7 @@ class GrpoDriverContract(DriverCheckpointLaws, ContractBase):
 
     @pytest.mark.parametrize("mode", MODES)
     def test_driver_keeps_every_invariant_under_seeded_random_faults(
-        self,
-        driver: GrpoDriver,
-        driver_config: GrpoConfig,
-        capabilities: Capabilities,
-        rl_seed: int,
-        mode: str,
+        self, driver: GrpoDriver, driver_config: GrpoConfig, capabilities: Capabilities, rl_seed: int, mode: str
     ) -> None:
         """Under seeded task failures, hangs past timeouts, driver crashes and torn checkpoint writes, every run ends
         with its uninterrupted result and lineage."""

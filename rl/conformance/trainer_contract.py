@@ -16,7 +16,7 @@ from rl.conformance.data_parallel_trainer_laws import DataParallelTrainerLaws
 from rl.conformance.kl_reference_laws import KlReferenceLaws
 from rl.conformance.micro_batch_trainer_laws import MicroBatchTrainerLaws
 from rl.conformance.support.contract_base import ContractBase, Run, must_provide, tier
-from rl.conformance.support.step_reference import DIGIT_PROMPTS, sample_groups
+from rl.conformance.support.step_reference import DIGIT_PROMPTS, StepLawInputs, sample_groups
 from rl.conformance.trainer_memory_laws import TrainerMemoryLaws
 from rl.conformance.trainer_padding_laws import TrainerPaddingLaws
 from rl.conformance.trainer_restore_laws import TrainerRestoreLaws
@@ -136,6 +136,19 @@ class TrainerContract(
     def trainer_version0(self, trainer: Trainer, rl_seed: int, rl_run: Run[Any]) -> TrainResult:
         """The trainer's version-0 adapter and optimizer state: `init_adapter` of a seed derived from `rl_seed`."""
         return rl_run(trainer.init_adapter(derive_seed("conformance.trainer.init", rl_seed)))
+
+    @pytest.fixture
+    def step_law_inputs(
+        self,
+        trainer: Trainer,
+        engine: RolloutEngine,
+        trainer_version0: TrainResult,
+        algorithm: AlgorithmSpec,
+        rl_seed: int,
+        rl_run: Run[Any],
+    ) -> StepLawInputs:
+        """The fixtures a law on a batch the engine samples takes together (`StepLawInputs`)."""
+        return StepLawInputs(trainer, engine, trainer_version0, algorithm, rl_seed, rl_run)
 
     @pytest.fixture
     def training_rollouts(
