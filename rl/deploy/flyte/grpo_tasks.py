@@ -136,7 +136,8 @@ _ENGINES: dict[str, RolloutEngine] = {}
 def _make_engine(base_dir: Path, spec: EngineSpec) -> RolloutEngine:
     if spec.kind == "vllm":
         from rl.models import load_tokenizer
-        from rl.samplers.vllm import VLLMEngine, model_max_len  # imports vllm itself only when it first samples
+        from rl.samplers.vllm import VLLMEngine
+        from rl.samplers.vllm_requests import model_max_len  # imports vllm itself only when it first samples
 
         tokenizer = load_tokenizer(base_dir) if spec.token_ids else None
         llm_kwargs = spec.vllm_kwargs(model_max_len(base_dir))
