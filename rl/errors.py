@@ -18,6 +18,7 @@ from typing import ClassVar
 
 __all__ = [
     "ArtifactError",
+    "ArtifactNotFoundError",
     "BatchError",
     "CheckpointConfigMismatchError",
     "CheckpointCorruptError",
@@ -213,6 +214,11 @@ class ArtifactError(RlError):
     """Base of the artifact store's errors (`rl.storage.artifacts` holds the subclasses)."""
 
     exit_code = 4
+
+
+class ArtifactNotFoundError(ArtifactError, FileNotFoundError):
+    """No artifact with the requested digest is stored here (deleted, or written by another store): every artifact
+    store raises it, so a driver handles a lost artifact the same way whichever store it runs on."""
 
 
 class VolumeError(RlError):

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from rl.errors import ArtifactNotFoundError
 from rl.protocols import Artifacts
 from rl.storage.artifacts import (
     ArtifactCorruptError,
-    ArtifactNotFoundError,
     InvalidArtifactError,
     LocalArtifacts,
     compute_digest,

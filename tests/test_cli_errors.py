@@ -54,7 +54,7 @@ FAMILY_MEMBERS = [
     ("rl.deploy.flyte.config", "ConfigError", ValueError),
     ("rl.rewards", "UnknownRewardError", KeyError),
     ("rl.errors", "AgenticInputError", ValueError),
-    ("rl.storage.artifacts", "ArtifactNotFoundError", FileNotFoundError),
+    ("rl.errors", "ArtifactNotFoundError", FileNotFoundError),
     ("rl.storage.artifacts", "ArtifactCorruptError", Exception),
     ("rl.storage.artifacts", "InvalidArtifactError", ValueError),
     ("rl.storage.volumes.errors", "InvalidPathError", ValueError),

@@ -27,14 +27,8 @@ from flyte.io import Dir
 from flyte.models import TaskContext
 
 from rl.deploy.report import render_report
-from rl.storage.artifacts import (
-    ArtifactCorruptError,
-    ArtifactNotFoundError,
-    compute_digest,
-    read_dir,
-    validate_files,
-    write_files,
-)
+from rl.errors import ArtifactNotFoundError
+from rl.storage.artifacts import ArtifactCorruptError, compute_digest, read_dir, validate_files, write_files
 from rl.types import ArtifactRef, EvalResult, IterationMetrics
 
 
