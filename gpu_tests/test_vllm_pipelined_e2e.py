@@ -26,7 +26,7 @@ from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor
 from rl.rewards import score
 from rl.scoring import SamplingEvaluator
-from rl.storage.checkpoint.file_store import FileStateStore
+from rl.storage.checkpoint.file_store import FileCheckpointStore
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
 from rl.types import Rollout, RolloutRequest, TrainBatch, TrainResult
@@ -108,7 +108,7 @@ def test_two_pipelined_iterations_with_vllm_and_the_cuda_trainer(
         prompts=problems,
         evaluator=SamplingEvaluator(engine, problems.eval_prompts(), max_tokens=config.max_tokens),
     )
-    store = FileStateStore(tmp_path / "checkpoint.json")
+    store = FileCheckpointStore(tmp_path / "checkpoint.json")
     start = time.perf_counter()
     outcome = asyncio.run(run_grpo(config, tiers, store))
     wall_s = time.perf_counter() - start

@@ -84,7 +84,7 @@ class Evaluator(Protocol):
 
 
 @runtime_checkable
-class StateStore(Protocol):
+class CheckpointStore(Protocol):
     """The driver's checkpoint (the `flyte.ctx().checkpoint` role): one blob, written atomically."""
 
     async def load(self) -> bytes | None: ...

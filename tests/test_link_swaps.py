@@ -22,7 +22,7 @@ from rl.cli import main
 from rl.deploy.file_reporter import FileReporter
 from rl.errors import RlError, UnsafeRunDirError
 from rl.storage.artifacts import LocalArtifacts
-from rl.storage.checkpoint.file_store import FileStateStore
+from rl.storage.checkpoint.file_store import FileCheckpointStore
 from rl.storage.run_lock import HOLDER_NAME, LOCK_NAME, run_lock
 from rl.storage.safe_fs import LinkRefusedError, Tree
 from rl.storage.volumes.buffer import RolloutBuffer, rollout_rows
@@ -185,7 +185,7 @@ async def test_metrics_and_checkpoint_swapped_for_links_are_neither_written_nor_
         await reporter.publish([row, row], status="running")
     os.symlink(outside / "file.txt", run / "checkpoint.json")
     with pytest.raises(LinkRefusedError, match=r"checkpoint\.json"):
-        await FileStateStore(run / "checkpoint.json").load()
+        await FileCheckpointStore(run / "checkpoint.json").load()
     assert snapshot(outside) == before
 
 

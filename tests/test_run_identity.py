@@ -20,7 +20,7 @@ from rl.errors import CheckpointConfigMismatchError
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor
 from rl.storage.checkpoint.format import DriverState, encode_state
-from rl.storage.checkpoint.memory_store import MemoryStateStore
+from rl.storage.checkpoint.memory_store import MemoryCheckpointStore
 from rl.storage.volumes.buffer import RolloutBuffer, rollout_rows
 from rl.storage.volumes.sink import BUFFER_NAME
 from rl.storage.volumes.store import LocalVolumeStore
@@ -68,8 +68,8 @@ def _tiers(artifacts, *, buffer, scorer=None) -> GrpoTiers:
     )
 
 
-def _crashed_run(*, buffered: bool, crash_at: int) -> tuple[MemoryArtifacts, MemoryStateStore, _ListSink | None]:
-    artifacts, store = MemoryArtifacts(), MemoryStateStore()
+def _crashed_run(*, buffered: bool, crash_at: int) -> tuple[MemoryArtifacts, MemoryCheckpointStore, _ListSink | None]:
+    artifacts, store = MemoryArtifacts(), MemoryCheckpointStore()
     sink = _ListSink() if buffered else None
     with pytest.raises(_Crash):
         asyncio.run(run_grpo(CONFIG, _tiers(artifacts, buffer=sink, scorer=_CrashingScorer(crash_at)), store))

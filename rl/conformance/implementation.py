@@ -13,7 +13,7 @@ from rl.conformance.law_sizes import LawSizes
 
 if TYPE_CHECKING:
     from rl.loop.grpo import GrpoDriver
-    from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer, VolumeStore
+    from rl.protocols import Artifacts, CheckpointStore, RolloutEngine, Scorer, Trainer, VolumeStore
     from rl.types import ArtifactRef
 
 __all__ = ["TIERS", "Implementation", "ImplementationError", "load_implementation"]
@@ -64,7 +64,7 @@ class Implementation:
 
     name: str
     artifacts: Callable[[], Artifacts] | None = None
-    state_store: Callable[[], StateStore] | None = None
+    state_store: Callable[[], CheckpointStore] | None = None
     engine: Callable[[Artifacts], RolloutEngine] | None = None
     adapter: Callable[[Artifacts], ArtifactRef | Awaitable[ArtifactRef]] | None = None
     scorer: Callable[[], Scorer] | None = None

@@ -24,7 +24,7 @@ import pytest
 SUITE_MODULE = "rl.conformance.test_suite"
 TIER_MARKERS = {
     "rl_artifacts": "the Artifacts laws",
-    "rl_state_store": "the StateStore laws",
+    "rl_state_store": "the CheckpointStore laws",
     "rl_engine": "the RolloutEngine laws",
     "rl_scorer": "the Scorer laws",
     "rl_trainer": "the Trainer laws",

@@ -25,7 +25,7 @@ from rl.rewards import get_reward
 from rl.samplers.torch_sampler import TorchSampler
 from rl.scoring import RewardScorer, SamplingEvaluator
 from rl.storage.artifacts import LocalArtifacts
-from rl.storage.checkpoint.file_store import FileStateStore
+from rl.storage.checkpoint.file_store import FileCheckpointStore
 from rl.storage.dead_writers import discard_if_dead, locked_new_dir
 from rl.storage.run_layout import RunLayout, claim, require_safe
 from rl.storage.safe_fs import Tree
@@ -61,7 +61,7 @@ def demo_problems(real_model: bool) -> ProblemSet:
 @dataclass(frozen=True)
 class LocalDeployment:
     tiers: GrpoTiers
-    store: FileStateStore
+    store: FileCheckpointStore
     reporter: FileReporter
     base_dir: Path
 
@@ -209,7 +209,7 @@ def local_grpo(
     layout = RunLayout(out_dir)
     artifacts = LocalArtifacts(layout.artifacts)
     artifacts.discard_abandoned()
-    state = FileStateStore(layout.checkpoint)
+    state = FileCheckpointStore(layout.checkpoint)
     state.discard_abandoned()
     sink = VolumeRolloutSink(layout.volumes) if buffer else None
     if sink is not None:

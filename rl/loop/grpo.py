@@ -30,13 +30,13 @@ from rl.loop.spans import Span, scope
 from rl.metrics import finite_mean
 from rl.protocols import (
     Artifacts,
+    CheckpointStore,
     Evaluator,
     PromptSource,
     Reporter,
     RolloutEngine,
     RolloutSink,
     Scorer,
-    StateStore,
     TaskMetrics,
     Trainer,
     is_batched,
@@ -378,10 +378,10 @@ class _BatchSchedule:
 
 
 # A driver with `run_grpo`'s signature: ours, or a fork's under the conformance suite.
-GrpoDriver = Callable[[GrpoConfig, GrpoTiers, StateStore], Awaitable[GrpoOutcome]]
+GrpoDriver = Callable[[GrpoConfig, GrpoTiers, CheckpointStore], Awaitable[GrpoOutcome]]
 
 
-async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> GrpoOutcome:
+async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: CheckpointStore) -> GrpoOutcome:
     """Run (or resume) the loop to `config.iterations`; return the final adapter, optimizer state and history."""
     config.validate(tiers.prompts.train_prompts())
     state = await load_state(store, config, tiers.artifacts)

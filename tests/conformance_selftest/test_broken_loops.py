@@ -204,7 +204,7 @@ CASES = [
         id="answer extraction stops at a thousands separator",
     ),
     pytest.param(
-        "broken_tiers:IN_PLACE_STATE_STORE",
+        "broken_tiers:IN_PLACE_CHECKPOINT_STORE",
         "rl_state_store",
         "test_state_store_a_save_cancelled_midway_leaves_the_old_or_the_new_blob",
         "the store writes in place",

@@ -36,7 +36,7 @@ from rl.deploy.simulated.agentic_sim import bandit_trainer, traced_judge_tier
 from rl.deploy.simulated.artifacts import MemoryArtifacts
 from rl.loop.agentic import run_agentic
 from rl.loop.grpo import GrpoDriver, run_grpo
-from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer
+from rl.protocols import Artifacts, CheckpointStore, RolloutEngine, Scorer, Trainer
 from rl.storage.checkpoint.format import as_altered, as_another_schema_version
 from rl.types import ArtifactRef
 
@@ -88,8 +88,8 @@ class TestArtifacts(_Bound, ArtifactsContract):
 
 class TestStateStore(_Bound, StateStoreContract):
     @pytest.fixture
-    def state_store(self, implementation: Implementation) -> StateStore:
-        return _factory(implementation, "state_store", "StateStore")()
+    def state_store(self, implementation: Implementation) -> CheckpointStore:
+        return _factory(implementation, "state_store", "CheckpointStore")()
 
 
 class TestRolloutEngine(_Bound, RolloutEngineContract):

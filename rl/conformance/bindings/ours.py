@@ -39,9 +39,9 @@ from rl.protocols import Artifacts
 from rl.rewards import extract_answer
 from rl.scoring import BatchRewardScorer, RewardScorer
 from rl.storage.artifacts import LocalArtifacts
-from rl.storage.checkpoint.file_store import FileStateStore
+from rl.storage.checkpoint.file_store import FileCheckpointStore
 from rl.storage.checkpoint.format import as_altered, as_another_schema_version
-from rl.storage.checkpoint.memory_store import MemoryStateStore
+from rl.storage.checkpoint.memory_store import MemoryCheckpointStore
 from rl.storage.volumes import LocalVolumeStore, RolloutBuffer
 from rl.trainer.config import TrainerConfig
 from rl.types import ArtifactRef
@@ -172,7 +172,7 @@ def plant_rollout_rows(buffer: RolloutBuffer, iteration: int, rows: Any) -> Any:
 IN_MEMORY = Implementation(
     name="in-memory",
     artifacts=MemoryArtifacts,
-    state_store=MemoryStateStore,
+    state_store=MemoryCheckpointStore,
     engine=MemoryEngine,
     adapter=memory_version0_adapter,
     scorer=MemoryScorer,
@@ -253,15 +253,15 @@ def local_ddp_trainer(artifacts: Artifacts, world_size: int) -> LocalDdpTrainer:
     return LocalDdpTrainer(artifacts, world_size)
 
 
-def file_state_store() -> FileStateStore:
-    """A `FileStateStore` on a checkpoint file that does not exist yet, in its own temporary directory."""
-    return FileStateStore(temp_dir("rl-conformance-state-") / "checkpoint.json")
+def file_checkpoint_store() -> FileCheckpointStore:
+    """A `FileCheckpointStore` on a checkpoint file that does not exist yet, in its own temporary directory."""
+    return FileCheckpointStore(temp_dir("rl-conformance-state-") / "checkpoint.json")
 
 
 REAL_CPU = Implementation(
     name="real-cpu",
     artifacts=local_artifacts,
-    state_store=file_state_store,
+    state_store=file_checkpoint_store,
     engine=torch_sampler,
     scorer=RewardScorer,
     batch_reward_scorer=BatchRewardScorer,
@@ -345,7 +345,7 @@ def vllm_peft_trainer(artifacts: Artifacts) -> PeftTrainer:
 REAL_VLLM = Implementation(
     name="real-vllm",
     artifacts=local_artifacts,
-    state_store=file_state_store,
+    state_store=file_checkpoint_store,
     engine=WarmVLLMEngine,
     scorer=RewardScorer,
     trainer=vllm_peft_trainer,

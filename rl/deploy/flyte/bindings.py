@@ -5,7 +5,7 @@
   the Dir's `hash` so a cached task's key follows the content. `get` reads a private copy and re-hashes it.
 - `FlyteReporter` (`Reporter`): publishes `rl.deploy.report.render_report` by `flyte.report.replace` each iteration.
 
-The `StateStore` on Flyte (the driver's checkpoint) is `rl.deploy.flyte.checkpoint_store`.
+The `CheckpointStore` on Flyte (the driver's checkpoint) is `rl.deploy.flyte.checkpoint_store`.
 
 Local mode differs from a cluster in one way that matters here: a local `Dir` is the producer's own path, not a copy.
 `DirArtifacts.put` therefore always copies into a fresh directory under the task's raw-data path, and `get` returns
