@@ -113,7 +113,7 @@ class Reporter(Protocol):
 
 
 @runtime_checkable
-class RolloutSink(Protocol):
+class RolloutBuffer(Protocol):
     """The rollout buffer of the training-loop tutorial: each iteration's rollouts and rewards, as a chain of volume
     versions.
 

@@ -117,7 +117,7 @@ def test_a_damaged_volume_manifest_ends_in_one_line_and_the_volume_exit_code(tin
 
 def test_a_held_buffer_lock_ends_in_one_line_and_the_volume_exit_code(tiny_run, tmp_path, capsys):
     """A second writer of the run's rollout buffer is refused with a message naming the holder."""
-    from rl.storage.volumes.sink import BUFFER_NAME
+    from rl.storage.volumes.rollout_buffer import BUFFER_NAME
     from rl.storage.volumes.store import LocalVolumeStore
 
     run = tmp_path / "run"

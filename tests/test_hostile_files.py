@@ -22,8 +22,8 @@ from rl.identity import content_digest
 from rl.storage.checkpoint.file_store import FileCheckpointStore
 from rl.storage.checkpoint.format import DriverState, decode_state, encode_state
 from rl.storage.checkpoint.resume import load_state
-from rl.storage.volumes.buffer import RolloutBuffer, rollout_rows
-from rl.storage.volumes.sink import BUFFER_NAME
+from rl.storage.volumes.buffer import VolumeBuffer, rollout_rows
+from rl.storage.volumes.rollout_buffer import BUFFER_NAME
 from rl.storage.volumes.store import LocalVolumeStore
 from rl.types import ArtifactRef, EvalResult, Rollout
 
@@ -150,7 +150,7 @@ def _rollout(group: int) -> Rollout:
 def _run_with_buffer(tmp_path: Path) -> tuple[Path, LocalVolumeStore]:
     run = tmp_path / "run"
     store = LocalVolumeStore(run / "volumes", durable=False)
-    buffer = RolloutBuffer(store, BUFFER_NAME)
+    buffer = VolumeBuffer(store, BUFFER_NAME)
     buffer.append(0, rollout_rows(0, [_rollout(0), _rollout(1)], [1.0, 0.0]))
     return run, store
 

@@ -109,7 +109,7 @@ def _plain_tiers(
 
 
 class _RecordingBuffer:
-    """A `RolloutSink` that keeps every append: `(iteration, group ids, rewards)` in call order. A version id is the
+    """A `RolloutBuffer` that keeps every append: `(iteration, group ids, rewards)` in call order. A version id is the
     digest of the rows so far, so appending the same rows again returns the same version, as the protocol says."""
 
     def __init__(self) -> None:

@@ -29,7 +29,7 @@ from rl.storage.checkpoint.file_store import FileCheckpointStore
 from rl.storage.dead_writers import discard_if_dead, locked_new_dir
 from rl.storage.run_layout import RunLayout, claim, require_safe
 from rl.storage.safe_fs import Tree
-from rl.storage.volumes.sink import VolumeRolloutSink
+from rl.storage.volumes.rollout_buffer import LocalRolloutBuffer
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
 
@@ -211,9 +211,9 @@ def local_grpo(
     artifacts.discard_abandoned()
     state = FileCheckpointStore(layout.checkpoint)
     state.discard_abandoned()
-    sink = VolumeRolloutSink(layout.volumes) if buffer else None
-    if sink is not None:
-        sink.store.discard_abandoned()
+    rollout_buffer = LocalRolloutBuffer(layout.volumes) if buffer else None
+    if rollout_buffer is not None:
+        rollout_buffer.store.discard_abandoned()
     sampler = make_engine(engine, base, artifacts, trainer.threads)
     file_reporter = FileReporter(
         out_dir, min_interval_s=report_interval_s, baseline_accuracy=constant_baseline_accuracy(problems.eval_prompts())
@@ -226,7 +226,7 @@ def local_grpo(
         prompts=problems,
         evaluator=SamplingEvaluator(sampler, problems.eval_prompts(), max_tokens=config.max_tokens),
         reporter=reporter if reporter is not None else file_reporter,
-        buffer=sink,
+        buffer=rollout_buffer,
         task_metrics=problems.metrics,
     )
     return LocalDeployment(tiers, state, file_reporter, base)

@@ -34,8 +34,8 @@ from rl.protocols import (
     Evaluator,
     PromptSource,
     Reporter,
+    RolloutBuffer,
     RolloutEngine,
-    RolloutSink,
     Scorer,
     TaskMetrics,
     Trainer,
@@ -126,7 +126,7 @@ class GrpoTiers:
     prompts: PromptSource
     evaluator: Evaluator | None = None
     reporter: Reporter | None = None
-    buffer: RolloutSink | None = None
+    buffer: RolloutBuffer | None = None
     span: Span | None = None
     task_metrics: TaskMetrics | None = None
 

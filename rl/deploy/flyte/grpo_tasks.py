@@ -361,7 +361,7 @@ async def add_rollouts(parent: Dir | None, iteration: int, rollouts: list[Rollou
 
 
 def buffer_version(ref: ArtifactRef) -> str:
-    """The `RolloutSink` version string of a buffer Dir: `<uri>@<digest>` (the checkpoint stores it)."""
+    """The `RolloutBuffer` version string of a buffer Dir: `<uri>@<digest>` (the checkpoint stores it)."""
     return f"{ref.uri}@{ref.digest}"
 
 

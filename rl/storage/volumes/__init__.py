@@ -1,7 +1,7 @@
 """Versioned copy-on-write volumes on the local filesystem, and the rollout buffer built on them.
 
 `LocalVolumeStore` implements `rl.protocols.VolumeVersion` / `WritableVolume` (the `ROVolume` / `Volume` roles of seeds
-000 and 002) from plain directories; `RolloutBuffer` keeps one `iter-NNNNN.jsonl` per iteration on a chain of its
+000 and 002) from plain directories; `VolumeBuffer` keeps one `iter-NNNNN.jsonl` per iteration on a chain of its
 versions. docs/volumes.md says which filesystems get true copy-on-write and how it is guaranteed elsewhere.
 """
 
@@ -14,8 +14,8 @@ from rl.storage.volumes.buffer import (
     IterationNotFoundError,
     RescoreStats,
     RewardFn,
-    RolloutBuffer,
     RowSchemaError,
+    VolumeBuffer,
     encode_rows,
     iteration_file,
     rollout_rows,
@@ -52,12 +52,12 @@ __all__ = [
     "LocalWritableVolume",
     "RescoreStats",
     "RewardFn",
-    "RolloutBuffer",
     "RowSchemaError",
     "ShareMode",
     "SharedFileModifiedError",
     "UnsupportedFileError",
     "VersionNotFoundError",
+    "VolumeBuffer",
     "VolumeCorruptedError",
     "VolumeError",
     "VolumeSealedError",

@@ -110,7 +110,7 @@ def rollout_rows(iteration: int, rollouts: Sequence[Rollout], rewards: Sequence[
     return [{"iteration": iteration, **r.to_dict(), "reward": float(w)} for r, w in zip(rollouts, rewards, strict=True)]
 
 
-class RolloutBuffer:
+class VolumeBuffer:
     """Rollouts on a chain of versions of the volume `name` in `store`; each version adds one iteration's file."""
 
     def __init__(self, store: LocalVolumeStore, name: str) -> None:
@@ -119,7 +119,7 @@ class RolloutBuffer:
         self.name = name
 
     def __repr__(self) -> str:
-        return f"RolloutBuffer({self.store!r}, {self.name!r})"
+        return f"VolumeBuffer({self.store!r}, {self.name!r})"
 
     def head(self) -> LocalVolumeVersion | None:
         """The latest version, or None before the first append."""
