@@ -14,16 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rl.conformance import RolloutBufferContract
-from rl.storage.volumes import (
-    PANDAS_DTYPES,
-    ROW_FIELDS,
-    IterationExistsError,
-    IterationNotFoundError,
-    LocalVolumeStore,
-    RowSchemaError,
-    VolumeBuffer,
-    rollout_rows,
-)
+from rl.errors import IterationExistsError, IterationNotFoundError, RowSchemaError
+from rl.storage.volumes import PANDAS_DTYPES, ROW_FIELDS, LocalVolumeStore, VolumeBuffer, rollout_rows
 from rl.storage.volumes.buffer import encode_rows, iteration_file
 from rl.types import Rollout
 

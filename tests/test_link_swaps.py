@@ -20,11 +20,11 @@ from report_rows import rows
 from rl import platform
 from rl.cli import main
 from rl.deploy.file_reporter import FileReporter
-from rl.errors import RlError, UnsafeRunDirError
+from rl.errors import LinkRefusedError, RlError, UnsafeRunDirError
 from rl.storage.artifacts import LocalArtifacts
 from rl.storage.checkpoint.file_store import FileCheckpointStore
 from rl.storage.run_lock import HOLDER_NAME, LOCK_NAME, run_lock
-from rl.storage.safe_fs import LinkRefusedError, Tree
+from rl.storage.safe_fs import Tree
 from rl.storage.volumes.buffer import VolumeBuffer, rollout_rows
 from rl.storage.volumes.rollout_buffer import BUFFER_NAME
 from rl.storage.volumes.store import LocalVolumeStore

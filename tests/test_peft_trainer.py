@@ -18,17 +18,11 @@ import torch
 from fixtures_real import tiny_model_dir
 from trainer_batches import make_batch, make_rollouts, varied_rewards
 
-from rl.errors import BatchError, StaleBatchError
+from rl.errors import BatchError, OptimizerStateError, StaleBatchError
 from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.adapter import load_policy, trainable_parameters
 from rl.trainer.config import TrainerConfig
-from rl.trainer.optimizer_state import (
-    OPTIMIZER_FILE,
-    OptimizerStateError,
-    build_optimizer,
-    optimizer_files,
-    read_optimizer_state,
-)
+from rl.trainer.optimizer_state import OPTIMIZER_FILE, build_optimizer, optimizer_files, read_optimizer_state
 from rl.trainer.peft_trainer import PeftTrainer
 from rl.types import TrainResult
 

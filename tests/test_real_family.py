@@ -22,7 +22,8 @@ import torch
 from safetensors.torch import load as load_safetensors
 from trainer_batches import make_batch, make_rollouts, varied_rewards
 
-from rl.models import ModelDirError, load_base_model, load_tokenizer
+from rl.errors import ModelDirError
+from rl.models import load_base_model, load_tokenizer
 from rl.models.model_dir import INDEX_FILE, check_model_dir
 from rl.models.qwen3 import Qwen3ModelConfig, build_qwen3_model
 from rl.storage.artifacts import LocalArtifacts

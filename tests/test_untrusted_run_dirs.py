@@ -17,10 +17,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rl.cli import main
-from rl.errors import UnsafeRunDirError
-from rl.storage.artifacts import ArtifactCorruptError, LocalArtifacts, compute_digest
+from rl.errors import (
+    ArtifactCorruptError,
+    InvalidPathError,
+    UnsafeRunDirError,
+    VersionNotFoundError,
+    VolumeCorruptedError,
+)
+from rl.storage.artifacts import LocalArtifacts, compute_digest
 from rl.storage.volumes.buffer import VolumeBuffer, rollout_rows
-from rl.storage.volumes.errors import InvalidPathError, VersionNotFoundError, VolumeCorruptedError
 from rl.storage.volumes.filesystem import force_rmtree
 from rl.storage.volumes.manifest import digest
 from rl.storage.volumes.rollout_buffer import BUFFER_NAME

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Any
 from rl.conformance.algorithm_spec import AlgorithmSpec
 from rl.conformance.capabilities import Capabilities
 from rl.conformance.law_sizes import LawSizes
+from rl.errors import ImplementationError
 
 if TYPE_CHECKING:
     from rl.loop.grpo import GrpoDriver
     from rl.protocols import Artifacts, CheckpointStore, RolloutEngine, Scorer, Trainer, VolumeStore
     from rl.types import ArtifactRef
 
-__all__ = ["TIERS", "Implementation", "ImplementationError", "load_implementation"]
+__all__ = ["TIERS", "Implementation", "load_implementation"]
 
 TIERS = (
     "artifacts",
@@ -44,10 +45,6 @@ TIERS = (
     "plant_rollout_rows",
 )
 """The factory attributes that each bind one contract of the packaged suite."""
-
-
-class ImplementationError(ValueError):
-    """`--rl-impl` does not name a usable implementation."""
 
 
 @dataclass(frozen=True)

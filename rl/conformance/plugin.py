@@ -208,7 +208,8 @@ def _declared_sizes(impl: str | None, session: pytest.Session) -> str:
     suite = (getattr(getattr(item, "module", None), "__name__", "") == SUITE_MODULE for item in session.items)
     if not impl or not any(suite):
         return ""
-    from rl.conformance.implementation import ImplementationError, load_implementation
+    from rl.conformance.implementation import load_implementation
+    from rl.errors import ImplementationError
 
     try:
         declared = load_implementation(impl).sizes.declared()

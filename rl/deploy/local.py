@@ -15,9 +15,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from transformers.utils import logging as transformers_logging
 
 from rl.deploy.file_reporter import FileReporter
+from rl.errors import ModelDirError
 from rl.identity import content_digest
 from rl.loop.grpo import GrpoConfig, GrpoTiers
-from rl.models.model_dir import ModelDirError, check_model_dir
+from rl.models.model_dir import check_model_dir
 from rl.models.tiny import TinyModelConfig, build_tiny_model, expected_config
 from rl.problems import Addition, DigitSuccessor, ProblemSet, constant_baseline_accuracy
 from rl.protocols import Reporter, RolloutEngine

@@ -30,7 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from rl.errors import EngineStartError, VLLMSamplingError
+from rl.errors import AdapterRefused, EngineOutputError, EngineStartError, VLLMSamplingError, VLLMUnavailableError
 from rl.protocols import Artifacts
 from rl.samplers.vllm_start_errors import KVCACHE_ENV, StartContext, one_line, start_advice, vllm_platform
 from rl.storage.artifacts import materialize
@@ -146,19 +146,6 @@ class _StderrTee:
             self._thread.join(wait_s)
         with self._lock:
             return self._tail.decode(errors="replace")
-
-
-class VLLMUnavailableError(ImportError):
-    """vLLM is not installed in this environment."""
-
-
-class AdapterRefused(ValueError):
-    """An adapter this engine's vLLM cannot load: refused before vLLM sees it, because vLLM loads adapters in its
-    worker process and a failed load there kills the engine core (every request after it fails too)."""
-
-
-class EngineOutputError(RuntimeError):
-    """vLLM's output lacks or contradicts what the engine asked for (log-probs, one output per prompt, ...)."""
 
 
 @contextlib.contextmanager

@@ -27,13 +27,9 @@ from flyte.io import Dir
 from flyte.models import TaskContext
 
 from rl.deploy.report import render_report
-from rl.errors import ArtifactNotFoundError
-from rl.storage.artifacts import ArtifactCorruptError, compute_digest, read_dir, validate_files, write_files
+from rl.errors import ArtifactCorruptError, ArtifactNotFoundError, NotInATaskError
+from rl.storage.artifacts import compute_digest, read_dir, validate_files, write_files
 from rl.types import ArtifactRef, EvalResult, IterationMetrics
-
-
-class NotInATaskError(RuntimeError):
-    """A Flyte-backed store was used outside a running Flyte task."""
 
 
 def task_context() -> TaskContext:
@@ -122,7 +118,8 @@ async def check_base(base: Dir) -> None:
     """Refuse a base model directory that cannot load (`rl.models.model_dir`: config, weights single or sharded with
     every shard present, tokenizer) from its listing and its three small JSON files, downloading no weights: a run on an
     incomplete prefetch fails in its driver, in one line, before any GPU task starts."""
-    from rl.models.model_dir import CONFIG_FILE, INDEX_FILE, TOKENIZER_CONFIG, ModelDirError, check_model_listing
+    from rl.errors import ModelDirError
+    from rl.models.model_dir import CONFIG_FILE, INDEX_FILE, TOKENIZER_CONFIG, check_model_listing
 
     if not await base.exists():
         raise ModelDirError(f"model directory {base.path} does not exist; prefetch the model (flyte prefetch hf-model)")

@@ -9,6 +9,7 @@ from pathlib import Path
 import flyte
 
 from rl.deploy.flyte.bindings import attempt_number
+from rl.errors import InjectedDriverFailure
 from rl.protocols import CheckpointStore
 from rl.storage.checkpoint.format import decode_state
 
@@ -37,10 +38,6 @@ class FlyteCheckpointStore:
             self._memory = data
             return
         await self.checkpoint.save(data)
-
-
-class InjectedDriverFailure(RuntimeError):
-    """The driver's planned crash (`FaultSpec`): the retried attempt must resume from the checkpoint."""
 
 
 class CrashAfterCheckpoint:

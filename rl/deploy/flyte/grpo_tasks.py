@@ -344,7 +344,8 @@ async def add_rollouts(parent: Dir | None, iteration: int, rollouts: list[Rollou
     rows are `rl.storage.volumes.buffer`'s (they load with `pandas.read_json(lines=True)`), and `rl rescore` reads the
     same format. Adding an iteration the parent already holds with the same rows (a replayed step) returns the parent.
     """
-    from rl.storage.volumes.buffer import IterationExistsError, encode_rows, iteration_file, rollout_rows
+    from rl.errors import IterationExistsError
+    from rl.storage.volumes.buffer import encode_rows, iteration_file, rollout_rows
 
     store = DirArtifacts()
     files = await store.get(ref_of(parent)) if parent is not None else {}

@@ -22,12 +22,12 @@ from typing import Annotated, Any
 
 from pydantic import Field, TypeAdapter
 
+from rl.errors import IterationExistsError, IterationNotFoundError, RowSchemaError, UntrustedValueError
 from rl.metrics import finite_mean
-from rl.storage.volumes.errors import VolumeError
 from rl.storage.volumes.store import LocalVolumeStore, check_name
 from rl.storage.volumes.version import LocalVolumeVersion
 from rl.types import Rollout
-from rl.untrusted import StrictModel, UntrustedValueError, parse_json, validate
+from rl.untrusted import StrictModel, parse_json, validate
 
 ROLLOUT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Rollout))
 ROW_FIELDS: tuple[str, ...] = ("iteration", *ROLLOUT_FIELDS, "reward")
@@ -64,18 +64,6 @@ class _RowModel(StrictModel):
 
 
 _ROW = TypeAdapter(_RowModel)
-
-
-class RowSchemaError(VolumeError, ValueError):
-    """A row that is not one rollout of this iteration with a finite reward."""
-
-
-class IterationExistsError(VolumeError):
-    """An append of an iteration the buffer already holds with different rows."""
-
-
-class IterationNotFoundError(VolumeError, LookupError):
-    """A read of an iteration the version does not hold."""
 
 
 @dataclass(frozen=True)

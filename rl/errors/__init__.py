@@ -1,13 +1,16 @@
-"""Every error this project raises on purpose, under one root, `RlError`, in one public module.
+"""Every error this project raises on purpose, in one public package: import each from `rl.errors`.
 
 `except rl.errors.RlError` catches every expected failure (bad input, a checkpoint or artifact that cannot be used, a
 damaged volume, a tier that broke its contract; a full disk is an `OSError` instead); anything else is a bug. Each
 family's `exit_code` is the `rl` command's exit status when that family ends it: docs/commands.md#exit-status.
 
 Each family keeps the builtin base it had (`ValueError`, `RuntimeError`, `LookupError`, ...), so `except` clauses
-written against those still catch it. This module is the ground floor: it imports nothing of `rl` (`ArtifactError`'s
-and `VolumeError`'s subclasses live with their stores, `rl.storage.artifacts` and `rl.storage.volumes.errors`). A fork's
-driver raises these (or subclasses) so that the same `except` clauses, and the same laws, hold for it
+written against those still catch it. The families and the errors a driver raises are here; the others sit in
+`rl.errors.storage`, `rl.errors.models` and `rl.errors.drivers`, by what raises them, re-exported here. Those that are
+not an `RlError` keep only the builtin base they had: among them injected faults, the simulator's signals (`DriverCrash`
+is a `BaseException`, so a driver's `except Exception` cannot swallow it), a missing optional dependency.
+This package is the ground floor: it imports nothing else of `rl`. A fork's driver raises these (or subclasses) so
+that the same `except` clauses, and the same laws, hold for it
 (docs/conformance.md#the-errors-your-driver-raises). Each message says what to do next.
 """
 
@@ -17,6 +20,10 @@ import unicodedata
 from typing import ClassVar
 
 __all__ = [
+    "AdapterArtifactError",
+    "AdapterDirError",
+    "AdapterRefused",
+    "ArtifactCorruptError",
     "ArtifactError",
     "ArtifactNotFoundError",
     "BatchError",
@@ -25,28 +32,85 @@ __all__ = [
     "CheckpointError",
     "CheckpointSchemaError",
     "CheckpointSealError",
+    "ConfigError",
+    "CudaUnavailableError",
+    "DriverAttemptsExhausted",
+    "DriverCrash",
     "EngineClosedError",
     "EngineContractError",
+    "EngineOutputError",
     "EngineStartError",
+    "FaultInputError",
     "FreshRefusedError",
     "GrpoInputError",
+    "HistoryFileError",
+    "ImplementationError",
     "IncompleteBufferError",
+    "InjectedDriverCrash",
+    "InjectedDriverFailure",
+    "InjectedTaskFailure",
     "InputError",
+    "InvalidArtifactError",
+    "InvalidNameError",
+    "InvalidPathError",
+    "InvalidRolloutRequestError",
+    "IterationExistsError",
+    "IterationNotFoundError",
+    "JudgeFlake",
+    "JudgeOutage",
     "LedgerError",
+    "LinkRefusedError",
     "MissingAdapterError",
+    "ModelCacheError",
+    "ModelDirError",
+    "ModelFileError",
+    "ModelMismatchError",
+    "ModelSandboxError",
+    "ModelSourceError",
     "NonFiniteLogitsError",
     "NonFiniteMetricError",
     "NonFiniteRewardError",
+    "NotAnAdapterError",
+    "NotInATaskError",
+    "OptimizerStateError",
+    "PlanDoesNotFitError",
+    "PromptTooLongError",
+    "RayUnavailableError",
+    "RemoteOnlyError",
+    "RetiredWorkspaceError",
     "RetriesExhaustedError",
     "RlError",
     "RolloutPlacementError",
+    "RowSchemaError",
     "RunDirError",
     "RunLockedError",
+    "SandboxFailure",
+    "SharedFileModifiedError",
+    "SimUsageError",
+    "SimulationDeadlock",
     "StaleBatchError",
+    "StepOutOfOrderError",
+    "StepPayloadConflictError",
+    "TaskFailed",
     "TierError",
     "TrainerError",
+    "TrainerLedgerError",
+    "TrainerMismatchError",
+    "UnhashableInputError",
+    "UnknownGpuError",
+    "UnknownRewardError",
+    "UnknownVersionError",
     "UnsafeRunDirError",
+    "UnsupportedAsyncio",
+    "UnsupportedFileError",
+    "UnsupportedLora",
+    "UntrustedValueError",
+    "VLLMUnavailableError",
+    "VersionNotFoundError",
+    "VolumeCorruptedError",
     "VolumeError",
+    "VolumeSealedError",
+    "WriterConflictError",
     "shown",
 ]
 
@@ -211,7 +275,7 @@ class CheckpointError(RlError, RuntimeError):
 
 
 class ArtifactError(RlError):
-    """Base of the artifact store's errors (`rl.storage.artifacts` holds the subclasses)."""
+    """Base of the artifact store's errors (`rl.errors.storage` holds the subclasses)."""
 
     exit_code = 4
 
@@ -222,7 +286,7 @@ class ArtifactNotFoundError(ArtifactError, FileNotFoundError):
 
 
 class VolumeError(RlError):
-    """Base class of every error the volume layer raises (`rl.storage.volumes.errors` holds the subclasses)."""
+    """Base class of every error the volume layer raises (`rl.errors.storage` holds the subclasses)."""
 
     exit_code = 5
 
@@ -341,3 +405,74 @@ class RankFailedError(RlError, RuntimeError):
 
 
 __all__ += ["RankFailedError"]
+
+
+# The other errors, in one module per concern, each beside the families it subclasses: imported last, because they
+# import those families from here.
+from rl.errors.drivers import (  # noqa: E402
+    ConfigError,
+    DriverAttemptsExhausted,
+    DriverCrash,
+    FaultInputError,
+    HistoryFileError,
+    ImplementationError,
+    InjectedDriverCrash,
+    InjectedDriverFailure,
+    InjectedTaskFailure,
+    JudgeFlake,
+    JudgeOutage,
+    NotInATaskError,
+    RayUnavailableError,
+    RemoteOnlyError,
+    RetiredWorkspaceError,
+    SandboxFailure,
+    SimulationDeadlock,
+    SimUsageError,
+    StepOutOfOrderError,
+    StepPayloadConflictError,
+    TaskFailed,
+    TrainerLedgerError,
+    TrainerMismatchError,
+    UnknownRewardError,
+    UnknownVersionError,
+    UnsupportedAsyncio,
+)
+from rl.errors.models import (  # noqa: E402
+    AdapterArtifactError,
+    AdapterDirError,
+    AdapterRefused,
+    CudaUnavailableError,
+    EngineOutputError,
+    InvalidRolloutRequestError,
+    ModelCacheError,
+    ModelDirError,
+    ModelFileError,
+    ModelMismatchError,
+    ModelSandboxError,
+    ModelSourceError,
+    NotAnAdapterError,
+    OptimizerStateError,
+    PlanDoesNotFitError,
+    PromptTooLongError,
+    UnknownGpuError,
+    UnsupportedLora,
+    VLLMUnavailableError,
+)
+from rl.errors.storage import (  # noqa: E402
+    ArtifactCorruptError,
+    InvalidArtifactError,
+    InvalidNameError,
+    InvalidPathError,
+    IterationExistsError,
+    IterationNotFoundError,
+    LinkRefusedError,
+    RowSchemaError,
+    SharedFileModifiedError,
+    UnhashableInputError,
+    UnsupportedFileError,
+    UntrustedValueError,
+    VersionNotFoundError,
+    VolumeCorruptedError,
+    VolumeSealedError,
+    WriterConflictError,
+)
