@@ -124,7 +124,7 @@ def test_two_pipelined_iterations_with_vllm_and_the_cuda_trainer(
     # The trainer's view: both batches were sampled by version 0 (iteration 1's while version 1 trained).
     assert len(trainer.steps) == 2
     for (batch, result, _), new_version in zip(trainer.steps, (1, 2), strict=True):
-        assert batch.new_version == result.version == new_version
+        assert batch.new_version == result.policy_version == new_version
         assert {r.policy_version for r in batch.rollouts} == {0}
         assert result.metrics.contributing > 0 and math.isfinite(result.metrics.loss), result.metrics
         assert result.adapter.digest != batch.adapter.digest, f"step {batch.step} did not change the adapter"

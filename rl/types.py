@@ -164,7 +164,7 @@ class TrainResult:
 
     adapter: ArtifactRef
     optimizer_state: ArtifactRef
-    version: int
+    policy_version: int
     metrics: StepMetrics
 
 

@@ -301,9 +301,9 @@ async def _train(
         sampling=config.sampling,
     )
     result, train_s = await timed(lambda: tiers.trainer.train_step(batch))
-    if result.version != new_version:
+    if result.policy_version != new_version:
         raise EngineContractError(
-            f"trainer returned adapter v{result.version} for step {iteration}; expected v{new_version}"
+            f"trainer returned adapter v{result.policy_version} for step {iteration}; expected v{new_version}"
         )
     row = iteration_metrics(
         iteration,

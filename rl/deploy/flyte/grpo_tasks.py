@@ -117,15 +117,15 @@ class TrainOutput:
 
     adapter: Dir
     optimizer_state: Dir
-    version: int
+    policy_version: int
     metrics: StepMetrics
 
     @classmethod
     def of(cls, result: TrainResult) -> TrainOutput:
-        return cls(dir_of(result.adapter), dir_of(result.optimizer_state), result.version, result.metrics)
+        return cls(dir_of(result.adapter), dir_of(result.optimizer_state), result.policy_version, result.metrics)
 
     def result(self) -> TrainResult:
-        return TrainResult(ref_of(self.adapter), ref_of(self.optimizer_state), self.version, self.metrics)
+        return TrainResult(ref_of(self.adapter), ref_of(self.optimizer_state), self.policy_version, self.metrics)
 
 
 # ------------------------------------------------------------------------------------------------------- engines
