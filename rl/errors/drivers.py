@@ -7,36 +7,6 @@ from __future__ import annotations
 
 from rl.errors import InputError, LedgerError, RetriesExhaustedError
 
-__all__ = [
-    "ConfigError",
-    "DriverAttemptsExhausted",
-    "DriverCrash",
-    "FaultInputError",
-    "HistoryFileError",
-    "ImplementationError",
-    "InjectedDriverCrash",
-    "InjectedDriverFailure",
-    "InjectedTaskFailure",
-    "JudgeFlake",
-    "JudgeOutage",
-    "NotInATaskError",
-    "RayUnavailableError",
-    "RemoteOnlyError",
-    "RetiredWorkspaceError",
-    "SandboxFailure",
-    "SimUsageError",
-    "SimulationDeadlock",
-    "StepOutOfOrderError",
-    "StepPayloadConflictError",
-    "TaskFailed",
-    "TrainerLedgerError",
-    "TrainerMismatchError",
-    "UnknownRewardError",
-    "UnknownVersionError",
-    "UnsupportedAsyncio",
-]
-
-
 # raised in rl.agentic.bandit
 
 

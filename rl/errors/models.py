@@ -7,29 +7,6 @@ from __future__ import annotations
 
 from rl.errors import ArtifactError, InputError, RlError, TrainerError
 
-__all__ = [
-    "AdapterArtifactError",
-    "AdapterDirError",
-    "AdapterRefused",
-    "CudaUnavailableError",
-    "EngineOutputError",
-    "InvalidRolloutRequestError",
-    "ModelCacheError",
-    "ModelDirError",
-    "ModelFileError",
-    "ModelMismatchError",
-    "ModelSandboxError",
-    "ModelSourceError",
-    "NotAnAdapterError",
-    "OptimizerStateError",
-    "PlanDoesNotFitError",
-    "PromptTooLongError",
-    "UnknownGpuError",
-    "UnsupportedLora",
-    "VLLMUnavailableError",
-]
-
-
 # raised in rl.models.model_dir
 
 

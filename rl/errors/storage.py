@@ -7,26 +7,6 @@ from __future__ import annotations
 
 from rl.errors import ArtifactError, UnsafeRunDirError, VolumeError
 
-__all__ = [
-    "ArtifactCorruptError",
-    "InvalidArtifactError",
-    "InvalidNameError",
-    "InvalidPathError",
-    "IterationExistsError",
-    "IterationNotFoundError",
-    "LinkRefusedError",
-    "RowSchemaError",
-    "SharedFileModifiedError",
-    "UnhashableInputError",
-    "UnsupportedFileError",
-    "UntrustedValueError",
-    "VersionNotFoundError",
-    "VolumeCorruptedError",
-    "VolumeSealedError",
-    "WriterConflictError",
-]
-
-
 # raised in rl.identity
 
 
