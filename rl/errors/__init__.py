@@ -2,16 +2,12 @@
 
 `except rl.errors.RlError` catches every expected failure (bad input, a checkpoint or artifact that cannot be used, a
 damaged volume, a tier that broke its contract; a full disk is an `OSError` instead); anything else is a bug. Each
-family's `exit_code` is the `rl` command's exit status when that family ends it: docs/commands.md#exit-status.
-
-Each family keeps the builtin base it had (`ValueError`, `RuntimeError`, `LookupError`, ...), so `except` clauses
-written against those still catch it. The families and the errors a driver raises are here; the others sit in
-`rl.errors.storage`, `rl.errors.models` and `rl.errors.drivers`, by what raises them, re-exported here. Those that are
-not an `RlError` keep only the builtin base they had: among them injected faults, the simulator's signals (`DriverCrash`
-is a `BaseException`, so a driver's `except Exception` cannot swallow it), a missing optional dependency.
-This package is the ground floor: it imports nothing else of `rl`. A fork's driver raises these (or subclasses) so
-that the same `except` clauses, and the same laws, hold for it
-(docs/conformance.md#the-errors-your-driver-raises). Each message says what to do next.
+family's `exit_code` is the `rl` command's exit status when that family ends it: docs/commands.md#exit-status. Each
+keeps the builtin base it had (`ValueError`, `RuntimeError`, ...), so `except` clauses written against those still
+catch it. The families and the errors a driver raises are here; the rest are in `rl.errors.storage`, `.models` and
+`.drivers`, by what raises them (an injected fault, `DriverCrash` (a `BaseException`), a missing optional dependency
+keep only their builtin base). The ground floor: it imports nothing else of `rl`. A fork's driver raises these (or
+subclasses) so the same `except` clauses and laws hold for it (docs/conformance.md#the-errors-your-driver-raises).
 """
 
 from __future__ import annotations
