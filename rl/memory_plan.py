@@ -19,15 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl.errors import InputError
+from rl.errors import InputError, UnknownGpuError
 
 __all__ = [
     "GPUS",
     "GpuSpec",
     "ModelArch",
-    "PlanDoesNotFitError",
     "TaskPlan",
-    "UnknownGpuError",
     "engine_plan",
     "lora_parameters",
     "trainer_plan",
@@ -44,14 +42,6 @@ ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 # UsageContext.LLM_CLASS:
 VLLM_SMALL_GPU_BATCH = (256, 8192)
 VLLM_LARGE_GPU_BATCH = (1024, 16384)  # >= 160 GiB, or >= 70 GiB and not an A100 (nor a GB10)
-
-
-class PlanDoesNotFitError(InputError):
-    """A profile's tasks need more memory than the GPU it declares; nothing was booked."""
-
-
-class UnknownGpuError(InputError):
-    """`RL_FLYTE_GPU` / `--gpu` names a GPU the plan does not know; the message names the ones it does."""
 
 
 @dataclass(frozen=True)

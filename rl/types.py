@@ -140,7 +140,7 @@ class TrainBatch:
     rewards: list[float]
     adapter: ArtifactRef
     optimizer_state: ArtifactRef | None
-    new_version: int
+    new_version: int  # the policy_version this step trains; the name is part of the step's action id
     # The settings the rollouts were sampled with: the trainer teacher-forces log-probs of the same distribution.
     sampling: SamplingSettings = field(default=DEFAULT_SAMPLING, metadata=_OMIT_AT_DEFAULT)
 
@@ -164,7 +164,7 @@ class TrainResult:
 
     adapter: ArtifactRef
     optimizer_state: ArtifactRef
-    version: int
+    policy_version: int
     metrics: StepMetrics
 
 
@@ -195,7 +195,7 @@ class IterationMetrics:
     """
 
     iteration: int
-    adapter_version: int
+    adapter_version: int  # the policy_version this iteration trained; the key in metrics.jsonl and checkpoints
     num_rollouts: int
     mean_reward: float
     max_reward: float

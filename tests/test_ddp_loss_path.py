@@ -48,9 +48,9 @@ def test_the_clustered_step_trains_the_real_familys_layout_as_one_process_does(
 ) -> None:
     """Sharded bfloat16 Qwen3 weights, float32 LoRA, sdpa, checkpointing, micro-batches: the DDP step (one rank) loads
     them and writes what the single-process step writes."""
-    from rl.models.qwen3 import Qwen3Shape, build_qwen3_model
+    from rl.models.qwen3 import Qwen3ModelConfig, build_qwen3_model
 
-    model_dir = build_qwen3_model(tmp_path / "model", Qwen3Shape(seed=5, vocab_size=64), max_shard_size="100KB")
+    model_dir = build_qwen3_model(tmp_path / "model", Qwen3ModelConfig(seed=5, vocab_size=64), max_shard_size="100KB")
     config = TrainerConfig(
         lora_rank=4,
         lora_alpha=8,

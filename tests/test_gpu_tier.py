@@ -222,8 +222,9 @@ def test_a_vllm_engine_spec_takes_its_length_from_the_model(tmp_path: Path) -> N
     """`EngineSpec(kind="vllm")` asks vLLM for the model's own length: a fixed 2048 was longer than the tiny model's
     positions, which vLLM (and the stub) refuse."""
     import fakes.vllm_stub as stub
-    from rl.deploy.flyte.config import ConfigError, EngineSpec
+    from rl.deploy.flyte.config import EngineSpec
     from rl.deploy.flyte.grpo_tasks import _make_engine
+    from rl.errors import ConfigError
     from rl.models import TinyModelConfig, build_tiny_model
 
     base = build_tiny_model(tmp_path / "model", TinyModelConfig(seed=1, hidden_size=32, intermediate=64))
@@ -312,8 +313,7 @@ def _a_pod_given_a_gpu_on_an_r570_driver(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_a_train_task_given_a_gpu_it_cannot_use_refuses_naming_the_driver(monkeypatch: pytest.MonkeyPatch) -> None:
     """It used to train on the CPU (torch.cuda.is_available() False) until its 30-minute timeout, three times over."""
     from rl.deploy.flyte.grpo_tasks import train_device
-    from rl.errors import RlError
-    from rl.gpu import CudaUnavailableError
+    from rl.errors import CudaUnavailableError, RlError
 
     _a_pod_given_a_gpu_on_an_r570_driver(monkeypatch)
     with pytest.raises(CudaUnavailableError) as refused:
@@ -329,7 +329,7 @@ def test_a_clustered_rank_given_a_gpu_it_cannot_use_refuses_instead_of_joining_g
     import torch.distributed as dist
 
     from rl.deploy.flyte.clustered import join_process_group
-    from rl.gpu import CudaUnavailableError
+    from rl.errors import CudaUnavailableError
 
     _a_pod_given_a_gpu_on_an_r570_driver(monkeypatch)
     monkeypatch.setattr(dist, "is_initialized", lambda: False)

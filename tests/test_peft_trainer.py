@@ -18,17 +18,11 @@ import torch
 from fixtures_real import tiny_model_dir
 from trainer_batches import make_batch, make_rollouts, varied_rewards
 
-from rl.errors import BatchError, StaleBatchError
+from rl.errors import BatchError, OptimizerStateError, StaleBatchError
 from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.adapter import load_policy, trainable_parameters
 from rl.trainer.config import TrainerConfig
-from rl.trainer.optimizer_state import (
-    OPTIMIZER_FILE,
-    OptimizerStateError,
-    build_optimizer,
-    optimizer_files,
-    read_optimizer_state,
-)
+from rl.trainer.optimizer_state import OPTIMIZER_FILE, build_optimizer, optimizer_files, read_optimizer_state
 from rl.trainer.peft_trainer import PeftTrainer
 from rl.types import TrainResult
 
@@ -62,7 +56,7 @@ def test_init_adapter_is_a_function_of_the_seed(trainer: PeftTrainer, tmp_path: 
     other_store = PeftTrainer(trainer.base_dir, LocalArtifacts(tmp_path / "other"), CONFIG)
     again = run(other_store.init_adapter(seed=5))
     different = run(trainer.init_adapter(seed=6))
-    assert first.version == 0 and first.metrics.contributing == 0
+    assert first.policy_version == 0 and first.metrics.contributing == 0
     assert first.adapter.digest == again.adapter.digest
     assert first.optimizer_state.digest == again.optimizer_state.digest
     assert different.adapter.digest != first.adapter.digest
@@ -83,7 +77,7 @@ def test_a_step_changes_the_adapter_and_reports_on_policy_metrics(trainer: PeftT
     init = run(trainer.init_adapter(seed=5))
     batch = make_batch(rollouts, varied_rewards(rollouts), init.adapter, init.optimizer_state)
     result = run(trainer.train_step(batch))
-    assert result.version == 1
+    assert result.policy_version == 1
     assert result.adapter.digest != init.adapter.digest
     assert result.optimizer_state.digest != init.optimizer_state.digest
     m = result.metrics
@@ -141,7 +135,7 @@ def test_a_batch_without_signal_takes_no_step(trainer: PeftTrainer, rollouts: li
     result = run(trainer.train_step(make_batch(rollouts, silent, moved.adapter, moved.optimizer_state, new_version=2)))
     assert (result.metrics.contributing, result.metrics.skipped_zero_advantage) == (0, 12)
     assert result.metrics.loss == 0.0 and result.metrics.grad_norm == 0.0
-    assert result.version == 2
+    assert result.policy_version == 2
     assert _files(trainer, result) == _files(trainer, moved)
 
 

@@ -13,7 +13,8 @@ from rl.deploy.simulated import grpo_tiers
 from rl.deploy.simulated.chaos import grpo_random
 from rl.deploy.simulated.chaos_agentic import agentic_report
 from rl.durable import virtual_loop
-from rl.durable.virtual_loop import UnsupportedAsyncio, VirtualTimeLoop, loop_path
+from rl.durable.virtual_loop import VirtualTimeLoop, loop_path
+from rl.errors import UnsupportedAsyncio
 from rl.loop.awaiting import results_in_order
 
 # sha256 prefixes of `rl chaos --loop L --seed S --trace`'s report lines, recorded on CPython 3.11.7; CI runs this file

@@ -20,22 +20,18 @@ from rl.bench.volumes import bench_fork, format_bench
 from rl.conformance import VolumeStoreContract
 from rl.conformance.in_place_rewrite_laws import rewrite_in_place
 from rl.conformance.volume_store_contract import PATHS, VolumeStoreMachine, read_tree
-from rl.platform import bytes_written
-from rl.storage.volumes import (
-    MIN_RACY_NS,
-    RACY_NS,
+from rl.errors import (
     InvalidNameError,
     InvalidPathError,
-    LocalVolumeStore,
     SharedFileModifiedError,
     UnsupportedFileError,
     VersionNotFoundError,
     VolumeCorruptedError,
     VolumeSealedError,
     WriterConflictError,
-    probe_share_mode,
-    racy_window_ns,
 )
+from rl.platform import bytes_written
+from rl.storage.volumes import MIN_RACY_NS, RACY_NS, LocalVolumeStore, probe_share_mode, racy_window_ns
 
 NOBODY = 65534
 

@@ -40,8 +40,8 @@ def run(args: argparse.Namespace) -> int:
     from rl.rewards import get_reward
     from rl.storage.run_layout import RunLayout, require_safe
     from rl.storage.run_lock import run_lock
-    from rl.storage.volumes.buffer import RolloutBuffer
-    from rl.storage.volumes.sink import BUFFER_NAME
+    from rl.storage.volumes.buffer import VolumeBuffer
+    from rl.storage.volumes.rollout_buffer import BUFFER_NAME
     from rl.storage.volumes.store import LocalVolumeStore
     from rl.types import Rollout
 
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         )
     # A writer (a resuming `rl demo grpo`, another rescore) would move the head and the checkpoint under us.
     with run_lock(args.run_dir, command="rl rescore"):
-        buffer = RolloutBuffer(LocalVolumeStore(volumes), BUFFER_NAME)
+        buffer = VolumeBuffer(LocalVolumeStore(volumes), BUFFER_NAME)
         head = buffer.head()
         if head is None:
             raise InputError(

@@ -56,7 +56,7 @@ class KlReferenceLaws:
         start = TrainResult(
             adapter=trained_adapter(engine, trainer, seed, rl_run),
             optimizer_state=trainer_version0.optimizer_state,
-            version=0,
+            policy_version=0,
             metrics=StepMetrics(0.0, 0, 0),
         )
         stops = declared_stop_ids(engine)

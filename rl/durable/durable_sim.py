@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from rl.durable.attempts import Run, attempt_number
-from rl.durable.checkpoint_store import SimStateStore
+from rl.durable.checkpoint_store import SimCheckpointStore
 from rl.durable.execution import SimTask, Tier
 from rl.durable.faults import FaultPlan
 from rl.durable.kernel import SimKernel
@@ -77,9 +77,9 @@ class DurableSimulator(SimKernel):
 
         return wrap(fn) if fn is not None else wrap
 
-    def checkpoint_store(self) -> SimStateStore:
+    def checkpoint_store(self) -> SimCheckpointStore:
         """The checkpoint of whichever run and driver calls it."""
-        return SimStateStore(self)
+        return SimCheckpointStore(self)
 
     @staticmethod
     def attempt_number() -> int:

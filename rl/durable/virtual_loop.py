@@ -25,15 +25,9 @@ from collections.abc import Callable
 from contextvars import Context
 from typing import Any, TypeVarTuple
 
+from rl.errors import SimulationDeadlock, UnsupportedAsyncio
+
 _Ts = TypeVarTuple("_Ts")
-
-
-class SimulationDeadlock(RuntimeError):
-    """Every task is waiting and no timer is pending: nothing can ever make progress."""
-
-
-class UnsupportedAsyncio(RuntimeError):
-    """This Python's asyncio loop iteration is one the virtual loop cannot drive."""
 
 
 COPIED_RUN_ONCE = {

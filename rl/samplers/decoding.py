@@ -24,13 +24,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from rl.errors import NonFiniteLogitsError, shown
+from rl.errors import InvalidRolloutRequestError, NonFiniteLogitsError, shown
 from rl.samplers.fast_forward import causal_lm_forward
 from rl.types import DEFAULT_SAMPLING, SamplingSettings
-
-
-class InvalidRolloutRequestError(ValueError):
-    """A request the engine cannot serve as asked (bad `n`, `max_tokens`, or a prompt too long for the model)."""
 
 
 @dataclass(frozen=True)

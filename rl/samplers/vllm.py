@@ -26,11 +26,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from rl.errors import EngineStartError
+from rl.errors import AdapterRefused, EngineOutputError, EngineStartError, VLLMUnavailableError
 from rl.protocols import Artifacts
 from rl.samplers.vllm_requests import (
     ENGINE_FIXED_ARGS,
-    EngineOutputError,
     engine_llm_kwargs,
     lora_name,
     rollouts_from_request_output,
@@ -47,15 +46,6 @@ other; `nox -s vllm-api` checks this against the wheel). An adapter of rank r is
 
 VLLM_DEFAULT_MAX_LORA_RANK = 16
 """`vllm.config.lora.LoRAConfig.max_lora_rank`'s default (0.32 and 0.33): the largest rank vLLM loads unless told."""
-
-
-class VLLMUnavailableError(ImportError):
-    """vLLM is not installed in this environment."""
-
-
-class AdapterRefused(ValueError):
-    """An adapter this engine's vLLM cannot load: refused before vLLM sees it, because vLLM loads adapters in its
-    worker process and a failed load there kills the engine core (every request after it fails too)."""
 
 
 @contextlib.contextmanager

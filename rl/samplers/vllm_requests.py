@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rl.errors import VLLMSamplingError
+from rl.errors import EngineOutputError, VLLMSamplingError
 from rl.types import Rollout, RolloutRequest, SamplingSettings
 
 VLLM_SEED_STRIDE = 2**8
@@ -17,10 +17,6 @@ VLLM_SEED_STRIDE = 2**8
 
 # A generous bound: it catches a misaligned translation (log-probs shifted by a token), not float accumulation noise.
 _CUMULATIVE_ATOL = 1e-2
-
-
-class EngineOutputError(RuntimeError):
-    """vLLM's output lacks or contradicts what the engine asked for (log-probs, one output per prompt, ...)."""
 
 
 def lora_name(version: int, digest: str) -> str:

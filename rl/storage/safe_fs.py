@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from rl import platform
-from rl.errors import UnsafeRunDirError
+from rl.errors import LinkRefusedError
 from rl.untrusted import shown
 
 # getattr: the module must import where these flags do not exist (Windows), though a Tree needs them to work.
@@ -38,10 +38,6 @@ _PROBE = os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0) | get
 _MODES = {"r": os.O_RDONLY, "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND}
 _MODES["x"] = os.O_WRONLY | os.O_CREAT | os.O_EXCL
 _WRITE = os.O_WRONLY | os.O_RDWR
-
-
-class LinkRefusedError(UnsafeRunDirError):
-    """An entry below a tree's top is a symlink (or not the kind of file it must be): refused, never followed."""
 
 
 class Tree:

@@ -154,7 +154,9 @@ def ddp_train_step(
         sums = agree(error, device, where="taking the optimizer step", values=local)
         metrics: StepMetrics = step_metrics(sums, prepared, grad_norm)
         adapter_ref, opt_ref = _save_on_rank_zero(rank, artifacts, prepared, batch)
-        return TrainResult(adapter=adapter_ref, optimizer_state=opt_ref, version=batch.new_version, metrics=metrics)
+        return TrainResult(
+            adapter=adapter_ref, optimizer_state=opt_ref, policy_version=batch.new_version, metrics=metrics
+        )
 
 
 def _check_process_group(rank: int, world_size: int) -> None:

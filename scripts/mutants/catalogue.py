@@ -405,7 +405,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "a missing ref reads as an empty artifact instead of raising",
         ("tests/test_artifacts.py",),
     ),
-    # --- state store (rl/storage/checkpoint/file_store.py) ---
+    # --- checkpoint store (rl/storage/checkpoint/file_store.py) ---
     Mutant(
         "state-in-place-write",
         "state-store",

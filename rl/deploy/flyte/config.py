@@ -15,7 +15,8 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from rl.deploy.flyte.strict import ConfigError, StrictConfig
+from rl.deploy.flyte.strict import StrictConfig
+from rl.errors import ConfigError
 from rl.loop.grpo import GrpoConfig
 from rl.models.tiny import TinyModelConfig
 from rl.problems import PROBLEM_SETS, problem_set

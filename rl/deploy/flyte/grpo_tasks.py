@@ -117,15 +117,15 @@ class TrainOutput:
 
     adapter: Dir
     optimizer_state: Dir
-    version: int
+    policy_version: int
     metrics: StepMetrics
 
     @classmethod
     def of(cls, result: TrainResult) -> TrainOutput:
-        return cls(dir_of(result.adapter), dir_of(result.optimizer_state), result.version, result.metrics)
+        return cls(dir_of(result.adapter), dir_of(result.optimizer_state), result.policy_version, result.metrics)
 
     def result(self) -> TrainResult:
-        return TrainResult(ref_of(self.adapter), ref_of(self.optimizer_state), self.version, self.metrics)
+        return TrainResult(ref_of(self.adapter), ref_of(self.optimizer_state), self.policy_version, self.metrics)
 
 
 # ------------------------------------------------------------------------------------------------------- engines
@@ -345,7 +345,8 @@ async def add_rollouts(parent: Dir | None, iteration: int, rollouts: list[Rollou
     rows are `rl.storage.volumes.buffer`'s (they load with `pandas.read_json(lines=True)`), and `rl rescore` reads the
     same format. Adding an iteration the parent already holds with the same rows (a replayed step) returns the parent.
     """
-    from rl.storage.volumes.buffer import IterationExistsError, encode_rows, iteration_file, rollout_rows
+    from rl.errors import IterationExistsError
+    from rl.storage.volumes.buffer import encode_rows, iteration_file, rollout_rows
 
     store = DirArtifacts()
     files = await store.get(ref_of(parent)) if parent is not None else {}
@@ -362,7 +363,7 @@ async def add_rollouts(parent: Dir | None, iteration: int, rollouts: list[Rollou
 
 
 def buffer_version(ref: ArtifactRef) -> str:
-    """The `RolloutSink` version string of a buffer Dir: `<uri>@<digest>` (the checkpoint stores it)."""
+    """The `RolloutBuffer` version string of a buffer Dir: `<uri>@<digest>` (the checkpoint stores it)."""
     return f"{ref.uri}@{ref.digest}"
 
 

@@ -19,16 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from rl.agentic.bandit import BanditTrainer, PolicyTrainer
-from rl.agentic.faults import (
-    AgenticFaults,
-    FlakyJudging,
-    FlakyTrials,
-    Judge,
-    JudgeOutage,
-    Sandbox,
-    SandboxFailure,
-    with_driver_crash,
-)
+from rl.agentic.faults import AgenticFaults, FlakyJudging, FlakyTrials, Judge, Sandbox, with_driver_crash
 from rl.agentic.judge import judge_score
 from rl.agentic.tiers import JudgeTier, SandboxTier, TrainerTier
 from rl.deploy.simulated.worlds import MemoryWorlds
@@ -36,6 +27,7 @@ from rl.durable.attempts import attempt_number, run_name
 from rl.durable.durable_sim import DurableSimulator
 from rl.durable.faults import FaultPlan
 from rl.durable.records import RunResult
+from rl.errors import JudgeOutage, SandboxFailure
 from rl.loop.agentic import AgenticConfig, AgenticOutcome, run_agentic
 from rl.protocols import AgenticTiers, WorldStore
 from rl.types import Reward, Rubric, Trajectory, TrialSpec, Weights, WorldRef

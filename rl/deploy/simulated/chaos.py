@@ -32,10 +32,10 @@ from rl.deploy.simulated.grpo_sim import (
     outcome_violations,
 )
 from rl.deploy.simulated.grpo_tiers import LatencyModel
-from rl.durable.errors import DriverAttemptsExhausted, TaskFailed
-from rl.durable.faults import FaultPlan, InjectedTaskFailure
+from rl.durable.faults import FaultPlan
 from rl.durable.records import RunResult
 from rl.durable.swarm import Swarm, draw_swarm, swarm_rng, trace_summary
+from rl.errors import DriverAttemptsExhausted, InjectedTaskFailure, TaskFailed
 from rl.loop.grpo import GrpoConfig, GrpoDriver, GrpoOutcome, run_grpo
 
 # The floor: >= 4 iterations of >= 4 groups x 4 samples.

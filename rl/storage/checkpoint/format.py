@@ -24,12 +24,12 @@ import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rl.errors import CheckpointCorruptError, CheckpointSchemaError, CheckpointSealError
+from rl.errors import CheckpointCorruptError, CheckpointSchemaError, CheckpointSealError, UntrustedValueError
 from rl.identity import content_digest, json_digest
 from rl.storage.checkpoint.schema import STATE
 from rl.strict_json import tag_non_finite, untag_non_finite
 from rl.types import ArtifactRef, EvalResult, IterationMetrics
-from rl.untrusted import UntrustedValueError, parse_json, validate
+from rl.untrusted import parse_json, validate
 
 SCHEMA_VERSION = 1
 RUN_KEY_ENV = "RL_RUN_KEY"

@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from rl import platform
-from rl.storage.volumes.errors import InvalidPathError
+from rl.errors import InvalidPathError
 
 ShareMode = Literal["reflink", "hardlink", "copy"]
 SHARE_MODES: tuple[ShareMode, ...] = ("reflink", "hardlink", "copy")

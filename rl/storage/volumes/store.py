@@ -12,9 +12,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal
 
-from rl.errors import shown
+from rl.errors import InvalidNameError, VersionNotFoundError, VolumeCorruptedError, WriterConflictError, shown
 from rl.storage.safe_fs import Tree, create_at
-from rl.storage.volumes.errors import InvalidNameError, VersionNotFoundError, VolumeCorruptedError, WriterConflictError
 from rl.storage.volumes.filesystem import RACY_NS, SHARE_MODES, ShareMode, racy_window_ns, read_only_mode
 from rl.storage.volumes.manifest import NAME_RE, VERSION_RE, manifest_problem
 from rl.storage.volumes.version import LocalVolumeVersion
