@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal
 
+from rl import platform
 from rl.errors import shown
 from rl.storage.safe_fs import Tree, create_at
 from rl.storage.volumes.errors import InvalidNameError, VersionNotFoundError, VolumeCorruptedError, WriterConflictError
@@ -38,17 +39,23 @@ class LocalVolumeStore:
     """Versioned copy-on-write volumes under one directory.
 
     `share` is "auto" (probe the filesystem) or a `ShareMode` to force one; `durable=False` skips the fsyncs that make a
-    published version survive power loss (for tests and benchmarks that do not need it).
+    published version survive power loss (for tests and benchmarks that do not need it); `cloner` clones a file where
+    forks reflink (`rl.platform.clone_at`; default this platform's).
     """
 
     def __init__(
-        self, root: str | os.PathLike[str], *, share: ShareMode | Literal["auto"] = "auto", durable: bool = True
+        self,
+        root: str | os.PathLike[str],
+        *,
+        share: ShareMode | Literal["auto"] = "auto",
+        durable: bool = True,
+        cloner: platform.Cloner = platform.CLONER,
     ) -> None:
         self.root = Path(os.path.abspath(root))
         self.durable = durable
         # Everything from the store's own directory down is reached without following a link (rl.storage.safe_fs): a
         # folder swapped for a symlink after these checks cannot carry a write or a delete outside the store.
-        self.fs = Tree(self.root.parent)
+        self.fs = Tree(self.root.parent, cloner)
         self.root.parent.mkdir(parents=True, exist_ok=True)
         for sub in ("versions", "staging", "locks"):
             if self.fs.kind(self.root / sub) is None:
