@@ -139,7 +139,7 @@ class CheckpointEncoder:
         return _document(body, content_digest(body)).encode()
 
     def _spliced(self, state: DriverState) -> bytes | None:
-        body = tag_non_finite(asdict(replace(state, **{name: [] for name in _ROW_LISTS})))
+        body = tag_non_finite(asdict(replace(state, history=[], evals=[])))  # _ROW_LISTS, filled in below
         body.update(_MARKS)  # the same keys, so the fields keep their order
         canonical_text = _splice(f"[{_canonical_text(body)}]", {k: self._joined(k, compact=True) for k in _MARKS})
         if canonical_text is None:
