@@ -163,7 +163,6 @@ def sample_groups(
     same log-probs; those come from a larger batch, whose matmuls may round differently in the last bit
     (`tests/test_torch_sampler.py` bounds it; docs/benchmarks.md has the gap measured), so a token drawn right at a
     boundary of the cumulative distribution could differ. The same arguments give the same bits (resume and replay).
-    How the prompts are prefilled depends on the model's size (`_prefill`, `prefill_once_min_parameters`).
 
     Shape: G prompts [P_g] -> G lists of n_g sequences of length T_i <= max_tokens.
     """
