@@ -571,3 +571,9 @@ def test_a_fork_rehashes_only_the_files_younger_than_the_racy_window(tmp_path, m
     with pytest.raises(SharedFileModifiedError, match="written in place"):
         rw.finalize("v3")
     rw.abandon()
+
+
+def test_a_store_given_its_racy_window_keeps_it(tmp_path):
+    """A racy window passed in is the store's own, whatever this filesystem's probe would say."""
+    store = LocalVolumeStore(tmp_path / "store", racy_ns=RACY_NS + 1)
+    assert store.racy_ns == RACY_NS + 1  # outside what a probe returns

@@ -42,7 +42,7 @@ from rl.protocols import (
     is_batched,
 )
 from rl.seeding import adapter_init_seed, eval_seed, prompt_draw_seed, rollout_seed
-from rl.storage.checkpoint.format import DriverState
+from rl.storage.checkpoint.format import CheckpointEncoder, DriverState
 from rl.storage.checkpoint.resume import check_recording, load_state, save_state
 from rl.types import (
     DEFAULT_SAMPLING,
@@ -399,6 +399,7 @@ async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: CheckpointStore)
     start = state.iteration + 1
     batches = _BatchSchedule(config, tiers, state, start)
     appending: asyncio.Future[str] | None = None
+    checkpoints = CheckpointEncoder()
     try:
         for it in range(start, config.iterations):
             with tiers.scope(f"iter-{it}"):
@@ -420,7 +421,7 @@ async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: CheckpointStore)
             )
             evaluating = _launch_eval(config, tiers, state.pending_eval)
             await _publish(tiers, state, "running")
-            await save_state(store, state)
+            await save_state(store, state, checkpoints)
         if evaluating is not None:
             state = replace(with_eval_time(state, await evaluating), pending_eval=None)
     finally:

@@ -44,8 +44,9 @@ class Tree:
     """The files below `top`, reached without following a symlink. Methods take paths under `top` (absolute, or
     relative to the current directory as `top` is)."""
 
-    def __init__(self, top: str | os.PathLike[str]) -> None:
+    def __init__(self, top: str | os.PathLike[str], cloner: platform.Cloner = platform.CLONER) -> None:
         self.top = Path(os.path.abspath(top))
+        self.cloner = cloner  # how `copy_file` clones (rl.platform.clone_at)
 
     def __repr__(self) -> str:
         return f"Tree({str(self.top)!r})"
@@ -244,7 +245,7 @@ class Tree:
         try:
             if reflink:
                 with self.parent(dst) as (dfd, name):
-                    if platform.clone_at(src_fd, dfd, name):
+                    if platform.clone_at(src_fd, dfd, name, self.cloner):
                         return True
             with (
                 open(src_fd, "rb", closefd=False) as fsrc,
