@@ -132,10 +132,9 @@ def ddp_train_step(
 
     `device` is this rank's compute device: "cpu" under gloo, this rank's `cuda:<local rank>` under NCCL (the caller
     sets `torch.cuda.set_device` to it before `init_process_group`). Each rank loads the adapter and optimizer state
-    from the `LocalArtifacts` store at `artifacts_root`, computes its `shard`'s losses in micro-batches (the
-    single-process step's `batched_loss_fns`) and calls `ddp_shard_step`; every rank then clips and steps identically,
-    and rank 0 stores the new adapter and optimizer state and broadcasts the refs. In full:
-    docs/design.md#data-parallel-steps.
+    from the `LocalArtifacts` store at `artifacts_root`, computes its `shard`'s losses with `batched_loss_fns` and
+    calls `ddp_shard_step`; every rank then clips and steps identically, and rank 0 stores the new adapter and optimizer
+    state and broadcasts the refs. In full: docs/design.md#data-parallel-steps.
 
     Raises:
         ValueError: no default process group, or `rank`/`world_size` disagree with it.
