@@ -357,9 +357,9 @@ def test_a_task_given_no_gpu_computes_on_the_cpu(monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.heavy
 def test_the_cuda_round_trip_compares_the_step_compute_step_runs_on_the_cpu(tmp_path: Path) -> None:
-    """gpu_tests/test_cuda_trainer.py's round trip, run here on the CPU: its in-memory step must run the loss path
-    `compute_step` runs (`config.loss_path`, batched by default), or the byte comparison fails on every device (the
-    per-sample path it used to run differs from the batched one in the last bits)."""
+    """gpu_tests/test_cuda_trainer.py's round trip, run here on the CPU: its in-memory step must run the loss
+    `compute_step` runs (`run_step`'s batched loss), or the byte comparison fails on every device (the per-sample loss
+    it used to run differs from the batched one in the last bits)."""
     import asyncio
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu_tests"))
@@ -381,6 +381,5 @@ def test_the_cuda_round_trip_compares_the_step_compute_step_runs_on_the_cpu(tmp_
 
     model_dir = build_tiny_model(tmp_path / "model", gpu.VLLM_MODEL)
     config = TrainerConfig(lr=1e-3, threads=1)
-    assert config.loss_path == "batched"
     numbers = round_trip_step(model_dir, tmp_path, config, "cpu", fixed_batch)
     assert numbers["adapter_bytes"] > 0
