@@ -126,7 +126,9 @@ def one_rank_clustered_step(base_dir: Path, root: Path, device: str) -> dict[str
 
     output = _read_output(run / "outputs")
     single = asyncio.run(trainer.train_step(batch))
-    assert output.version == 2 and output.metrics.contributing == single.metrics.contributing == 9, output.metrics
+    assert output.policy_version == 2 and output.metrics.contributing == single.metrics.contributing == 9, (
+        output.metrics
+    )
     assert abs(output.metrics.loss - single.metrics.loss) <= 1e-6, (output.metrics, single.metrics)
     assert abs(output.metrics.grad_norm - single.metrics.grad_norm) <= 1e-4 * single.metrics.grad_norm
     files = read_dir(Path(output.adapter.path))

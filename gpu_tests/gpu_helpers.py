@@ -211,7 +211,7 @@ def _state_tensors(optimizer: Any) -> dict[str, Any]:
 def round_trip_step(base_dir: Path, tmp_path: Path, config: Any, device: Any, fixed_batch: Any) -> dict[str, object]:
     """Step 1 in memory on `device`, save, load back: every LoRA weight and moment bitwise equal and on its device,
     saving again identical bytes; step 2 continued in memory, from the saved artifacts (`compute_step`) and replayed:
-    identical bytes. Each step runs `run_step`, the path `compute_step` runs (`config.loss_path`). Returns numbers
+    identical bytes. Each step runs `run_step`, the loss `compute_step` runs (the batched one). Returns numbers
     for the report; `fixed_batch(base_dir, artifacts, trainer)` builds the batch."""
     import time
     from dataclasses import replace

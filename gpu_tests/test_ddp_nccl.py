@@ -121,7 +121,7 @@ def test_the_two_rank_nccl_step_equals_the_single_gpu_step(
     assert results[0] == results[1], "the two ranks returned different TrainResults"
     multi = results[0]["signal"]
     single = asyncio.run(trainer.train_step(batches["signal"]))
-    assert multi.version == 2
+    assert multi.policy_version == 2
     assert (multi.metrics.contributing, multi.metrics.skipped_zero_advantage) == (9, 3)
     assert multi.metrics.loss == pytest.approx(single.metrics.loss, rel=1e-5, abs=1e-6)
     assert multi.metrics.grad_norm == pytest.approx(single.metrics.grad_norm, rel=1e-4)

@@ -33,7 +33,7 @@ from safetensors.torch import load as load_safetensors
 
 from rl.deploy.flyte.config import REAL_SIZE_TRAINER, stress
 from rl.memory_plan import ModelArch, trainer_plan
-from rl.models.qwen3 import Qwen3Shape, build_qwen3_model
+from rl.models.qwen3 import Qwen3ModelConfig, build_qwen3_model
 from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
@@ -42,7 +42,7 @@ from rl.types import ArtifactRef, Rollout, TrainBatch
 pytestmark = pytest.mark.gpu
 
 # Qwen3's vocabulary and head width at a quarter of 8B's width and a ninth of its depth: 0.39 B parameters, 0.8 GB.
-SHAPE = Qwen3Shape(hidden_size=1024, layers=4, heads=8, kv_heads=4, head_dim=128, intermediate=3072, seed=7)
+SHAPE = Qwen3ModelConfig(hidden_size=1024, layers=4, heads=8, kv_heads=4, head_dim=128, intermediate=3072, seed=7)
 CONFIG: TrainerConfig = stress("s3://unused").trainer  # REAL_SIZE_TRAINER, LoRA rank 16 on q/k/v/o, micro-batch 2
 GROUPS, SAMPLES, PROMPT, COMPLETION = 4, 2, 16, 112
 GRAD_REL_TOL, GRAD_MIN_COSINE = 0.15, 0.99

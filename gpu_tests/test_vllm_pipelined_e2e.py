@@ -26,7 +26,7 @@ from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor
 from rl.rewards import score
 from rl.scoring import SamplingEvaluator
-from rl.storage.checkpoint.file_store import FileStateStore
+from rl.storage.checkpoint.file_store import FileCheckpointStore
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
 from rl.types import Rollout, RolloutRequest, TrainBatch, TrainResult
@@ -108,7 +108,7 @@ def test_two_pipelined_iterations_with_vllm_and_the_cuda_trainer(
         prompts=problems,
         evaluator=SamplingEvaluator(engine, problems.eval_prompts(), max_tokens=config.max_tokens),
     )
-    store = FileStateStore(tmp_path / "checkpoint.json")
+    store = FileCheckpointStore(tmp_path / "checkpoint.json")
     start = time.perf_counter()
     outcome = asyncio.run(run_grpo(config, tiers, store))
     wall_s = time.perf_counter() - start
@@ -124,7 +124,7 @@ def test_two_pipelined_iterations_with_vllm_and_the_cuda_trainer(
     # The trainer's view: both batches were sampled by version 0 (iteration 1's while version 1 trained).
     assert len(trainer.steps) == 2
     for (batch, result, _), new_version in zip(trainer.steps, (1, 2), strict=True):
-        assert batch.new_version == result.version == new_version
+        assert batch.new_version == result.policy_version == new_version
         assert {r.policy_version for r in batch.rollouts} == {0}
         assert result.metrics.contributing > 0 and math.isfinite(result.metrics.loss), result.metrics
         assert result.adapter.digest != batch.adapter.digest, f"step {batch.step} did not change the adapter"

@@ -21,13 +21,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rl.errors import RlError
+from rl.errors import CudaUnavailableError
 from rl.models.tiny import TinyModelConfig
 
 __all__ = [
     "STRICT_ENV",
     "VLLM_MODEL",
-    "CudaUnavailableError",
     "cuda_expected",
     "cuda_unavailable_reason",
     "driver_too_old_reason",
@@ -232,11 +231,6 @@ def nccl_uncovered_reason(nccl_test_gpus: Sequence[int], gpus: int) -> str | Non
             "(gpu_tests/test_ddp_nccl.py, gpus(1)) must stay in the tier"
         )
     return None
-
-
-class CudaUnavailableError(RlError):
-    """A task that was given a GPU cannot use it (a driver too old for torch's CUDA, a CPU-only torch, no visible
-    device); the message is one line naming the reason. Nothing falls back to the CPU."""
 
 
 def cuda_expected(environ: Mapping[str, str] | None = None, proc_file: Path = PROC_DRIVER_VERSION) -> bool:

@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rl.memory_plan import GIB, PlanDoesNotFitError, TaskPlan, engine_plan, gpu
+from rl.errors import PlanDoesNotFitError
+from rl.memory_plan import GIB, TaskPlan, engine_plan, gpu
 
 __all__ = [
     "DEFAULT_GPU",

@@ -14,9 +14,7 @@ import json
 import math
 from typing import Any
 
-
-class UnhashableInputError(TypeError):
-    """A value has no canonical form, so it cannot be part of an action's identity."""
+from rl.errors import UnhashableInputError
 
 
 @functools.cache

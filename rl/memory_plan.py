@@ -19,15 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl.errors import InputError
+from rl.errors import InputError, UnknownGpuError
 
 __all__ = [
     "GPUS",
     "GpuSpec",
     "ModelArch",
-    "PlanDoesNotFitError",
     "TaskPlan",
-    "UnknownGpuError",
     "engine_plan",
     "lora_parameters",
     "trainer_plan",
@@ -44,14 +42,6 @@ ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 # UsageContext.LLM_CLASS:
 VLLM_SMALL_GPU_BATCH = (256, 8192)
 VLLM_LARGE_GPU_BATCH = (1024, 16384)  # >= 160 GiB, or >= 70 GiB and not an A100 (nor a GB10)
-
-
-class PlanDoesNotFitError(InputError):
-    """A profile's tasks need more memory than the GPU it declares; nothing was booked."""
-
-
-class UnknownGpuError(InputError):
-    """`RL_FLYTE_GPU` / `--gpu` names a GPU the plan does not know; the message names the ones it does."""
 
 
 @dataclass(frozen=True)
@@ -257,13 +247,12 @@ def trainer_plan(
     samples: int | None = None,
     task: str = "trainer",
 ) -> TaskPlan:
-    """The train step's memory on one rank for `trainer` (a `TrainerConfig`), per micro-batch of its path. `samples`,
-    the samples a step trains on, caps the micro-batch: a step of 32 samples never fills a micro-batch of 64."""
+    """The train step's memory on one rank for `trainer` (a `TrainerConfig`), per micro-batch. `samples`, the samples a
+    step trains on, caps the micro-batch: a step of 32 samples never fills a micro-batch of 64."""
     d = _dtype_bytes(trainer.base_dtype)
     n_lora = lora_parameters(arch, trainer.lora_rank, trainer.target_modules)
     lora = ALL_LINEAR if isinstance(trainer.target_modules, str) else tuple(trainer.target_modules)
-    batch = trainer.micro_batch_size if trainer.loss_path == "batched" else 1
-    batch = batch if samples is None else max(1, min(batch, samples))
+    batch = trainer.micro_batch_size if samples is None else max(1, min(trainer.micro_batch_size, samples))
     length = prompt_tokens + completion_tokens
     per_layer = layer_activation_bytes(arch, dtype_bytes=d, attention=trainer.attention, lora=lora, length=length)
     tokens = batch * length

@@ -75,21 +75,23 @@ def _clone_none(src_fd: int, dir_fd: int, name: str) -> bool:
     return False
 
 
-CLONERS: dict[str, Callable[[int, int, str], bool]] = {
+Cloner = Callable[[int, int, str], bool]
+CLONERS: dict[str, Cloner] = {
     "ficlone": _clone_ficlone,
     "clonefile": _clone_clonefile,
     "none": _clone_none,
 }
-# Which clone this platform has; tests set it to force the others (the callers then hard link or copy).
+# Which clone this platform has, and its cloner: what `clone_at` and the stores that call it use unless given another.
 CLONE = {"linux": "ficlone", "darwin": "clonefile"}.get(sys.platform, "none")
+CLONER = CLONERS[CLONE]
 
 
-def clone_at(src_fd: int, dir_fd: int, name: str) -> bool:
-    """Make `name` in the directory `dir_fd` a copy-on-write clone of the open regular file `src_fd` (FICLONE on
-    Linux, fclonefileat on macOS); False, leaving no `name`, where the platform or the filesystem cannot (the caller
+def clone_at(src_fd: int, dir_fd: int, name: str, cloner: Cloner = CLONER) -> bool:
+    """Make `name` in the directory `dir_fd` a copy-on-write clone of the open regular file `src_fd` (`cloner`: FICLONE
+    on Linux, fclonefileat on macOS); False, leaving no `name`, where the platform or the filesystem cannot (the caller
     then hard links or copies). An existing `name` is an error (FileExistsError), never replaced or removed."""
     try:
-        return CLONERS[CLONE](src_fd, dir_fd, name)
+        return cloner(src_fd, dir_fd, name)
     except FileExistsError:
         raise
     except OSError:
@@ -98,13 +100,13 @@ def clone_at(src_fd: int, dir_fd: int, name: str) -> bool:
         return False
 
 
-def clone_file(src: Path, dst: Path) -> bool:
+def clone_file(src: Path, dst: Path, cloner: Cloner = CLONER) -> bool:
     """`clone_at` by path, for a directory of our own (a probe): src and dst's directory are opened as given."""
     src_fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
     try:
         dir_fd = os.open(os.path.dirname(dst) or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
         try:
-            return clone_at(src_fd, dir_fd, os.path.basename(dst))
+            return clone_at(src_fd, dir_fd, os.path.basename(dst), cloner)
         finally:
             os.close(dir_fd)
     finally:
@@ -154,10 +156,11 @@ def open_beneath(dir_fd: int, path: str, flags: int) -> int | None:
 HAS_FLOCK = fcntl is not None
 
 
-def flock(fd: int, *, exclusive: bool = True, blocking: bool = True) -> None:
+def flock(fd: int, *, exclusive: bool = True, blocking: bool = True, available: bool = HAS_FLOCK) -> None:
     """flock(2) `fd`: BlockingIOError when not `blocking` and another holds it; OSError where locks are unsupported
-    (some NFS mounts, and any platform without fcntl), which callers treat as 'this filesystem cannot lock'."""
-    if not HAS_FLOCK:
+    (some NFS mounts, and any platform without fcntl: not `available`), which callers treat as 'this filesystem cannot
+    lock'."""
+    if not available:
         raise OSError(errno.EOPNOTSUPP, "this platform has no flock")  # as an NFS mount that refuses flock says
     op = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
     fcntl.flock(fd, op if blocking else op | fcntl.LOCK_NB)

@@ -84,7 +84,7 @@ class Evaluator(Protocol):
 
 
 @runtime_checkable
-class StateStore(Protocol):
+class CheckpointStore(Protocol):
     """The driver's checkpoint (the `flyte.ctx().checkpoint` role): one blob, written atomically."""
 
     async def load(self) -> bytes | None: ...
@@ -113,7 +113,7 @@ class Reporter(Protocol):
 
 
 @runtime_checkable
-class RolloutSink(Protocol):
+class RolloutBuffer(Protocol):
     """The rollout buffer of the training-loop tutorial: each iteration's rollouts and rewards, as a chain of volume
     versions.
 

@@ -14,14 +14,13 @@ import re
 from collections.abc import Callable
 from decimal import Decimal
 
-from rl.errors import InputError
+from rl.errors import UnknownRewardError
 
 __all__ = [
     "ANSWER_MARKER",
     "FORMAT_BONUS",
     "REWARDS",
     "RewardFn",
-    "UnknownRewardError",
     "correctness_reward",
     "extract_answer",
     "format_reward",
@@ -90,19 +89,6 @@ REWARDS: dict[str, RewardFn] = {
     "correctness": correctness_reward,
 }
 """Every reward by name. `"default"` is the tutorial's `score`; a re-scoring run names one of these."""
-
-
-class UnknownRewardError(InputError, KeyError):
-    """No reward is registered under the requested name; the message lists the names that are."""
-
-    def __init__(self, name: str, known: list[str]) -> None:
-        super().__init__(name)
-        self.name = name
-        self.known = known
-
-    def __str__(self) -> str:
-        # KeyError's own __str__ would print only repr(name); say what the valid choices are.
-        return f"unknown reward {self.name!r}; known rewards: {', '.join(self.known)}"
 
 
 def get_reward(name: str) -> RewardFn:

@@ -140,7 +140,7 @@ class TrainBatch:
     rewards: list[float]
     adapter: ArtifactRef
     optimizer_state: ArtifactRef | None
-    new_version: int
+    new_version: int  # the policy_version this step trains; the name is part of the step's action id
     # The settings the rollouts were sampled with: the trainer teacher-forces log-probs of the same distribution.
     sampling: SamplingSettings = field(default=DEFAULT_SAMPLING, metadata=_OMIT_AT_DEFAULT)
 
@@ -164,7 +164,7 @@ class TrainResult:
 
     adapter: ArtifactRef
     optimizer_state: ArtifactRef
-    version: int
+    policy_version: int
     metrics: StepMetrics
 
 
@@ -195,7 +195,7 @@ class IterationMetrics:
     """
 
     iteration: int
-    adapter_version: int
+    adapter_version: int  # the policy_version this iteration trained; the key in metrics.jsonl and checkpoints
     num_rollouts: int
     mean_reward: float
     max_reward: float
@@ -246,27 +246,6 @@ _LEGACY_TASK_METRICS = ("accuracy", "format_rate")
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Pickled as pydantic's own __getstate__/__setstate__ would (the fields unvalidated, the fields-set kept), in
-        # one call: the simulator copies every agentic value across each task boundary, and pydantic's pair, which
-        # builds a state dict and sets four attributes from Python, was half of the copying.
-        state = (self.__dict__, self.__pydantic_fields_set__, self.__pydantic_extra__, self.__pydantic_private__)
-        return _rebuild_frozen, (type(self), *state)
-
-
-_set_attribute = object.__setattr__
-
-
-def _rebuild_frozen(
-    kind: type[_Frozen], fields: dict[str, Any], fields_set: set[str], extra: Any, private: Any
-) -> _Frozen:
-    model = kind.__new__(kind)
-    _set_attribute(model, "__dict__", fields)
-    _set_attribute(model, "__pydantic_fields_set__", fields_set)
-    _set_attribute(model, "__pydantic_extra__", extra)
-    _set_attribute(model, "__pydantic_private__", private)
-    return model
 
 
 class Weights(_Frozen):

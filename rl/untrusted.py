@@ -15,19 +15,15 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from rl.errors import shown
+from rl.errors import UntrustedValueError, shown
 
-__all__ = ["MAX_DEPTH", "STRICT", "StrictModel", "UntrustedValueError", "describe", "parse_json", "shown", "validate"]
+__all__ = ["MAX_DEPTH", "STRICT", "StrictModel", "describe", "parse_json", "shown", "validate"]
 
 MAX_DEPTH = 32
 T = TypeVar("T")
 
 # Every model of a file we read: unknown keys refused, nothing coerced.
 STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
-
-
-class UntrustedValueError(ValueError):
-    """What a file holds is not what this tool writes there; the message names the field."""
 
 
 class StrictModel(BaseModel):

@@ -16,11 +16,12 @@ from pydantic import ValidationError
 
 from rl.agentic.agent import doc_order, run_trial
 from rl.agentic.bandit import bandit_update, initial_weights
-from rl.agentic.faults import FlakyTrials, SandboxFailure, judge_flakes
+from rl.agentic.faults import FlakyTrials, judge_flakes
 from rl.agentic.judge import judge_score, make_reward, verify
 from rl.agentic.world import N_DOCS, SECRET_MARKER, doc_path, secret_digest, world_files, world_secret
 from rl.deploy.simulated.worlds import MemoryWorlds
 from rl.durable.virtual_loop import VirtualTimeLoop
+from rl.errors import SandboxFailure
 from rl.types import Reward, Rubric, Trajectory, TrialSpec, Turn, Weights, WorldRef
 
 T = TypeVar("T")

@@ -6,8 +6,6 @@ from __future__ import annotations
 import pytest
 from conformance_selftest.broken_agentic import landing_order_driver
 
-from rl.agentic.bandit import StepPayloadConflictError
-from rl.agentic.faults import InjectedDriverCrash
 from rl.deploy.simulated.agentic_sim import (
     BUILD_WORLD,
     GENERATE,
@@ -18,9 +16,8 @@ from rl.deploy.simulated.agentic_sim import (
     TRAIN_STEP,
     AgenticSim,
 )
-from rl.durable.errors import TaskFailed
 from rl.durable.faults import FaultPlan
-from rl.errors import AgenticInputError
+from rl.errors import AgenticInputError, InjectedDriverCrash, StepPayloadConflictError, TaskFailed
 from rl.types import Rubric
 
 SEED_FAILURES = {"crash_driver_at_step": 1, "flaky_trial_rate": 0.25, "judge_flake_rate": 0.3}

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from rl.agentic.bandit import StepPayloadConflictError, TrainerMismatchError
+from rl.errors import StepPayloadConflictError, TrainerMismatchError
 from rl.types import Reward
 
 pytestmark = pytest.mark.ray

@@ -9,14 +9,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from rl.agentic.bandit import (
-    BanditTrainer,
-    StepOutOfOrderError,
-    StepPayloadConflictError,
-    TrainerMismatchError,
-    bandit_update,
-    initial_weights,
-)
+from rl.agentic.bandit import BanditTrainer, bandit_update, initial_weights
+from rl.errors import StepOutOfOrderError, StepPayloadConflictError, TrainerMismatchError
 from rl.types import Reward
 
 WORLDS = ["w0", "w1"]

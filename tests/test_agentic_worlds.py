@@ -12,7 +12,8 @@ from rl.agentic.tiers import JudgeTier, LocalAgenticTiers, SandboxTier, TrainerT
 from rl.agentic.volume_worlds import VolumeWorlds
 from rl.agentic.world import world_files
 from rl.deploy.simulated.agentic_sim import AgenticSim
-from rl.deploy.simulated.worlds import MemoryWorlds, RetiredWorkspaceError, UnknownVersionError
+from rl.deploy.simulated.worlds import MemoryWorlds
+from rl.errors import RetiredWorkspaceError, UnknownVersionError
 from rl.loop.agentic import AgenticConfig, run_agentic
 from rl.protocols import Workspace, WorldStore
 from rl.storage.volumes import LocalVolumeStore

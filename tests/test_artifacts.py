@@ -8,16 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from rl.errors import ArtifactCorruptError, ArtifactNotFoundError, InvalidArtifactError
 from rl.protocols import Artifacts
-from rl.storage.artifacts import (
-    ArtifactCorruptError,
-    ArtifactNotFoundError,
-    InvalidArtifactError,
-    LocalArtifacts,
-    compute_digest,
-    materialize,
-    put_dir,
-)
+from rl.storage.artifacts import LocalArtifacts, compute_digest, materialize, put_dir
 from rl.types import ArtifactRef
 
 FILES = {"adapter_config.json": b'{"r": 4}', "adapter_model.safetensors": b"\x00\x01weights", "sub/notes.txt": b"hi"}

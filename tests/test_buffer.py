@@ -14,16 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rl.conformance import RolloutBufferContract
-from rl.storage.volumes import (
-    PANDAS_DTYPES,
-    ROW_FIELDS,
-    IterationExistsError,
-    IterationNotFoundError,
-    LocalVolumeStore,
-    RolloutBuffer,
-    RowSchemaError,
-    rollout_rows,
-)
+from rl.errors import IterationExistsError, IterationNotFoundError, RowSchemaError
+from rl.storage.volumes import PANDAS_DTYPES, ROW_FIELDS, LocalVolumeStore, VolumeBuffer, rollout_rows
 from rl.storage.volumes.buffer import encode_rows, iteration_file
 from rl.types import Rollout
 
@@ -81,8 +73,8 @@ def iteration_rows(iteration: int) -> list[dict]:
 
 
 @pytest.fixture
-def buffer(tmp_path: Path) -> RolloutBuffer:
-    return RolloutBuffer(LocalVolumeStore(tmp_path / "store"), "rollouts")
+def buffer(tmp_path: Path) -> VolumeBuffer:
+    return VolumeBuffer(LocalVolumeStore(tmp_path / "store"), "rollouts")
 
 
 class TestLocalRolloutBuffer(RolloutBufferContract):
@@ -90,7 +82,7 @@ class TestLocalRolloutBuffer(RolloutBufferContract):
 
     @pytest.fixture
     def rollout_buffer_factory(self, tmp_path: Path):
-        return lambda: RolloutBuffer(LocalVolumeStore(tempfile.mkdtemp(dir=tmp_path), durable=False), "rollouts")
+        return lambda: VolumeBuffer(LocalVolumeStore(tempfile.mkdtemp(dir=tmp_path), durable=False), "rollouts")
 
 
 def test_the_jsonl_loads_with_pandas_read_json(buffer):
@@ -115,7 +107,7 @@ def test_any_rows_round_trip_through_read_and_pandas(data):
     rs = data.draw(st.lists(rollouts(), min_size=1, max_size=4))
     rows = rollout_rows(iteration, rs, data.draw(st.lists(finite, min_size=len(rs), max_size=len(rs))))
     with tempfile.TemporaryDirectory() as tmp:
-        buffer = RolloutBuffer(LocalVolumeStore(tmp, durable=False), "rollouts")
+        buffer = VolumeBuffer(LocalVolumeStore(tmp, durable=False), "rollouts")
         v = buffer.append(iteration, rows)
         assert buffer.read(v) == rows
         floats = [x for r in rows for x in (r["reward"], *r["logprobs"])]
@@ -127,7 +119,7 @@ def test_any_rows_round_trip_through_read_and_pandas(data):
 
 @given(data=st.data())
 def test_a_row_holds_its_rollout_and_reward_exactly(data):
-    """`rollout_rows`, the `RolloutSink`'s row builder: each row is its rollout's fields, the iteration and the reward,
+    """`rollout_rows`, the rollout buffer's row builder: each row is its rollout's fields, the iteration and the reward,
     every float bit for bit (a row builder that rounded rewards would round-trip its own rounded rows)."""
     iteration = data.draw(st.integers(0, 99_999))
     rs = data.draw(st.lists(rollouts(), min_size=1, max_size=4))

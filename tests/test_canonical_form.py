@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 
-from rl.identity import UnhashableInputError, canonical, content_digest
+from rl.errors import UnhashableInputError
+from rl.identity import canonical, content_digest
 
 
 def _first_canonical(value: Any) -> Any:

@@ -1,8 +1,6 @@
-"""The checkpoint's bytes are its format: a faster encoder must write exactly what the general formula writes.
-
-`encode_state` takes a one-pass path for states made of builtin types (every state the driver builds) and the general
-path (`asdict`, `tag_non_finite`, `canonical`) for anything else. Both must give the bytes of the formula a checkpoint
-has always been written with, so checkpoints written before the fast path resume, and vice versa.
+"""The checkpoint's bytes are its format: an encoder that writes each row once must write exactly what the formula
+writes for the whole state (`asdict`, `tag_non_finite`, `content_digest`), so checkpoints written before it resume,
+and vice versa.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ def _formula(state: DriverState) -> bytes:
 
 
 class _Float(float):
-    """A float subclass (numpy's float64 is one): the fast path must hand it to the general one."""
+    """A float subclass (numpy's float64 is one), which the encoder must write as `json.dumps` writes it."""
 
 
 _floats = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([0.0, -0.0, 5e-324, 1.7e308])
@@ -99,7 +97,7 @@ def test_the_checkpoint_bytes_are_the_formulas_and_decode_back(data):
 
 @given(st.data())
 def test_values_of_other_types_take_the_general_path_to_the_same_bytes(data):
-    """A float subclass, an int key, a tuple in a dict: what the one-pass encoder leaves alone, asdict still writes."""
+    """A float subclass, an int key, a tuple in a dict: each written as the formula writes it."""
     state = data.draw(_states())
     odd = data.draw(
         st.sampled_from(
@@ -148,18 +146,52 @@ def test_a_row_of_another_type_in_the_history_takes_the_general_path():
 
 
 def test_each_checkpoint_encodes_only_the_rows_it_adds(monkeypatch):
-    """Re-encoding every row each iteration made a run's checkpoints quadratic in its length."""
+    """Re-encoding every row each iteration made a run's checkpoints quadratic in its length: a run's encoder encodes
+    each row once, and a row replaced (an evaluation's seconds noted on it) again."""
     from rl.storage.checkpoint import format as fmt
 
     ref = ArtifactRef(uri="mem://adapter", digest="d")
     state = DriverState.initial("c" * 32, ref, ref)
+    encoder = fmt.CheckpointEncoder()
     encoded: list[Any] = []
-    texts = fmt._texts
-    monkeypatch.setattr(fmt, "_texts", lambda body: encoded.append(body) or texts(body))
+    encode_row = fmt._encode_row
+    monkeypatch.setattr(fmt, "_encode_row", lambda row: encoded.append(row) or encode_row(row))
     for i in range(50):
         row = IterationMetrics(i, i + 1, 8, 0.5, 1.0, 0.1, 8, "q", "c", 1.0, phase_s={"train": 0.1})
         state = replace(state, iteration=i, adapter_version=i + 1, history=[*state.history, row])
+        if i % 7 == 6:  # an earlier row replaced, as `with_eval_time` does
+            timed = replace(state.history[i - 1], phase_s={"train": 0.1, "evaluate": 0.2})
+            state = replace(state, history=[*state.history[: i - 1], timed, row])
         before = len(encoded)
-        assert encode_state(state) == _formula(state)
-        rows_encoded = [b for b in encoded[before:] if isinstance(b, dict) and "sample_question" in b]
-        assert [r["iteration"] for r in rows_encoded] == [i]
+        assert encoder.encode(state) == _formula(state)
+        changed = [r.iteration for r in state.history if r is row or (i % 7 == 6 and r.iteration == i - 1)]
+        assert sorted(r.iteration for r in encoded[before:]) == changed
+
+
+@given(st.data())
+def test_a_runs_encoder_writes_the_formulas_bytes_whatever_its_states_share(data):
+    """One encoder across states that share rows, replace them, drop them (a resume) or hold other types."""
+    from rl.storage.checkpoint.format import CheckpointEncoder
+
+    encoder = CheckpointEncoder()
+    state = data.draw(_states())
+    for _ in range(4):
+        assert encoder.encode(state) == _formula(state)
+        rows = list(state.history)
+        rows = [*rows[: data.draw(st.integers(0, len(rows)))], data.draw(_rows(len(rows)))]
+        if data.draw(st.booleans()):
+            rows[0] = replace(rows[0], extra={"odd": _Float(math.nan)})
+        state = replace(state, history=rows, evals=[*state.evals, EvalResult(len(rows), 4, 0.5, 0.25, 8)])
+    assert encoder.encode(state) == _formula(state)
+
+
+def test_a_field_holding_a_row_lists_mark_is_still_written_as_the_formula():
+    """The rest of the state is encoded with a mark where each row list goes; a field that holds the mark itself
+    must not be mistaken for it."""
+    from rl.storage.checkpoint.format import _MARKS
+
+    ref = ArtifactRef(uri="mem://adapter", digest="d")
+    row = IterationMetrics(0, 1, 8, 0.5, 1.0, 0.1, 8, _MARKS["evals"], "c", 1.0)
+    state = replace(DriverState.initial("c" * 32, ref, ref), iteration=0, adapter_version=1, history=[row])
+    for config in ({"name": _MARKS["history"]}, {_MARKS["evals"]: 1}, {"name": "plain"}):
+        assert encode_state(replace(state, config=config)) == _formula(replace(state, config=config))

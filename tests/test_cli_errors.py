@@ -51,23 +51,23 @@ FAMILY_MEMBERS = [
     ("rl.errors", "EngineContractError", RuntimeError),
     ("rl.errors", "CheckpointError", RuntimeError),
     ("rl.errors", "MissingAdapterError", RuntimeError),
-    ("rl.deploy.flyte.config", "ConfigError", ValueError),
-    ("rl.rewards", "UnknownRewardError", KeyError),
+    ("rl.errors", "ConfigError", ValueError),
+    ("rl.errors", "UnknownRewardError", KeyError),
     ("rl.errors", "AgenticInputError", ValueError),
-    ("rl.storage.artifacts", "ArtifactNotFoundError", FileNotFoundError),
-    ("rl.storage.artifacts", "ArtifactCorruptError", Exception),
-    ("rl.storage.artifacts", "InvalidArtifactError", ValueError),
-    ("rl.storage.volumes.errors", "InvalidPathError", ValueError),
-    ("rl.storage.volumes.errors", "VersionNotFoundError", LookupError),
-    ("rl.storage.volumes.errors", "VolumeCorruptedError", Exception),
-    ("rl.storage.volumes.buffer", "RowSchemaError", ValueError),
+    ("rl.errors", "ArtifactNotFoundError", FileNotFoundError),
+    ("rl.errors", "ArtifactCorruptError", Exception),
+    ("rl.errors", "InvalidArtifactError", ValueError),
+    ("rl.errors", "InvalidPathError", ValueError),
+    ("rl.errors", "VersionNotFoundError", LookupError),
+    ("rl.errors", "VolumeCorruptedError", Exception),
+    ("rl.errors", "RowSchemaError", ValueError),
     ("rl.errors", "BatchError", ValueError),
     ("rl.errors", "StaleBatchError", ValueError),  # the trainer's stale rollout too (was StaleRolloutError)
-    ("rl.trainer.adapter", "AdapterArtifactError", ValueError),
-    ("rl.trainer.optimizer_state", "OptimizerStateError", ValueError),
-    ("rl.agentic.bandit", "TrainerLedgerError", ValueError),
-    ("rl.agentic.bandit", "StepPayloadConflictError", ValueError),
-    ("rl.agentic.bandit", "TrainerMismatchError", ValueError),
+    ("rl.errors", "AdapterArtifactError", ValueError),
+    ("rl.errors", "OptimizerStateError", ValueError),
+    ("rl.errors", "TrainerLedgerError", ValueError),
+    ("rl.errors", "StepPayloadConflictError", ValueError),
+    ("rl.errors", "TrainerMismatchError", ValueError),
 ]
 
 
@@ -117,7 +117,7 @@ def test_a_damaged_volume_manifest_ends_in_one_line_and_the_volume_exit_code(tin
 
 def test_a_held_buffer_lock_ends_in_one_line_and_the_volume_exit_code(tiny_run, tmp_path, capsys):
     """A second writer of the run's rollout buffer is refused with a message naming the holder."""
-    from rl.storage.volumes.sink import BUFFER_NAME
+    from rl.storage.volumes.rollout_buffer import BUFFER_NAME
     from rl.storage.volumes.store import LocalVolumeStore
 
     run = tmp_path / "run"

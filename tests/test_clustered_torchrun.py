@@ -228,7 +228,7 @@ def test_the_clustered_step_equals_the_single_process_step(attempts: dict[str, A
     the single-process step itself moves every tensor by far more than that."""
     output = read_output(attempts["run"])
     single = asyncio.run(PeftTrainer(prepared.base, prepared.store, CONFIG).train_step(prepared.batch))
-    assert output.version == 2
+    assert output.policy_version == 2
     assert output.metrics.contributing == single.metrics.contributing == 9
     assert output.metrics.loss == pytest.approx(single.metrics.loss, rel=1e-5, abs=1e-7)
     assert output.metrics.grad_norm == pytest.approx(single.metrics.grad_norm, rel=1e-5)

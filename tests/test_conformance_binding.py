@@ -20,9 +20,9 @@ from rl.conformance import (
     load_implementation,
 )
 from rl.conformance.bindings.ours import IN_MEMORY, memory_version0_adapter
-from rl.conformance.implementation import ImplementationError
 from rl.deploy.simulated.artifacts import MemoryArtifacts
 from rl.deploy.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
+from rl.errors import ImplementationError
 from rl.loop.grpo import GrpoConfig, run_grpo
 from rl.types import Prompt, Rollout, RolloutRequest
 

@@ -25,7 +25,7 @@ from rl.deploy.simulated.artifacts import MemoryArtifacts
 from rl.deploy.simulated.chaos import grpo_random
 from rl.deploy.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer, decode_table, encode_table
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
-from rl.storage.checkpoint.memory_store import MemoryStateStore
+from rl.storage.checkpoint.memory_store import MemoryCheckpointStore
 from rl.types import ArtifactRef, Prompt, Rollout, RolloutRequest, TrainBatch, TrainResult
 
 
@@ -178,8 +178,8 @@ def test_artifacts_returning_none_for_a_missing_ref_fail_the_missing_law():
         ArtifactsContract().test_artifacts_get_of_a_missing_ref_raises(Lenient(), run)
 
 
-def test_a_state_store_that_keeps_its_first_write_fails_the_last_write_law():
-    class WriteOnce(MemoryStateStore):
+def test_a_checkpoint_store_that_keeps_its_first_write_fails_the_last_write_law():
+    class WriteOnce(MemoryCheckpointStore):
         async def save(self, data: bytes) -> None:
             if self.data is None:
                 await super().save(data)

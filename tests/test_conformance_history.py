@@ -6,13 +6,8 @@ import json
 
 import pytest
 
-from rl.conformance.recorded_history import (
-    HistoryFileError,
-    load_history,
-    record_history,
-    reference_history,
-    replay_violations,
-)
+from rl.conformance.recorded_history import load_history, record_history, reference_history, replay_violations
+from rl.errors import HistoryFileError
 from rl.loop.grpo import run_grpo
 
 

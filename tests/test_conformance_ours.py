@@ -24,7 +24,7 @@ from rl.conformance.bindings.ours import batch_loss as our_batch_loss
 from rl.deploy.simulated.artifacts import MemoryArtifacts
 from rl.deploy.simulated.grpo_tiers import MemoryEngine, MemoryScorer, MemoryTrainer
 from rl.storage.artifacts import LocalArtifacts
-from rl.storage.checkpoint.memory_store import MemoryStateStore
+from rl.storage.checkpoint.memory_store import MemoryCheckpointStore
 from rl.trainer.config import TrainerConfig
 
 
@@ -41,7 +41,7 @@ class TestInMemory(LoopContract):
 
     @pytest.fixture
     def state_store(self):
-        return MemoryStateStore()
+        return MemoryCheckpointStore()
 
     @pytest.fixture
     def engine(self, artifacts):

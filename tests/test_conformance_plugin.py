@@ -71,7 +71,7 @@ def test_the_packaged_suite_binds_rl_impl_skips_missing_tiers_and_prints_the_rep
     result.stdout.fnmatch_lines(["FAILED*TestRolloutEngine::test_engine_groups_seeded_apart_share_no_samples*"])
     out = result.stdout.str()
     assert "broken provides no `artifacts` factory, so the Artifacts laws do not apply" in out
-    assert "broken provides no `state_store` factory, so the StateStore laws do not apply" in out
+    assert "broken provides no `state_store` factory, so the CheckpointStore laws do not apply" in out
     assert "Capabilities.bitwise_replay is False" in out
 
 

@@ -179,7 +179,7 @@ def test_the_multi_rank_train_step_equals_the_single_process_step(ddp_run: DdpRu
 
     assert results[0] == results[1]
     multi = results[0]
-    assert multi.version == 2
+    assert multi.policy_version == 2
     assert (multi.metrics.contributing, multi.metrics.skipped_zero_advantage) == (9, 3)
     assert multi.metrics.loss == pytest.approx(single.metrics.loss, rel=1e-5, abs=1e-7)
     assert multi.metrics.grad_norm == pytest.approx(single.metrics.grad_norm, rel=1e-5)

@@ -95,7 +95,7 @@ def _scenarios(
             setattr(ddp, name, factory(error))
         try:
             result = ddp.ddp_train_step(rank, world_size, base_dir, root, batch, CONFIG)
-            outcomes.append({"scenario": scenario, "outcome": "ok", "version": result.version})
+            outcomes.append({"scenario": scenario, "outcome": "ok", "version": result.policy_version})
         except Exception as exc:
             outcomes.append(
                 {

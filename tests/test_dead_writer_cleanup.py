@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rl.storage.checkpoint.file_store import FileStateStore
+from rl.storage.checkpoint.file_store import FileCheckpointStore
 
 
 def _hold(path: Path) -> int:
@@ -56,7 +56,7 @@ def test_a_run_start_deletes_what_dead_writers_left_and_keeps_live_and_foreign_f
 @pytest.mark.asyncio
 async def test_a_checkpoint_write_cleans_nothing_of_its_own_and_leaves_no_temp_file(tmp_path):
     """A completed save leaves only checkpoint.json; a temp file whose writer died is discarded by the next start."""
-    store = FileStateStore(tmp_path / "checkpoint.json")
+    store = FileCheckpointStore(tmp_path / "checkpoint.json")
     await store.save(b"one")
     (tmp_path / ".checkpoint.json.dead0001").write_bytes(b"half")
     assert store.discard_abandoned() == [tmp_path / ".checkpoint.json.dead0001"]

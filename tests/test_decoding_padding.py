@@ -55,9 +55,9 @@ class _HidesCache(torch.nn.Module):
 
 @pytest.mark.parametrize("ns", [[4, 4, 4], [3, 1, 2]], ids=["equal groups", "unequal groups"])
 def test_each_prompt_is_forwarded_once_and_samples_what_a_row_per_sample_samples(
-    tiny_model_dir: Path, ns: list[int], monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: Path, ns: list[int]
 ) -> None:
-    """From `PREFILL_ONCE_MIN_PARAMETERS` up, the prefill forwards each prompt alone and repeats its cache per sample;
+    """From `prefill_once_min_parameters` up, the prefill forwards each prompt alone and repeats its cache per sample;
     below it, or for a cache that is not a plain `DynamicCache`, one padded row per sample. All sample the same tokens,
     log-probs equal up to batch rounding."""
     model, tokenizer = load_base_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
@@ -70,14 +70,13 @@ def test_each_prompt_is_forwarded_once_and_samples_what_a_row_per_sample_samples
     try:
         small = sample_groups(model, prompts, **kwargs)  # the tiny model is under the threshold
         assert seen[0] == sum(ns)  # one padded row per sample
-        monkeypatch.setattr(decoding, "PREFILL_ONCE_MIN_PARAMETERS", 0)
         seen.clear()
-        grouped = sample_groups(model, prompts, **kwargs)
+        grouped = sample_groups(model, prompts, **kwargs, prefill_once_min_parameters=0)
         assert seen[:3] == [1, 1, 1] and set(seen[3:]) == {sum(ns)}  # one row per prompt, alone
     finally:
         hook.remove()
     counted = _HidesCache(model)
-    per_row = sample_groups(counted, prompts, **kwargs)
+    per_row = sample_groups(counted, prompts, **kwargs, prefill_once_min_parameters=0)
     assert counted.batches[:2] == [1, sum(ns)]  # the fallback: once more, one row per sample
     for group, rows, other in zip(grouped, per_row, small, strict=True):
         assert [s.token_ids for s in group] == [s.token_ids for s in rows] == [s.token_ids for s in other]
@@ -88,15 +87,15 @@ def test_each_prompt_is_forwarded_once_and_samples_what_a_row_per_sample_samples
 
 @pytest.mark.parametrize("threshold", [0, decoding.PREFILL_ONCE_MIN_PARAMETERS], ids=["prompt once", "row per sample"])
 def test_a_group_sampled_in_a_batch_is_bit_for_bit_the_group_sampled_alone(
-    tiny_model_dir: Path, threshold: int, monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: Path, threshold: int
 ) -> None:
     """A group's prefill is the one-group call's own, so the Flyte tiers, which sample group by group, train the
     adapter the in-process loop trains from batched groups."""
-    monkeypatch.setattr(decoding, "PREFILL_ONCE_MIN_PARAMETERS", threshold)
     model, tokenizer = load_base_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
     prompts = [tokenizer(q)["input_ids"] for q in ("3=", "17=", "5=", "99=")]
     eos = int(tokenizer.eos_token_id)
-    batched = sample_groups(model, prompts, ns=[8] * 4, max_tokens=4, seeds=[1, 2, 3, 4], eos_token_id=eos)
+    once = {"prefill_once_min_parameters": threshold}
+    batched = sample_groups(model, prompts, ns=[8] * 4, max_tokens=4, seeds=[1, 2, 3, 4], eos_token_id=eos, **once)
     for prompt, seed, group in zip(prompts, [1, 2, 3, 4], batched, strict=True):
-        alone = sample_group(model, prompt, n=8, max_tokens=4, seed=seed, eos_token_id=eos)
+        alone = sample_group(model, prompt, n=8, max_tokens=4, seed=seed, eos_token_id=eos, **once)
         assert [(s.token_ids, s.logprobs) for s in group] == [(s.token_ids, s.logprobs) for s in alone]

@@ -11,8 +11,8 @@ import pytest
 from rl.deploy.simulated.artifacts import MemoryArtifacts
 from rl.durable.attempts import attempt_number
 from rl.durable.durable_sim import DurableSimulator
-from rl.durable.errors import DriverAttemptsExhausted, DriverCrash, SimUsageError, TaskFailed
 from rl.durable.faults import FaultPlan
+from rl.errors import DriverAttemptsExhausted, DriverCrash, SimUsageError, TaskFailed
 
 
 def _counter_tasks(sim: DurableSimulator):

@@ -21,7 +21,6 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen2Con
 
 import rl.samplers.fast_forward as fast_forward
 from rl.models.tiny import TinyModelConfig, build_tokenizer, qwen2_config
-from rl.samplers import decoding
 from rl.samplers.decoding import batched_teacher_forced_logprobs, sample_groups, teacher_forced_logprobs
 from rl.samplers.fast_forward import causal_lm_forward, fast_plan
 from rl.types import SamplingSettings
@@ -177,9 +176,9 @@ def test_the_trainers_log_probs_and_gradients_are_bitwise_transformers(monkeypat
 @pytest.mark.parametrize("prefill_once", [False, True])
 def test_the_samplers_tokens_and_log_probs_are_bitwise_transformers(monkeypatch, spec, prefill_once):
     model = _model(*spec)
-    if prefill_once:  # each prompt forwarded alone, its cache repeated and padded (a real model's path)
-        monkeypatch.setattr(decoding, "PREFILL_ONCE_MIN_PARAMETERS", 0)
     args = {"ns": [3, 2], "max_tokens": 6, "seeds": [11, 12], "eos_token_id": 1}
+    if prefill_once:  # each prompt forwarded alone, its cache repeated and padded (a real model's path)
+        args["prefill_once_min_parameters"] = 0
     prompts = [[2, 5, 7, 9], [2, 6]]  # other lengths: left padding
     ours = sample_groups(model, prompts, **args)
     _transformers_only(monkeypatch)

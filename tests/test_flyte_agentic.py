@@ -14,9 +14,10 @@ from flyte_support import LocalFlyte, isolated_flyte
 
 from rl.agentic.faults import AgenticFaults
 from rl.deploy.flyte import agentic
-from rl.deploy.flyte.agentic import SMOKE, AgenticRunResult, RemoteOnlyError, fork, train
+from rl.deploy.flyte.agentic import SMOKE, AgenticRunResult, fork, train
 from rl.deploy.flyte.agentic_faults import AgenticFaultSpec, train_with_faults
 from rl.deploy.simulated.agentic_sim import AgenticSim
+from rl.errors import RemoteOnlyError
 from rl.types import Rubric
 
 pytestmark = pytest.mark.flyte

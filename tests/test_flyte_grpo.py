@@ -23,8 +23,9 @@ from rl.deploy.flyte.config import FaultSpec, GrpoRunConfig, smoke
 from rl.deploy.flyte.grpo import GrpoRunResult, train_rl
 from rl.deploy.flyte.grpo_faults import train_rl_clustered_with_faults, train_rl_with_faults
 from rl.deploy.local import local_grpo
+from rl.errors import ArtifactCorruptError, ArtifactNotFoundError
 from rl.loop.grpo import GrpoOutcome, run_grpo
-from rl.storage.artifacts import ArtifactCorruptError, ArtifactNotFoundError, compute_digest, read_dir
+from rl.storage.artifacts import compute_digest, read_dir
 from rl.storage.checkpoint.format import decode_state
 from rl.storage.run_dir import open_run
 from rl.storage.volumes.buffer import PANDAS_DTYPES

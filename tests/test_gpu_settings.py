@@ -12,8 +12,9 @@ import pytest
 
 from rl.commands.plan import plan_profile, profile_tokens
 from rl.deploy.flyte.config import EngineSpec, GrpoRunConfig, gpu_smoke, stress
+from rl.errors import UnknownGpuError
 from rl.gpu_settings import fits_with_margin
-from rl.memory_plan import GPUS, UnknownGpuError
+from rl.memory_plan import GPUS
 
 PLANNED = ("L4", "A100", "A100_80G", "H100", "H200")
 
@@ -86,7 +87,7 @@ def test_the_deployments_gpu_sizes_the_profiles(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_a_profile_no_gpu_holds_is_refused_in_one_line() -> None:
-    from rl.memory_plan import PlanDoesNotFitError
+    from rl.errors import PlanDoesNotFitError
 
     with pytest.raises(PlanDoesNotFitError, match=r"^profile stress does not fit a T4: trainer needs") as refused:
         stress("s3://m", gpu="T4")
@@ -107,7 +108,7 @@ def test_production_and_the_bench_make_one_eager_or_graphs_choice(reuse: str, mo
 
 
 def test_the_torch_sampler_takes_one_group_per_call() -> None:
-    from rl.deploy.flyte.strict import ConfigError
+    from rl.errors import ConfigError
 
     with pytest.raises(ConfigError, match="groups_per_call=4 is vLLM's"):
         EngineSpec(kind="torch", groups_per_call=4)

@@ -207,7 +207,7 @@ def test_the_stub_takes_every_keyword_our_vllm_settings_pass(kwargs_of: Any, tmp
     tests fail only in `nox -s vllm-cpu`."""
     import fakes.vllm_stub as stub
     from rl.models import TinyModelConfig, build_tiny_model
-    from rl.samplers.vllm import engine_llm_kwargs
+    from rl.samplers.vllm_requests import engine_llm_kwargs
 
     config = TinyModelConfig(seed=1, hidden_size=32, intermediate=64, max_position=gpu.VLLM_MODEL.max_position)
     base = build_tiny_model(tmp_path / "model", config)
@@ -222,8 +222,9 @@ def test_a_vllm_engine_spec_takes_its_length_from_the_model(tmp_path: Path) -> N
     """`EngineSpec(kind="vllm")` asks vLLM for the model's own length: a fixed 2048 was longer than the tiny model's
     positions, which vLLM (and the stub) refuse."""
     import fakes.vllm_stub as stub
-    from rl.deploy.flyte.config import ConfigError, EngineSpec
+    from rl.deploy.flyte.config import EngineSpec
     from rl.deploy.flyte.grpo_tasks import _make_engine
+    from rl.errors import ConfigError
     from rl.models import TinyModelConfig, build_tiny_model
 
     base = build_tiny_model(tmp_path / "model", TinyModelConfig(seed=1, hidden_size=32, intermediate=64))
@@ -312,8 +313,7 @@ def _a_pod_given_a_gpu_on_an_r570_driver(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_a_train_task_given_a_gpu_it_cannot_use_refuses_naming_the_driver(monkeypatch: pytest.MonkeyPatch) -> None:
     """It used to train on the CPU (torch.cuda.is_available() False) until its 30-minute timeout, three times over."""
     from rl.deploy.flyte.grpo_tasks import train_device
-    from rl.errors import RlError
-    from rl.gpu import CudaUnavailableError
+    from rl.errors import CudaUnavailableError, RlError
 
     _a_pod_given_a_gpu_on_an_r570_driver(monkeypatch)
     with pytest.raises(CudaUnavailableError) as refused:
@@ -329,7 +329,7 @@ def test_a_clustered_rank_given_a_gpu_it_cannot_use_refuses_instead_of_joining_g
     import torch.distributed as dist
 
     from rl.deploy.flyte.clustered import join_process_group
-    from rl.gpu import CudaUnavailableError
+    from rl.errors import CudaUnavailableError
 
     _a_pod_given_a_gpu_on_an_r570_driver(monkeypatch)
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
@@ -357,9 +357,9 @@ def test_a_task_given_no_gpu_computes_on_the_cpu(monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.heavy
 def test_the_cuda_round_trip_compares_the_step_compute_step_runs_on_the_cpu(tmp_path: Path) -> None:
-    """gpu_tests/test_cuda_trainer.py's round trip, run here on the CPU: its in-memory step must run the loss path
-    `compute_step` runs (`config.loss_path`, batched by default), or the byte comparison fails on every device (the
-    per-sample path it used to run differs from the batched one in the last bits)."""
+    """gpu_tests/test_cuda_trainer.py's round trip, run here on the CPU: its in-memory step must run the loss
+    `compute_step` runs (`run_step`'s batched loss), or the byte comparison fails on every device (the per-sample loss
+    it used to run differs from the batched one in the last bits)."""
     import asyncio
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu_tests"))
@@ -381,6 +381,5 @@ def test_the_cuda_round_trip_compares_the_step_compute_step_runs_on_the_cpu(tmp_
 
     model_dir = build_tiny_model(tmp_path / "model", gpu.VLLM_MODEL)
     config = TrainerConfig(lr=1e-3, threads=1)
-    assert config.loss_path == "batched"
     numbers = round_trip_step(model_dir, tmp_path, config, "cpu", fixed_batch)
     assert numbers["adapter_bytes"] > 0

@@ -22,7 +22,7 @@ from rl.errors import (
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor
 from rl.seeding import rollout_seed
-from rl.storage.checkpoint.memory_store import MemoryStateStore
+from rl.storage.checkpoint.memory_store import MemoryCheckpointStore
 from rl.types import Rollout, RolloutRequest
 
 CONFIG = GrpoConfig(iterations=4, prompts_per_iteration=4, group_size=4, seed=3)
@@ -83,7 +83,7 @@ def test_rollouts_are_seeded_per_run_iteration_and_group_and_carry_their_policy_
     each rollout"."""
     artifacts = MemoryArtifacts()
     engine = _RecordingEngine(MemoryEngine(artifacts))
-    outcome = asyncio.run(run_grpo(CONFIG, _plain_tiers(CONFIG, artifacts, engine), MemoryStateStore()))
+    outcome = asyncio.run(run_grpo(CONFIG, _plain_tiers(CONFIG, artifacts, engine), MemoryCheckpointStore()))
     seeds = {(r.policy_version, r.group_id): r.seed for r in engine.requests}
     for it in range(CONFIG.iterations):
         for gid in range(CONFIG.prompts_per_iteration):
@@ -130,7 +130,7 @@ class _NanScorer(MemoryScorer):
 
 
 def test_nan_reward_names_group_and_sample_and_the_iteration_is_not_committed():
-    artifacts, store = MemoryArtifacts(), MemoryStateStore()
+    artifacts, store = MemoryArtifacts(), MemoryCheckpointStore()
     tiers = _plain_tiers(CONFIG, artifacts, scorer=_NanScorer())
     with pytest.raises(NonFiniteRewardError, match=r"iteration 1: .* group 2, sample 3"):
         asyncio.run(run_grpo(CONFIG, tiers, store))
@@ -157,12 +157,12 @@ def test_empty_prompt_set_is_rejected_before_any_work_starts():
     artifacts = MemoryArtifacts()
     tiers = replace(_plain_tiers(CONFIG, artifacts), prompts=NoPrompts())
     with pytest.raises(GrpoInputError, match="no training prompts"):
-        asyncio.run(run_grpo(CONFIG, tiers, MemoryStateStore()))
+        asyncio.run(run_grpo(CONFIG, tiers, MemoryCheckpointStore()))
     assert artifacts.puts == 0
 
 
-def _finished_store() -> tuple[MemoryArtifacts, MemoryStateStore, object]:
-    artifacts, store = MemoryArtifacts(), MemoryStateStore()
+def _finished_store() -> tuple[MemoryArtifacts, MemoryCheckpointStore, object]:
+    artifacts, store = MemoryArtifacts(), MemoryCheckpointStore()
     outcome = asyncio.run(run_grpo(CONFIG, _plain_tiers(CONFIG, artifacts), store))
     return artifacts, store, outcome
 

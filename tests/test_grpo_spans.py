@@ -17,7 +17,7 @@ from rl.deploy.simulated.grpo_tiers import MemoryEngine, MemoryEvaluator, Memory
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor
 from rl.seeding import rollout_seed
-from rl.storage.checkpoint.memory_store import MemoryStateStore
+from rl.storage.checkpoint.memory_store import MemoryCheckpointStore
 from rl.types import ArtifactRef, EvalResult, RolloutRequest, TrainBatch, TrainResult
 
 CONFIG = GrpoConfig(iterations=3, prompts_per_iteration=2, group_size=2, seed=5, eval_k=2)
@@ -70,7 +70,7 @@ def _run(config: GrpoConfig, *, spanned: bool = True) -> _Seen:
         evaluator=_Evaluator(artifacts, seen),
         span=recording_span if spanned else None,
     )
-    asyncio.run(run_grpo(config, tiers, MemoryStateStore()))
+    asyncio.run(run_grpo(config, tiers, MemoryCheckpointStore()))
     return seen
 
 

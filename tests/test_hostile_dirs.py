@@ -61,8 +61,8 @@ def base_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp_path_factory.mktemp("hostile-base") / "run"
     real = grpo.save_state
 
-    async def save_then_stop(store, state):  # type: ignore[no-untyped-def]
-        await real(store, state)
+    async def save_then_stop(store, state, *rest):  # type: ignore[no-untyped-def]
+        await real(store, state, *rest)
         raise _Stop
 
     mp = pytest.MonkeyPatch()

@@ -19,11 +19,11 @@ from rl.cli import main
 from rl.deploy.report import render_report
 from rl.errors import CheckpointCorruptError, CheckpointError
 from rl.identity import content_digest
-from rl.storage.checkpoint.file_store import FileStateStore
+from rl.storage.checkpoint.file_store import FileCheckpointStore
 from rl.storage.checkpoint.format import DriverState, decode_state, encode_state
 from rl.storage.checkpoint.resume import load_state
-from rl.storage.volumes.buffer import RolloutBuffer, rollout_rows
-from rl.storage.volumes.sink import BUFFER_NAME
+from rl.storage.volumes.buffer import VolumeBuffer, rollout_rows
+from rl.storage.volumes.rollout_buffer import BUFFER_NAME
 from rl.storage.volumes.store import LocalVolumeStore
 from rl.types import ArtifactRef, EvalResult, Rollout
 
@@ -112,7 +112,7 @@ def test_load_state_names_the_checkpoint_file(tmp_path):
     path = tmp_path / "checkpoint.json"
     path.write_bytes(_forged(_set("iteration", "1")))
     with pytest.raises(CheckpointCorruptError, match=re.escape(str(path))):
-        asyncio.run(load_state(FileStateStore(path), None, None))  # type: ignore[arg-type]
+        asyncio.run(load_state(FileCheckpointStore(path), None, None))  # type: ignore[arg-type]
 
 
 def test_a_checkpoint_larger_than_any_we_write_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
@@ -123,7 +123,7 @@ def test_a_checkpoint_larger_than_any_we_write_is_refused_before_it_is_parsed(tm
     path = tmp_path / "checkpoint.json"
     path.write_bytes(b" " * 1001)
     with pytest.raises(CheckpointCorruptError, match="larger than 1000 bytes"):
-        asyncio.run(FileStateStore(path).load())
+        asyncio.run(FileCheckpointStore(path).load())
 
 
 def test_the_report_escapes_every_value_whatever_its_type():
@@ -150,7 +150,7 @@ def _rollout(group: int) -> Rollout:
 def _run_with_buffer(tmp_path: Path) -> tuple[Path, LocalVolumeStore]:
     run = tmp_path / "run"
     store = LocalVolumeStore(run / "volumes", durable=False)
-    buffer = RolloutBuffer(store, BUFFER_NAME)
+    buffer = VolumeBuffer(store, BUFFER_NAME)
     buffer.append(0, rollout_rows(0, [_rollout(0), _rollout(1)], [1.0, 0.0]))
     return run, store
 

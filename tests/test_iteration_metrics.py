@@ -14,7 +14,7 @@ from rl.deploy.simulated.grpo_sim import Latencies, grpo_sim
 from rl.deploy.simulated.grpo_tiers import LatencyModel, MemoryEngine, MemoryScorer, MemoryTrainer
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor, accuracy
-from rl.storage.checkpoint.memory_store import MemoryStateStore
+from rl.storage.checkpoint.memory_store import MemoryCheckpointStore
 from rl.types import IterationMetrics, TrainBatch, TrainResult
 
 CONFIG = GrpoConfig(iterations=3, prompts_per_iteration=4, group_size=4, seed=5)
@@ -47,7 +47,7 @@ def _tiers(artifacts: MemoryArtifacts, **changes: object) -> GrpoTiers:
 
 
 def _run(tiers: GrpoTiers, config: GrpoConfig = CONFIG):
-    return asyncio.run(run_grpo(config, tiers, MemoryStateStore()))
+    return asyncio.run(run_grpo(config, tiers, MemoryCheckpointStore()))
 
 
 def test_each_row_carries_the_train_steps_kl_clip_fraction_and_gradient_norm():

@@ -16,8 +16,8 @@ from pathlib import Path
 from fakes.kill_points import POINTS, arm
 arm(POINTS["checkpoint"], int(sys.argv[1]), Path(sys.argv[2]))
 import asyncio
-from rl.storage.checkpoint.file_store import FileStateStore
-store = FileStateStore(Path(sys.argv[3]) / "checkpoint.json")
+from rl.storage.checkpoint.file_store import FileCheckpointStore
+store = FileCheckpointStore(Path(sys.argv[3]) / "checkpoint.json")
 os.replace(sys.argv[2] + ".x", sys.argv[2] + ".y") if os.path.exists(sys.argv[2] + ".x") else None  # not counted
 for i in range(3):
     asyncio.run(store.save(str(i).encode()))

@@ -20,13 +20,13 @@ from report_rows import rows
 from rl import platform
 from rl.cli import main
 from rl.deploy.file_reporter import FileReporter
-from rl.errors import RlError, UnsafeRunDirError
+from rl.errors import LinkRefusedError, RlError, UnsafeRunDirError
 from rl.storage.artifacts import LocalArtifacts
-from rl.storage.checkpoint.file_store import FileStateStore
+from rl.storage.checkpoint.file_store import FileCheckpointStore
 from rl.storage.run_lock import HOLDER_NAME, LOCK_NAME, run_lock
-from rl.storage.safe_fs import LinkRefusedError, Tree
-from rl.storage.volumes.buffer import RolloutBuffer, rollout_rows
-from rl.storage.volumes.sink import BUFFER_NAME
+from rl.storage.safe_fs import Tree
+from rl.storage.volumes.buffer import VolumeBuffer, rollout_rows
+from rl.storage.volumes.rollout_buffer import BUFFER_NAME
 from rl.storage.volumes.store import LocalVolumeStore
 from rl.types import Rollout
 
@@ -77,9 +77,9 @@ def _swap(path: Path, target: Path) -> None:
     os.symlink(target, path)
 
 
-def _buffer(run: Path) -> RolloutBuffer:
+def _buffer(run: Path) -> VolumeBuffer:
     store = LocalVolumeStore(run / "volumes", durable=False)
-    buffer = RolloutBuffer(store, BUFFER_NAME)
+    buffer = VolumeBuffer(store, BUFFER_NAME)
     buffer.append(0, rollout_rows(0, [_rollout(0)], [1.0]))
     return buffer
 
@@ -135,7 +135,7 @@ def test_a_staging_folder_and_lock_planted_as_links_are_not_followed_at_start(tm
     store = LocalVolumeStore(root, durable=False)
     assert store.discard_abandoned() == []  # a link is no writer's staging: left alone, not followed
     with pytest.raises(LinkRefusedError):
-        RolloutBuffer(store, BUFFER_NAME).append(1, rollout_rows(1, [_rollout(0)], [1.0]), parent=buffer.head())
+        VolumeBuffer(store, BUFFER_NAME).append(1, rollout_rows(1, [_rollout(0)], [1.0]), parent=buffer.head())
     assert snapshot(outside) == before
 
 
@@ -185,7 +185,7 @@ async def test_metrics_and_checkpoint_swapped_for_links_are_neither_written_nor_
         await reporter.publish([row, row], status="running")
     os.symlink(outside / "file.txt", run / "checkpoint.json")
     with pytest.raises(LinkRefusedError, match=r"checkpoint\.json"):
-        await FileStateStore(run / "checkpoint.json").load()
+        await FileCheckpointStore(run / "checkpoint.json").load()
     assert snapshot(outside) == before
 
 

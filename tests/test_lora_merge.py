@@ -9,8 +9,9 @@ import pytest
 import torch
 from fixtures_real import adapter_dirs, make_adapter_dir, one_thread, refs, run, store, tiny_model_dir
 
+from rl.errors import UnsupportedLora
 from rl.samplers.adapter_cache import AdapterCache
-from rl.samplers.lora_merge import MergedBase, UnsupportedLora, parse_lora
+from rl.samplers.lora_merge import MergedBase, parse_lora
 from rl.samplers.torch_sampler import TorchSampler
 from rl.storage.artifacts import LocalArtifacts, read_dir
 from rl.types import ArtifactRef

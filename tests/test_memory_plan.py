@@ -24,7 +24,7 @@ from rl.cli import main
 from rl.commands.plan import plan_profile
 from rl.deploy.flyte.config import gpu_smoke, smoke, stress
 from rl.memory_plan import GPUS, ModelArch, engine_plan, gpu, lora_parameters, trainer_plan, vllm_batch_defaults
-from rl.models.qwen3 import QWEN3_8B, Qwen3Shape, build_qwen3_model, qwen3_config
+from rl.models.qwen3 import QWEN3_8B, Qwen3ModelConfig, build_qwen3_model, qwen3_config
 from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.batched_loss import batched_backward
 from rl.trainer.config import TrainerConfig
@@ -85,7 +85,7 @@ def _check(model_dir: Path, config: TrainerConfig, prompt: int, completion: int,
     assert LOW <= step / peak <= HIGH, (config, plan.terms, peak, step / peak)
 
 
-QWEN3_SMALL_VOCAB = Qwen3Shape(seed=1, vocab_size=64)
+QWEN3_SMALL_VOCAB = Qwen3ModelConfig(seed=1, vocab_size=64)
 ATTENTION_ONLY = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
@@ -113,7 +113,7 @@ def test_the_estimate_of_activations_is_within_tolerance_of_the_measured_step(
 @pytest.mark.parametrize("base_dtype", ["float32", "bfloat16"])
 def test_the_estimate_of_logits_is_within_tolerance_over_the_real_vocabulary(base_dtype: str, tmp_path: Path) -> None:
     """Short sequences over Qwen3's 151,936 tokens: the logits dominate the step."""
-    model_dir = build_qwen3_model(tmp_path / "model", Qwen3Shape(seed=1))
+    model_dir = build_qwen3_model(tmp_path / "model", Qwen3ModelConfig(seed=1))
     config = TrainerConfig(
         lora_rank=8, micro_batch_size=4, base_dtype=base_dtype, attention="sdpa", gradient_checkpointing=True
     )

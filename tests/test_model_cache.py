@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from rl.commands.failures import describe, exit_code
-from rl.models.converted_cache import MANIFEST_FILE, ModelCacheError, copied_from, verified_copy
+from rl.errors import ModelCacheError
+from rl.models.converted_cache import MANIFEST_FILE, copied_from, verified_copy
 from rl.models.pretrained import GgufSource, pinned_model
 from rl.models.tiny import TinyModelConfig, build_tiny_model
 from tests.test_pretrained_model import make_wheel, source_for

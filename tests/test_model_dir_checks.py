@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rl.cli import main
-from rl.memory_plan import PlanDoesNotFitError
+from rl.errors import ModelMismatchError, PlanDoesNotFitError
 from rl.models import load_base_model, load_tokenizer
-from rl.models.model_checks import ModelMismatchError, check_model_files
+from rl.models.model_checks import check_model_files
 from rl.models.model_files import open_model_dir
 from rl.models.tiny import TinyModelConfig, build_tiny_model
 

@@ -14,8 +14,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rl.cli import main
+from rl.errors import ModelFileError
 from rl.models import load_base_model, load_tokenizer
-from rl.models.model_files import FILE_LIMITS, ModelFileError, staged_model_dir
+from rl.models.model_files import FILE_LIMITS, staged_model_dir
 from rl.models.tiny import TinyModelConfig, build_tiny_model
 
 SECRET = "outside-secret-7f3a"

@@ -19,12 +19,12 @@ import pytest
 from transformers import PreTrainedTokenizerFast
 
 from rl.cli import main
-from rl.models import ModelDirError, load_tokenizer
+from rl.errors import ModelDirError, ModelFileError, ModelSandboxError
+from rl.models import load_tokenizer
 from rl.models import sandbox as sandbox_module
 from rl.models.chat import decode_texts, encode_prompts
-from rl.models.model_files import ModelFileError
 from rl.models.pretrained import SMOLLM2, model_cache_root
-from rl.models.sandbox import ModelSandboxError, SandboxLimits, TokenizerSandbox, in_process, sandbox_of
+from rl.models.sandbox import SandboxLimits, TokenizerSandbox, in_process, sandbox_of
 from rl.models.tiny import TinyModelConfig, build_tiny_model, check_tokenizer
 
 SMALL = SandboxLimits(cpu_s=1, wall_s=60.0, memory_bytes=256 << 20, text_chars=1 << 16)

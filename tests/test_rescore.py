@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from rl.cli import main
-from rl.storage.volumes.buffer import PANDAS_DTYPES, RolloutBuffer
-from rl.storage.volumes.sink import BUFFER_NAME
+from rl.storage.volumes.buffer import PANDAS_DTYPES, VolumeBuffer
+from rl.storage.volumes.rollout_buffer import BUFFER_NAME
 from rl.storage.volumes.store import LocalVolumeStore
 
 
@@ -27,7 +27,7 @@ def demo_run(tmp_path_factory):
 def test_the_demo_keeps_one_buffer_version_per_iteration_readable_by_pandas(demo_run):
     """The training-loop tutorial: "Store them on a volume that each iteration forks and adds to"; every version stays
     addressable."""
-    buffer = RolloutBuffer(LocalVolumeStore(demo_run / "volumes"), BUFFER_NAME)
+    buffer = VolumeBuffer(LocalVolumeStore(demo_run / "volumes"), BUFFER_NAME)
     versions = buffer.versions()
     assert [buffer.iterations(v) for v in versions] == [[0], [0, 1], [0, 1, 2]]
     frame = pd.read_json(buffer.path(versions[-1], 2), lines=True, dtype=PANDAS_DTYPES)
@@ -44,7 +44,7 @@ def test_rescore_writes_a_new_version_and_generates_nothing(demo_run, capsys, mo
         raise AssertionError("rescoring must not generate")
 
     monkeypatch.setattr(sampler, "sample_group", refuse)
-    buffer = RolloutBuffer(LocalVolumeStore(demo_run / "volumes"), BUFFER_NAME)
+    buffer = VolumeBuffer(LocalVolumeStore(demo_run / "volumes"), BUFFER_NAME)
     head = buffer.head()
     before = buffer.read(head)
     assert main(["rescore", str(demo_run), "--reward", "format", "--json"]) == 0

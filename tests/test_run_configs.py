@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from rl.agentic.faults import AgenticFaults
 from rl.deploy.flyte.agentic import SMOKE as AGENTIC_SMOKE
 from rl.deploy.flyte.agentic import AgenticRunConfig
-from rl.deploy.flyte.config import ConfigError, FaultSpec, GrpoRunConfig, smoke
+from rl.deploy.flyte.config import FaultSpec, GrpoRunConfig, smoke
+from rl.errors import ConfigError
 
 
 def _flyte_cli(config_type: type, default: object, value: dict) -> object:

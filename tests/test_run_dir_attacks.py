@@ -156,7 +156,8 @@ def test_a_sparse_file_in_an_artifact_is_refused_without_being_read_whole(tmp_pa
     import asyncio
     import tracemalloc
 
-    from rl.storage.artifacts import ArtifactCorruptError, LocalArtifacts
+    from rl.errors import ArtifactCorruptError
+    from rl.storage.artifacts import LocalArtifacts
 
     store = LocalArtifacts(tmp_path / "artifacts")
     ref = asyncio.run(store.put({"adapter_model.safetensors": b"weights"}, name="adapter"))
@@ -234,7 +235,8 @@ def test_real_model_configs_pass_the_model_directory_check(tiny_base: Path) -> N
 def test_a_config_this_tool_would_not_write_is_refused_by_name(change: dict[str, object], refusal: str) -> None:
     """docs/guarantees.md: "config.json and adapter_config.json are checked against what this tool writes": a known
     model_type, no code to import, every size an integer within bounds."""
-    from rl.models.model_dir import ModelDirError, check_model_config
+    from rl.errors import ModelDirError
+    from rl.models.model_dir import check_model_config
 
     with pytest.raises(ModelDirError, match=refusal):
         check_model_config({**SMOLLM2_CONFIG, **change}, "model")
@@ -248,8 +250,8 @@ def test_a_model_directory_naming_code_never_runs_it_nor_asks(tmp_path: Path, ti
     import json
     import shutil
 
+    from rl.errors import ModelDirError
     from rl.models import load_base_model
-    from rl.models.model_dir import ModelDirError
 
     base = tmp_path / "base"
     shutil.copytree(tiny_base, base)
@@ -267,8 +269,8 @@ def test_a_damaged_base_weights_file_is_a_typed_error(tmp_path: Path, tiny_base:
     header claims 2**40 bytes ends in exit 2 naming the directory, not in SafetensorError's traceback."""
     import shutil
 
+    from rl.errors import ModelDirError
     from rl.models import load_base_model
-    from rl.models.model_dir import ModelDirError
 
     base = tmp_path / "base"
     shutil.copytree(tiny_base, base)
@@ -317,7 +319,8 @@ def _hostile_adapters(files: dict[str, bytes]) -> dict[str, dict[str, bytes]]:
 def test_the_adapter_this_tool_writes_passes_and_every_hostile_one_is_refused(adapter: dict[str, bytes]) -> None:
     """Plain module names, never a regex (PEFT matches a string as one, and a pathological one hung at full CPU); a
     known rank; no pattern or code key; safetensors only, with a header that fits the file."""
-    from rl.models.model_dir import AdapterDirError, check_adapter_files
+    from rl.errors import AdapterDirError
+    from rl.models.model_dir import check_adapter_files
 
     check_adapter_files("adapter", adapter)
     for name, files in _hostile_adapters(adapter).items():
@@ -334,7 +337,7 @@ def test_the_sampler_and_the_trainer_refuse_a_hostile_adapter_in_one_typed_line(
 ) -> None:
     """Both loaders (the sampler's adapter cache, the trainer's `load_policy`) go through the check: exit 4, the
     adapter named, where a pickle or a 2**40-byte header ended in exit 70 and a regex hung."""
-    from rl.models.model_dir import AdapterDirError
+    from rl.errors import AdapterDirError
     from rl.samplers.adapter_cache import AdapterCache
     from rl.trainer.adapter import load_policy
 
@@ -372,7 +375,8 @@ def test_a_bounded_read_refuses_by_size_before_reading(tmp_path: Path) -> None:
 def test_a_model_json_file_grown_to_gigabytes_is_refused_by_size(tmp_path: Path, tiny_base: Path) -> None:
     import shutil
 
-    from rl.models.model_dir import ModelDirError, check_model_dir
+    from rl.errors import ModelDirError
+    from rl.models.model_dir import check_model_dir
 
     base = tmp_path / "base"
     shutil.copytree(tiny_base, base)
@@ -386,7 +390,8 @@ def test_a_tokenizer_config_emptied_is_a_typed_error(tmp_path: Path, tiny_base: 
     ValueError from the sampler (exit 70); it is the model directory's fault, exit 2."""
     import shutil
 
-    from rl.models import ModelDirError, load_tokenizer
+    from rl.errors import ModelDirError
+    from rl.models import load_tokenizer
 
     base = tmp_path / "base"
     shutil.copytree(tiny_base, base)

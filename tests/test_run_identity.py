@@ -20,9 +20,9 @@ from rl.errors import CheckpointConfigMismatchError
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor
 from rl.storage.checkpoint.format import DriverState, encode_state
-from rl.storage.checkpoint.memory_store import MemoryStateStore
-from rl.storage.volumes.buffer import RolloutBuffer, rollout_rows
-from rl.storage.volumes.sink import BUFFER_NAME
+from rl.storage.checkpoint.memory_store import MemoryCheckpointStore
+from rl.storage.volumes.buffer import VolumeBuffer, rollout_rows
+from rl.storage.volumes.rollout_buffer import BUFFER_NAME
 from rl.storage.volumes.store import LocalVolumeStore
 from rl.types import ArtifactRef, Rollout
 
@@ -33,7 +33,7 @@ class _Crash(RuntimeError):
     pass
 
 
-class _ListSink:
+class _ListBuffer:
     """A rollout buffer in memory: the iterations appended, and a version string per append."""
 
     def __init__(self) -> None:
@@ -68,12 +68,12 @@ def _tiers(artifacts, *, buffer, scorer=None) -> GrpoTiers:
     )
 
 
-def _crashed_run(*, buffered: bool, crash_at: int) -> tuple[MemoryArtifacts, MemoryStateStore, _ListSink | None]:
-    artifacts, store = MemoryArtifacts(), MemoryStateStore()
-    sink = _ListSink() if buffered else None
+def _crashed_run(*, buffered: bool, crash_at: int) -> tuple[MemoryArtifacts, MemoryCheckpointStore, _ListBuffer | None]:
+    artifacts, store = MemoryArtifacts(), MemoryCheckpointStore()
+    rollout_buffer = _ListBuffer() if buffered else None
     with pytest.raises(_Crash):
-        asyncio.run(run_grpo(CONFIG, _tiers(artifacts, buffer=sink, scorer=_CrashingScorer(crash_at)), store))
-    return artifacts, store, sink
+        asyncio.run(run_grpo(CONFIG, _tiers(artifacts, buffer=rollout_buffer, scorer=_CrashingScorer(crash_at)), store))
+    return artifacts, store, rollout_buffer
 
 
 @pytest.mark.heavy
@@ -84,18 +84,18 @@ def test_a_resume_that_switches_the_buffer_on_or_off_is_refused_naming_the_field
     refused before any work, and resuming as the run started fills the buffer with every iteration once."""
     buffered = data.draw(st.booleans(), label="first attempt keeps a buffer")
     crash_at = data.draw(st.integers(1, CONFIG.iterations - 1), label="crash at iteration")
-    artifacts, store, sink = _crashed_run(buffered=buffered, crash_at=crash_at)
+    artifacts, store, rollout_buffer = _crashed_run(buffered=buffered, crash_at=crash_at)
     saved = store.data
-    switched = None if buffered else _ListSink()
+    switched = None if buffered else _ListBuffer()
     with pytest.raises(CheckpointConfigMismatchError, match="field 'buffer' differs") as refused:
         asyncio.run(run_grpo(CONFIG, _tiers(artifacts, buffer=switched), store))
     done = "iteration 0" if crash_at == 1 else f"iterations 0..{crash_at - 1}"
     assert "--no-buffer" in str(refused.value) and done in str(refused.value)
     assert store.data == saved and (switched is None or switched.iterations == [])  # nothing ran
-    outcome = asyncio.run(run_grpo(CONFIG, _tiers(artifacts, buffer=sink), store))
+    outcome = asyncio.run(run_grpo(CONFIG, _tiers(artifacts, buffer=rollout_buffer), store))
     assert outcome.resumed_from == crash_at - 1
-    if sink is not None:
-        assert sorted(sink.iterations) == list(range(CONFIG.iterations))
+    if rollout_buffer is not None:
+        assert sorted(rollout_buffer.iterations) == list(range(CONFIG.iterations))
 
 
 def test_a_configuration_mismatch_names_the_fields_that_differ():
@@ -138,7 +138,7 @@ def _rollout(iteration: int, group: int, sample: int) -> Rollout:
 
 
 def _run_dir_with_buffer(tmp_path, held: list[int], checkpoint_iteration: int | None):
-    buffer = RolloutBuffer(LocalVolumeStore(tmp_path / "volumes"), BUFFER_NAME)
+    buffer = VolumeBuffer(LocalVolumeStore(tmp_path / "volumes"), BUFFER_NAME)
     for it in held:
         rollouts = [_rollout(it, 0, s) for s in range(2)]
         buffer.append(it, rollout_rows(it, rollouts, [1.0, 0.0]))

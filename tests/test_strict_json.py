@@ -24,7 +24,7 @@ from rl.deploy.file_reporter import FileReporter
 from rl.errors import NonFiniteMetricError
 from rl.loop.grpo import iteration_metrics
 from rl.storage.checkpoint.format import DriverState, decode_state, encode_state
-from rl.storage.volumes.buffer import RolloutBuffer, rollout_rows
+from rl.storage.volumes.buffer import VolumeBuffer, rollout_rows
 from rl.storage.volumes.store import LocalVolumeStore
 from rl.strict_json import dumps, flag_non_finite, unflag_non_finite
 from rl.types import ArtifactRef, IterationMetrics, Rollout, StepMetrics
@@ -102,7 +102,7 @@ def test_mean_reward_of_finite_rewards_is_finite_and_within_their_range_however_
 
 def test_rescoring_huge_rewards_reports_finite_means(tmp_path):
     """`math.fsum` raised OverflowError for rewards summing past the largest float; the means are now finite."""
-    buffer = RolloutBuffer(LocalVolumeStore(tmp_path), "rollouts")
+    buffer = VolumeBuffer(LocalVolumeStore(tmp_path), "rollouts")
     buffer.append(0, rollout_rows(0, [_rollout(0, 0), _rollout(0, 1)], [1.7e308, 1.7e308]))
     _, stats = buffer.rescore(buffer.head(), lambda rollout: -1.7e308)
     assert (stats.mean_reward_before, stats.mean_reward_after) == (1.7e308, -1.7e308)

@@ -13,11 +13,10 @@ from rl.deploy.simulated.chaos import CHAOS_GRPO, _grpo_reference, grpo_random, 
 from rl.deploy.simulated.chaos_agentic import _reference, agentic_report, check_agentic_run
 from rl.deploy.simulated.grpo_sim import TRAIN, grpo_sim, lineage_violations, outcome_violations
 from rl.durable.durable_sim import DurableSimulator
-from rl.durable.errors import DriverAttemptsExhausted, TaskFailed
 from rl.durable.faults import FaultPlan
 from rl.durable.swarm import FAULT_KINDS, coverage
 from rl.durable.virtual_loop import VirtualTimeLoop
-from rl.errors import RetriesExhaustedError
+from rl.errors import DriverAttemptsExhausted, RetriesExhaustedError, TaskFailed
 from rl.loop.grpo import GrpoConfig
 
 SMALL = GrpoConfig(iterations=2, prompts_per_iteration=2, group_size=2, seed=0)

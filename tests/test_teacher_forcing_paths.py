@@ -93,11 +93,10 @@ def test_the_default_shares_only_large_models_without_dropout(
     with torch.no_grad():
         batched_teacher_forced_logprobs(model, prompts, completions, 0)
         assert calls == []  # the tiny model is under the size where sharing pays
-        monkeypatch.setattr(decoding, "PREFILL_ONCE_MIN_PARAMETERS", 0)
-        batched_teacher_forced_logprobs(model, prompts, completions, 0)
+        batched_teacher_forced_logprobs(model, prompts, completions, 0, prefill_once_min_parameters=0)
         assert calls == [1]
         dropped = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], lora_dropout=0.1)).train()
-        batched_teacher_forced_logprobs(dropped, prompts, completions, 0)
+        batched_teacher_forced_logprobs(dropped, prompts, completions, 0, prefill_once_min_parameters=0)
         assert calls == [1]  # a shared prompt would give a group's rows one dropout mask, not one each
 
 

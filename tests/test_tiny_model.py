@@ -9,7 +9,8 @@ import pytest
 import torch
 from fixtures_real import TEST_MODEL_CONFIG, tiny_model_dir
 
-from rl.models import CHARACTERS, ModelDirError, TinyModelConfig, build_tiny_model, load_base_model, load_tokenizer
+from rl.errors import ModelDirError
+from rl.models import CHARACTERS, TinyModelConfig, build_tiny_model, load_base_model, load_tokenizer
 from rl.problems import DigitSuccessor, constant_baseline_accuracy
 from rl.protocols import PromptSource
 from rl.types import Prompt
@@ -112,8 +113,7 @@ def test_digit_successor_completions_are_scored_alone(completion: str, reward: f
 def test_a_damaged_weights_file_is_a_one_line_model_dir_error(tmp_path: Path) -> None:
     """An emptied or truncated model.safetensors is the directory's fault: a one-line ModelDirError (an InputError,
     exit 2), not safetensors' own error and a traceback (the hostile-directory fuzzer found exit 70)."""
-    from rl.errors import InputError
-    from rl.models.model_dir import ModelDirError
+    from rl.errors import InputError, ModelDirError
     from rl.models.tiny import load_base_model
 
     model_dir = build_tiny_model(tmp_path / "m")

@@ -36,7 +36,6 @@ def test_defaults_are_valid_and_match_the_seed_loss_constants() -> None:
         ("max_staleness", -1),
         ("seed", -1),
         ("threads", 0),
-        ("loss_path", "per_token"),
         ("micro_batch_size", 0),
     ],
 )
@@ -48,3 +47,22 @@ def test_each_invalid_setting_raises_a_value_error_naming_the_field(field: str, 
 
 def test_infinite_max_grad_norm_disables_clipping_and_is_accepted() -> None:
     assert TrainerConfig(max_grad_norm=math.inf).max_grad_norm == math.inf
+
+
+@pytest.mark.parametrize("value", ["batched", "per_sample"])
+def test_a_json_config_carrying_the_retired_loss_path_is_refused_naming_it(value: str) -> None:
+    """`loss_path` is gone (the trainer has one loss path): a run config from an earlier version that still carries it,
+    even at its old default, is refused by name with what to do, built in Python or validated from JSON."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from rl.deploy.flyte.config import GrpoRunConfig
+    from rl.deploy.flyte.strict import ConfigError
+
+    advice = r"trainer: loss_path is no longer a trainer setting: .*one loss path.*delete the key"
+    with pytest.raises(ConfigError, match=advice):
+        GrpoRunConfig(trainer={"lr": 1e-3, "loss_path": value})
+    with pytest.raises(ValidationError, match=advice):
+        GrpoRunConfig.model_validate_json(f'{{"trainer": {{"loss_path": "{value}"}}}}')
+    with pytest.raises(ValidationError, match="loss_path is no longer a trainer setting"):
+        TypeAdapter(TrainerConfig).validate_python({"loss_path": value})
+    assert TypeAdapter(TrainerConfig).validate_python({"lr": 1e-3}) == TrainerConfig(lr=1e-3)

@@ -17,13 +17,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rl.cli import main
-from rl.errors import UnsafeRunDirError
-from rl.storage.artifacts import ArtifactCorruptError, LocalArtifacts, compute_digest
-from rl.storage.volumes.buffer import RolloutBuffer, rollout_rows
-from rl.storage.volumes.errors import InvalidPathError, VersionNotFoundError, VolumeCorruptedError
+from rl.errors import (
+    ArtifactCorruptError,
+    InvalidPathError,
+    UnsafeRunDirError,
+    VersionNotFoundError,
+    VolumeCorruptedError,
+)
+from rl.storage.artifacts import LocalArtifacts, compute_digest
+from rl.storage.volumes.buffer import VolumeBuffer, rollout_rows
 from rl.storage.volumes.filesystem import force_rmtree
 from rl.storage.volumes.manifest import digest
-from rl.storage.volumes.sink import BUFFER_NAME
+from rl.storage.volumes.rollout_buffer import BUFFER_NAME
 from rl.storage.volumes.store import LocalVolumeStore
 from rl.types import ArtifactRef, Rollout
 
@@ -36,7 +41,7 @@ def _run_dir(root: Path) -> tuple[Path, LocalVolumeStore]:
     """A run directory holding a one-iteration rollout buffer, as `rl demo grpo` leaves it."""
     run = root / "run"
     store = LocalVolumeStore(run / "volumes", durable=False)
-    RolloutBuffer(store, BUFFER_NAME).append(0, rollout_rows(0, [_rollout(0), _rollout(1)], [1.0, 0.0]))
+    VolumeBuffer(store, BUFFER_NAME).append(0, rollout_rows(0, [_rollout(0), _rollout(1)], [1.0, 0.0]))
     return run, store
 
 
@@ -147,7 +152,7 @@ def test_a_version_whose_files_were_swapped_for_a_symlink_is_not_read_through(tm
     os.chmod(head.path().parent, 0o755)
     force_rmtree(head.path())
     os.symlink(outside, head.path())
-    buffer = RolloutBuffer(LocalVolumeStore(store.root, durable=False), BUFFER_NAME)
+    buffer = VolumeBuffer(LocalVolumeStore(store.root, durable=False), BUFFER_NAME)
     with pytest.raises(VolumeCorruptedError, match="outside"):
         buffer.read(head.version)
     with pytest.raises(VolumeCorruptedError, match="symlink"):

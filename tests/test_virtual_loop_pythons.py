@@ -13,7 +13,8 @@ from rl.deploy.simulated import grpo_tiers
 from rl.deploy.simulated.chaos import grpo_random
 from rl.deploy.simulated.chaos_agentic import agentic_report
 from rl.durable import virtual_loop
-from rl.durable.virtual_loop import UnsupportedAsyncio, VirtualTimeLoop, loop_path
+from rl.durable.virtual_loop import VirtualTimeLoop, loop_path
+from rl.errors import UnsupportedAsyncio
 from rl.loop.awaiting import results_in_order
 
 # sha256 prefixes of `rl chaos --loop L --seed S --trace`'s report lines, recorded on CPython 3.11.7; CI runs this file
@@ -37,11 +38,11 @@ TRACES = {
 }
 
 
-def _trace(loop: str, seed: int) -> str:
+def _trace(loop: str, seed: int, path: str = virtual_loop.LOOP_PATH) -> str:
     if loop == "agentic":
-        lines = agentic_report(seed, trace=True).trace
+        lines = agentic_report(seed, trace=True, loop_path=path).trace
     else:
-        lines = grpo_random(pipelined=loop == "grpo-pipelined", trace=True)(seed).trace
+        lines = grpo_random(pipelined=loop == "grpo-pipelined", trace=True, loop_path=path)(seed).trace
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
@@ -61,11 +62,10 @@ def test_a_seeds_trace_does_not_depend_on_what_ran_before_it_in_the_process(loop
 
 
 @pytest.mark.parametrize("loop", ["grpo", "grpo-pipelined", "agentic"])
-def test_asyncios_own_iteration_gives_the_copied_iterations_trace(loop, monkeypatch):
+def test_asyncios_own_iteration_gives_the_copied_iterations_trace(loop):
     """On a Python whose `_run_once` was not checked, the loop runs asyncio's own: slower, the same trace."""
-    copied = [_trace(loop, seed) for seed in range(3)]
-    monkeypatch.setattr(virtual_loop, "LOOP_PATH", "asyncio")
-    assert [_trace(loop, seed) for seed in range(3)] == copied
+    copied = [_trace(loop, seed, "copied") for seed in range(3)]
+    assert [_trace(loop, seed, "asyncio") for seed in range(3)] == copied
 
 
 def test_the_pythons_ci_runs_take_the_copied_iteration():
@@ -75,15 +75,14 @@ def test_the_pythons_ci_runs_take_the_copied_iteration():
     assert virtual_loop.LOOP_PATH == "copied"
 
 
-def test_an_iteration_that_no_longer_selects_and_pops_is_refused_in_one_line(monkeypatch):
+def test_an_iteration_that_no_longer_selects_and_pops_is_refused_in_one_line():
     def _run_once(self):  # a future asyncio that dispatches some other way
         self._dispatch_everything()
 
     reason = loop_path(_run_once)
     assert reason not in ("copied", "asyncio") and "\n" not in reason and "3.11-3.13" in reason
-    monkeypatch.setattr(virtual_loop, "LOOP_PATH", reason)
     with pytest.raises(UnsupportedAsyncio, match="cannot drive it"):
-        VirtualTimeLoop()
+        VirtualTimeLoop(path=reason)
 
 
 def test_an_unchecked_iteration_that_selects_and_pops_runs_as_asyncios_own():

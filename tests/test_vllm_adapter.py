@@ -24,16 +24,14 @@ from hypothesis import strategies as st
 import fakes.vllm_stub as vllm_stub
 from fakes.vllm_stub import CompletionOutput, Logprob, RequestOutput, SamplingParams
 from fakes.vllm_stub.lora.request import LoRARequest
-from rl.errors import SamplingSettingsError, VLLMSamplingError
+from rl.errors import EngineOutputError, SamplingSettingsError, VLLMSamplingError, VLLMUnavailableError
 from rl.models import load_tokenizer
 from rl.protocols import RolloutEngine
 from rl.samplers.decoding import teacher_forced_logprobs
 from rl.samplers.torch_sampler import TorchSampler
-from rl.samplers.vllm import (
+from rl.samplers.vllm import VLLMEngine
+from rl.samplers.vllm_requests import (
     VLLM_SEED_STRIDE,
-    EngineOutputError,
-    VLLMEngine,
-    VLLMUnavailableError,
     rollouts_from_request_output,
     sampling_params_kwargs,
     vllm_seed,
@@ -549,7 +547,7 @@ def test_an_adapter_vllm_would_die_loading_is_refused_before_vllm_sees_it(
 ) -> None:
     """vLLM loads adapters in its worker, and a failed load kills the engine core (every later request fails): the
     engine refuses an adapter above its `max_lora_rank` itself, naming the fix, and its vLLM stays alive."""
-    from rl.samplers.vllm import AdapterRefused
+    from rl.errors import AdapterRefused
 
     engine = VLLMEngine(
         tiny_model_dir, store, vllm_module=vllm_stub, adapter_root=tmp_path / "a", llm_kwargs={"max_lora_rank": 1}
@@ -565,7 +563,7 @@ def test_a_refused_adapter_is_checked_again_on_the_retry_and_never_handed_to_vll
     """A rollout task retries a refused request as it retries any failure: the retry must check the adapter again
     and refuse it again, not find its staged directory remembered from the refused call and hand it to vLLM (whose
     worker would then fail the load and kill the engine core for every later request)."""
-    from rl.samplers.vllm import AdapterRefused
+    from rl.errors import AdapterRefused
 
     engine = VLLMEngine(
         tiny_model_dir, store, vllm_module=vllm_stub, adapter_root=tmp_path / "a", llm_kwargs={"max_lora_rank": 1}
@@ -641,7 +639,7 @@ def test_vllm_reads_a_checked_copy_of_the_model_removed_at_close(
 ) -> None:
     """vLLM loads by path in its own process: it gets the checked opener's private copy (docs/guarantees.md), which
     goes with the engine; a directory the opener refuses (a template linked outside) never reaches vLLM."""
-    from rl.models.model_files import ModelFileError
+    from rl.errors import ModelFileError
 
     engine = VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, adapter_root=tmp_path / "a")
     staged = Path(engine.llm.init_kwargs["model"])

@@ -16,7 +16,8 @@ from fixtures_real import tiny_model_dir
 import rl.samplers.vllm as vllm_engine
 from rl.cli import main
 from rl.errors import EngineStartError, RlError
-from rl.samplers.vllm import KVCACHE_ENV, VLLMEngine, cpu_kvcache_gib, start_failure_cause
+from rl.samplers.vllm import KVCACHE_ENV, VLLMEngine
+from rl.samplers.vllm_start import cpu_kvcache_gib, start_failure_cause
 from rl.storage.artifacts import LocalArtifacts
 
 __all__ = ["tiny_model_dir"]  # a fixture

@@ -20,22 +20,18 @@ from rl.bench.volumes import bench_fork, format_bench
 from rl.conformance import VolumeStoreContract
 from rl.conformance.in_place_rewrite_laws import rewrite_in_place
 from rl.conformance.volume_store_contract import PATHS, VolumeStoreMachine, read_tree
-from rl.platform import bytes_written
-from rl.storage.volumes import (
-    MIN_RACY_NS,
-    RACY_NS,
+from rl.errors import (
     InvalidNameError,
     InvalidPathError,
-    LocalVolumeStore,
     SharedFileModifiedError,
     UnsupportedFileError,
     VersionNotFoundError,
     VolumeCorruptedError,
     VolumeSealedError,
     WriterConflictError,
-    probe_share_mode,
-    racy_window_ns,
 )
+from rl.platform import bytes_written
+from rl.storage.volumes import MIN_RACY_NS, RACY_NS, LocalVolumeStore, probe_share_mode, racy_window_ns
 
 NOBODY = 65534
 
@@ -575,3 +571,9 @@ def test_a_fork_rehashes_only_the_files_younger_than_the_racy_window(tmp_path, m
     with pytest.raises(SharedFileModifiedError, match="written in place"):
         rw.finalize("v3")
     rw.abandon()
+
+
+def test_a_store_given_its_racy_window_keeps_it(tmp_path):
+    """A racy window passed in is the store's own, whatever this filesystem's probe would say."""
+    store = LocalVolumeStore(tmp_path / "store", racy_ns=RACY_NS + 1)
+    assert store.racy_ns == RACY_NS + 1  # outside what a probe returns

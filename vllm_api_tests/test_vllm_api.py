@@ -34,7 +34,8 @@ import fakes.vllm_stub as stub  # noqa: E402
 from rl import gpu  # noqa: E402
 from rl.deploy.flyte.config import EngineSpec, gpu_smoke, stress  # noqa: E402
 from rl.models import TinyModelConfig, build_tiny_model, load_tokenizer  # noqa: E402
-from rl.samplers.vllm import VLLMEngine, engine_llm_kwargs, model_max_len, sampling_params_kwargs  # noqa: E402
+from rl.samplers.vllm import VLLMEngine  # noqa: E402
+from rl.samplers.vllm_requests import engine_llm_kwargs, model_max_len, sampling_params_kwargs  # noqa: E402
 from rl.storage.artifacts import LocalArtifacts  # noqa: E402
 from rl.trainer.config import TrainerConfig  # noqa: E402
 from rl.trainer.peft_trainer import PeftTrainer  # noqa: E402
@@ -212,7 +213,7 @@ def test_vllms_sampling_ranges_are_the_ones_the_engine_and_the_stub_assume() -> 
     cannot sample as declared."""
     import vllm.sampling_params as real
 
-    from rl.samplers.vllm import VLLM_MAX_TEMPERATURE, VLLM_MIN_TEMPERATURE
+    from rl.samplers.vllm_requests import VLLM_MAX_TEMPERATURE, VLLM_MIN_TEMPERATURE
 
     assert real._MAX_TEMP == VLLM_MIN_TEMPERATURE == stub.MAX_TEMP and real._SAMPLING_EPS == stub.SAMPLING_EPS
     for cls in (SamplingParams, stub.SamplingParams):

@@ -14,7 +14,8 @@ from typing import Any
 from gpu_helpers import logprob_gaps, summarize
 from vllm_cpu_helpers import LOGPROB_MAX_ABS_TOL, generate, request, served_by
 
-from rl.samplers.vllm import VLLM_SEED_STRIDE, VLLMEngine
+from rl.samplers.vllm import VLLMEngine
+from rl.samplers.vllm_requests import VLLM_SEED_STRIDE
 from rl.types import Prompt
 
 
@@ -108,7 +109,7 @@ def _raw_generate(engine: VLLMEngine, ref: Any, seed: int) -> list[list[int]]:
     """The completions' token ids of one request sent to the engine's `LLM` directly, with `seed` as it is."""
     import vllm
 
-    from rl.samplers.vllm import sampling_params_kwargs
+    from rl.samplers.vllm_requests import sampling_params_kwargs
 
     req = request(ref, seed=0, max_tokens=16)
     params = vllm.SamplingParams(**{**sampling_params_kwargs(req), "seed": seed})

@@ -31,6 +31,7 @@ SETTINGS = {
 def raw_engine(model_dir: Path, store: Any) -> Iterator[Any]:
     """A second `VLLMEngine` whose `LLM` records vLLM's default raw log-probs (started now, closed after)."""
     import rl.samplers.vllm as vllm_engine
+    import rl.samplers.vllm_requests as vllm_requests
     from rl.gpu import vllm_cpu_llm_kwargs
     from rl.models import load_tokenizer
 
@@ -38,7 +39,7 @@ def raw_engine(model_dir: Path, store: Any) -> Iterator[Any]:
         model_dir, store, llm_kwargs=vllm_cpu_llm_kwargs(), tokenizer=load_tokenizer(model_dir)
     )
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(vllm_engine, "VLLM_LOGPROBS_MODE", "raw_logprobs")
+        patch.setattr(vllm_requests, "VLLM_LOGPROBS_MODE", "raw_logprobs")
         assert engine.llm.llm_engine is not None  # started in raw mode
     yield engine
     engine.close()

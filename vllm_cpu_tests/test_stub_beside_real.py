@@ -17,7 +17,7 @@ import pytest
 
 import fakes.vllm_stub as stub
 from rl.gpu import vllm_cpu_llm_kwargs
-from rl.samplers.vllm import engine_llm_kwargs
+from rl.samplers.vllm_requests import engine_llm_kwargs
 
 
 @pytest.fixture(scope="module")

@@ -19,38 +19,9 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from rl.agentic.world import N_DOCS
-from rl.errors import LedgerError
+from rl.errors import StepOutOfOrderError, StepPayloadConflictError, TrainerMismatchError
 from rl.identity import content_digest
 from rl.types import Reward, StepResult, TrainerInfo, Weights
-
-
-class TrainerLedgerError(LedgerError):
-    """A step the trainer must not apply."""
-
-
-class StepPayloadConflictError(TrainerLedgerError):
-    """A step id already applied arrived with a different payload (rewards, their order, or lr)."""
-
-    def __init__(self, step: int, applied_digest: str, new_digest: str) -> None:
-        self.step, self.applied_digest, self.new_digest = step, applied_digest, new_digest
-        super().__init__(
-            f"step {step} was already applied with payload {applied_digest}, and now arrived with payload "
-            f"{new_digest}; "
-            "refusing a second update. A re-executed step must carry the same rewards in the same order: canonicalise "
-            "step inputs (sort rewards by trial id) so a replayed step hashes identically"
-        )
-
-    def __reduce__(self) -> tuple[type[StepPayloadConflictError], tuple[int, str, str]]:
-        # picklable, so it crosses process boundaries (a Ray actor, a Flyte task) as itself
-        return (type(self), (self.step, self.applied_digest, self.new_digest))
-
-
-class StepOutOfOrderError(TrainerLedgerError):
-    """A step arrived before the steps it follows were applied."""
-
-
-class TrainerMismatchError(LedgerError):
-    """An existing trainer was attached for other worlds than it was created for."""
 
 
 @runtime_checkable

@@ -19,30 +19,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rl.agentic.agent import sandbox_coin
-from rl.errors import InputError
+from rl.errors import FaultInputError, InjectedDriverCrash, JudgeFlake, SandboxFailure
 from rl.protocols import AgenticTiers
 from rl.seeding import derive_seed
 from rl.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
-
-
-class SandboxFailure(RuntimeError):
-    """The trial's sandbox died (injected on attempt 0, or a dead trial on every attempt); a retry regenerates it."""
-
-
-class JudgeFlake(RuntimeError):
-    """A post-judge failure (say, the reward's upload) injected on attempt 0; the retry must not re-call the judge."""
-
-
-class JudgeOutage(RuntimeError):
-    """The judging of a trial fails on every attempt (its judge is down for it): the driver must skip the trial."""
-
-
-class InjectedDriverCrash(RuntimeError):
-    """The tutorial's `crash_driver_at_step`: driver attempt 0 dies right after that step; the retry must replay it."""
-
-
-class FaultInputError(InputError):
-    """A fault knob that cannot work with the run; nothing was started."""
 
 
 @dataclass(frozen=True)

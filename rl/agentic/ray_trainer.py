@@ -16,15 +16,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rl.agentic.bandit import BanditTrainer, TrainerLedgerError
+from rl.agentic.bandit import BanditTrainer
+from rl.errors import RayUnavailableError, TrainerLedgerError
 from rl.types import Reward, TrainerInfo, Weights
 
 POLICY_ACTOR = "agentic-policy-trainer"
 RAY_NAMESPACE = "flyte-rl-agentic"
-
-
-class RayUnavailableError(ImportError):
-    """Ray is not installed; install the extra: `pip install -e .[ray]`."""
 
 
 class _PolicyTrainerActor:

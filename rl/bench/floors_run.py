@@ -95,11 +95,11 @@ async def _iterations(root: Path, base: Path, real: bool, repeats: int) -> tuple
         for i in range(repeats + 1):  # the first is a warm-up: first-call overheads, the adapter's first load
             timers.reset()
             start = time.perf_counter()
-            rollouts = (await generate_and_score(config, tiers, i, state.adapter, state.version)).rollouts
+            rollouts = (await generate_and_score(config, tiers, i, state.adapter, state.policy_version)).rollouts
             sample_s = time.perf_counter() - start
             # Alternating rewards give every sample a non-zero advantage: the step does its full work.
             signal = [float(k % 2) for k in range(len(rollouts))]
-            batch = TrainBatch(i, rollouts, signal, state.adapter, state.optimizer_state, state.version + 1)
+            batch = TrainBatch(i, rollouts, signal, state.adapter, state.optimizer_state, state.policy_version + 1)
             start = time.perf_counter()
             state = await trainer.train_step(batch)
             train_s = time.perf_counter() - start

@@ -12,8 +12,9 @@ import sys
 from typing import Any
 
 from rl import strict_json
+from rl.errors import PlanDoesNotFitError
 from rl.gpu_settings import plan_profile, profile_arch, profile_tokens
-from rl.memory_plan import GIB, PlanDoesNotFitError, gpu
+from rl.memory_plan import GIB, gpu
 
 __all__ = ["plan_profile", "profile_tokens", "register"]  # the plan itself: rl.gpu_settings
 

@@ -43,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from rl.rewards import get_reward
     from rl.storage.run_dir import open_existing_run
     from rl.storage.run_layout import RunLayout
-    from rl.storage.volumes.buffer import RolloutBuffer
-    from rl.storage.volumes.sink import BUFFER_NAME
+    from rl.storage.volumes.buffer import VolumeBuffer
+    from rl.storage.volumes.rollout_buffer import BUFFER_NAME
     from rl.storage.volumes.store import LocalVolumeStore
     from rl.types import Rollout
 
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     # grpo`, another rescore) would move the head and the checkpoint under us.
     with open_existing_run(args.run_dir, command="rl rescore", require=has_buffer) as run:
         volumes = run.layout.volumes
-        buffer = RolloutBuffer(LocalVolumeStore(volumes), BUFFER_NAME)
+        buffer = VolumeBuffer(LocalVolumeStore(volumes), BUFFER_NAME)
         head = buffer.head()
         if head is None:
             raise InputError(

@@ -20,10 +20,10 @@ import pytest
 from rl.conformance.algorithm_spec import AlgorithmSpec, check_spec
 from rl.conformance.support.contract_base import Run, tier
 from rl.conformance.support.reference import reference_advantages, token_reference, token_weights
-from rl.conformance.support.step_reference import DIGIT_PROMPTS, sample_groups
+from rl.conformance.support.step_reference import DIGIT_PROMPTS, StepLawInputs, sample_groups
 from rl.errors import StaleBatchError
-from rl.protocols import RolloutEngine, Trainer
-from rl.types import Rollout, SamplingSettings, TrainBatch, TrainResult
+from rl.protocols import RolloutEngine
+from rl.types import Rollout, SamplingSettings, TrainBatch
 
 __all__ = ["SAMPLINGS", "BehaviourPolicyLaws"]
 
@@ -71,23 +71,18 @@ def _expected(
 
 @tier("trainer")
 class BehaviourPolicyLaws:
-    """Needs `trainer`, `engine`, `trainer_version0`, `algorithm`, `rl_seed` and `rl_run` (`TrainerContract`'s)."""
+    """Needs `TrainerContract`'s `step_law_inputs` (its `trainer`, `engine`, `trainer_version0`, `algorithm`, `rl_seed`
+    and `rl_run`)."""
 
     @pytest.mark.parametrize("case", list(SAMPLINGS))
     def test_trainer_teacher_forces_the_distribution_the_batch_was_sampled_from(
-        self,
-        trainer: Trainer,
-        engine: RolloutEngine,
-        trainer_version0: TrainResult,
-        algorithm: AlgorithmSpec,
-        rl_seed: int,
-        rl_run: Run[Any],
-        case: str,
+        self, step_law_inputs: StepLawInputs, case: str
     ) -> None:
         """Step 0 on rollouts the engine sampled at a temperature (with a top-k or top-p cut), the batch carrying
         those `sampling` settings and the recorded log-probs moved off-policy, reports the declared loss with the
         trainer's log-probs equal to the engine's records: a trainer that teacher-forces at temperature 1 or without
         the cut fails (TRL before PR #3029)."""
+        trainer, engine, trainer_version0, algorithm, rl_seed, rl_run = step_law_inputs
         spec = check_spec(algorithm)
         sampling = SAMPLINGS[case]
         sampled = _sampled(engine, trainer_version0.adapter, sampling, rl_seed, rl_run)
@@ -116,14 +111,7 @@ class BehaviourPolicyLaws:
 
     @pytest.mark.parametrize("staleness", [1, 2])
     def test_trainer_stale_loss_divides_by_the_recorded_behaviour_logprobs(
-        self,
-        trainer: Trainer,
-        engine: RolloutEngine,
-        trainer_version0: TrainResult,
-        algorithm: AlgorithmSpec,
-        rl_seed: int,
-        rl_run: Run[Any],
-        staleness: int,
+        self, step_law_inputs: StepLawInputs, staleness: int
     ) -> None:
         """A batch `staleness` versions old (sampled at a tempered top-p cut) trained twice, its recorded log-probs
         moved by 0.3 and then by 0.7 nats, reports each time the loss the declared correction gives with those
@@ -131,6 +119,7 @@ class BehaviourPolicyLaws:
         behaviour log-probs itself (or uses its own detached log-probs) reports one loss for both, and fails.
         Skipped for `importance_ratio="on_policy"` (stale samples never reach that loss), and for a staleness the
         trainer refuses (its bound)."""
+        trainer, engine, trainer_version0, algorithm, rl_seed, rl_run = step_law_inputs
         spec = check_spec(algorithm)
         if spec.importance_ratio == "on_policy":
             pytest.skip("importance_ratio='on_policy' declares that stale samples never reach the loss")

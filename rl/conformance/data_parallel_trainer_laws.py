@@ -54,11 +54,11 @@ class DataParallelTrainerLaws:
     ) -> None:
         """One step on 2 ranks reports the loss and the pre-clip gradient norm of the same step in one process: the
         per-rank scale makes the all-reduced gradient the full batch's, as the trainer's aggregation declares."""
-        single = rl_run(trainer.train_step(train_batch)).metrics
-        multi = rl_run(distributed_trainer(artifacts, WORLD_SIZE).train_step(train_batch)).metrics
         assert_same_step(
-            single,
-            multi,
+            trainer,
+            distributed_trainer(artifacts, WORLD_SIZE),
+            train_batch,
+            rl_run,
             REL_TOLERANCE,
             lambda what, many, one, ratio: (
                 f"the step on {WORLD_SIZE} ranks reported {what} {many!r}, the same step in one process {one!r} "
@@ -88,11 +88,11 @@ class DataParallelTrainerLaws:
             rewards += group_rewards
         assert len(rollouts) == len(rewards), "the law needs two groups of at least 3 and 2 samples in `train_batch`"
         batch = replace(train_batch, rollouts=rollouts, rewards=rewards)
-        single = rl_run(trainer.train_step(batch)).metrics
-        multi = rl_run(distributed_trainer(artifacts, WORLD_SIZE).train_step(batch)).metrics
         assert_same_step(
-            single,
-            multi,
+            trainer,
+            distributed_trainer(artifacts, WORLD_SIZE),
+            batch,
+            rl_run,
             REL_TOLERANCE,
             lambda what, many, one, ratio: (
                 f"on 5 samples over {WORLD_SIZE} ranks (shards of 3 and 2), the step reported {what} {many!r}, the "

@@ -74,11 +74,7 @@ class DdpShardStepContract(ContractBase):
         return 20.0
 
     def test_ddp_shard_step_syncs_once_on_every_rank_and_gives_the_full_batch_gradient(
-        self,
-        ddp_shard_step: Callable[..., None],
-        ddp_base_model_dir: Path,
-        ddp_timeout_s: float,
-        rl_seed: int,
+        self, ddp_shard_step: Callable[..., None], ddp_base_model_dir: Path, ddp_timeout_s: float, rl_seed: int
     ) -> None:
         """On 2 gloo ranks, for an even split, an uneven split and an empty shard (one sample on two ranks): every
         rank runs exactly one synchronising forward-backward, the ranks run the same all-reduces, each rank's gradient

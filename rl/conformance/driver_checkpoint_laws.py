@@ -1,7 +1,7 @@
 """The GRPO driver's checkpoint laws: a checkpoint it cannot resume is refused with its `rl.errors` type, before it
 trains anything.
 
-The `StateStore` protocol is one blob (`load` / `save`, no key): the store the driver is given is the checkpoint's
+The `CheckpointStore` protocol is one blob (`load` / `save`, no key): the store the driver is given is the checkpoint's
 whole address, and the blob's encoding is the driver's own. So each law lets the driver write its checkpoint first
 (a run whose trainer fails at the last step, so the checkpoint sits before the end of the run), damages what it saved
 through the protocol alone (cuts it in half, swaps in foreign bytes or another version's tagging, loses the adapters

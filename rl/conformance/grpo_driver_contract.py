@@ -24,7 +24,7 @@ from rl.deploy.simulated.grpo_tiers import LatencyModel, MemoryEngine, MemorySco
 from rl.errors import NonFiniteRewardError
 from rl.loop.grpo import GrpoConfig, GrpoDriver, GrpoTiers, run_grpo
 from rl.problems import DigitSuccessor
-from rl.storage.checkpoint.memory_store import MemoryStateStore
+from rl.storage.checkpoint.memory_store import MemoryCheckpointStore
 from rl.types import Rollout, RolloutRequest, TrainBatch, TrainResult
 
 __all__ = ["LAW_RUN_SHAPE", "MODES", "RANDOM_SCENARIOS", "GrpoDriver", "GrpoDriverContract", "pipelined_mode"]
@@ -109,7 +109,7 @@ def _plain_tiers(
 
 
 class _RecordingBuffer:
-    """A `RolloutSink` that keeps every append: `(iteration, group ids, rewards)` in call order. A version id is the
+    """A `RolloutBuffer` that keeps every append: `(iteration, group ids, rewards)` in call order. A version id is the
     digest of the rows so far, so appending the same rows again returns the same version, as the protocol says."""
 
     def __init__(self) -> None:
@@ -146,7 +146,7 @@ class GrpoDriverContract(DriverCheckpointLaws, ContractBase):
 
     @pytest.fixture
     def driver(self) -> GrpoDriver:
-        """Return your driver: an async callable `(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) ->
+        """Return your driver: an async callable `(config: GrpoConfig, tiers: GrpoTiers, store: CheckpointStore) ->
         GrpoOutcome`, like `rl.loop.grpo.run_grpo` (the default)."""
         return run_grpo
 
@@ -172,12 +172,7 @@ class GrpoDriverContract(DriverCheckpointLaws, ContractBase):
 
     @pytest.mark.parametrize("mode", MODES)
     def test_driver_keeps_every_invariant_under_seeded_random_faults(
-        self,
-        driver: GrpoDriver,
-        driver_config: GrpoConfig,
-        capabilities: Capabilities,
-        rl_seed: int,
-        mode: str,
+        self, driver: GrpoDriver, driver_config: GrpoConfig, capabilities: Capabilities, rl_seed: int, mode: str
     ) -> None:
         """Under seeded task failures, hangs past timeouts, driver crashes and torn checkpoint writes, every run ends
         with its uninterrupted result and lineage."""
@@ -217,7 +212,7 @@ class GrpoDriverContract(DriverCheckpointLaws, ContractBase):
         config = self._nan_config(driver_config)
         artifacts = MemoryArtifacts()
         with pytest.raises(NonFiniteRewardError) as caught:
-            rl_run(driver(config, _plain_tiers(config, artifacts, _NanScorer()), MemoryStateStore()))
+            rl_run(driver(config, _plain_tiers(config, artifacts, _NanScorer()), MemoryCheckpointStore()))
         message = str(caught.value)
         assert re.search(rf"group\D{{0,3}}{_NAN_GROUP}\b", message), (
             f"the error does not name group {_NAN_GROUP}: {message}"
@@ -233,9 +228,9 @@ class GrpoDriverContract(DriverCheckpointLaws, ContractBase):
         config = self._nan_config(driver_config)
         clean_artifacts, clean_buffer = MemoryArtifacts(), _RecordingBuffer()
         clean = rl_run(
-            driver(config, _plain_tiers(config, clean_artifacts, MemoryScorer(), clean_buffer), MemoryStateStore())
+            driver(config, _plain_tiers(config, clean_artifacts, MemoryScorer(), clean_buffer), MemoryCheckpointStore())
         )
-        artifacts, store, buffer = MemoryArtifacts(), MemoryStateStore(), _RecordingBuffer()
+        artifacts, store, buffer = MemoryArtifacts(), MemoryCheckpointStore(), _RecordingBuffer()
         with pytest.raises(NonFiniteRewardError):
             rl_run(driver(config, _plain_tiers(config, artifacts, _NanScorer(), buffer), store))
         failed_at = {it for it, *_ in buffer.appends}
@@ -266,7 +261,7 @@ class GrpoDriverContract(DriverCheckpointLaws, ContractBase):
         tiers = _plain_tiers(config, artifacts, _NanScorer(value))
         trainer = _RecordingTrainer(tiers.trainer)
         try:
-            rl_run(driver(config, replace(tiers, trainer=trainer), MemoryStateStore()))
+            rl_run(driver(config, replace(tiers, trainer=trainer), MemoryCheckpointStore()))
             raised: Exception | None = None
         except Exception as exc:
             raised = exc

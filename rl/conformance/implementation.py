@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Any
 from rl.conformance.algorithm_spec import AlgorithmSpec
 from rl.conformance.capabilities import Capabilities
 from rl.conformance.law_sizes import LawSizes
+from rl.errors import ImplementationError
 
 if TYPE_CHECKING:
     from rl.loop.grpo import GrpoDriver
-    from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer, VolumeStore
+    from rl.protocols import Artifacts, CheckpointStore, RolloutEngine, Scorer, Trainer, VolumeStore
     from rl.types import ArtifactRef
 
-__all__ = ["TIERS", "Implementation", "ImplementationError", "load_implementation"]
+__all__ = ["TIERS", "Implementation", "load_implementation"]
 
 TIERS = (
     "artifacts",
@@ -46,10 +47,6 @@ TIERS = (
 """The factory attributes that each bind one contract of the packaged suite."""
 
 
-class ImplementationError(ValueError):
-    """`--rl-impl` does not name a usable implementation."""
-
-
 @dataclass(frozen=True)
 class Implementation:
     """The tiers a fork provides, as factories; None for a tier it does not provide (its laws then skip, saying so).
@@ -64,7 +61,7 @@ class Implementation:
 
     name: str
     artifacts: Callable[[], Artifacts] | None = None
-    state_store: Callable[[], StateStore] | None = None
+    state_store: Callable[[], CheckpointStore] | None = None
     engine: Callable[[Artifacts], RolloutEngine] | None = None
     adapter: Callable[[Artifacts], ArtifactRef | Awaitable[ArtifactRef]] | None = None
     scorer: Callable[[], Scorer] | None = None

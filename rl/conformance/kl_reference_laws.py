@@ -11,23 +11,20 @@ the KL term: 0 against the starting adapter, and positive against the base (the 
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from rl.conformance.algorithm_spec import AlgorithmSpec
 from rl.conformance.capabilities import Capabilities, require
 from rl.conformance.stop_token_laws import declared_stop_ids
-from rl.conformance.support.contract_base import Run, tier
+from rl.conformance.support.contract_base import tier
 from rl.conformance.support.step_reference import (
     DIGIT_PROMPTS,
-    ENDING_DRAWS,
+    StepLawInputs,
     declared_step_loss,
     law_batch,
     shifted_batch,
 )
 from rl.conformance.trainer_restore_laws import LOSS_RTOL
-from rl.protocols import RolloutEngine, Trainer
+from rl.protocols import Trainer
 from rl.seeding import derive_seed
 from rl.types import StepMetrics, TrainResult
 
@@ -40,23 +37,16 @@ tiny model's after 3 steps: ~1e-2), float32 rounding of a zero KL orders below."
 
 @tier("trainer")
 class KlReferenceLaws:
-    """Needs the `trainer`, `another_trainer`, `engine`, `trainer_version0`, `algorithm`, `capabilities`, `rl_seed` and
-    `rl_run` fixtures of `TrainerContract`."""
+    """Needs `TrainerContract`'s `step_law_inputs` (its `trainer`, `engine`, `trainer_version0`, `algorithm`, `rl_seed`
+    and `rl_run`), `another_trainer` and `capabilities`."""
 
     def test_trainer_kl_at_step_0_from_a_trained_adapter_is_against_the_declared_reference(
-        self,
-        trainer: Trainer,
-        another_trainer: Trainer,
-        engine: RolloutEngine,
-        trainer_version0: TrainResult,
-        algorithm: AlgorithmSpec,
-        capabilities: Capabilities,
-        rl_seed: int,
-        rl_run: Run[Any],
+        self, step_law_inputs: StepLawInputs, another_trainer: Trainer, capabilities: Capabilities
     ) -> None:
         """A new trainer's first step, from an adapter three steps away from zero, reports a KL (`metrics.kl`) of 0
         and the declared loss without a KL term when the declared reference is that starting adapter, and a positive
         KL when it is the base: a reference that silently became the base (or the policy itself) fails."""
+        trainer, engine, trainer_version0, algorithm, rl_seed, rl_run = step_law_inputs
         require(capabilities, "trainer_kl_penalty", "the KL term at step 0 is against the declared reference")
         if algorithm.kl_estimator == "none":
             pytest.skip("AlgorithmSpec(kl_estimator='none') declares no KL penalty, so there is no reference")
@@ -66,19 +56,11 @@ class KlReferenceLaws:
         start = TrainResult(
             adapter=trained_adapter(engine, trainer, seed, rl_run),
             optimizer_state=trainer_version0.optimizer_state,
-            version=0,
+            policy_version=0,
             metrics=StepMetrics(0.0, 0, 0),
         )
         stops = declared_stop_ids(engine)
-        found = law_batch(engine, start, DIGIT_PROMPTS, seed, rl_run, algorithm, stops, truncated_too=False)
-        if found is None:
-            pytest.fail(
-                f"none of {ENDING_DRAWS} batches held a completion that ended at a declared stop id "
-                f"{sorted(stops)}: under truncated_completions='masked' the step would train on nothing. Declare "
-                "the engine's stop ids as its `stop_token_ids` attribute",
-                pytrace=False,
-            )
-        sampled = found
+        sampled = law_batch(engine, start, DIGIT_PROMPTS, seed, rl_run, algorithm, stops, truncated_too=False)
         batch = shifted_batch(sampled, algorithm)
         metrics = rl_run(another_trainer.train_step(batch)).metrics
         if algorithm.kl_reference == "base":

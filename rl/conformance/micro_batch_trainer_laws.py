@@ -55,11 +55,11 @@ class MicroBatchTrainerLaws:
         """A step accumulated over micro-batches of `micro_batch_size` samples reports the loss and the pre-clip
         gradient norm of the step over the whole batch: every sample weighs the same whatever micro-batch it fell in."""
         assert len(train_batch.rollouts) % MICRO_BATCH_SIZES[-1] != 0, "the law's batch must split unevenly"
-        whole = rl_run(trainer.train_step(train_batch)).metrics
-        split = rl_run(micro_batched_trainer(artifacts, micro_batch_size).train_step(train_batch)).metrics
         assert_same_step(
-            whole,
-            split,
+            trainer,
+            micro_batched_trainer(artifacts, micro_batch_size),
+            train_batch,
+            rl_run,
             REL_TOLERANCE,
             lambda what, many, one, ratio: (
                 f"the step accumulated over micro-batches of {micro_batch_size} (of {len(train_batch.rollouts)} "

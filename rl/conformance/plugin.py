@@ -24,7 +24,7 @@ import pytest
 SUITE_MODULE = "rl.conformance.test_suite"
 TIER_MARKERS = {
     "rl_artifacts": "the Artifacts laws",
-    "rl_state_store": "the StateStore laws",
+    "rl_state_store": "the CheckpointStore laws",
     "rl_engine": "the RolloutEngine laws",
     "rl_scorer": "the Scorer laws",
     "rl_trainer": "the Trainer laws",
@@ -208,7 +208,8 @@ def _declared_sizes(impl: str | None, session: pytest.Session) -> str:
     suite = (getattr(getattr(item, "module", None), "__name__", "") == SUITE_MODULE for item in session.items)
     if not impl or not any(suite):
         return ""
-    from rl.conformance.implementation import ImplementationError, load_implementation
+    from rl.conformance.implementation import load_implementation
+    from rl.errors import ImplementationError
 
     try:
         declared = load_implementation(impl).sizes.declared()

@@ -16,13 +16,13 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from rl.conformance.grpo_driver_contract import LAW_RUN_SHAPE, MODES
+from rl.errors import HistoryFileError
 
 if TYPE_CHECKING:
     from rl.loop.grpo import GrpoDriver
 
 __all__ = [
     "HISTORY_SCHEMA",
-    "HistoryFileError",
     "RecordedHistory",
     "load_history",
     "record_history",
@@ -31,10 +31,6 @@ __all__ = [
 
 HISTORY_SCHEMA = 1
 REFERENCE_FILE = "grpo_history.json"
-
-
-class HistoryFileError(ValueError):
-    """A recorded-history file that cannot be used: unreadable, another schema, or missing a mode."""
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 iteration added per version, every version readable later exactly as it was, and re-scoring into a new version that
 samples nothing.
 
-There is no tier protocol for reading a buffer, so the laws use the surface of `rl.storage.volumes.RolloutBuffer`, which
+There is no tier protocol for reading a buffer, so the laws use the surface of `rl.storage.volumes.VolumeBuffer`, which
 yours must have: `append(iteration, rows, *, parent=None) -> version`, `read(version, iterations=None)`,
 `iterations(version)`, `versions()` and `rescore(version, reward_fn)`. What each must do, and an example subclass
 (`rollout_buffer_factory` returns a factory of fresh buffers): docs/conformance.md#the-rollout-buffers-surface.
@@ -129,7 +129,7 @@ def hazard_sources() -> tuple[list[Rollout], list[float]]:
 
 @st.composite
 def sourced_rows(draw: st.DrawFn, iteration: int) -> tuple[list[Rollout], list[float]]:
-    """The rollouts and rewards of one iteration, as the loop hands them to its rollout sink."""
+    """The rollouts and rewards of one iteration, as the loop hands them to its rollout buffer."""
     rs = [draw(rollouts(group_id=g)) for g in range(draw(st.integers(1, 4))) for _ in range(draw(st.integers(1, 3)))]
     return rs, draw(st.lists(finite, min_size=len(rs), max_size=len(rs)))
 
@@ -183,7 +183,7 @@ class RolloutBufferContract(ContractBase):
             "RolloutBufferContract needs the `rollout_buffer_factory` fixture: override it in your test class to "
             "return a zero-argument callable that returns a fresh, empty rollout buffer each call, with append, read, "
             "iterations, versions and rescore as rl.conformance.rollout_buffer_contract describes "
-            "(e.g. lambda: RolloutBuffer(LocalVolumeStore(tempfile.mkdtemp(dir=tmp_path)), 'rollouts'))"
+            "(e.g. lambda: VolumeBuffer(LocalVolumeStore(tempfile.mkdtemp(dir=tmp_path)), 'rollouts'))"
         )
 
     @pytest.fixture

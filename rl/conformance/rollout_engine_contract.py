@@ -167,11 +167,7 @@ class RolloutEngineContract(
                 )
 
     def test_engine_samples_within_a_group_differ(
-        self,
-        engine: RolloutEngine,
-        rollout_request: RolloutRequest,
-        capabilities: Capabilities,
-        rl_run: Run[Any],
+        self, engine: RolloutEngine, rollout_request: RolloutRequest, capabilities: Capabilities, rl_run: Run[Any]
     ) -> None:
         """The `n` samples of one group are independent draws, not `n` copies of one completion."""
         require(capabilities, "distinct_samples_within_group", "samples of a group differ")
@@ -182,11 +178,7 @@ class RolloutEngineContract(
         )
 
     def test_engine_different_seeds_give_different_groups(
-        self,
-        engine: RolloutEngine,
-        rollout_request: RolloutRequest,
-        capabilities: Capabilities,
-        rl_run: Run[Any],
+        self, engine: RolloutEngine, rollout_request: RolloutRequest, capabilities: Capabilities, rl_run: Run[Any]
     ) -> None:
         """Two requests that differ only in their seed sample different groups: the seed reaches the sampler."""
         require(capabilities, "distinct_groups_across_seeds", "different seeds give different groups")

@@ -16,7 +16,7 @@ from rl.conformance.data_parallel_trainer_laws import DataParallelTrainerLaws
 from rl.conformance.kl_reference_laws import KlReferenceLaws
 from rl.conformance.micro_batch_trainer_laws import MicroBatchTrainerLaws
 from rl.conformance.support.contract_base import ContractBase, Run, must_provide, tier
-from rl.conformance.support.step_reference import DIGIT_PROMPTS, sample_groups
+from rl.conformance.support.step_reference import DIGIT_PROMPTS, StepLawInputs, sample_groups
 from rl.conformance.trainer_memory_laws import TrainerMemoryLaws
 from rl.conformance.trainer_padding_laws import TrainerPaddingLaws
 from rl.conformance.trainer_restore_laws import TrainerRestoreLaws
@@ -138,6 +138,19 @@ class TrainerContract(
         return rl_run(trainer.init_adapter(derive_seed("conformance.trainer.init", rl_seed)))
 
     @pytest.fixture
+    def step_law_inputs(
+        self,
+        trainer: Trainer,
+        engine: RolloutEngine,
+        trainer_version0: TrainResult,
+        algorithm: AlgorithmSpec,
+        rl_seed: int,
+        rl_run: Run[Any],
+    ) -> StepLawInputs:
+        """The fixtures a law on a batch the engine samples takes together (`StepLawInputs`)."""
+        return StepLawInputs(trainer, engine, trainer_version0, algorithm, rl_seed, rl_run)
+
+    @pytest.fixture
     def training_rollouts(
         self, engine: RolloutEngine, trainer_version0: TrainResult, rl_seed: int, rl_run: Run[Any]
     ) -> list[Rollout]:
@@ -164,7 +177,7 @@ class TrainerContract(
         """`init_adapter(seed)` twice gives the same version-0 artifacts; another seed gives another adapter."""
         seed = derive_seed("conformance.trainer.init", rl_seed)
         a, b = rl_run(trainer.init_adapter(seed)), rl_run(trainer.init_adapter(seed))
-        assert a.version == 0, f"init_adapter returned version {a.version}, expected 0"
+        assert a.policy_version == 0, f"init_adapter returned version {a.policy_version}, expected 0"
         assert _digests(a) == _digests(b), f"init_adapter({seed}) twice gave {_digests(a)} and {_digests(b)}"
         c = rl_run(trainer.init_adapter(derive_seed("conformance.trainer.init.other", rl_seed)))
         assert c.adapter.digest != a.adapter.digest, "init_adapter gave the same adapter for two different seeds"
@@ -174,8 +187,9 @@ class TrainerContract(
     ) -> None:
         """`train_step(batch)` returns an adapter labelled `batch.new_version`."""
         result = rl_run(trainer.train_step(train_batch))
-        assert result.version == train_batch.new_version, (
-            f"train_step returned version {result.version} for a batch with new_version {train_batch.new_version}"
+        assert result.policy_version == train_batch.new_version, (
+            f"train_step returned policy_version {result.policy_version} for a batch with new_version "
+            f"{train_batch.new_version}"
         )
 
     def test_trainer_replaying_a_batch_is_bitwise_identical(

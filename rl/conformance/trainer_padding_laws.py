@@ -10,57 +10,37 @@ holds the engine's side of the same law.
 
 from __future__ import annotations
 
-from typing import Any
-
-import pytest
-
-from rl.conformance.algorithm_spec import AlgorithmSpec
 from rl.conformance.batch_padding_laws import PROMPTS_OF_OTHER_LENGTHS
 from rl.conformance.stop_token_laws import declared_stop_ids
-from rl.conformance.support.contract_base import Run, tier
+from rl.conformance.support.contract_base import tier
 from rl.conformance.support.step_reference import (
-    ENDING_DRAWS,
+    StepLawInputs,
     declared_step_loss,
     law_batch,
     shifted_batch,
 )
 from rl.conformance.trainer_restore_laws import LOSS_RTOL
-from rl.protocols import RolloutEngine, Trainer
 from rl.seeding import derive_seed
-from rl.types import TrainResult
 
 __all__ = ["TrainerPaddingLaws"]
 
 
 @tier("trainer")
 class TrainerPaddingLaws:
-    """Needs the `trainer`, `engine`, `trainer_version0`, `algorithm`, `rl_seed` and `rl_run` fixtures of
-    `TrainerContract`."""
+    """Needs `TrainerContract`'s `step_law_inputs` (its `trainer`, `engine`, `trainer_version0`, `algorithm`, `rl_seed`
+    and `rl_run`)."""
 
     def test_trainer_step_on_prompts_of_other_lengths_computes_the_declared_loss(
-        self,
-        trainer: Trainer,
-        engine: RolloutEngine,
-        trainer_version0: TrainResult,
-        algorithm: AlgorithmSpec,
-        rl_seed: int,
-        rl_run: Run[Any],
+        self, step_law_inputs: StepLawInputs
     ) -> None:
         """Step 0 on groups whose prompts differ in length, each in either order, reports the loss the declared
         `AlgorithmSpec` gives with the trainer's log-probs equal to the engine's: padding between a prompt and its
         completion (or positions counted from the pads) moves the shorter prompt's log-probs and fails."""
+        trainer, engine, trainer_version0, algorithm, rl_seed, rl_run = step_law_inputs
         stops = declared_stop_ids(engine)
         seed = derive_seed("conformance.trainer.padding", rl_seed)
         for order in (PROMPTS_OF_OTHER_LENGTHS, PROMPTS_OF_OTHER_LENGTHS[::-1]):
-            found = law_batch(engine, trainer_version0, order, seed, rl_run, algorithm, stops, truncated_too=True)
-            if found is None:
-                pytest.fail(
-                    f"none of {ENDING_DRAWS} batches held both a completion that ended at a declared stop id "
-                    f"{sorted(stops)} and a truncated one. Declare the engine's stop ids as its `stop_token_ids` "
-                    "attribute",
-                    pytrace=False,
-                )
-            sampled = found
+            sampled = law_batch(engine, trainer_version0, order, seed, rl_run, algorithm, stops, truncated_too=True)
             batch = shifted_batch(sampled, algorithm)
             expected, size = declared_step_loss(algorithm, sampled, batch, stops)
             reported = rl_run(trainer.train_step(batch)).metrics.loss

@@ -130,7 +130,7 @@ class TrainerRestoreLaws:
             )
         pytest.fail(
             f"the trainer trained version {trained} on rollouts of version {claimed} ({case}) and returned adapter "
-            f"version {result.version}: a batch outside any staleness bound was not refused. Check every rollout with "
-            "rl.algorithm.checks.check_staleness (StaleBatchError) before the step",
+            f"version {result.policy_version}: a batch outside any staleness bound was not refused. Check every "
+            "rollout with rl.algorithm.checks.check_staleness (StaleBatchError) before the step",
             pytrace=False,
         )

@@ -11,25 +11,18 @@ reads the stop ids from the engine's declaration (`rl.conformance.stop_token_law
 
 from __future__ import annotations
 
-from typing import Any
-
-import pytest
-
-from rl.conformance.algorithm_spec import AlgorithmSpec
 from rl.conformance.stop_token_laws import declared_stop_ids
-from rl.conformance.support.contract_base import Run, tier
+from rl.conformance.support.contract_base import tier
 from rl.conformance.support.step_reference import (
     DIGIT_PROMPTS,
-    ENDING_DRAWS,
+    StepLawInputs,
     declared_step_loss,
     ended,
     law_batch,
     shifted_batch,
 )
 from rl.conformance.trainer_restore_laws import LOSS_RTOL
-from rl.protocols import RolloutEngine, Trainer
 from rl.seeding import derive_seed
-from rl.types import TrainResult
 
 __all__ = ["TruncationLaws"]
 
@@ -40,36 +33,20 @@ GROUP = 8
 
 @tier("trainer")
 class TruncationLaws:
-    """Needs the `trainer`, `engine`, `trainer_version0`, `algorithm`, `rl_seed` and `rl_run` fixtures of
-    `TrainerContract`."""
+    """Needs `TrainerContract`'s `step_law_inputs` (its `trainer`, `engine`, `trainer_version0`, `algorithm`, `rl_seed`
+    and `rl_run`)."""
 
-    def test_trainer_masks_truncated_completions_as_declared(
-        self,
-        trainer: Trainer,
-        engine: RolloutEngine,
-        trainer_version0: TrainResult,
-        algorithm: AlgorithmSpec,
-        rl_seed: int,
-        rl_run: Run[Any],
-    ) -> None:
+    def test_trainer_masks_truncated_completions_as_declared(self, step_law_inputs: StepLawInputs) -> None:
         """Step 0 on completions some of which were cut at `max_tokens` (their last token no declared stop id) reports
         the declared loss with those completions kept, or left out of both the token sum and its normaliser: a mask
         on one side only, or a stop read from `eos_token_id` alone, fails."""
+        trainer, engine, trainer_version0, algorithm, rl_seed, rl_run = step_law_inputs
         stops = declared_stop_ids(engine)
         seed = derive_seed("conformance.trainer.truncation", rl_seed)
-        found = law_batch(
+        sampled = law_batch(
             engine, trainer_version0, DIGIT_PROMPTS, seed, rl_run, algorithm, stops, truncated_too=True, n=GROUP,
             max_tokens=MAX_TOKENS,
         )  # fmt: skip
-        if found is None:
-            pytest.fail(
-                f"none of {ENDING_DRAWS} batches of {GROUP * len(DIGIT_PROMPTS)} completions (max_tokens="
-                f"{MAX_TOKENS}, declared stop ids {sorted(stops)}) held both an ended and a truncated one: the law "
-                "needs both to check a declared mask. Declare the engine's stop ids as its `stop_token_ids` "
-                "attribute",
-                pytrace=False,
-            )
-        sampled = found
         stopped = ended(sampled, stops)
         batch = shifted_batch(sampled, algorithm)
         expected, size = declared_step_loss(algorithm, sampled, batch, stops)

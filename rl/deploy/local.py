@@ -15,9 +15,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from transformers.utils import logging as transformers_logging
 
 from rl.deploy.file_reporter import FileReporter
+from rl.errors import ModelDirError
 from rl.identity import content_digest
 from rl.loop.grpo import GrpoConfig, GrpoTiers
-from rl.models.model_dir import ModelDirError, check_model_dir
+from rl.models.model_dir import check_model_dir
 from rl.models.tiny import TinyModelConfig, build_tiny_model, expected_config
 from rl.problems import Addition, DigitSuccessor, ProblemSet, constant_baseline_accuracy
 from rl.protocols import Reporter, RolloutEngine
@@ -25,12 +26,12 @@ from rl.rewards import get_reward
 from rl.samplers.torch_sampler import TorchSampler
 from rl.scoring import RewardScorer, SamplingEvaluator
 from rl.storage.artifacts import LocalArtifacts
-from rl.storage.checkpoint.file_store import FileStateStore
+from rl.storage.checkpoint.file_store import FileCheckpointStore
 from rl.storage.dead_writers import locked_new_dir
 from rl.storage.run_dir import RunDir, checked
 from rl.storage.run_layout import RunLayout
 from rl.storage.safe_fs import Tree
-from rl.storage.volumes.sink import VolumeRolloutSink
+from rl.storage.volumes.rollout_buffer import LocalRolloutBuffer
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
 
@@ -62,7 +63,7 @@ def demo_problems(real_model: bool) -> ProblemSet:
 @dataclass(frozen=True)
 class LocalDeployment:
     tiers: GrpoTiers
-    store: FileStateStore
+    store: FileCheckpointStore
     reporter: FileReporter
     base_dir: Path
 
@@ -201,11 +202,11 @@ def local_grpo(
         base = Path(model_dir).absolute()
     artifacts = LocalArtifacts(layout.artifacts)
     artifacts.discard_abandoned()
-    state = FileStateStore(layout.checkpoint)
+    state = FileCheckpointStore(layout.checkpoint)
     state.discard_abandoned()
-    sink = VolumeRolloutSink(layout.volumes) if buffer else None
-    if sink is not None:
-        sink.store.discard_abandoned()
+    rollout_buffer = LocalRolloutBuffer(layout.volumes) if buffer else None
+    if rollout_buffer is not None:
+        rollout_buffer.store.discard_abandoned()
     sampler = make_engine(engine, base, artifacts, trainer.threads)
     file_reporter = FileReporter(
         out_dir, min_interval_s=report_interval_s, baseline_accuracy=constant_baseline_accuracy(problems.eval_prompts())
@@ -218,7 +219,7 @@ def local_grpo(
         prompts=problems,
         evaluator=SamplingEvaluator(sampler, problems.eval_prompts(), max_tokens=config.max_tokens),
         reporter=reporter if reporter is not None else file_reporter,
-        buffer=sink,
+        buffer=rollout_buffer,
         task_metrics=problems.metrics,
     )
     return LocalDeployment(tiers, state, file_reporter, base)

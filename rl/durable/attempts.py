@@ -15,8 +15,8 @@ from rl.durable.records import ActionRecord
 from rl.durable.virtual_loop import VirtualTimeLoop
 
 if TYPE_CHECKING:
-    from rl.durable.errors import TaskFailed
     from rl.durable.replay import ReplayDivergence
+    from rl.errors import TaskFailed
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The driver's checkpoint on the simulator (`SimStateStore`, the `flyte.ctx().checkpoint` role), where a seeded
+"""The driver's checkpoint on the simulator (`SimCheckpointStore`, the `flyte.ctx().checkpoint` role), where a seeded
 fault can tear a write. The checkpoint format and the other stores are in `rl.storage.checkpoint`."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from rl.durable.kernel import SimKernel
 
 
-class SimStateStore:
+class SimCheckpointStore:
     """The driver's checkpoint (the `flyte.ctx().checkpoint` role): belongs to one run's driver attempts.
 
     Loads and saves are driver await points. With `atomic=True` (Flyte's behaviour: the blob is uploaded, then

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from rl.durable.attempts import Run, attempt_number
-from rl.durable.checkpoint_store import SimStateStore
+from rl.durable.checkpoint_store import SimCheckpointStore
 from rl.durable.execution import SimTask, Tier
 from rl.durable.faults import FaultPlan
 from rl.durable.kernel import SimKernel
@@ -18,7 +18,7 @@ from rl.durable.records import ActionRecord, RunResult
 from rl.durable.replay import ReplayReport, replay_report
 from rl.durable.supervisor import supervise
 from rl.durable.tracing import traced
-from rl.durable.virtual_loop import VirtualTimeLoop
+from rl.durable.virtual_loop import LOOP_PATH, VirtualTimeLoop
 from rl.seeding import derive_seed
 
 T = TypeVar("T")
@@ -37,11 +37,14 @@ class DurableSimulator(SimKernel):
         *,
         atomic_checkpoints: bool = True,
         tie_break_seed: int | None = None,
+        loop_path: str = LOOP_PATH,
     ) -> None:
         super().__init__(faults if faults is not None else FaultPlan(seed=seed), atomic_checkpoints=atomic_checkpoints)
         self.seed = seed
         self.tie_break_seed = tie_break_seed
         """None: ready tasks run first-in first-out; an int: each run's ties are shuffled by a seed derived from it."""
+        self.loop_path = loop_path
+        """Which iteration each run's virtual loop runs (`rl.durable.virtual_loop.loop_path`)."""
         self._runs = 0
         self._loop: VirtualTimeLoop | None = None
 
@@ -77,9 +80,9 @@ class DurableSimulator(SimKernel):
 
         return wrap(fn) if fn is not None else wrap
 
-    def checkpoint_store(self) -> SimStateStore:
+    def checkpoint_store(self) -> SimCheckpointStore:
         """The checkpoint of whichever run and driver calls it."""
-        return SimStateStore(self)
+        return SimCheckpointStore(self)
 
     @staticmethod
     def attempt_number() -> int:
@@ -142,7 +145,7 @@ class DurableSimulator(SimKernel):
     ) -> RunResult:
         self._runs += 1
         ties = None if self.tie_break_seed is None else derive_seed("ties", self.tie_break_seed, self._runs)
-        loop = VirtualTimeLoop(ties)
+        loop = VirtualTimeLoop(ties, self.loop_path)
         run = Run(f"run-{self._runs:04d}", driver, inputs, loop, recover_from=recover_from, strict_history=strict)
         if preload is not None:
             run.journal.update(preload)

@@ -10,12 +10,11 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from rl.durable.attempts import CURRENT_DRIVER, CURRENT_TASK, DriverAttempt, TaskAttempt
-from rl.durable.errors import SimUsageError, TaskFailed
-from rl.durable.faults import InjectedTaskFailure
 from rl.durable.frozen import Record, action_identity, freeze, inputs_digest, signature_of, thaw
 from rl.durable.records import new_action_record
 from rl.durable.replay import ReplayDivergence
 from rl.durable.supervisor import await_point, diverge, retrieve
+from rl.errors import InjectedTaskFailure, SimUsageError, TaskFailed
 
 if TYPE_CHECKING:
     from rl.durable.kernel import SimKernel

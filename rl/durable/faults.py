@@ -83,7 +83,3 @@ class FaultPlan:
 
     def tear_checkpoint(self, driver_attempt: int, point: int) -> bool:
         return bool(self.torn_checkpoint_p) and _coin(self.seed, "tear", driver_attempt, point) < self.torn_checkpoint_p
-
-
-class InjectedTaskFailure(RuntimeError):
-    """A task attempt failed because the fault plan said so (a dead sandbox, a lost upload)."""

@@ -13,9 +13,9 @@ from collections import Counter
 from typing import Any
 
 from rl.durable.attempts import CURRENT_DRIVER, DriverAttempt
-from rl.durable.errors import SimUsageError
 from rl.durable.faults import FaultPlan
 from rl.durable.records import Event, new_event
+from rl.errors import SimUsageError
 
 
 class SimKernel:

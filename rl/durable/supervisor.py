@@ -9,11 +9,11 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from rl.durable.attempts import CURRENT_DRIVER, DriverAttempt, Run
-from rl.durable.errors import DriverAttemptsExhausted, DriverCrash
 from rl.durable.frozen import copy_value
 from rl.durable.records import RunResult
 from rl.durable.replay import ReplayDivergence
 from rl.durable.virtual_loop import VirtualTimeLoop
+from rl.errors import DriverAttemptsExhausted, DriverCrash
 
 if TYPE_CHECKING:
     from rl.durable.kernel import SimKernel

@@ -25,15 +25,9 @@ from collections.abc import Callable
 from contextvars import Context
 from typing import Any, TypeVarTuple
 
+from rl.errors import SimulationDeadlock, UnsupportedAsyncio
+
 _Ts = TypeVarTuple("_Ts")
-
-
-class SimulationDeadlock(RuntimeError):
-    """Every task is waiting and no timer is pending: nothing can ever make progress."""
-
-
-class UnsupportedAsyncio(RuntimeError):
-    """This Python's asyncio loop iteration is one the virtual loop cannot drive."""
 
 
 COPIED_RUN_ONCE = {
@@ -143,16 +137,16 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     """A selector event loop whose `time()` is a virtual clock starting at 0.0 seconds.
 
     `tie_break_seed`: None runs ready callbacks first-in first-out; an int shuffles each batch of simultaneously ready
-    callbacks in the order that seed draws.
+    callbacks in the order that seed draws. `path`: which iteration runs (`loop_path`; default this Python's).
     """
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> VirtualTimeLoop:
-        if LOOP_PATH not in ("copied", "asyncio"):  # refused before a loop exists, so no half-made loop is collected
-            raise UnsupportedAsyncio(LOOP_PATH)
+    def __new__(cls, tie_break_seed: int | None = None, path: str = LOOP_PATH) -> VirtualTimeLoop:
+        if path not in ("copied", "asyncio"):  # refused before a loop exists, so no half-made loop is collected
+            raise UnsupportedAsyncio(path)
         return super().__new__(cls)
 
-    def __init__(self, tie_break_seed: int | None = None) -> None:
-        self._fast = LOOP_PATH == "copied"
+    def __init__(self, tie_break_seed: int | None = None, path: str = LOOP_PATH) -> None:
+        self._fast = path == "copied"
         self._virtual_now = 0.0
         selector = _VirtualSelector()
         super().__init__(selector)

@@ -30,19 +30,19 @@ from rl.loop.spans import Span, scope
 from rl.metrics import finite_mean
 from rl.protocols import (
     Artifacts,
+    CheckpointStore,
     Evaluator,
     PromptSource,
     Reporter,
+    RolloutBuffer,
     RolloutEngine,
-    RolloutSink,
     Scorer,
-    StateStore,
     TaskMetrics,
     Trainer,
     is_batched,
 )
 from rl.seeding import adapter_init_seed, eval_seed, prompt_draw_seed, rollout_seed
-from rl.storage.checkpoint.format import DriverState
+from rl.storage.checkpoint.format import CheckpointEncoder, DriverState
 from rl.storage.checkpoint.resume import check_recording, load_state, save_state
 from rl.types import (
     DEFAULT_SAMPLING,
@@ -126,7 +126,7 @@ class GrpoTiers:
     prompts: PromptSource
     evaluator: Evaluator | None = None
     reporter: Reporter | None = None
-    buffer: RolloutSink | None = None
+    buffer: RolloutBuffer | None = None
     span: Span | None = None
     task_metrics: TaskMetrics | None = None
 
@@ -301,9 +301,9 @@ async def _train(
         sampling=config.sampling,
     )
     result, train_s = await timed(lambda: tiers.trainer.train_step(batch))
-    if result.version != new_version:
+    if result.policy_version != new_version:
         raise EngineContractError(
-            f"trainer returned adapter v{result.version} for step {iteration}; expected v{new_version}"
+            f"trainer returned adapter v{result.policy_version} for step {iteration}; expected v{new_version}"
         )
     row = iteration_metrics(
         iteration,
@@ -378,10 +378,10 @@ class _BatchSchedule:
 
 
 # A driver with `run_grpo`'s signature: ours, or a fork's under the conformance suite.
-GrpoDriver = Callable[[GrpoConfig, GrpoTiers, StateStore], Awaitable[GrpoOutcome]]
+GrpoDriver = Callable[[GrpoConfig, GrpoTiers, CheckpointStore], Awaitable[GrpoOutcome]]
 
 
-async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> GrpoOutcome:
+async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: CheckpointStore) -> GrpoOutcome:
     """Run (or resume) the loop to `config.iterations`; return the final adapter, optimizer state and history."""
     config.validate(tiers.prompts.train_prompts())
     state = await load_state(store, config, tiers.artifacts)
@@ -399,6 +399,7 @@ async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> G
     start = state.iteration + 1
     batches = _BatchSchedule(config, tiers, state, start)
     appending: asyncio.Future[str] | None = None
+    checkpoints = CheckpointEncoder()
     try:
         for it in range(start, config.iterations):
             with tiers.scope(f"iter-{it}"):
@@ -420,7 +421,7 @@ async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> G
             )
             evaluating = _launch_eval(config, tiers, state.pending_eval)
             await _publish(tiers, state, "running")
-            await save_state(store, state)
+            await save_state(store, state, checkpoints)
         if evaluating is not None:
             state = replace(with_eval_time(state, await evaluating), pending_eval=None)
     finally:

@@ -3,7 +3,6 @@ small Qwen3 of the real layout, the pinned real model (SmolLM2) and any checked 
 
 from rl.models.tiny import (
     CHARACTERS,
-    ModelDirError,
     TinyModelConfig,
     build_tiny_model,
     build_tokenizer,
@@ -13,7 +12,6 @@ from rl.models.tiny import (
 
 __all__ = [
     "CHARACTERS",
-    "ModelDirError",
     "TinyModelConfig",
     "build_tiny_model",
     "build_tokenizer",

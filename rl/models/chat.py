@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rl.errors import PromptTooLongError
 from rl.models.sandbox import DEFAULT_LIMITS, in_process, sandbox_of
 
 __all__ = ["decode_texts", "encode_prompt", "encode_prompts"]
@@ -47,10 +48,6 @@ def decode_texts(tokenizer: Any, token_ids: Sequence[Sequence[int]], *, skip_spe
     if sandbox is None:
         return in_process("(in memory)", "decoding", lambda: _decode_all(tokenizer, lists, skip_special_tokens))
     return sandbox.run(_decode_all, lists, skip_special_tokens, what="decoding with its tokenizer")
-
-
-class PromptTooLongError(ValueError):
-    """A chat template rendered more text than any prompt needs."""
 
 
 def encode_here(tokenizer: Any, questions: list[str], text_chars: int) -> list[list[int]]:

@@ -28,16 +28,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rl.errors import InputError, RunDirError, shown
+from rl.errors import ModelCacheError, RunDirError, UntrustedValueError, shown
 from rl.storage.dead_writers import discard_if_dead, locked_new_dir_at
 from rl.storage.safe_fs import Tree, create_at
-from rl.untrusted import UntrustedValueError, parse_json
+from rl.untrusted import parse_json
 
 __all__ = [
     "MANIFEST_FILE",
     "PRIVATE_PREFIX",
     "STAGING_PREFIX",
-    "ModelCacheError",
     "copied_from",
     "discard_stale",
     "removed_on_sigterm",
@@ -54,10 +53,6 @@ MAX_FILES = 256
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # what save_pretrained writes: flat, plain names
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 1 << 20
-
-
-class ModelCacheError(InputError):
-    """A converted model in the cache differs from the manifest written at its conversion; nothing was loaded."""
 
 
 def _fix(target: Path) -> str:

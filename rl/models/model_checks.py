@@ -15,14 +15,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rl.memory_plan import ModelArch, PlanDoesNotFitError
-from rl.models.model_dir import CONFIG_FILE, MODEL_DIR_FIX, ModelDirError
+from rl.errors import ModelMismatchError, PlanDoesNotFitError
+from rl.memory_plan import ModelArch
+from rl.models.model_dir import CONFIG_FILE, MODEL_DIR_FIX
 from rl.untrusted import shown
 
 if TYPE_CHECKING:
     from rl.models.model_files import CheckedModelDir
 
-__all__ = ["ModelMismatchError", "check_context", "check_model_files", "host_memory_bytes"]
+__all__ = ["check_context", "check_model_files", "host_memory_bytes"]
 
 GENERATION_FILE = "generation_config.json"
 FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
@@ -57,10 +58,6 @@ _BOOL: tuple[str, ...] = (
 _BOOL += ("return_dict_in_generate", "output_attentions", "output_hidden_states")
 _STR = ("transformers_version", "cache_implementation")
 TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
-
-
-class ModelMismatchError(ModelDirError):
-    """A model directory's files disagree with each other or with the run: refused before anything is allocated."""
 
 
 def _refuse(where: Path, what: str, fix: str = MODEL_DIR_FIX) -> ModelMismatchError:

@@ -17,9 +17,9 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from rl.errors import ArtifactError, InputError, shown
+from rl.errors import AdapterDirError, ModelDirError, UntrustedValueError, shown
 from rl.storage.safe_fs import Tree
-from rl.untrusted import UntrustedValueError, parse_json
+from rl.untrusted import parse_json
 
 __all__ = [
     "CONFIG_FILE",
@@ -28,8 +28,6 @@ __all__ = [
     "SINGLE_WEIGHTS_FILE",
     "TOKENIZER_CONFIG",
     "TOKENIZER_FILES",
-    "AdapterDirError",
-    "ModelDirError",
     "check_adapter_config",
     "check_adapter_dir",
     "check_adapter_files",
@@ -69,10 +67,6 @@ MODEL_DIR_FIX = (
     "point at a complete Hugging Face model directory (config.json plus safetensors weights), e.g. one written by "
     "save_pretrained, `flyte prefetch hf-model` or rl.models.build_tiny_model"
 )
-
-
-class ModelDirError(InputError):
-    """A model directory is missing, or lacks (or has damaged) the files a model is loaded from."""
 
 
 def check_model_listing(
@@ -174,10 +168,6 @@ def check_model_config(config: object, where: str, *, expect: Mapping[str, objec
             f"({', '.join(wrong)}); delete it to have it rebuilt"
         )
     return config
-
-
-class AdapterDirError(ArtifactError):
-    """A LoRA adapter's files are not what this tool writes (a pickle, a regex, a damaged header): never loaded."""
 
 
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl.errors import RunDirError, UnsafeRunDirError
-from rl.models.model_dir import CONFIG_FILE, INDEX_FILE, MODEL_DIR_FIX, ModelDirError, check_model_dir
+from rl.errors import ModelFileError, RunDirError, UnsafeRunDirError, UntrustedValueError
+from rl.models.model_dir import CONFIG_FILE, INDEX_FILE, MODEL_DIR_FIX, check_model_dir
 from rl.storage.safe_fs import Tree, special_kind
-from rl.untrusted import UntrustedValueError, parse_json, shown
+from rl.untrusted import parse_json, shown
 
-__all__ = ["FILE_LIMITS", "CheckedModelDir", "ModelFileError", "WeightsFile", "open_model_dir", "staged_model_dir"]
+__all__ = ["FILE_LIMITS", "CheckedModelDir", "WeightsFile", "open_model_dir", "staged_model_dir"]
 
 MIB = 1 << 20
 # What transformers' config, generation-config, tokenizer and model loaders read for llama, qwen2 and qwen3, with the
@@ -52,10 +52,6 @@ DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16
 DTYPE_BYTES |= {"F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
 # A tensor name as the architectures name theirs: never escape sequences or spaces (they reach logs and terminals).
 TENSOR_NAME = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
-
-
-class ModelFileError(ModelDirError):
-    """A file a model load would read is a link, special file, hard link or larger than its kind allows."""
 
 
 @dataclass

@@ -27,17 +27,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rl.errors import InputError, shown
+from rl.errors import ModelCacheError, ModelDirError, ModelSourceError, shown
 from rl.models.converted_cache import (
     STAGING_PREFIX,
-    ModelCacheError,
     discard_stale,
     has_manifest,
     removed_on_sigterm,
     verified_copy,
     write_manifest,
 )
-from rl.models.model_dir import ModelDirError, check_model_dir
+from rl.models.model_dir import check_model_dir
 from rl.models.model_files import check_model_dir_files
 from rl.storage.dead_writers import locked_new_dir_at
 from rl.storage.safe_fs import Tree
@@ -46,8 +45,6 @@ __all__ = [
     "PINNED",
     "SMOLLM2",
     "GgufSource",
-    "ModelCacheError",
-    "ModelSourceError",
     "convert_gguf",
     "model_cache_root",
     "pinned_model",
@@ -57,10 +54,6 @@ __all__ = [
 CACHE_ENV = "RL_MODEL_CACHE"
 SOURCE_FILE = "rl-source.json"  # what a cached directory was converted from; written last, before the publishing rename
 _CHUNK = 1 << 20
-
-
-class ModelSourceError(InputError):
-    """A pinned model cannot be fetched, or what was fetched is not what the pin names (its sha256 differs)."""
 
 
 @dataclass(frozen=True)

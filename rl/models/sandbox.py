@@ -30,10 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
-from rl.errors import RlError, shown
-from rl.models.model_dir import ModelDirError
+from rl.errors import ModelSandboxError, RlError, shown
 
-__all__ = ["DEFAULT_LIMITS", "ModelSandboxError", "SandboxLimits", "TokenizerSandbox", "in_process", "sandbox_of"]
+__all__ = ["DEFAULT_LIMITS", "SandboxLimits", "TokenizerSandbox", "in_process", "sandbox_of"]
 
 T = TypeVar("T")
 _HEADER = struct.Struct("<Q")
@@ -52,11 +51,6 @@ class SandboxLimits:
 
 
 DEFAULT_LIMITS = SandboxLimits()
-
-
-class ModelSandboxError(ModelDirError):
-    """A model directory's tokenizer or chat template broke a bound (time, memory, output size) or failed inside its
-    library (a panic, an exception) while building or encoding; nothing of it was used."""
 
 
 _SANDBOXES: weakref.WeakKeyDictionary[Any, TokenizerSandbox] = weakref.WeakKeyDictionary()

@@ -26,9 +26,9 @@ from safetensors import SafetensorError
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config
 
-from rl.errors import InputError, shown
+from rl.errors import InputError, ModelDirError, shown
 from rl.models.chat import encode_here, encode_prompts
-from rl.models.model_dir import MODEL_DIR_FIX, ModelDirError, check_model_dir
+from rl.models.model_dir import MODEL_DIR_FIX, check_model_dir
 from rl.models.model_files import staged_model_dir
 from rl.models.sandbox import SandboxLimits, TokenizerSandbox, in_process
 
@@ -51,7 +51,6 @@ CHARACTERS: str = string.digits + "=#, -\n" + string.ascii_lowercase + "+.?:"
 
 __all__ = [
     "CHARACTERS",
-    "ModelDirError",
     "TinyModelConfig",
     "build_tiny_model",
     "build_tokenizer",

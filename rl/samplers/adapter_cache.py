@@ -14,17 +14,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rl.errors import shown
+from rl.errors import AdapterDirError, NotAnAdapterError, shown
 from rl.models import load_base_model
-from rl.models.model_dir import AdapterDirError, check_adapter_dir
+from rl.models.model_dir import check_adapter_dir
 from rl.models.tiny import LOADER_ERRORS
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
-
-
-class NotAnAdapterError(AdapterDirError, ValueError):
-    """The requested adapter artifact is not a PEFT LoRA adapter directory."""
 
 
 class AdapterCache:

@@ -24,13 +24,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from rl.errors import NonFiniteLogitsError, shown
+from rl.errors import InvalidRolloutRequestError, NonFiniteLogitsError, shown
 from rl.samplers.fast_forward import causal_lm_forward
 from rl.types import DEFAULT_SAMPLING, SamplingSettings
-
-
-class InvalidRolloutRequestError(ValueError):
-    """A request the engine cannot serve as asked (bad `n`, `max_tokens`, or a prompt too long for the model)."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +101,11 @@ def _cache_of(output: Any) -> Any:
     return cache if cache is not None else output.past_key_values
 
 
+PREFILL_ONCE_MIN_PARAMETERS = 10_000_000
+"""From this many parameters up, `_prefill` forwards each prompt once; below it, one padded row per sample (a forward
+of such a model costs less than the Python around it; docs/benchmarks.md has the figures)."""
+
+
 @torch.inference_mode()
 def sample_group(
     model: nn.Module,
@@ -115,6 +116,7 @@ def sample_group(
     seed: int,
     eos_token_id: int,
     sampling: SamplingSettings = DEFAULT_SAMPLING,
+    prefill_once_min_parameters: int = PREFILL_ONCE_MIN_PARAMETERS,
 ) -> list[SampledSequence]:
     """Sample `n` continuations of one prompt in one batch with a KV cache, drawn as `sampling` says.
 
@@ -123,7 +125,14 @@ def sample_group(
     Shape: prompt_ids [P] -> n sequences of length T_i <= max_tokens, each with T_i log-probs.
     """
     return sample_groups(
-        model, [prompt_ids], ns=[n], max_tokens=max_tokens, seeds=[seed], eos_token_id=eos_token_id, sampling=sampling
+        model,
+        [prompt_ids],
+        ns=[n],
+        max_tokens=max_tokens,
+        seeds=[seed],
+        eos_token_id=eos_token_id,
+        sampling=sampling,
+        prefill_once_min_parameters=prefill_once_min_parameters,
     )[0]
 
 
@@ -138,6 +147,7 @@ def sample_groups(
     eos_token_id: int,
     pad_token_id: int | None = None,
     sampling: SamplingSettings = DEFAULT_SAMPLING,
+    prefill_once_min_parameters: int = PREFILL_ONCE_MIN_PARAMETERS,
 ) -> list[list[SampledSequence]]:
     """`sample_group` for several prompts, decoded together as one batch of `sum(ns)` rows.
 
@@ -167,7 +177,9 @@ def sample_groups(
     pad = eos_token_id if pad_token_id is None else pad_token_id
     padded = any(len(p) != width for p in prompts)
     # Each prompt is forwarded once, and its KV cache and last logits are repeated for its group's n rows.
-    logits, past, mask, positions = _prefill(model, [list(p) for p in prompts], ns, width, pad, padded)
+    logits, past, mask, positions = _prefill(
+        model, [list(p) for p in prompts], ns, width, pad, padded, prefill_once_min_parameters
+    )
     next_position = positions[:, -1:] + 1  # [rows, 1]
     extra: dict[str, torch.Tensor] = {}
     tokens = torch.empty((rows, 0), dtype=torch.long)  # [rows, t]
@@ -242,13 +254,14 @@ def tokens_at(probs: torch.Tensor, cdf: torch.Tensor, shares: torch.Tensor) -> t
     return picked
 
 
-PREFILL_ONCE_MIN_PARAMETERS = 10_000_000
-"""From this many parameters up, `_prefill` forwards each prompt once; below it, one padded row per sample (a forward
-of such a model costs less than the Python around it; docs/benchmarks.md has the figures)."""
-
-
 def _prefill(
-    model: nn.Module, prompts: list[list[int]], ns: Sequence[int], width: int, pad: int, padded: bool
+    model: nn.Module,
+    prompts: list[list[int]],
+    ns: Sequence[int],
+    width: int,
+    pad: int,
+    padded: bool,
+    min_parameters: int,
 ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
     """The prompts' forward, given per row (prompt g's `ns[g]` rows in order): last logits [rows, V], the KV cache,
     the attention mask [rows, P] and positions [rows, P] (left padding: the mask hides the pads, positions count real
@@ -256,13 +269,13 @@ def _prefill(
 
     Each prompt is forwarded alone, unpadded, so a group's prefill is bit for bit the one a one-group call computes
     (a batch of other shapes may round differently in the last bit); its keys and values are then repeated for the
-    group's rows and left-padded with zeros (masked) to `width`. A model under `PREFILL_ONCE_MIN_PARAMETERS`, or a
+    group's rows and left-padded with zeros (masked) to `width`. A model under `min_parameters`, or a
     cache other than transformers' `DynamicCache` of `DynamicLayer`s, is prefilled one padded row per sample instead."""
     rows = [p for p, n in zip(prompts, ns, strict=True) for _ in range(n)]
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], dtype=torch.long)  # [rows, P]
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # [rows, P]
     outs: list[Any] = []
-    if _parameters(model) >= PREFILL_ONCE_MIN_PARAMETERS:
+    if _parameters(model) >= min_parameters:
         for prompt in prompts:
             outs.append(causal_lm_forward(model, input_ids=torch.tensor([prompt], dtype=torch.long), use_cache=True))
             if not _repeatable(_cache_of(outs[-1])):
@@ -337,6 +350,7 @@ def batched_teacher_forced_logprobs(
     sampling: SamplingSettings = DEFAULT_SAMPLING,
     *,
     share_prompts: bool | None = None,
+    prefill_once_min_parameters: int = PREFILL_ONCE_MIN_PARAMETERS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`teacher_forced_logprobs` for a batch of (prompt, completion) pairs of any lengths, in one forward pass.
 
@@ -345,7 +359,7 @@ def batched_teacher_forced_logprobs(
     rounding of a different batch shape (not bitwise). Returns (logprobs, mask); padded positions hold 0. The head
     runs only from the first predicting position on (`logits_to_keep`), not over the prompts.
 
-    `share_prompts` (default: from `PREFILL_ONCE_MIN_PARAMETERS` up, with no dropout active) forwards each distinct
+    `share_prompts` (default: from `prefill_once_min_parameters` up, with no dropout active) forwards each distinct
     prompt once and its completions on its KV cache, as the sampler decodes (a GRPO group's rows share one prompt);
     gradients flow through the shared prompt. Same values up to float rounding; each path is bitwise reproducible.
 
@@ -367,7 +381,7 @@ def batched_teacher_forced_logprobs(
     mask = torch.tensor([[t < len(c) for t in range(t_max)] for c in completions], dtype=torch.bool)  # [B, T]
     targets, mask = targets.to(device), mask.to(device)
     if share_prompts is None:
-        share_prompts = _parameters(model) >= PREFILL_ONCE_MIN_PARAMETERS and not _dropout_active(model)
+        share_prompts = _parameters(model) >= prefill_once_min_parameters and not _dropout_active(model)
     picked = _shared_prompt_logits(model, prompts, completions, pad_token_id) if share_prompts else None
     if picked is None:
         picked = _full_row_logits(model, prompts, completions, pad_token_id, t_max)  # [B, T_max, V]

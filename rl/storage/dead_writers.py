@@ -21,12 +21,14 @@ from pathlib import Path
 from rl.platform import flock
 from rl.storage.safe_fs import Tree, open_dir_at
 
+Lock = Callable[..., None]  # `rl.platform.flock`'s signature: each function here takes one as `lock` (default flock)
 
-def lock_at(fd: int, dir_fd: int, name: str) -> bool:
+
+def lock_at(fd: int, dir_fd: int, name: str, lock: Lock | None = None) -> bool:
     """Lock the new entry `name` of the held directory `dir_fd` (open as `fd`) for this writer; False when a cleaner
     removed it before the lock."""
     try:
-        flock(fd)
+        (lock or flock)(fd)
     except OSError:
         return True  # no flock here: write unlocked (see the module docstring)
     try:
@@ -36,7 +38,7 @@ def lock_at(fd: int, dir_fd: int, name: str) -> bool:
 
 
 @contextlib.contextmanager
-def locked_new_dir_at(dir_fd: int, make_name: Callable[[], str]) -> Iterator[tuple[str, int]]:
+def locked_new_dir_at(dir_fd: int, make_name: Callable[[], str], lock: Lock | None = None) -> Iterator[tuple[str, int]]:
     """`locked_new_dir` in the held directory `dir_fd`: (its name, a descriptor of it), locked while the block runs."""
     while True:
         name = make_name()
@@ -45,7 +47,7 @@ def locked_new_dir_at(dir_fd: int, make_name: Callable[[], str]) -> Iterator[tup
             fd = open_dir_at(dir_fd, name)
         except FileNotFoundError:
             continue  # a cleaner found it unlocked between the mkdir and the open, and removed it
-        if lock_at(fd, dir_fd, name):
+        if lock_at(fd, dir_fd, name, lock):
             break
         os.close(fd)
     try:
@@ -55,15 +57,15 @@ def locked_new_dir_at(dir_fd: int, make_name: Callable[[], str]) -> Iterator[tup
 
 
 @contextlib.contextmanager
-def locked_new_dir(make_path: Callable[[], Path], fs: Tree) -> Iterator[Path]:
+def locked_new_dir(make_path: Callable[[], Path], fs: Tree, lock: Lock | None = None) -> Iterator[Path]:
     """A new directory at `make_path()` (a fresh name in one directory each call), locked while the block runs; it
     stays behind after."""
     parent = make_path().parent
-    with fs.directory(parent) as dfd, locked_new_dir_at(dfd, lambda: make_path().name) as (name, _):
+    with fs.directory(parent) as dfd, locked_new_dir_at(dfd, lambda: make_path().name, lock) as (name, _):
         yield parent / name
 
 
-def discard_if_dead(path: Path, fs: Tree) -> bool:
+def discard_if_dead(path: Path, fs: Tree, lock: Lock | None = None) -> bool:
     """Delete `path` (a file or a tree) if no live writer holds its lock; True if it was deleted."""
     kind = fs.kind(path)
     if kind is None:
@@ -78,7 +80,7 @@ def discard_if_dead(path: Path, fs: Tree) -> bool:
         return False
     try:
         try:
-            flock(fd, blocking=False)
+            (lock or flock)(fd, blocking=False)
         except OSError:
             return False  # a live writer holds it, or the filesystem cannot tell us: leave it
         try:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from rl import platform
-from rl.errors import UnsafeRunDirError
+from rl.errors import LinkRefusedError
 from rl.untrusted import shown
 
 # getattr: the module must import where these flags do not exist (Windows), though a Tree needs them to work.
@@ -40,16 +40,13 @@ _MODES["x"] = os.O_WRONLY | os.O_CREAT | os.O_EXCL
 _WRITE = os.O_WRONLY | os.O_RDWR
 
 
-class LinkRefusedError(UnsafeRunDirError):
-    """An entry below a tree's top is a symlink (or not the kind of file it must be): refused, never followed."""
-
-
 class Tree:
     """The files below `top`, reached without following a symlink. Methods take paths under `top` (absolute, or
     relative to the current directory as `top` is)."""
 
-    def __init__(self, top: str | os.PathLike[str]) -> None:
+    def __init__(self, top: str | os.PathLike[str], cloner: platform.Cloner = platform.CLONER) -> None:
         self.top = Path(os.path.abspath(top))
+        self.cloner = cloner  # how `copy_file` clones (rl.platform.clone_at)
 
     def __repr__(self) -> str:
         return f"Tree({str(self.top)!r})"
@@ -248,7 +245,7 @@ class Tree:
         try:
             if reflink:
                 with self.parent(dst) as (dfd, name):
-                    if platform.clone_at(src_fd, dfd, name):
+                    if platform.clone_at(src_fd, dfd, name, self.cloner):
                         return True
             with (
                 open(src_fd, "rb", closefd=False) as fsrc,

@@ -22,15 +22,14 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from safetensors.torch import save as save_safetensors
 
-from rl.errors import TrainerError, shown
+from rl.errors import AdapterArtifactError, AdapterDirError, shown
 from rl.models import load_base_model
-from rl.models.model_dir import AdapterDirError, check_adapter_files
+from rl.models.model_dir import check_adapter_files
 from rl.models.tiny import LOADER_ERRORS
 from rl.trainer.config import TrainerConfig, torch_dtype
 
 __all__ = [
     "ADAPTER_FILES",
-    "AdapterArtifactError",
     "adapter_files",
     "load_policy",
     "new_adapter",
@@ -38,10 +37,6 @@ __all__ = [
 ]
 
 ADAPTER_FILES: tuple[str, ...] = ("adapter_config.json", "adapter_model.safetensors")
-
-
-class AdapterArtifactError(TrainerError):
-    """An adapter artifact lacks the files PEFT needs."""
 
 
 @contextlib.contextmanager

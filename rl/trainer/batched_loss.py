@@ -1,10 +1,10 @@
 """The train step's loss in padded micro-batches: one reference and one policy forward per micro-batch.
 
-The per-sample path (`rl.trainer.step.sample_loss_fns`) runs two forwards per sample; on the tiny CPU model
-a forward costs about the same whatever the batch, so batching is most of the train step's speed. The objective is the
-same (each sample's token-mean loss, mean over samples, `rl.algorithm.loss.grpo_masked_row_losses`), and the numbers
-agree with the per-sample path up to float rounding: a batch's matmuls add in another order than one row's. Each path is
-bitwise reproducible on its own, which is what resume and replay need; `TrainerConfig.loss_path` chooses.
+This is the trainer's one loss path, in the single-process step and on every DDP rank. On the tiny CPU model a forward
+costs about the same whatever the batch, so batching is most of the train step's speed. The objective is each sample's
+token-mean loss, mean over samples (`rl.algorithm.loss.grpo_masked_row_losses`); the tests check it against a reference
+that runs two forwards per sample (`tests/loss_reference.py`), which agrees up to float rounding (a batch's matmuls add
+in another order than one row's). The path is bitwise reproducible, which is what resume and replay need.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from rl.types import TrainBatch
 
 # Right padding is never attended to by a real token (causal attention) and never read (masked), so any id works.
 _PAD_ID = 0
+# The statistics a step reports, per sample (`rl.algorithm.loss.grpo_masked_row_losses`' names), in `stat_sums`' order.
+STAT_KEYS = ("loss", "kl", "clip_frac")
 
 
 def batched_backward(
@@ -38,18 +40,24 @@ def batched_backward(
     loss_scale: float,
 ) -> list[float]:
     """Accumulate `loss_scale * sum_i loss_i` over `indices` into the adapter's gradients, `config.micro_batch_size`
-    samples per forward; return the unscaled (loss, kl, clip_frac) sums, in `stat_sums`' order."""
-    stats: dict[str, list[float]] = {"loss": [], "kl": [], "clip_frac": []}
+    samples per forward; return the unscaled (loss, kl, clip_frac) sums (`stat_sums`)."""
+    stats = empty_stats()
     for fn in batched_loss_fns(
         model, batch, advantages, config, indices=indices, loss_scale=loss_scale, stats_out=stats
     ):
         fn().backward()  # accumulate; this micro-batch's graph is freed here
-    return batched_stat_sums(stats)
+    return stat_sums(stats)
 
 
-def batched_stat_sums(stats: dict[str, list[float]]) -> list[float]:
-    """The (loss, kl, clip_frac) sums over the per-sample stats `batched_loss_fns` collected."""
-    return [math.fsum(stats[key]) for key in ("loss", "kl", "clip_frac")]
+def empty_stats() -> dict[str, list[float]]:
+    """The step's statistics before any sample: one list per statistic, which `batched_loss_fns` extends per sample."""
+    return {key: [] for key in STAT_KEYS}
+
+
+def stat_sums(stats: dict[str, list[float]]) -> list[float]:
+    """The sums of the per-sample stats `batched_loss_fns` collected, in `STAT_KEYS` order (what
+    `rl.trainer.step.step_metrics` reads)."""
+    return [math.fsum(stats[key]) for key in STAT_KEYS]
 
 
 def batched_loss_fns(
@@ -67,7 +75,7 @@ def batched_loss_fns(
     lists with each sample's unscaled loss, kl and clip_frac. The single-process step and a DDP rank both call these.
 
     Dropout masks (if `lora_dropout > 0`) are seeded per micro-batch from (config seed, step, its first sample) by
-    `rl.seeding.dropout_seed`, the per-sample path's rule.
+    `rl.seeding.dropout_seed` (at a micro-batch size of 1, each sample's own seed).
 
     Shape: per micro-batch of B samples, new/old/ref log-probs and the mask are `[B, T_max]`, advantages `[B]`.
     """

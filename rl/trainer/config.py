@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Literal, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
+
+from pydantic import model_validator
 
 from rl.algorithm.advantages import Scale
 from rl.errors import InputError
@@ -13,8 +15,6 @@ if TYPE_CHECKING:
     import torch
 
 ADVANTAGE_SCALES: tuple[str, ...] = get_args(Scale)
-LossPath = Literal["batched", "per_sample"]
-LOSS_PATHS: tuple[str, ...] = get_args(LossPath)
 BaseDtype = Literal["float32", "bfloat16"]
 BASE_DTYPES: tuple[str, ...] = get_args(BaseDtype)
 Attention = Literal["eager", "sdpa"]
@@ -53,10 +53,7 @@ class TrainerConfig:
     max_staleness: int = 1
     seed: int = 0
     threads: int = 1
-    # "batched": one padded forward per micro-batch of `micro_batch_size` samples (fast); "per_sample": one forward per
-    # sample, each sample's numbers independent of its neighbours (the reference the batched path is checked against).
-    # A DDP rank runs its shard the same way. The two agree up to float rounding; each is bitwise reproducible alone.
-    loss_path: LossPath = "batched"
+    # Samples per padded forward of the loss (`rl.trainer.batched_loss`); a DDP rank runs its shard the same way.
     micro_batch_size: int = 64
     # The batched path forwards each distinct prompt of a micro-batch once and its samples' completions on that KV
     # cache (from 10 M parameters, with no dropout; never with gradient checkpointing, which refuses a KV cache). Off:
@@ -71,6 +68,19 @@ class TrainerConfig:
     # Recompute each decoder layer's activations in backward instead of keeping them: a layer's input per token is all
     # that stays, for one more forward's compute.
     gradient_checkpointing: bool = False
+
+    # Settings earlier versions had, each with what to do now: from JSON they are refused by name with that advice.
+    RETIRED: ClassVar[dict[str, str]] = {
+        "loss_path": 'the trainer has one loss path, the batched one ("batched", the old default); delete the key',
+    }
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_retired(cls, data: Any) -> Any:
+        """Pydantic runs this on JSON input before the fields; a Python call refuses an unknown keyword itself."""
+        for key in sorted(cls.RETIRED.keys() & data.keys()) if isinstance(data, dict) else ():
+            raise InputError(f"{key} is no longer a trainer setting: {cls.RETIRED[key]}")
+        return data
 
     def __post_init__(self) -> None:
         if not isinstance(self.lora_rank, int) or self.lora_rank < 1:
@@ -113,8 +123,6 @@ class TrainerConfig:
             raise InputError(f"max_staleness must be an int >= 0 (0: strictly on-policy), got {self.max_staleness!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise InputError(f"seed must be an int >= 0, got {self.seed!r}")
-        if self.loss_path not in LOSS_PATHS:
-            raise InputError(f"loss_path must be one of {LOSS_PATHS}, got {self.loss_path!r}")
         if not isinstance(self.micro_batch_size, int) or self.micro_batch_size < 1:
             raise InputError(
                 f"micro_batch_size must be an int >= 1 (samples per batched forward), got {self.micro_batch_size!r}"

@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 from rl.errors import RankFailedError
 from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.adapter import adapter_files
-from rl.trainer.batched_loss import batched_loss_fns, batched_stat_sums
+from rl.trainer.batched_loss import batched_loss_fns, empty_stats, stat_sums
 from rl.trainer.config import TrainerConfig
 from rl.trainer.optimizer_state import optimizer_files
 from rl.trainer.rank_agreement import agree, broadcast_outcome, summary
@@ -43,8 +43,6 @@ from rl.trainer.step import (
     clip_and_step,
     pinned_threads,
     prepare_step,
-    sample_loss_fns,
-    stat_sums,
     step_metrics,
 )
 from rl.types import ArtifactRef, StepMetrics, TrainBatch, TrainResult
@@ -134,8 +132,8 @@ def ddp_train_step(
 
     `device` is this rank's compute device: "cpu" under gloo, this rank's `cuda:<local rank>` under NCCL (the caller
     sets `torch.cuda.set_device` to it before `init_process_group`). Each rank loads the adapter and optimizer state
-    from the `LocalArtifacts` store at `artifacts_root`, computes its `shard`'s losses on `config.loss_path` and calls
-    `ddp_shard_step`; every rank then clips and steps identically, and rank 0 stores the new adapter and optimizer
+    from the `LocalArtifacts` store at `artifacts_root`, computes its `shard`'s losses with `batched_loss_fns` and
+    calls `ddp_shard_step`; every rank then clips and steps identically, and rank 0 stores the new adapter and optimizer
     state and broadcasts the refs. In full: docs/design.md#data-parallel-steps.
 
     Raises:
@@ -154,7 +152,9 @@ def ddp_train_step(
         sums = agree(error, device, where="taking the optimizer step", values=local)
         metrics: StepMetrics = step_metrics(sums, prepared, grad_norm)
         adapter_ref, opt_ref = _save_on_rank_zero(rank, artifacts, prepared, batch)
-        return TrainResult(adapter=adapter_ref, optimizer_state=opt_ref, version=batch.new_version, metrics=metrics)
+        return TrainResult(
+            adapter=adapter_ref, optimizer_state=opt_ref, policy_version=batch.new_version, metrics=metrics
+        )
 
 
 def _check_process_group(rank: int, world_size: int) -> None:
@@ -195,8 +195,7 @@ def _step_on_shard(
     """Back-propagate this rank's shard through DDP, clip and step (every rank alike, or none when no sample
     contributes); return the pre-clip gradient norm, this rank's statistic sums and its optimizer step's error (agreed
     on by the caller). A failure before the gradient all-reduce is agreed on inside `ddp_shard_step`."""
-    stats: list[dict[str, float]] = []  # per sample, from sample_loss_fns
-    rows: dict[str, list[float]] = {"loss": [], "kl": [], "clip_frac": []}  # per sample, from batched_loss_fns
+    stats = empty_stats()
     grad_norm, error = 0.0, None
     n = len(prepared.contributing)
     if n:  # the same on every rank: all ranks step, or none does
@@ -205,17 +204,11 @@ def _step_on_shard(
             # Every rank loaded the same bytes (verified by digest); broadcasting a large frozen base is waste.
             init_sync=False,
         )
-        # This rank's shard on the loss path the config names, as the single-process step runs its batch.
+        # This rank's shard in micro-batches, as the single-process step runs its batch.
         mine, scale = shard(prepared.contributing, rank, world_size), world_size / n
         try:
-            fns = (
-                batched_loss_fns(
-                    prepared.model, batch, prepared.advantages, config, indices=mine, loss_scale=scale, stats_out=rows
-                )
-                if config.loss_path == "batched"
-                else sample_loss_fns(
-                    prepared.model, batch, prepared.advantages, config, indices=mine, loss_scale=scale, stats_out=stats
-                )
+            fns = batched_loss_fns(
+                prepared.model, batch, prepared.advantages, config, indices=mine, loss_scale=scale, stats_out=stats
             )
         except Exception as exc:  # raised again inside ddp_shard_step, so that its agreement carries it
             fns = [_raiser(exc)]
@@ -228,7 +221,7 @@ def _step_on_shard(
             error = exc
     if error is not None:
         return grad_norm, [0.0, 0.0, 0.0], error
-    return grad_norm, batched_stat_sums(rows) if config.loss_path == "batched" else stat_sums(stats), None
+    return grad_norm, stat_sums(stats), None
 
 
 def _raiser(error: Exception) -> Callable[[], torch.Tensor]:

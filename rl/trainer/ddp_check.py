@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from rl.algorithm.advantages import group_normalized_advantages
 from rl.trainer.adapter import load_policy, trainable_parameters
+from rl.trainer.batched_loss import batched_loss_fns, empty_stats
 from rl.trainer.config import TrainerConfig
 from rl.trainer.ddp import ddp_shard_step, shard
-from rl.trainer.step import sample_loss_fns
 from rl.types import TrainBatch
 
 ShardStep = Callable[[DistributedDataParallel, Sequence[Callable[[], torch.Tensor]], Callable[[], torch.Tensor]], None]
@@ -64,15 +65,18 @@ def shard_step_report(
     """For each (name, contributing sample indices) case: the relative gradient error of `step_fn` (by default the
     tutorial's `ddp_shard_step`; the conformance suite passes a fork's) over this rank's `shard` against the full-batch
     gradient, the DDP forward and all-reduce counts, this rank's shard, and a digest of the parameters after one AdamW
-    step (equal on every rank when the gradients agree)."""
+    step (equal on every rank when the gradients agree). The loss closures are the trainer's at a micro-batch size of
+    1: one per sample, so a shard step that all-reduces per backward runs as many collectives as its shard has
+    samples."""
     rollouts = batch.rollouts
+    per_sample = replace(config, micro_batch_size=1)
     advantages = group_normalized_advantages([r.group_id for r in rollouts], batch.rewards)
     report: dict[str, Any] = {}
     for name, indices in cases:
         n = max(len(indices), 1)
         reference = perturbed_policy(base_dir, adapter, device)
-        for fn in sample_loss_fns(
-            reference, batch, advantages, config, indices=indices, loss_scale=1.0 / n, stats_out=[]
+        for fn in batched_loss_fns(
+            reference, batch, advantages, per_sample, indices=indices, loss_scale=1.0 / n, stats_out=empty_stats()
         ):
             fn().backward()
         expected = gradients(reference)
@@ -92,7 +96,9 @@ def shard_step_report(
         ddp_model.register_forward_pre_hook(count_forward)
         ddp_model.register_comm_hook(None, counting_allreduce)
         mine = shard(indices, rank, world_size)
-        fns = sample_loss_fns(model, batch, advantages, config, indices=mine, loss_scale=world_size / n, stats_out=[])
+        fns = batched_loss_fns(
+            model, batch, advantages, per_sample, indices=mine, loss_scale=world_size / n, stats_out=empty_stats()
+        )
         sync_ids = torch.tensor([[rollouts[0].prompt_token_ids[0]]], device=device)  # [1, 1]
 
         def sync_forward(ddp_model: Any = ddp_model, sync_ids: torch.Tensor = sync_ids) -> torch.Tensor:

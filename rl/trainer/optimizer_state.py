@@ -15,13 +15,12 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from rl.errors import TrainerError
+from rl.errors import OptimizerStateError
 from rl.trainer.config import TrainerConfig
 
 __all__ = [
     "LEGACY_OPTIMIZER_FILE",
     "OPTIMIZER_FILE",
-    "OptimizerStateError",
     "build_optimizer",
     "optimizer_files",
     "read_optimizer_state",
@@ -30,10 +29,6 @@ __all__ = [
 OPTIMIZER_FILE = "optimizer.safetensors"
 LEGACY_OPTIMIZER_FILE = "optimizer.pt"  # format 1 (torch.save), written before format 2; still read
 _OPTIMIZER_FORMAT = 2
-
-
-class OptimizerStateError(TrainerError):
-    """An optimizer-state artifact is missing, unreadable or belongs to a different adapter layout."""
 
 
 def build_optimizer(

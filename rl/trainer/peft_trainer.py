@@ -72,7 +72,7 @@ class PeftTrainer:
         adapter_ref = await self.artifacts.put(adapter, name="adapter-v0")
         opt_ref = await self.artifacts.put(opt_state, name="optimizer-v0")
         metrics = StepMetrics(loss=0.0, contributing=0, skipped_zero_advantage=0)
-        return TrainResult(adapter=adapter_ref, optimizer_state=opt_ref, version=0, metrics=metrics)
+        return TrainResult(adapter=adapter_ref, optimizer_state=opt_ref, policy_version=0, metrics=metrics)
 
     async def train_step(self, batch: TrainBatch) -> TrainResult:
         """One GRPO step on `batch`: returns adapter version `batch.new_version`, its optimizer state and metrics."""
@@ -89,7 +89,9 @@ class PeftTrainer:
         adapter_ref = await self.artifacts.put(new_adapter_files, name=f"adapter-v{batch.new_version}")
         opt_ref = await self.artifacts.put(new_opt_files, name=f"optimizer-v{batch.new_version}")
         self._warm = _Warm(adapter_ref.digest, opt_ref.digest, prepared)
-        return TrainResult(adapter=adapter_ref, optimizer_state=opt_ref, version=batch.new_version, metrics=metrics)
+        return TrainResult(
+            adapter=adapter_ref, optimizer_state=opt_ref, policy_version=batch.new_version, metrics=metrics
+        )
 
     def compute_step(
         self, batch: TrainBatch, adapter: Mapping[str, bytes], optimizer_state: Mapping[str, bytes] | None

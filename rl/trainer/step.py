@@ -2,18 +2,17 @@
 
 Everything a step needs comes in as artifact files and everything it produces goes out as artifact files, so a
 retried or replayed step recomputes the same bytes: the thread count is pinned and every random draw is seeded from
-(config seed, step, sample). The objective is `rl.algorithm.loss`'s, evaluated along `TrainerConfig.loss_path`:
-`batched` (`rl.trainer.batched_loss`, one padded forward per micro-batch; the default) or `per_sample`
-(`sample_loss_fns` here, the reference the batched path is tested against). Zero-advantage samples are skipped entirely,
-surrogate *and* KL term, so a batch in which no sample carries signal takes no optimizer step: the new version's adapter
-and optimizer state are byte-identical to the old ones. Why: docs/design.md#the-train-step.
+(config seed, step, sample). The objective is `rl.algorithm.loss`'s, evaluated in padded micro-batches
+(`rl.trainer.batched_loss`; tests check it against a per-sample reference, `tests/loss_reference.py`). Zero-advantage
+samples are skipped entirely, surrogate *and* KL term, so a batch in which no sample carries signal takes no optimizer
+step: the new version's adapter and optimizer state are byte-identical to the old ones. Why:
+docs/design.md#the-train-step.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,12 +21,9 @@ from peft import PeftModel
 
 from rl.algorithm.advantages import group_normalized_advantages
 from rl.algorithm.checks import check_staleness
-from rl.algorithm.loss import grpo_sample_loss
 from rl.errors import BatchError
-from rl.samplers.decoding import teacher_forced_logprobs
-from rl.seeding import dropout_seed
 from rl.trainer.adapter import adapter_files, load_policy, trainable_parameters
-from rl.trainer.batched_loss import batched_backward, seed_dropout
+from rl.trainer.batched_loss import batched_backward
 from rl.trainer.config import TrainerConfig
 from rl.trainer.optimizer_state import build_optimizer, optimizer_files
 from rl.types import StepMetrics, TrainBatch
@@ -40,8 +36,6 @@ __all__ = [
     "prepare_step",
     "prepare_warm_step",
     "run_step",
-    "sample_loss_fns",
-    "stat_sums",
     "step_metrics",
 ]
 
@@ -88,62 +82,6 @@ def check_batch(batch: TrainBatch, config: TrainerConfig) -> int:
             )
         worst = max(worst, check_staleness(i, rollout.policy_version, trained, config.max_staleness))
     return worst
-
-
-def sample_loss_fns(
-    model: PeftModel,
-    batch: TrainBatch,
-    advantages: Sequence[float],
-    config: TrainerConfig,
-    *,
-    indices: Sequence[int],
-    loss_scale: float,
-    stats_out: list[dict[str, float]],
-) -> list[Callable[[], torch.Tensor]]:
-    """One closure per sample in `indices`; calling it runs that sample's forward and returns `loss_i * loss_scale`.
-
-    The reference log-probs (the base with the adapter disabled) are computed here for all of `indices`, in one
-    adapter-disabled block of unbatched forwards; each closure computes the new log-probs with the adapter (with grad),
-    takes the rollout's sampling log-probs as old, and returns the per-sample GRPO loss (token mean), so the caller can
-    backward and free one sample at a time. Each call appends that sample's unscaled stats (loss, ratio, kl, clip_frac)
-    to `stats_out`. `loss_scale` is `1 / n_contributing` in one process, `world_size / n_contributing` on a DDP rank.
-    Dropout masks are seeded by `rl.seeding.dropout_seed` (config seed, step, sample index). Why each of these:
-    docs/design.md#the-train-step.
-
-    Shape: each closure returns a 0-d tensor; internally new/old/ref log-probs are [T_i] over sample i's completion.
-    """
-    with torch.no_grad(), model.disable_adapter():
-        ref_logps = {
-            i: teacher_forced_logprobs(
-                model, batch.rollouts[i].prompt_token_ids, batch.rollouts[i].token_ids, batch.sampling
-            )  # [T_i]
-            for i in indices
-        }
-
-    def make(i: int) -> Callable[[], torch.Tensor]:
-        rollout = batch.rollouts[i]
-
-        def loss_fn() -> torch.Tensor:
-            seed_dropout(model, dropout_seed(config.seed, batch.step, i))
-            new_logp = teacher_forced_logprobs(
-                model, rollout.prompt_token_ids, rollout.token_ids, batch.sampling
-            )  # [T]
-            old_logp = torch.tensor(rollout.logprobs, dtype=torch.float32, device=new_logp.device)  # [T]
-            loss, stats = grpo_sample_loss(
-                new_logp.float(),
-                old_logp,
-                ref_logps[i].float(),
-                advantages[i],
-                clip_eps=config.clip_eps,
-                kl_beta=config.kl_beta,
-                clip_eps_high=config.clip_eps_high,
-            )
-            stats_out.append(stats)
-            return loss * loss_scale
-
-        return loss_fn
-
-    return [make(i) for i in indices]
 
 
 @dataclass
@@ -217,11 +155,6 @@ def step_metrics(sums: Sequence[float], prepared: PreparedStep, grad_norm: float
     )
 
 
-def stat_sums(stats: Sequence[Mapping[str, float]]) -> list[float]:
-    """The (loss, kl, clip_frac) sums over per-sample stats, in the order `step_metrics` reads them."""
-    return [math.fsum(s[key] for s in stats) for key in ("loss", "kl", "clip_frac")]
-
-
 def prepare_warm_step(batch: TrainBatch, config: TrainerConfig, warm: PreparedStep) -> PreparedStep:
     """`prepare_step` for `batch` on a model and optimizer already holding its adapter and optimizer state."""
     worst, advantages, contributing = _batch_signal(batch, config)
@@ -243,24 +176,9 @@ def run_step(
     grad_norm = 0.0
     if prepared.contributing:
         scale = 1.0 / len(prepared.contributing)
-        if config.loss_path == "batched":
-            sums = batched_backward(
-                prepared.model, batch, prepared.advantages, config, indices=prepared.contributing, loss_scale=scale
-            )
-        else:
-            stats: list[dict[str, float]] = []
-            fns = sample_loss_fns(
-                prepared.model,
-                batch,
-                prepared.advantages,
-                config,
-                indices=prepared.contributing,
-                loss_scale=scale,
-                stats_out=stats,
-            )
-            for fn in fns:
-                fn().backward()  # accumulate; each sample's graph is freed here
-            sums = stat_sums(stats)
+        sums = batched_backward(
+            prepared.model, batch, prepared.advantages, config, indices=prepared.contributing, loss_scale=scale
+        )
         grad_norm = clip_and_step(prepared, config)
         prepared.optimizer.zero_grad(set_to_none=True)
     metrics = step_metrics(sums, prepared, grad_norm)

@@ -254,7 +254,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "engine-vllm-seed-stride-one",
         "engine",
-        "rl/samplers/vllm.py",
+        "rl/samplers/vllm_requests.py",
         "    return seed * VLLM_SEED_STRIDE\n",
         "    return seed\n",
         "vLLM gets the group's seed as it is: it seeds completion i with seed + i, so groups seeded s and s + 1 share "
@@ -405,7 +405,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "a missing ref reads as an empty artifact instead of raising",
         ("tests/test_artifacts.py",),
     ),
-    # --- state store (rl/storage/checkpoint/file_store.py) ---
+    # --- checkpoint store (rl/storage/checkpoint/file_store.py) ---
     Mutant(
         "state-in-place-write",
         "state-store",
@@ -794,7 +794,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "engine-vllm-raw-logprobs",
         "engine",
-        "rl/samplers/vllm.py",
+        "rl/samplers/vllm_requests.py",
         'VLLM_LOGPROBS_MODE = "processed_logprobs"',
         'VLLM_LOGPROBS_MODE = "raw_logprobs"',
         "vLLM records raw log-probs, before the temperature and the cut (TRL #4159): at any setting but the default "

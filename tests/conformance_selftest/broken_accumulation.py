@@ -17,17 +17,17 @@ from rl.protocols import Artifacts
 def _mean_per_micro_batch(
     model: Any, batch: Any, advantages: Sequence[float], config: Any, *, indices: Sequence[int], loss_scale: float
 ) -> list[float]:
-    from rl.trainer.batched_loss import batched_loss_fns, batched_stat_sums
+    from rl.trainer.batched_loss import batched_loss_fns, empty_stats, stat_sums
 
     size = config.micro_batch_size
     chunks = [list(indices[start : start + size]) for start in range(0, len(indices), size)]
-    stats: dict[str, list[float]] = {"loss": [], "kl": [], "clip_frac": []}
+    stats = empty_stats()
     for chunk in chunks:
         # Its own mean, then 1 / (number of micro-batches): the chunk's samples weigh 1 / (len(chunk) * len(chunks)).
         scale = 1.0 / (len(chunk) * len(chunks))
         for fn in batched_loss_fns(model, batch, advantages, config, indices=chunk, loss_scale=scale, stats_out=stats):
             fn().backward()
-    return batched_stat_sums(stats)
+    return stat_sums(stats)
 
 
 class MeanPerMicroBatchTrainer:

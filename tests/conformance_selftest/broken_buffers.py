@@ -1,5 +1,5 @@
 """Rollout buffers a fork might write, one correct and three broken; the buffer laws must fail each broken one on the
-law it breaks and pass the correct one (so the laws are not about our volume-backed `RolloutBuffer`).
+law it breaks and pass the correct one (so the laws are not about our volume-backed `VolumeBuffer`).
 
 `MemoryBuffer` keeps each version as a dict `{iteration: JSON text of its rows}`; a version is its index.
 """

@@ -62,11 +62,7 @@ def _scaled_by_batch_only(rank: int, world_size: int, *args: object) -> object:
 
         return fns
 
-    # Both loss paths (the config's loss_path picks one), as a fork that got the scale wrong would have both wrong.
-    with (
-        mock.patch.object(ddp, "sample_loss_fns", forgetting(ddp.sample_loss_fns)),
-        mock.patch.object(ddp, "batched_loss_fns", forgetting(ddp.batched_loss_fns)),
-    ):
+    with mock.patch.object(ddp, "batched_loss_fns", forgetting(ddp.batched_loss_fns)):
         return ddp.ddp_train_step(rank, world_size, *args)  # type: ignore[arg-type]
 
 
@@ -96,10 +92,7 @@ def _scaled_by_local_shard(rank: int, world_size: int, *args: object) -> object:
 
         return fns
 
-    with (
-        mock.patch.object(ddp, "sample_loss_fns", local(ddp.sample_loss_fns)),
-        mock.patch.object(ddp, "batched_loss_fns", local(ddp.batched_loss_fns)),
-    ):
+    with mock.patch.object(ddp, "batched_loss_fns", local(ddp.batched_loss_fns)):
         return ddp.ddp_train_step(rank, world_size, *args)  # type: ignore[arg-type]
 
 

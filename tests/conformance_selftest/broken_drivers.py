@@ -22,7 +22,7 @@ from rl.errors import CheckpointCorruptError
 from rl.identity import content_digest
 from rl.loop.grpo import GrpoConfig, GrpoOutcome, GrpoTiers, run_grpo
 from rl.loop.phase_timing import Scored
-from rl.protocols import StateStore
+from rl.protocols import CheckpointStore
 from rl.seeding import derive_seed
 from rl.storage.checkpoint.format import DriverState, decode_state, encode_state
 from rl.types import RolloutRequest
@@ -31,7 +31,7 @@ from rl.types import RolloutRequest
 class _SavesEdited:
     """The driver's checkpoint store, except every saved state first goes through `edit` (the bug)."""
 
-    def __init__(self, inner: StateStore, edit: Callable[[DriverState], DriverState]) -> None:
+    def __init__(self, inner: CheckpointStore, edit: Callable[[DriverState], DriverState]) -> None:
         self.inner, self.edit = inner, edit
 
     async def save(self, data: bytes) -> None:
@@ -42,7 +42,7 @@ class _SavesEdited:
 
 
 def _saving(edit: Callable[[DriverState], DriverState]):  # type: ignore[no-untyped-def]
-    async def driver(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> GrpoOutcome:
+    async def driver(config: GrpoConfig, tiers: GrpoTiers, store: CheckpointStore) -> GrpoOutcome:
         return await run_grpo(config, tiers, _SavesEdited(store, edit))
 
     return driver
@@ -65,7 +65,7 @@ async def _in_finish_order(config, tiers, iteration, adapter, version):  # type:
     return Scored(rollouts, rewards, {})  # untimed: no law reads the phase seconds
 
 
-async def finish_order_driver(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> GrpoOutcome:
+async def finish_order_driver(config: GrpoConfig, tiers: GrpoTiers, store: CheckpointStore) -> GrpoOutcome:
     with mock.patch.object(grpo, "generate_and_score", _in_finish_order):
         return await run_grpo(config, tiers, store)
 
@@ -80,7 +80,7 @@ class _ReseededEngine:
         return await self.inner.generate(replace(request, seed=derive_seed("v2-rollouts", request.seed)))
 
 
-async def reseeding_driver(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> GrpoOutcome:
+async def reseeding_driver(config: GrpoConfig, tiers: GrpoTiers, store: CheckpointStore) -> GrpoOutcome:
     """A new release that seeds rollouts another way: a correct loop on its own, but runs recorded by the previous
     release re-execute every generation after an upgrade."""
     return await run_grpo(config, replace(tiers, engine=_ReseededEngine(tiers.engine)), store)
@@ -89,7 +89,7 @@ async def reseeding_driver(config: GrpoConfig, tiers: GrpoTiers, store: StateSto
 def _patched(target: object, name: str, replacement):  # type: ignore[no-untyped-def]
     """Our driver with one module-level function of the loop replaced by a buggy one, for the call's duration."""
 
-    async def driver(config: GrpoConfig, tiers: GrpoTiers, store: StateStore) -> GrpoOutcome:
+    async def driver(config: GrpoConfig, tiers: GrpoTiers, store: CheckpointStore) -> GrpoOutcome:
         with mock.patch.object(target, name, replacement):
             return await run_grpo(config, tiers, store)
 

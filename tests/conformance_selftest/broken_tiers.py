@@ -27,7 +27,7 @@ from rl.deploy.simulated.grpo_tiers import (
     decode_table,
     encode_table,
 )
-from rl.storage.checkpoint.memory_store import MemoryStateStore
+from rl.storage.checkpoint.memory_store import MemoryCheckpointStore
 from rl.types import ArtifactRef, Rollout, RolloutRequest, TrainBatch, TrainResult
 
 
@@ -223,7 +223,7 @@ SEED_PLUS_INDEX_ENGINE_AT_AN_EIGHTH = replace(
 )
 
 
-class InPlaceStateStore(MemoryStateStore):
+class InPlaceCheckpointStore(MemoryCheckpointStore):
     """Writes the checkpoint in place, a chunk per await (an async file write without write-aside-and-rename): a
     driver killed mid-save leaves a truncated checkpoint."""
 
@@ -234,4 +234,4 @@ class InPlaceStateStore(MemoryStateStore):
             await asyncio.sleep(0)
 
 
-IN_PLACE_STATE_STORE = Implementation(name="in-place-state-store", state_store=InPlaceStateStore)
+IN_PLACE_CHECKPOINT_STORE = Implementation(name="in-place-state-store", state_store=InPlaceCheckpointStore)

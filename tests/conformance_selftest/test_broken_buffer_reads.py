@@ -1,6 +1,6 @@
 """The rollout buffer's read law catches a buffer that trusts its storage: a buffer checking rewards on `append` only
 fails it for every non-finite reward, one checking reads for NaN only fails it for both infinities, and a buffer
-that checks its reads passes, as ours does (IN_MEMORY, `rl.storage.volumes.RolloutBuffer`).
+that checks its reads passes, as ours does (IN_MEMORY, `rl.storage.volumes.VolumeBuffer`).
 
 Every case runs the packaged suite the way a fork does (`--pyargs rl.conformance.test_suite --rl-impl ...`).
 """

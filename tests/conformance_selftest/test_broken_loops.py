@@ -204,7 +204,7 @@ CASES = [
         id="answer extraction stops at a thousands separator",
     ),
     pytest.param(
-        "broken_tiers:IN_PLACE_STATE_STORE",
+        "broken_tiers:IN_PLACE_CHECKPOINT_STORE",
         "rl_state_store",
         "test_state_store_a_save_cancelled_midway_leaves_the_old_or_the_new_blob",
         "the store writes in place",
@@ -288,7 +288,7 @@ CASES = [
         "broken_drivers:ADAPTER_UNCHECKED",
         DRIVER_TIERS,
         "test_driver_refuses_a_checkpoint_whose_adapter_is_gone",
-        "the driver raised MissingArtifactError: .*; expected rl.errors.MissingAdapterError",
+        "the driver raised ArtifactNotFoundError: .*; expected rl.errors.MissingAdapterError",
         {
             "test_driver_refuses_a_checkpoint_whose_adapter_is_gone",
             "test_driver_refuses_a_checkpoint_whose_optimizer_state_is_gone",
@@ -299,7 +299,7 @@ CASES = [
         "broken_drivers:OPTIMIZER_UNCHECKED",
         DRIVER_TIERS,
         "test_driver_refuses_a_checkpoint_whose_optimizer_state_is_gone",
-        "optimizer states .* are gone and whose adapters are all there: the driver raised MissingArtifactError",
+        "optimizer states .* are gone and whose adapters are all there: the driver raised ArtifactNotFoundError",
         {"test_driver_refuses_a_checkpoint_whose_optimizer_state_is_gone"},
         id="lost optimizer state not checked on resume",
     ),

@@ -1,6 +1,6 @@
 """The volume and rollout-buffer laws catch real storage bugs: each broken store or buffer fails the laws it breaks,
 with a message naming the bug, and only those; a correct store and buffer written independently of ours pass, and so
-does IN_MEMORY (our `LocalVolumeStore` and `RolloutBuffer`).
+does IN_MEMORY (our `LocalVolumeStore` and `VolumeBuffer`).
 
 Every case runs the packaged suite the way a fork does (`--pyargs rl.conformance.test_suite --rl-impl ...`).
 """

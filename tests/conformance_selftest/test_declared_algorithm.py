@@ -26,7 +26,7 @@ from algorithm_laws import (
 )
 
 from rl.conformance import AlgorithmSpec, Implementation
-from rl.conformance.implementation import ImplementationError
+from rl.errors import ImplementationError
 
 pytest_plugins = ("pytester",)
 

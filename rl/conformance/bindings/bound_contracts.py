@@ -20,7 +20,7 @@ from rl.conformance.capabilities import Capabilities
 from rl.conformance.driver_replay_contract import DriverReplayContract
 from rl.conformance.generation_batch_contract import AccumulatedLossFn, GenerationBatchContract
 from rl.conformance.grpo_driver_contract import GrpoDriverContract
-from rl.conformance.implementation import Implementation, ImplementationError, load_implementation
+from rl.conformance.implementation import Implementation, load_implementation
 from rl.conformance.law_sizes import LawSizes
 from rl.conformance.rollout_buffer_contract import BufferFactory, RolloutBufferContract
 from rl.conformance.rollout_buffer_reads_contract import PlantRows, RolloutBufferReadsContract
@@ -34,9 +34,10 @@ from rl.conformance.trainer_contract import TrainerContract, trained_adapter
 from rl.conformance.volume_store_contract import StoreFactory, VolumeStoreContract
 from rl.deploy.simulated.agentic_sim import bandit_trainer, traced_judge_tier
 from rl.deploy.simulated.artifacts import MemoryArtifacts
+from rl.errors import ImplementationError
 from rl.loop.agentic import run_agentic
 from rl.loop.grpo import GrpoDriver, run_grpo
-from rl.protocols import Artifacts, RolloutEngine, Scorer, StateStore, Trainer
+from rl.protocols import Artifacts, CheckpointStore, RolloutEngine, Scorer, Trainer
 from rl.storage.checkpoint.format import as_altered, as_another_schema_version
 from rl.types import ArtifactRef
 
@@ -88,8 +89,8 @@ class TestArtifacts(_Bound, ArtifactsContract):
 
 class TestStateStore(_Bound, StateStoreContract):
     @pytest.fixture
-    def state_store(self, implementation: Implementation) -> StateStore:
-        return _factory(implementation, "state_store", "StateStore")()
+    def state_store(self, implementation: Implementation) -> CheckpointStore:
+        return _factory(implementation, "state_store", "CheckpointStore")()
 
 
 class TestRolloutEngine(_Bound, RolloutEngineContract):

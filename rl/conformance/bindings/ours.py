@@ -39,10 +39,10 @@ from rl.protocols import Artifacts
 from rl.rewards import extract_answer
 from rl.scoring import BatchRewardScorer, RewardScorer
 from rl.storage.artifacts import LocalArtifacts
-from rl.storage.checkpoint.file_store import FileStateStore
+from rl.storage.checkpoint.file_store import FileCheckpointStore
 from rl.storage.checkpoint.format import as_altered, as_another_schema_version
-from rl.storage.checkpoint.memory_store import MemoryStateStore
-from rl.storage.volumes import LocalVolumeStore, RolloutBuffer
+from rl.storage.checkpoint.memory_store import MemoryCheckpointStore
+from rl.storage.volumes import LocalVolumeStore, VolumeBuffer
 from rl.trainer.config import TrainerConfig
 from rl.types import ArtifactRef
 
@@ -59,7 +59,7 @@ __all__ = [
     "REAL_LM",
     "REAL_VLLM",
     "batch_loss",
-    "local_rollout_buffer",
+    "local_volume_buffer",
     "local_volume_store",
     "trainer_algorithm",
 ]
@@ -143,12 +143,12 @@ def local_volume_store() -> LocalVolumeStore:
     return LocalVolumeStore(_volumes_root() / f"store-{next(_STORES)}", durable=False)
 
 
-def local_rollout_buffer() -> RolloutBuffer:
+def local_volume_buffer() -> VolumeBuffer:
     """Our rollout buffer on a fresh `local_volume_store()`, under the name the GRPO demo uses."""
-    return RolloutBuffer(local_volume_store(), "rollouts")
+    return VolumeBuffer(local_volume_store(), "rollouts")
 
 
-def plant_rollout_rows(buffer: RolloutBuffer, iteration: int, rows: Any) -> Any:
+def plant_rollout_rows(buffer: VolumeBuffer, iteration: int, rows: Any) -> Any:
     """`rows` written as `iteration` into a child of `buffer`'s head in our row format (JSONL, an infinity as
     `1e999`, NaN as `NaN`), past `append`'s checks: a row as a foreign or older writer could leave it."""
     import json
@@ -172,7 +172,7 @@ def plant_rollout_rows(buffer: RolloutBuffer, iteration: int, rows: Any) -> Any:
 IN_MEMORY = Implementation(
     name="in-memory",
     artifacts=MemoryArtifacts,
-    state_store=MemoryStateStore,
+    state_store=MemoryCheckpointStore,
     engine=MemoryEngine,
     adapter=memory_version0_adapter,
     scorer=MemoryScorer,
@@ -187,7 +187,7 @@ IN_MEMORY = Implementation(
     judge_tier=traced_judge_tier,
     policy_trainer=bandit_trainer,
     volume_store=local_volume_store,
-    rollout_buffer=local_rollout_buffer,
+    rollout_buffer=local_volume_buffer,
     plant_rollout_rows=plant_rollout_rows,
     extract_answer=extract_answer,
     pass_at_k=pass_at_k,
@@ -253,15 +253,15 @@ def local_ddp_trainer(artifacts: Artifacts, world_size: int) -> LocalDdpTrainer:
     return LocalDdpTrainer(artifacts, world_size)
 
 
-def file_state_store() -> FileStateStore:
-    """A `FileStateStore` on a checkpoint file that does not exist yet, in its own temporary directory."""
-    return FileStateStore(temp_dir("rl-conformance-state-") / "checkpoint.json")
+def file_checkpoint_store() -> FileCheckpointStore:
+    """A `FileCheckpointStore` on a checkpoint file that does not exist yet, in its own temporary directory."""
+    return FileCheckpointStore(temp_dir("rl-conformance-state-") / "checkpoint.json")
 
 
 REAL_CPU = Implementation(
     name="real-cpu",
     artifacts=local_artifacts,
-    state_store=file_state_store,
+    state_store=file_checkpoint_store,
     engine=torch_sampler,
     scorer=RewardScorer,
     batch_reward_scorer=BatchRewardScorer,
@@ -273,7 +273,7 @@ REAL_CPU = Implementation(
     distributed_trainer=local_ddp_trainer,
     micro_batched_trainer=micro_batched_trainer,
     volume_store=local_volume_store,
-    rollout_buffer=local_rollout_buffer,
+    rollout_buffer=local_volume_buffer,
     plant_rollout_rows=plant_rollout_rows,
     extract_answer=extract_answer,
     pass_at_k=pass_at_k,
@@ -345,7 +345,7 @@ def vllm_peft_trainer(artifacts: Artifacts) -> PeftTrainer:
 REAL_VLLM = Implementation(
     name="real-vllm",
     artifacts=local_artifacts,
-    state_store=file_state_store,
+    state_store=file_checkpoint_store,
     engine=WarmVLLMEngine,
     scorer=RewardScorer,
     trainer=vllm_peft_trainer,

@@ -108,10 +108,18 @@ def must_provide(contract: str, fixture: str, what: str) -> NotImplementedError:
 
 
 def assert_same_step(
-    expected: Any, got: Any, rel_tolerance: float, why: Callable[[str, float, float, str], str]
+    reference: Any,
+    other: Any,
+    batch: Any,
+    run: Run[Any],
+    rel_tolerance: float,
+    why: Callable[[str, float, float, str], str],
 ) -> None:
-    """Assert that `got`'s loss and pre-clip gradient norm (two `StepMetrics`) equal `expected`'s within `rel_tolerance`
-    relative; `why(what, got, expected, ratio)` is the failure's message, `ratio` already formatted."""
-    for what, one, other in (("loss", expected.loss, got.loss), ("gradient norm", expected.grad_norm, got.grad_norm)):
-        ratio = f"{other / one if one else float('nan'):.6g}"
-        assert abs(other - one) <= rel_tolerance * max(abs(one), 1e-12), why(what, other, one, ratio)
+    """Run `batch`'s step on the `reference` and the `other` trainer and assert that the other's loss and pre-clip
+    gradient norm equal the reference's within `rel_tolerance` relative; `why(what, got, expected, ratio)` is the
+    failure's message, `ratio` already formatted."""
+    expected = run(reference.train_step(batch)).metrics
+    got = run(other.train_step(batch)).metrics
+    for what, one, value in (("loss", expected.loss, got.loss), ("gradient norm", expected.grad_norm, got.grad_norm)):
+        ratio = f"{value / one if one else float('nan'):.6g}"
+        assert abs(value - one) <= rel_tolerance * max(abs(one), 1e-12), why(what, value, one, ratio)

@@ -307,11 +307,7 @@ def fresh(spec: AlgorithmSpec, case: LossBatch) -> LossBatch:
 
 
 def dual_clip_hint(
-    spec: AlgorithmSpec,
-    case: LossBatch,
-    weights: Sequence[float],
-    got: LossOutcome,
-    at: Precision,
+    spec: AlgorithmSpec, case: LossBatch, weights: Sequence[float], got: LossOutcome, at: Precision
 ) -> str:
     """When tokens with A < 0 and a ratio above 1 get zero gradient and no dual clip is declared: the c whose dual clip
     explains the loss's value and every gradient (one unknown: the value is linear in c), as a declaration to make,

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
+
+import pytest
 
 from rl.conformance.algorithm_spec import AlgorithmSpec
 from rl.conformance.support.contract_base import Run
 from rl.conformance.support.reference import reference_advantages, token_reference, token_weights
 from rl.conformance.trainer_restore_laws import _shifted
-from rl.protocols import RolloutEngine
+from rl.protocols import RolloutEngine, Trainer
 from rl.seeding import derive_seed
 from rl.types import (
     DEFAULT_SAMPLING,
@@ -29,6 +31,7 @@ from rl.types import (
 __all__ = [
     "DIGIT_PROMPTS",
     "ENDING_DRAWS",
+    "StepLawInputs",
     "batch_with_endings",
     "declared_step_loss",
     "ended",
@@ -42,6 +45,18 @@ DIGIT_PROMPTS = (Prompt("3=", "4"), Prompt("7=", "8"))
 """The trainer laws' usual prompts, of one length: no padding between them."""
 
 _REWARD_PATTERN = (1.0, 0.0, 0.5, 0.0)
+
+
+class StepLawInputs(NamedTuple):
+    """The `TrainerContract` fixtures a law on a batch the engine samples takes together (the `step_law_inputs`
+    fixture); a law unpacks them in this order."""
+
+    trainer: Trainer
+    engine: RolloutEngine
+    trainer_version0: TrainResult
+    algorithm: AlgorithmSpec
+    rl_seed: int
+    rl_run: Run[Any]
 
 
 def sample_groups(
@@ -143,14 +158,23 @@ def law_batch(
     truncated_too: bool,
     n: int = 4,
     max_tokens: int = 4,
-) -> TrainBatch | None:
+) -> TrainBatch:
     """A trainer law's batch: `sampled_batch` on `seed`, or under `truncated_completions="masked"`
-    `batch_with_endings` (None when no draw has the endings the law needs)."""
+    `batch_with_endings`; the law fails when no draw has the endings it needs."""
     if algorithm.truncated_completions != "masked":
         return sampled_batch(engine, start, prompts, seed, run, n=n, max_tokens=max_tokens)
-    return batch_with_endings(
+    found = batch_with_endings(
         engine, start, prompts, seed, run, stops, truncated_too=truncated_too, n=n, max_tokens=max_tokens
     )
+    if found is None:
+        needed = "both an ended and a truncated completion" if truncated_too else "a completion that ended"
+        pytest.fail(
+            f"none of {ENDING_DRAWS} batches of {n * len(prompts)} completions (max_tokens={max_tokens}, declared stop "
+            f"ids {sorted(stops)}) held {needed}: under truncated_completions='masked' the law needs it to check the "
+            "declared mask. Declare the engine's stop ids as its `stop_token_ids` attribute",
+            pytrace=False,
+        )
+    return found
 
 
 def shifted_batch(batch: TrainBatch, algorithm: AlgorithmSpec) -> TrainBatch:

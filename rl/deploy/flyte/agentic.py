@@ -22,7 +22,7 @@ import flyte.report
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from rl.agentic.bandit import bandit_update, initial_weights, step_result
-from rl.agentic.faults import AgenticFaults, FaultInputError
+from rl.agentic.faults import AgenticFaults
 from rl.agentic.judge import judge_score
 from rl.agentic.tiers import JudgeTier, SandboxTier
 from rl.deploy.flyte.agentic_report import render_agentic_report
@@ -30,7 +30,8 @@ from rl.deploy.flyte.bindings import attempt_number, is_local, task_context
 from rl.deploy.flyte.cached_outputs import call_cached
 from rl.deploy.flyte.dir_worlds import DirWorlds
 from rl.deploy.flyte.envs import agentic_driver_env, agentic_trainer_env, judge_env, sandbox_env
-from rl.deploy.flyte.strict import ConfigError, StrictConfig
+from rl.deploy.flyte.strict import StrictConfig
+from rl.errors import ConfigError, FaultInputError, RemoteOnlyError
 from rl.loop.agentic import AgenticConfig, SkippedTrial, run_agentic
 from rl.protocols import AgenticTiers
 from rl.types import Reward, Rubric, StepResult, Trajectory, TrialSpec, Weights, WorldRef
@@ -64,10 +65,6 @@ REMOTE_ONLY = (
     "by running train again with the new rubric, and the cache reuses the worlds and unchanged rollouts)",
     "timeouts: flyte.Timeout bounds generate and train_step (local mode does not enforce them)",
 )
-
-
-class RemoteOnlyError(RuntimeError):
-    """A feature that Flyte's local mode does not provide was asked for in local mode."""
 
 
 MAX_WORLDS = 1024  # each world is a cached task and a sealed Dir; more than this is a typo, not a run

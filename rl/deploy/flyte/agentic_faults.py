@@ -20,7 +20,6 @@ from rl.deploy.flyte.agentic import (
     AgenticRunConfig,
     AgenticRunResult,
     FlyteAgenticTiers,
-    RemoteOnlyError,
     call_judge,
     drive,
     generate_in_a_copy,
@@ -29,6 +28,7 @@ from rl.deploy.flyte.agentic import (
 from rl.deploy.flyte.bindings import attempt_number, is_local
 from rl.deploy.flyte.envs import agentic_driver_env, judge_env, sandbox_env
 from rl.deploy.flyte.strict import StrictConfig
+from rl.errors import RemoteOnlyError
 from rl.types import Reward, Rubric, Trajectory, TrialSpec, Weights, WorldRef
 
 

@@ -5,7 +5,7 @@
   the Dir's `hash` so a cached task's key follows the content. `get` reads a private copy and re-hashes it.
 - `FlyteReporter` (`Reporter`): publishes `rl.deploy.report.render_report` by `flyte.report.replace` each iteration.
 
-The `StateStore` on Flyte (the driver's checkpoint) is `rl.deploy.flyte.checkpoint_store`.
+The `CheckpointStore` on Flyte (the driver's checkpoint) is `rl.deploy.flyte.checkpoint_store`.
 
 Local mode differs from a cluster in one way that matters here: a local `Dir` is the producer's own path, not a copy.
 `DirArtifacts.put` therefore always copies into a fresh directory under the task's raw-data path, and `get` returns
@@ -27,19 +27,9 @@ from flyte.io import Dir
 from flyte.models import TaskContext
 
 from rl.deploy.report import render_report
-from rl.storage.artifacts import (
-    ArtifactCorruptError,
-    ArtifactNotFoundError,
-    compute_digest,
-    read_dir,
-    validate_files,
-    write_files,
-)
+from rl.errors import ArtifactCorruptError, ArtifactNotFoundError, NotInATaskError
+from rl.storage.artifacts import compute_digest, read_dir, validate_files, write_files
 from rl.types import ArtifactRef, EvalResult, IterationMetrics
-
-
-class NotInATaskError(RuntimeError):
-    """A Flyte-backed store was used outside a running Flyte task."""
 
 
 def task_context() -> TaskContext:
@@ -128,7 +118,8 @@ async def check_base(base: Dir) -> None:
     """Refuse a base model directory that cannot load (`rl.models.model_dir`: config, weights single or sharded with
     every shard present, tokenizer) from its listing and its three small JSON files, downloading no weights: a run on an
     incomplete prefetch fails in its driver, in one line, before any GPU task starts."""
-    from rl.models.model_dir import CONFIG_FILE, INDEX_FILE, TOKENIZER_CONFIG, ModelDirError, check_model_listing
+    from rl.errors import ModelDirError
+    from rl.models.model_dir import CONFIG_FILE, INDEX_FILE, TOKENIZER_CONFIG, check_model_listing
 
     if not await base.exists():
         raise ModelDirError(f"model directory {base.path} does not exist; prefetch the model (flyte prefetch hf-model)")

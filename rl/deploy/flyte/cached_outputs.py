@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import flyte
 from flyte.io import Dir
 
-from rl.storage.artifacts import ArtifactNotFoundError
+from rl.errors import ArtifactNotFoundError
 
 __all__ = ["call_cached", "missing_paths"]
 

@@ -1,6 +1,6 @@
-"""The driver's checkpoint on Flyte: `FlyteStateStore` over `flyte.ctx().checkpoint`, and `CrashAfterCheckpoint`, a
-`StateStore` wrapper that kills the driver once after a chosen iteration (`FaultSpec`). The format and the other stores
-are in `rl.storage.checkpoint`."""
+"""The driver's checkpoint on Flyte: `FlyteCheckpointStore` over `flyte.ctx().checkpoint`, and
+`CrashAfterCheckpoint`, a `CheckpointStore` wrapper that kills the driver once after a chosen iteration (`FaultSpec`).
+The format and the other stores are in `rl.storage.checkpoint`."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from pathlib import Path
 import flyte
 
 from rl.deploy.flyte.bindings import attempt_number
-from rl.protocols import StateStore
+from rl.errors import InjectedDriverFailure
+from rl.protocols import CheckpointStore
 from rl.storage.checkpoint.format import decode_state
 
 
-class FlyteStateStore:
-    """`StateStore` over `flyte.ctx().checkpoint`: one blob per task, the previous attempt's restored on load.
+class FlyteCheckpointStore:
+    """`CheckpointStore` over `flyte.ctx().checkpoint`: one blob per task, the previous attempt's restored on load.
 
     On a cluster the checkpoint belongs to the driver task's attempts within one run; a new run starts empty. Outside
     a checkpointing context (`checkpoint` is None) it keeps the blob in memory, so the run simply cannot resume.
@@ -39,14 +40,11 @@ class FlyteStateStore:
         await self.checkpoint.save(data)
 
 
-class InjectedDriverFailure(RuntimeError):
-    """The driver's planned crash (`FaultSpec`): the retried attempt must resume from the checkpoint."""
-
-
 class CrashAfterCheckpoint:
-    """A `StateStore` that raises `InjectedDriverFailure` once, right after the checkpoint of `iteration` is saved."""
+    """A `CheckpointStore` that raises `InjectedDriverFailure` once, right after the checkpoint of `iteration` is
+    saved."""
 
-    def __init__(self, inner: StateStore, iteration: int, marker: str = "") -> None:
+    def __init__(self, inner: CheckpointStore, iteration: int, marker: str = "") -> None:
         self.inner, self.iteration, self.marker = inner, iteration, marker
 
     async def load(self) -> bytes | None:

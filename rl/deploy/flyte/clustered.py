@@ -203,7 +203,7 @@ async def train_step_clustered(base: Dir, adapter: Dir, optimizer_state: Dir, ba
     return TrainOutput(
         adapter=Dir.from_existing_remote(adapter_path, dir_cache_key=result.adapter.digest),
         optimizer_state=Dir.from_existing_remote(optimizer_path, dir_cache_key=result.optimizer_state.digest),
-        version=result.version,
+        policy_version=result.policy_version,
         metrics=result.metrics,
     )
 

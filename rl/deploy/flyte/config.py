@@ -15,11 +15,13 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from rl.deploy.flyte.strict import ConfigError, StrictConfig
+from rl.deploy.flyte.strict import StrictConfig
+from rl.errors import ConfigError
 from rl.loop.grpo import GrpoConfig
 from rl.models.tiny import TinyModelConfig
 from rl.problems import PROBLEM_SETS, problem_set
-from rl.samplers.vllm import VLLM_MAX_LORA_RANKS, check_vllm_sampling
+from rl.samplers.vllm import VLLM_MAX_LORA_RANKS
+from rl.samplers.vllm_requests import check_vllm_sampling
 from rl.trainer.config import TrainerConfig
 
 ENGINES = ("torch", "vllm")
@@ -87,7 +89,7 @@ class EngineSpec:
 
     def vllm_kwargs(self, model_max_len: int) -> dict[str, object]:
         """Keyword arguments for `vllm.LLM` beyond what the engine sets itself, for a model of `model_max_len`
-        positions (`rl.samplers.vllm.model_max_len`)."""
+        positions (`rl.samplers.vllm_requests.model_max_len`)."""
         if self.max_model_len is not None and self.max_model_len > model_max_len:
             raise ConfigError(
                 f"engine.max_model_len={self.max_model_len} exceeds the model's {model_max_len} positions, which vLLM "

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import flyte
 from flyte.clustered import ClusteredTaskEnvironment, ClusterFailurePolicy, TorchRun
@@ -153,6 +154,19 @@ def rl_image(gpu: bool) -> flyte.Image:
     return image
 
 
+def cpu_environment(name: str, description: str, cpu: int | str, memory: str, **more: Any) -> flyte.TaskEnvironment:
+    """A CPU tier's environment: the CPU image, `cpu` and `memory`, the tiers' environment variables; `more` as
+    `flyte.TaskEnvironment` takes it (`depends_on`)."""
+    return flyte.TaskEnvironment(
+        name=name,
+        description=description,
+        image=cpu_image,
+        resources=flyte.Resources(cpu=cpu, memory=memory),
+        env_vars=ENV_VARS,
+        **more,
+    )
+
+
 SIZES = sizing()
 GPU_TIERS = TIERS != "cpu"
 image = rl_image(GPU_TIERS)
@@ -172,12 +186,11 @@ cpu_rollout_env = rollout_environment("torch", SIZES)
 # What the drivers deploy: the torch sampler's CPU pods always, vLLM's GPU pods where the tiers have GPUs.
 ROLLOUT_ENVS = [rollout_env, cpu_rollout_env] if SIZES.gpus else [cpu_rollout_env]
 
-reward_env = flyte.TaskEnvironment(
-    name="rl-grpo-reward",
-    description="GRPO rewards: the verifiable reward over one group per call. CPU only.",
-    image=cpu_image,
-    resources=flyte.Resources(cpu=1, memory="2Gi"),
-    env_vars=ENV_VARS,
+reward_env = cpu_environment(
+    "rl-grpo-reward",
+    "GRPO rewards: the verifiable reward over one group per call. CPU only.",
+    cpu=1,
+    memory="2Gi",
 )
 
 train_env = flyte.TaskEnvironment(
@@ -202,64 +215,57 @@ cluster_train_env = ClusteredTaskEnvironment(
     failure_policy=ClusterFailurePolicy(max_restarts=2, restart_on_host_maintenance=True),
 )
 
-buffer_env = flyte.TaskEnvironment(
-    name="rl-grpo-buffer",
-    description="The rollout buffer: each iteration's rollouts added to a new version of the buffer.",
-    image=cpu_image,
-    resources=flyte.Resources(cpu=2, memory="4Gi"),
-    env_vars=ENV_VARS,
+buffer_env = cpu_environment(
+    "rl-grpo-buffer",
+    "The rollout buffer: each iteration's rollouts added to a new version of the buffer.",
+    cpu=2,
+    memory="4Gi",
 )
 
-grpo_driver_env = flyte.TaskEnvironment(
-    name="rl-grpo-driver",
-    description="The GRPO loop: fans out rollouts, scores groups as they land, trains, checkpoints, reports.",
-    image=cpu_image,
-    resources=flyte.Resources(cpu=1, memory="2Gi"),
-    env_vars=ENV_VARS,
+grpo_driver_env = cpu_environment(
+    "rl-grpo-driver",
+    "The GRPO loop: fans out rollouts, scores groups as they land, trains, checkpoints, reports.",
+    cpu=1,
+    memory="2Gi",
     depends_on=[*ROLLOUT_ENVS, reward_env, train_env, buffer_env],
 )
 
-grpo_clustered_driver_env = flyte.TaskEnvironment(
-    name="rl-grpo-driver-clustered",
-    description="The pipelined GRPO loop: generation of N+1 overlaps the clustered train step of N.",
-    image=cpu_image,
-    resources=flyte.Resources(cpu=1, memory="2Gi"),
-    env_vars=ENV_VARS,
+grpo_clustered_driver_env = cpu_environment(
+    "rl-grpo-driver-clustered",
+    "The pipelined GRPO loop: generation of N+1 overlaps the clustered train step of N.",
+    cpu=1,
+    memory="2Gi",
     # train_env still serves build_base and init_adapter.
     depends_on=[*ROLLOUT_ENVS, reward_env, train_env, buffer_env, cluster_train_env],
 )
 
 # --------------------------------------------------------------------------------------------------- agentic tiers
 
-sandbox_env = flyte.TaskEnvironment(
-    name="rl-agentic-sandbox",
-    description="Agentic trials: one pod per trial, a private copy of its world.",
-    image=cpu_image,
-    resources=flyte.Resources(cpu="500m", memory="1Gi"),
-    env_vars=ENV_VARS,
+sandbox_env = cpu_environment(
+    "rl-agentic-sandbox",
+    "Agentic trials: one pod per trial, a private copy of its world.",
+    cpu="500m",
+    memory="1Gi",
 )
 
-judge_env = flyte.TaskEnvironment(
-    name="rl-agentic-judge",
-    description="Verifier plus rubric judge; the judge call is traced so a retry never bills it twice.",
-    image=cpu_image,
-    resources=flyte.Resources(cpu="500m", memory="512Mi"),
-    env_vars=ENV_VARS,
+judge_env = cpu_environment(
+    "rl-agentic-judge",
+    "Verifier plus rubric judge; the judge call is traced so a retry never bills it twice.",
+    cpu="500m",
+    memory="512Mi",
 )
 
-agentic_trainer_env = flyte.TaskEnvironment(
-    name="rl-agentic-trainer",
-    description="The bandit trainer: a pure step, weights in and weights out.",
-    image=cpu_image,
-    resources=flyte.Resources(cpu=1, memory="2Gi"),
-    env_vars=ENV_VARS,
+agentic_trainer_env = cpu_environment(
+    "rl-agentic-trainer",
+    "The bandit trainer: a pure step, weights in and weights out.",
+    cpu=1,
+    memory="2Gi",
 )
 
-agentic_driver_env = flyte.TaskEnvironment(
-    name="rl-agentic-driver",
-    description="The durable agentic loop: trials fan out, are judged as they land, one train step per step.",
-    image=cpu_image,
-    resources=flyte.Resources(cpu=1, memory="1Gi"),
-    env_vars=ENV_VARS,
+agentic_driver_env = cpu_environment(
+    "rl-agentic-driver",
+    "The durable agentic loop: trials fan out, are judged as they land, one train step per step.",
+    cpu=1,
+    memory="1Gi",
     depends_on=[sandbox_env, judge_env, agentic_trainer_env],
 )

@@ -17,7 +17,7 @@ from flyte.io import Dir
 
 from rl.deploy.flyte.bindings import DirArtifacts, FlyteReporter, check_base, dir_of, ref_of
 from rl.deploy.flyte.cached_outputs import call_cached
-from rl.deploy.flyte.checkpoint_store import CrashAfterCheckpoint, FlyteStateStore
+from rl.deploy.flyte.checkpoint_store import CrashAfterCheckpoint, FlyteCheckpointStore
 from rl.deploy.flyte.config import FaultSpec, GrpoRunConfig
 from rl.deploy.flyte.grpo_tasks import (
     RolloutTier,
@@ -33,7 +33,7 @@ from rl.deploy.flyte.grpo_tasks import (
 )
 from rl.loop.grpo import GrpoTiers, run_grpo
 from rl.problems import constant_baseline_accuracy, problem_set
-from rl.protocols import StateStore
+from rl.protocols import CheckpointStore
 from rl.trainer.config import TrainerConfig
 from rl.types import ArtifactRef, EvalResult, IterationMetrics, Rollout, TrainBatch, TrainResult
 
@@ -156,7 +156,7 @@ async def run_driver(
         base = await call_cached(build_base, config.model.tiny, names=lambda built: [built.path])
     await check_base(base)  # every profile's model, prefetched or built: one line now, not a dead GPU task later
     ctx = flyte.ctx()
-    store: StateStore = FlyteStateStore(ctx.checkpoint if ctx is not None else None)
+    store: CheckpointStore = FlyteCheckpointStore(ctx.checkpoint if ctx is not None else None)
     if faults is not None and faults.crash_after_iteration >= 0:
         store = CrashAfterCheckpoint(store, faults.crash_after_iteration, faults.crash_marker)
     outcome = await run_grpo(config.grpo, grpo_tiers(config, base, step_task=step_task, title=title), store)

@@ -117,15 +117,15 @@ class TrainOutput:
 
     adapter: Dir
     optimizer_state: Dir
-    version: int
+    policy_version: int
     metrics: StepMetrics
 
     @classmethod
     def of(cls, result: TrainResult) -> TrainOutput:
-        return cls(dir_of(result.adapter), dir_of(result.optimizer_state), result.version, result.metrics)
+        return cls(dir_of(result.adapter), dir_of(result.optimizer_state), result.policy_version, result.metrics)
 
     def result(self) -> TrainResult:
-        return TrainResult(ref_of(self.adapter), ref_of(self.optimizer_state), self.version, self.metrics)
+        return TrainResult(ref_of(self.adapter), ref_of(self.optimizer_state), self.policy_version, self.metrics)
 
 
 # ------------------------------------------------------------------------------------------------------- engines
@@ -136,7 +136,8 @@ _ENGINES: dict[str, RolloutEngine] = {}
 def _make_engine(base_dir: Path, spec: EngineSpec) -> RolloutEngine:
     if spec.kind == "vllm":
         from rl.models import load_tokenizer
-        from rl.samplers.vllm import VLLMEngine, model_max_len  # imports vllm itself only when it first samples
+        from rl.samplers.vllm import VLLMEngine
+        from rl.samplers.vllm_requests import model_max_len  # imports vllm itself only when it first samples
 
         tokenizer = load_tokenizer(base_dir) if spec.token_ids else None
         llm_kwargs = spec.vllm_kwargs(model_max_len(base_dir))
@@ -344,7 +345,8 @@ async def add_rollouts(parent: Dir | None, iteration: int, rollouts: list[Rollou
     rows are `rl.storage.volumes.buffer`'s (they load with `pandas.read_json(lines=True)`), and `rl rescore` reads the
     same format. Adding an iteration the parent already holds with the same rows (a replayed step) returns the parent.
     """
-    from rl.storage.volumes.buffer import IterationExistsError, encode_rows, iteration_file, rollout_rows
+    from rl.errors import IterationExistsError
+    from rl.storage.volumes.buffer import encode_rows, iteration_file, rollout_rows
 
     store = DirArtifacts()
     files = await store.get(ref_of(parent)) if parent is not None else {}
@@ -361,7 +363,7 @@ async def add_rollouts(parent: Dir | None, iteration: int, rollouts: list[Rollou
 
 
 def buffer_version(ref: ArtifactRef) -> str:
-    """The `RolloutSink` version string of a buffer Dir: `<uri>@<digest>` (the checkpoint stores it)."""
+    """The `RolloutBuffer` version string of a buffer Dir: `<uri>@<digest>` (the checkpoint stores it)."""
     return f"{ref.uri}@{ref.digest}"
 
 

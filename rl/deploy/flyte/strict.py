@@ -12,11 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from rl.errors import InputError
-
-
-class ConfigError(InputError):
-    """A run configuration that cannot work; raised before any task starts."""
+from rl.errors import ConfigError
 
 
 class StrictConfig(BaseModel):

@@ -19,16 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from rl.agentic.bandit import BanditTrainer, PolicyTrainer
-from rl.agentic.faults import (
-    AgenticFaults,
-    FlakyJudging,
-    FlakyTrials,
-    Judge,
-    JudgeOutage,
-    Sandbox,
-    SandboxFailure,
-    with_driver_crash,
-)
+from rl.agentic.faults import AgenticFaults, FlakyJudging, FlakyTrials, Judge, Sandbox, with_driver_crash
 from rl.agentic.judge import judge_score
 from rl.agentic.tiers import JudgeTier, SandboxTier, TrainerTier
 from rl.deploy.simulated.worlds import MemoryWorlds
@@ -36,6 +27,8 @@ from rl.durable.attempts import attempt_number, run_name
 from rl.durable.durable_sim import DurableSimulator
 from rl.durable.faults import FaultPlan
 from rl.durable.records import RunResult
+from rl.durable.virtual_loop import LOOP_PATH
+from rl.errors import JudgeOutage, SandboxFailure
 from rl.loop.agentic import AgenticConfig, AgenticOutcome, run_agentic
 from rl.protocols import AgenticTiers, WorldStore
 from rl.types import Reward, Rubric, Trajectory, TrialSpec, Weights, WorldRef
@@ -230,9 +223,10 @@ class AgenticSim:
         policy_trainer: TrainerFactory = bandit_trainer,
         retries: dict[str, int] | None = None,
         tie_break_seed: int | None = None,
+        loop_path: str = LOOP_PATH,
     ) -> None:
         self.seed = seed
-        self.sim = DurableSimulator(seed, faults=faults, tie_break_seed=tie_break_seed)
+        self.sim = DurableSimulator(seed, faults=faults, tie_break_seed=tie_break_seed, loop_path=loop_path)
         self.worlds: WorldStore = worlds if worlds is not None else MemoryWorlds()
         self.judge = BilledJudge(judge_latency_s)
         self.cluster = RunScopedCluster(factory=policy_trainer)

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from rl.errors import ArtifactNotFoundError
 from rl.identity import content_digest
 from rl.types import ArtifactRef
-
-
-class MissingArtifactError(FileNotFoundError):
-    """An artifact reference points at nothing (deleted, or written by another store)."""
 
 
 class MemoryArtifacts:
@@ -34,7 +31,7 @@ class MemoryArtifacts:
         try:
             stored = self._blobs[ref.digest]
         except KeyError:
-            raise MissingArtifactError(f"artifact {ref.uri} does not exist in this store") from None
+            raise ArtifactNotFoundError(f"artifact {ref.uri} does not exist in this store") from None
         return dict(stored)  # bytes are immutable; a new dict is a private copy
 
     async def exists(self, ref: ArtifactRef) -> bool:

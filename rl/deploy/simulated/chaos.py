@@ -32,10 +32,11 @@ from rl.deploy.simulated.grpo_sim import (
     outcome_violations,
 )
 from rl.deploy.simulated.grpo_tiers import LatencyModel
-from rl.durable.errors import DriverAttemptsExhausted, TaskFailed
-from rl.durable.faults import FaultPlan, InjectedTaskFailure
+from rl.durable.faults import FaultPlan
 from rl.durable.records import RunResult
 from rl.durable.swarm import Swarm, draw_swarm, swarm_rng, trace_summary
+from rl.durable.virtual_loop import LOOP_PATH
+from rl.errors import DriverAttemptsExhausted, InjectedTaskFailure, TaskFailed
 from rl.loop.grpo import GrpoConfig, GrpoDriver, GrpoOutcome, run_grpo
 
 # The issue's floor: >= 4 iterations of >= 4 groups x 4 samples.
@@ -152,7 +153,7 @@ def _grpo_check(
 
 
 def _grpo_swarm_check(
-    loop: str, pipelined: bool, swarm: Swarm, driver: GrpoDriver, base: GrpoConfig, trace: bool
+    loop: str, pipelined: bool, swarm: Swarm, driver: GrpoDriver, base: GrpoConfig, trace: bool, loop_path: str
 ) -> ScenarioReport:
     config = _grpo_config(pipelined, swarm.run_seed, base)
     setup: GrpoSim = grpo_sim(
@@ -163,6 +164,7 @@ def _grpo_swarm_check(
         driver=driver,
         retries=swarm.task_retries,
         tie_break_seed=swarm.tie_break_seed,
+        loop_path=loop_path,
     )
     sim = setup.sim
     result = setup.run(retries=swarm.driver_retries)
@@ -200,11 +202,16 @@ def sim_crashes(first: RunResult, final: RunResult) -> int:
 
 
 def grpo_random(
-    pipelined: bool, *, driver: GrpoDriver = run_grpo, config: GrpoConfig = CHAOS_GRPO, trace: bool = False
+    pipelined: bool,
+    *,
+    driver: GrpoDriver = run_grpo,
+    config: GrpoConfig = CHAOS_GRPO,
+    trace: bool = False,
+    loop_path: str = LOOP_PATH,
 ) -> Callable[[int], ScenarioReport]:
     """The swarm scenario of a seed, its invariants checked (`trace=True`: the report carries the scenario's trace)."""
     loop = "grpo-pipelined" if pipelined else "grpo"
-    return lambda seed: _grpo_swarm_check(loop, pipelined, grpo_swarm(seed), driver, config, trace)
+    return lambda seed: _grpo_swarm_check(loop, pipelined, grpo_swarm(seed), driver, config, trace, loop_path)
 
 
 def grpo_sweep(

@@ -26,6 +26,7 @@ from rl.deploy.simulated.chaos import ScenarioReport, exhaustion_violations
 from rl.deploy.simulated.worlds import MemoryWorlds
 from rl.durable.records import RunResult
 from rl.durable.swarm import FAULT_KINDS, Swarm, draw_swarm, swarm_rng, trace_summary
+from rl.durable.virtual_loop import LOOP_PATH
 from rl.loop.agentic import AgenticOutcome, trial_specs, world_ids_for
 
 SEED_FAILURES: dict[str, Any] = {"flaky_trial_rate": 0.25, "judge_flake_rate": 0.3}
@@ -204,8 +205,9 @@ def reference_key(
     return swarm.run_seed, dead, tuple(inputs[k] for k in SHAPE)
 
 
-def agentic_report(seed: int, *, trace: bool = False) -> ScenarioReport:
-    """Run one seeded swarm scenario and check every invariant (safety, then liveness after an exhausted run)."""
+def agentic_report(seed: int, *, trace: bool = False, loop_path: str = LOOP_PATH) -> ScenarioReport:
+    """Run one seeded swarm scenario and check every invariant (safety, then liveness after an exhausted run);
+    `loop_path`: which iteration the virtual loop runs (`rl.durable.virtual_loop.loop_path`)."""
     swarm, inputs, dead = agentic_swarm(seed)
     scale = swarm.latency_scale
     run_seed = swarm.run_seed
@@ -227,6 +229,7 @@ def agentic_report(seed: int, *, trace: bool = False) -> ScenarioReport:
         trial_delay_s=trial_delay_s if jitter else None,
         retries=swarm.task_retries,
         tie_break_seed=swarm.tie_break_seed,
+        loop_path=loop_path,
     )
     sim = harness.sim
     result = harness.run(retries=swarm.driver_retries, **{**inputs, **knobs})

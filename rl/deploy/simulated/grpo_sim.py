@@ -22,6 +22,7 @@ from rl.deploy.simulated.grpo_tiers import (
 from rl.durable.durable_sim import DurableSimulator
 from rl.durable.faults import FaultPlan
 from rl.durable.records import RunResult
+from rl.durable.virtual_loop import LOOP_PATH
 from rl.loop.grpo import GrpoConfig, GrpoDriver, GrpoOutcome, GrpoTiers, run_grpo, sample_prompts
 from rl.problems import DigitSuccessor, marked_answer_metrics
 
@@ -78,6 +79,7 @@ def grpo_sim(
     retries: dict[str, int] | None = None,
     tie_break_seed: int | None = None,
     tasks: bool = True,
+    loop_path: str = LOOP_PATH,
 ) -> GrpoSim:
     """`retries` overrides tasks' retry budgets by name (`{"train.train_step": 0}`); `tie_break_seed` shuffles ties.
 
@@ -89,7 +91,7 @@ def grpo_sim(
     unknown = set(budget) - set(TASK_RETRIES)
     if unknown:
         raise ValueError(f"grpo_sim retries names unknown tasks {sorted(unknown)}; known: {sorted(TASK_RETRIES)}")
-    sim = DurableSimulator(seed=seed, faults=faults, tie_break_seed=tie_break_seed)
+    sim = DurableSimulator(seed=seed, faults=faults, tie_break_seed=tie_break_seed, loop_path=loop_path)
     bind = sim.tier if tasks else _direct
     artifacts = MemoryArtifacts()
     prompts = DigitSuccessor()

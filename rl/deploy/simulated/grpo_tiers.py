@@ -229,7 +229,7 @@ class MemoryTrainer:
         table = [[rng.uniform(-0.1, 0.1) for _ in range(DIGITS)] for _ in range(self.rows)]
         adapter = await self.artifacts.put(encode_table(table, lineage=[]), name="adapter-v0")
         opt = await self.artifacts.put(encode_table([[0.0] * DIGITS for _ in range(self.rows)]), name="optimizer-v0")
-        return TrainResult(adapter=adapter, optimizer_state=opt, version=0, metrics=StepMetrics(0.0, 0, 0))
+        return TrainResult(adapter=adapter, optimizer_state=opt, policy_version=0, metrics=StepMetrics(0.0, 0, 0))
 
     async def train_step(self, batch: TrainBatch) -> TrainResult:
         self.executions.append(batch.step)
@@ -257,7 +257,7 @@ class MemoryTrainer:
         await asyncio.sleep(self.cold_start_s + self.latency.seconds(len(batch.rollouts), batch.step))
         adapter = await self.artifacts.put(dict(adapter_files), name=f"adapter-v{batch.new_version}")
         opt = await self.artifacts.put(dict(optimizer_out), name=f"optimizer-v{batch.new_version}")
-        return TrainResult(adapter=adapter, optimizer_state=opt, version=batch.new_version, metrics=metrics)
+        return TrainResult(adapter=adapter, optimizer_state=opt, policy_version=batch.new_version, metrics=metrics)
 
     def _step(
         self, batch: TrainBatch, policy: dict[str, Any], optimizer: dict[str, Any]

@@ -13,15 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from rl.errors import RetiredWorkspaceError, UnknownVersionError
 from rl.identity import content_digest
-
-
-class UnknownVersionError(LookupError):
-    """No world version has this id; fork or read a version that `seal` returned."""
-
-
-class RetiredWorkspaceError(RuntimeError):
-    """A write to a fork that was sealed, abandoned or superseded by a newer fork of its name."""
 
 
 class MemoryWorkspace:

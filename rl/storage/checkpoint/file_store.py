@@ -15,7 +15,7 @@ from rl.storage.safe_fs import Tree, create_at
 MAX_CHECKPOINT_BYTES = 256 << 20
 
 
-class FileStateStore:
+class FileCheckpointStore:
     """One file, replaced atomically: a crash mid-write leaves the previous checkpoint, never half of a new one.
 
     The new checkpoint is written to `.<name>.XXXXXXXX` beside it, locked while written (`rl.storage.dead_writers`), so

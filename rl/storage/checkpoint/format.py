@@ -14,22 +14,20 @@ so sealing it seals the state. Without the key a seal is not checked (there is n
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import hmac
 import json
-import math
 import os
-import weakref
-from dataclasses import asdict, dataclass, field
+import re
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from rl.errors import CheckpointCorruptError, CheckpointSchemaError, CheckpointSealError
-from rl.identity import content_digest, json_digest
+from rl.errors import CheckpointCorruptError, CheckpointSchemaError, CheckpointSealError, UntrustedValueError
+from rl.identity import canonical, content_digest, json_digest
 from rl.storage.checkpoint.schema import STATE
-from rl.strict_json import tag_non_finite, untag_non_finite
+from rl.strict_json import dumps, tag_non_finite, untag_non_finite
 from rl.types import ArtifactRef, EvalResult, IterationMetrics
-from rl.untrusted import UntrustedValueError, parse_json, validate
+from rl.untrusted import parse_json, validate
 
 SCHEMA_VERSION = 1
 RUN_KEY_ENV = "RL_RUN_KEY"
@@ -82,63 +80,94 @@ class DriverState:
 
 
 def encode_state(state: DriverState) -> bytes:
-    # A NaN loss or an infinite grad norm in the history is written as {"__float__": "nan"}, the form the digest
-    # already hashes it in, so the checkpoint is strict JSON and a resume restores the exact value.
-    try:
-        text, canonical_text = _plain_texts(state)
-    except _NotPlain:  # a value of another type (a float subclass, a non-str key): the general path, same bytes
-        body = tag_non_finite(state.to_json())
-        digest = content_digest(body)
-        text = json.dumps(body, allow_nan=False)
-    else:
-        digest = json_digest(f"[{canonical_text}]")  # = _plain_digest(body)
+    """The checkpoint of `state` (a run writing one an iteration keeps a `CheckpointEncoder`: it encodes a row once)."""
+    return CheckpointEncoder().encode(state)
+
+
+_ROW_LISTS = ("history", "evals")  # the fields that grow by a row an iteration
+# Where each row list goes while the rest of the state is encoded: a string no checkpoint field holds (checked).
+_MARKS = {name: f"\x00rl-checkpoint-rows:{name}\x00" for name in _ROW_LISTS}
+_MARK_TEXTS = {dumps(mark): name for name, mark in _MARKS.items()}
+_MARK_PATTERN = re.compile("|".join(re.escape(text) for text in _MARK_TEXTS))
+
+
+@dataclass(frozen=True)
+class _EncodedRow:
+    row: Any
+    text: str  # strict JSON of the row's tagged body, as the checkpoint holds it
+    canonical: str  # its canonical form (sorted keys, no spaces), as the digest hashes it
+
+
+def _encode_row(row: Any) -> _EncodedRow:
+    body = tag_non_finite(asdict(row) if dataclasses.is_dataclass(row) and not isinstance(row, type) else row)
+    return _EncodedRow(row, dumps(body), _canonical_text(body))
+
+
+def _canonical_text(body: Any) -> str:
+    """The text `content_digest(body)` hashes, less its enclosing `[` `]`."""
+    return dumps(canonical(body), sort_keys=True, separators=(",", ":"))
+
+
+class CheckpointEncoder:
+    """A run's checkpoints as bytes: `{"schema": N, "digest": content_digest(body), "state": body}` in strict JSON,
+    where `body` is the state's `asdict` with each non-finite float as {"__float__": "nan"} (the form the digest
+    hashes it in, so a resume restores the exact value).
+
+    The history and eval rows append: each row is encoded once, when a checkpoint first holds it, and kept while the
+    states that follow hold the same row (rows are frozen; a list grown by appending shares them). Encoding every row
+    again each iteration made a run's checkpoints quadratic in its length. The rest of the state is encoded with a
+    mark in each row list's place, which the rows' texts then replace: JSON writes a list's items between `[` and `]`,
+    joined by ", " (by "," in the digest's canonical form), so the bytes are those of the whole body encoded at once.
+    """
+
+    def __init__(self) -> None:
+        self._rows: dict[str, list[_EncodedRow]] = {name: [] for name in _ROW_LISTS}
+
+    def encode(self, state: DriverState) -> bytes:
+        lists = {name: getattr(state, name) for name in _ROW_LISTS}
+        if all(type(rows) is list for rows in lists.values()):
+            for name, rows in lists.items():
+                written = self._rows[name]
+                self._rows[name] = [
+                    written[i] if i < len(written) and written[i].row is row else _encode_row(row)
+                    for i, row in enumerate(rows)
+                ]
+            blob = self._spliced(state)
+            if blob is not None:
+                return blob
+        body = tag_non_finite(state.to_json())  # a row list of another type, or a mark in a field: all at once
+        return _document(body, content_digest(body)).encode()
+
+    def _spliced(self, state: DriverState) -> bytes | None:
+        body = tag_non_finite(asdict(replace(state, history=[], evals=[])))  # _ROW_LISTS, filled in below
+        body.update(_MARKS)  # the same keys, so the fields keep their order
+        canonical_text = _splice(f"[{_canonical_text(body)}]", {k: self._joined(k, compact=True) for k in _MARKS})
+        if canonical_text is None:
+            return None
+        text = _splice(_document(body, json_digest(canonical_text)), {k: self._joined(k) for k in _MARKS})
+        return None if text is None else text.encode()
+
+    def _joined(self, name: str, compact: bool = False) -> str:
+        rows = self._rows[name]
+        if compact:
+            return "[" + ",".join(row.canonical for row in rows) + "]"
+        return "[" + ", ".join(row.text for row in rows) + "]"
+
+
+def _document(body: Any, digest: str) -> str:
+    doc: dict[str, Any] = {"schema": SCHEMA_VERSION, "digest": digest, "state": body}
     key = os.environ.get(RUN_KEY_ENV)
-    sealed = f', "seal": {json.dumps(seal(key, SCHEMA_VERSION, digest), allow_nan=False)}' if key else ""
-    head = f'"schema": {SCHEMA_VERSION}, "digest": {json.dumps(digest, allow_nan=False)}'
-    return f'{{{head}, "state": {text}{sealed}}}'.encode()
+    if key:
+        doc["seal"] = seal(key, SCHEMA_VERSION, digest)
+    return dumps(doc)
 
 
-_ROW_LISTS = ("history", "evals")  # the fields that grow by a row an iteration; each row's text is made once
-_ROW_TEXTS: dict[int, tuple[weakref.ref[Any], str, str]] = {}
-
-
-def _plain_texts(state: DriverState) -> tuple[str, str]:
-    """`json.dumps(_plain_body(state))` and its canonical form (sorted keys, no spaces), built from each history and
-    eval row's texts, made once per row object (rows are frozen and never edited in place, only replaced): writing
-    every row again each iteration made a run's checkpoints quadratic in its length."""
-    parts: dict[str, tuple[str, str]] = {}
-    for name in _field_names(DriverState):
-        value = getattr(state, name)
-        if name in _ROW_LISTS and type(value) is list:
-            texts = [_row_texts(row) for row in value]
-            parts[name] = ("[" + ", ".join(t for t, _ in texts) + "]", "[" + ",".join(c for _, c in texts) + "]")
-        else:
-            parts[name] = _texts(_plain_body(value))
-    text = "{" + ", ".join(f"{json.dumps(k, allow_nan=False)}: {t}" for k, (t, _) in parts.items()) + "}"
-    canonical_text = "{" + ",".join(f"{json.dumps(k, allow_nan=False)}:{parts[k][1]}" for k in sorted(parts)) + "}"
-    return text, canonical_text
-
-
-def _texts(body: Any) -> tuple[str, str]:
-    return json.dumps(body, allow_nan=False), json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
-def _forget_row(key: int, _: weakref.ref[Any]) -> None:
-    _ROW_TEXTS.pop(key, None)
-
-
-def _row_texts(row: Any) -> tuple[str, str]:
-    key = id(row)
-    cached = _ROW_TEXTS.get(key)
-    if cached is not None and cached[0]() is row:
-        return cached[1], cached[2]
-    texts = _texts(_plain_body(row))
-    try:
-        ref = weakref.ref(row, functools.partial(_forget_row, key))  # the texts go with the row
-    except TypeError:  # a row that cannot be weakly referenced: made each time
-        return texts
-    _ROW_TEXTS[key] = (ref, *texts)
-    return texts
+def _splice(text: str, lists: dict[str, str]) -> str | None:
+    """`text` with each row list's mark replaced by the list's text; None unless each mark is there exactly once."""
+    found = sorted(_MARK_TEXTS[m] for m in _MARK_PATTERN.findall(text))
+    if found != sorted(lists):
+        return None
+    return _MARK_PATTERN.sub(lambda m: lists[_MARK_TEXTS[m.group()]], text)
 
 
 def seal(key: str, schema: int, digest: str) -> str:
@@ -147,40 +176,8 @@ def seal(key: str, schema: int, digest: str) -> str:
     return hmac.new(key.encode(), message, hashlib.sha256).hexdigest()
 
 
-class _NotPlain(Exception):
-    """A value `_plain_body` leaves to the general path (`asdict`, `tag_non_finite`, `canonical`)."""
-
-
-@functools.cache
-def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
-
-
-def _plain_body(value: Any) -> Any:
-    """`tag_non_finite(asdict(value))` in one pass, for dataclasses, lists, tuples, str-keyed dicts and scalars of
-    exactly the builtin types; anything else raises `_NotPlain`.
-
-    `asdict` deep-copies every leaf and was a third of a simulated GRPO scenario's checkpoint writes; what this
-    returns is JSON whose canonical form is itself, so its digest needs no `canonical` pass either (`_plain_digest`).
-    """
-    kind: type = type(value)
-    if kind is str or kind is int or kind is bool or value is None:
-        return value
-    if kind is float:
-        return value if math.isfinite(value) else {"__float__": repr(value)}
-    if kind is list or kind is tuple:
-        return [_plain_body(v) for v in value]
-    if kind is dict:
-        if not all(type(k) is str for k in value):
-            raise _NotPlain  # canonical() sorts keys by str(k), json by the keys themselves
-        return {k: _plain_body(v) for k, v in value.items()}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {name: _plain_body(getattr(value, name)) for name in _field_names(kind)}
-    raise _NotPlain
-
-
 def _plain_digest(body: Any) -> str:
-    """`content_digest(body)` for JSON made of builtin types only (what `_plain_body` builds and `json.loads` returns).
+    """`content_digest(body)` for JSON made of builtin types only (what `json.loads` returns).
 
     Such a value's canonical form is itself but for key order, which `sort_keys` gives, so the bytes hashed are the
     ones `content_digest` hashes. A non-finite float (which `json.loads` accepts) is left to `content_digest`.

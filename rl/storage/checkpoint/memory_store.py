@@ -7,7 +7,7 @@ lost power mid-write); `corrupt(data)` replaces the blob outright (a foreign or 
 from __future__ import annotations
 
 
-class MemoryStateStore:
+class MemoryCheckpointStore:
     def __init__(self, data: bytes | None = None) -> None:
         self.data = data
         self.saves = 0

@@ -7,11 +7,11 @@ from typing import Any
 
 from rl.errors import CheckpointConfigMismatchError, MissingAdapterError
 from rl.identity import canonical
-from rl.protocols import Artifacts, StateStore
-from rl.storage.checkpoint.format import DriverState, decode_state, encode_state
+from rl.protocols import Artifacts, CheckpointStore
+from rl.storage.checkpoint.format import CheckpointEncoder, DriverState, decode_state
 
 
-async def load_state(store: StateStore, config: Any, artifacts: Artifacts) -> DriverState | None:
+async def load_state(store: CheckpointStore, config: Any, artifacts: Artifacts) -> DriverState | None:
     """The state to resume from, or None for a fresh run. Raises a `CheckpointError` subtype when it can't resume."""
     blob = await store.load()
     if blob is None:
@@ -76,5 +76,6 @@ def check_recording(state: DriverState, *, buffered: bool) -> None:
     )
 
 
-async def save_state(store: StateStore, state: DriverState) -> None:
-    await store.save(encode_state(state))
+async def save_state(store: CheckpointStore, state: DriverState, encoder: CheckpointEncoder | None = None) -> None:
+    """Save `state`'s checkpoint; `encoder`: the run's, which encodes each history row once (a fresh one otherwise)."""
+    await store.save((encoder or CheckpointEncoder()).encode(state))

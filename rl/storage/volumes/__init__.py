@@ -1,7 +1,7 @@
 """Versioned copy-on-write volumes on the local filesystem, and the rollout buffer built on them.
 
 `LocalVolumeStore` implements `rl.protocols.VolumeVersion` / `WritableVolume` (the `ROVolume` / `Volume` roles of seeds
-000 and 002) from plain directories; `RolloutBuffer` keeps one `iter-NNNNN.jsonl` per iteration on a chain of its
+000 and 002) from plain directories; `VolumeBuffer` keeps one `iter-NNNNN.jsonl` per iteration on a chain of its
 versions. docs/volumes.md says which filesystems get true copy-on-write and how it is guaranteed elsewhere.
 """
 
@@ -10,26 +10,12 @@ from __future__ import annotations
 from rl.storage.volumes.buffer import (
     PANDAS_DTYPES,
     ROW_FIELDS,
-    IterationExistsError,
-    IterationNotFoundError,
     RescoreStats,
     RewardFn,
-    RolloutBuffer,
-    RowSchemaError,
+    VolumeBuffer,
     encode_rows,
     iteration_file,
     rollout_rows,
-)
-from rl.storage.volumes.errors import (
-    InvalidNameError,
-    InvalidPathError,
-    SharedFileModifiedError,
-    UnsupportedFileError,
-    VersionNotFoundError,
-    VolumeCorruptedError,
-    VolumeError,
-    VolumeSealedError,
-    WriterConflictError,
 )
 from rl.storage.volumes.filesystem import MIN_RACY_NS, RACY_NS, ShareMode, probe_share_mode, racy_window_ns
 from rl.storage.volumes.manifest import FileEntry
@@ -43,25 +29,13 @@ __all__ = [
     "RACY_NS",
     "ROW_FIELDS",
     "FileEntry",
-    "InvalidNameError",
-    "InvalidPathError",
-    "IterationExistsError",
-    "IterationNotFoundError",
     "LocalVolumeStore",
     "LocalVolumeVersion",
     "LocalWritableVolume",
     "RescoreStats",
     "RewardFn",
-    "RolloutBuffer",
-    "RowSchemaError",
     "ShareMode",
-    "SharedFileModifiedError",
-    "UnsupportedFileError",
-    "VersionNotFoundError",
-    "VolumeCorruptedError",
-    "VolumeError",
-    "VolumeSealedError",
-    "WriterConflictError",
+    "VolumeBuffer",
     "encode_rows",
     "iteration_file",
     "probe_share_mode",

@@ -22,12 +22,12 @@ from typing import Annotated, Any
 
 from pydantic import Field, TypeAdapter
 
+from rl.errors import IterationExistsError, IterationNotFoundError, RowSchemaError, UntrustedValueError
 from rl.metrics import finite_mean
-from rl.storage.volumes.errors import VolumeError
 from rl.storage.volumes.store import LocalVolumeStore, check_name
 from rl.storage.volumes.version import LocalVolumeVersion
 from rl.types import Rollout
-from rl.untrusted import StrictModel, UntrustedValueError, parse_json, validate
+from rl.untrusted import StrictModel, parse_json, validate
 
 ROLLOUT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Rollout))
 ROW_FIELDS: tuple[str, ...] = ("iteration", *ROLLOUT_FIELDS, "reward")
@@ -66,18 +66,6 @@ class _RowModel(StrictModel):
 _ROW = TypeAdapter(_RowModel)
 
 
-class RowSchemaError(VolumeError, ValueError):
-    """A row that is not one rollout of this iteration with a finite reward."""
-
-
-class IterationExistsError(VolumeError):
-    """An append of an iteration the buffer already holds with different rows."""
-
-
-class IterationNotFoundError(VolumeError, LookupError):
-    """A read of an iteration the version does not hold."""
-
-
 @dataclass(frozen=True)
 class RescoreStats:
     """What `rescore` did: `generated` is always 0, because re-scoring samples nothing."""
@@ -110,7 +98,7 @@ def rollout_rows(iteration: int, rollouts: Sequence[Rollout], rewards: Sequence[
     return [{"iteration": iteration, **r.to_dict(), "reward": float(w)} for r, w in zip(rollouts, rewards, strict=True)]
 
 
-class RolloutBuffer:
+class VolumeBuffer:
     """Rollouts on a chain of versions of the volume `name` in `store`; each version adds one iteration's file."""
 
     def __init__(self, store: LocalVolumeStore, name: str) -> None:
@@ -119,7 +107,7 @@ class RolloutBuffer:
         self.name = name
 
     def __repr__(self) -> str:
-        return f"RolloutBuffer({self.store!r}, {self.name!r})"
+        return f"VolumeBuffer({self.store!r}, {self.name!r})"
 
     def head(self) -> LocalVolumeVersion | None:
         """The latest version, or None before the first append."""

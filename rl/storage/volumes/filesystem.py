@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from rl import platform
-from rl.storage.volumes.errors import InvalidPathError
+from rl.errors import InvalidPathError
 
 ShareMode = Literal["reflink", "hardlink", "copy"]
 SHARE_MODES: tuple[ShareMode, ...] = ("reflink", "hardlink", "copy")
@@ -43,14 +43,14 @@ def racy_window_ns(samples: Sequence[tuple[int, int]]) -> int:
     return min(RACY_NS, max(MIN_RACY_NS, RACY_FACTOR * max(step, lag)))
 
 
-def probe_share_mode(directory: str | os.PathLike[str]) -> ShareMode:
-    """The cheapest sharing `directory`'s filesystem supports: "reflink", else "hardlink", else "copy"."""
+def probe_share_mode(directory: str | os.PathLike[str], cloner: platform.Cloner = platform.CLONER) -> ShareMode:
+    """The cheapest sharing `directory`'s filesystem supports: "reflink" (by `cloner`), else "hardlink", else "copy"."""
     probe = Path(directory) / f".probe-{uuid.uuid4().hex}"
     probe.mkdir(parents=True)
     try:
         src = probe / "src"
         src.write_bytes(b"probe")
-        if try_reflink(src, probe / "clone"):
+        if try_reflink(src, probe / "clone", cloner):
             return "reflink"
         try:
             os.link(src, probe / "link")
@@ -72,10 +72,10 @@ def read_only_mode(executable: bool) -> int:
     return 0o555 if executable else 0o444
 
 
-def try_reflink(src: Path, dst: Path) -> bool:
+def try_reflink(src: Path, dst: Path, cloner: platform.Cloner = platform.CLONER) -> bool:
     """Clone src's extents into a new file dst (rl.platform: FICLONE, clonefile); False, leaving no dst, where the
     platform or the filesystem cannot."""
-    return platform.clone_file(src, dst)
+    return platform.clone_file(src, dst, cloner)
 
 
 def force_rmtree(path: Path) -> None:

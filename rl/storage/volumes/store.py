@@ -12,9 +12,9 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal
 
-from rl.errors import shown
+from rl import platform
+from rl.errors import InvalidNameError, VersionNotFoundError, VolumeCorruptedError, WriterConflictError, shown
 from rl.storage.safe_fs import Tree, create_at
-from rl.storage.volumes.errors import InvalidNameError, VersionNotFoundError, VolumeCorruptedError, WriterConflictError
 from rl.storage.volumes.filesystem import RACY_NS, SHARE_MODES, ShareMode, racy_window_ns, read_only_mode
 from rl.storage.volumes.manifest import NAME_RE, VERSION_RE, manifest_problem
 from rl.storage.volumes.version import LocalVolumeVersion
@@ -28,8 +28,8 @@ MIN_PREFIX = 8
 PROBE_S = 0.025
 PROBE_FILES = 64
 PROBE_ROUNDS = 4
-# Probed once per filesystem (device) per process: a test suite opens thousands of stores on one.
-_RACY_BY_DEVICE: dict[int, int] = {}
+# The racy windows probed in this process, by filesystem (device): a test suite opens thousands of stores on one.
+_PROBED_RACY_NS: dict[int, int] = {}
 # A manifest lists a version's files: far above any buffer's or world's, far below what would exhaust memory.
 MAX_MANIFEST_BYTES = 64 << 20
 
@@ -38,17 +38,25 @@ class LocalVolumeStore:
     """Versioned copy-on-write volumes under one directory.
 
     `share` is "auto" (probe the filesystem) or a `ShareMode` to force one; `durable=False` skips the fsyncs that make a
-    published version survive power loss (for tests and benchmarks that do not need it).
+    published version survive power loss (for tests and benchmarks that do not need it); `cloner` clones a file where
+    forks reflink (`rl.platform.clone_at`; default this platform's); `racy_ns` is the racy window (`racy_ns`) where it
+    is known, None to probe it.
     """
 
     def __init__(
-        self, root: str | os.PathLike[str], *, share: ShareMode | Literal["auto"] = "auto", durable: bool = True
+        self,
+        root: str | os.PathLike[str],
+        *,
+        share: ShareMode | Literal["auto"] = "auto",
+        durable: bool = True,
+        cloner: platform.Cloner = platform.CLONER,
+        racy_ns: int | None = None,
     ) -> None:
         self.root = Path(os.path.abspath(root))
         self.durable = durable
         # Everything from the store's own directory down is reached without following a link (rl.storage.safe_fs): a
         # folder swapped for a symlink after these checks cannot carry a write or a delete outside the store.
-        self.fs = Tree(self.root.parent)
+        self.fs = Tree(self.root.parent, cloner)
         self.root.parent.mkdir(parents=True, exist_ok=True)
         for sub in ("versions", "staging", "locks"):
             if self.fs.kind(self.root / sub) is None:
@@ -66,7 +74,7 @@ class LocalVolumeStore:
         else:
             raise ValueError(f"share must be 'auto' or one of {SHARE_MODES}, not {share!r}")
         self._manifests: dict[str, dict[str, Any]] = {}
-        self._racy_ns: int | None = None  # probed when a finalize first asks (a store only read never does)
+        self._racy_ns = racy_ns  # None: probed when a finalize first asks (a store only read never does)
 
     def _probe_racy_ns(self) -> int:
         """`racy_window_ns` of the store's filesystem, from fresh files written in a row. Nothing is stat-ed until all
@@ -123,9 +131,9 @@ class LocalVolumeStore:
         once per filesystem)."""
         if self._racy_ns is None:
             device = os.stat(self.root).st_dev
-            if device not in _RACY_BY_DEVICE:
-                _RACY_BY_DEVICE[device] = self._probe_racy_ns()
-            self._racy_ns = _RACY_BY_DEVICE[device]
+            if device not in _PROBED_RACY_NS:
+                _PROBED_RACY_NS[device] = self._probe_racy_ns()
+            self._racy_ns = _PROBED_RACY_NS[device]
         return self._racy_ns
 
     def new(self, name: str) -> LocalWritableVolume:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rl.storage.volumes.errors import VolumeCorruptedError
+from rl.errors import VolumeCorruptedError
 from rl.storage.volumes.filesystem import WRITE_BITS, clean_relpath
 from rl.storage.volumes.manifest import FileEntry
 from rl.types import ArtifactRef

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any
 
-from rl.storage.volumes.errors import InvalidPathError, SharedFileModifiedError, UnsupportedFileError, VolumeSealedError
+from rl.errors import InvalidPathError, SharedFileModifiedError, UnsupportedFileError, VolumeSealedError
 from rl.storage.volumes.filesystem import WRITE_BITS, clean_relpath, read_only_mode
 from rl.storage.volumes.manifest import FileEntry, new_manifest, symlink_target_problem
 from rl.storage.volumes.writer_lock import release_writer

@@ -8,9 +8,9 @@ import os
 import threading
 from pathlib import Path
 
+from rl.errors import WriterConflictError
 from rl.platform import flock, unlock
 from rl.storage.safe_fs import Tree
-from rl.storage.volumes.errors import WriterConflictError
 
 # Keyed by pid too: a child made by os.fork inherits this set but not the parent's writers.
 OPEN_WRITERS: set[tuple[int, str, str]] = set()

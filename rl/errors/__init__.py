@@ -1,14 +1,13 @@
-"""Every error this project raises on purpose, under one root, `RlError`, in one public module.
+"""Every error this project raises on purpose, in one public package: import each from `rl.errors`.
 
 `except rl.errors.RlError` catches every expected failure (bad input, a checkpoint or artifact that cannot be used, a
 damaged volume, a tier that broke its contract; a full disk is an `OSError` instead); anything else is a bug. Each
-family's `exit_code` is the `rl` command's exit status when that family ends it: docs/commands.md#exit-status.
-
-Each family keeps the builtin base it had (`ValueError`, `RuntimeError`, `LookupError`, ...), so `except` clauses
-written against those still catch it. This module is the ground floor: it imports nothing of `rl` (`ArtifactError`'s
-and `VolumeError`'s subclasses live with their stores, `rl.storage.artifacts` and `rl.storage.volumes.errors`). A fork's
-driver raises these (or subclasses) so that the same `except` clauses, and the same laws, hold for it
-(docs/conformance.md#the-errors-your-driver-raises). Each message says what to do next.
+family's `exit_code` is the `rl` command's exit status when that family ends it: docs/commands.md#exit-status. Each
+keeps the builtin base it had (`ValueError`, `RuntimeError`, ...), so `except` clauses written against those still
+catch it. The families and the errors a driver raises are here; the rest are in `rl.errors.storage`, `.models` and
+`.drivers`, by what raises them (an injected fault, `DriverCrash` (a `BaseException`), a missing optional dependency
+keep only their builtin base). The ground floor: it imports nothing else of `rl`. A fork's driver raises these (or
+subclasses) so the same `except` clauses and laws hold for it (docs/conformance.md#the-errors-your-driver-raises).
 """
 
 from __future__ import annotations
@@ -17,35 +16,97 @@ import unicodedata
 from typing import ClassVar
 
 __all__ = [
+    "AdapterArtifactError",
+    "AdapterDirError",
+    "AdapterRefused",
+    "ArtifactCorruptError",
     "ArtifactError",
+    "ArtifactNotFoundError",
     "BatchError",
     "CheckpointConfigMismatchError",
     "CheckpointCorruptError",
     "CheckpointError",
     "CheckpointSchemaError",
     "CheckpointSealError",
+    "ConfigError",
+    "CudaUnavailableError",
+    "DriverAttemptsExhausted",
+    "DriverCrash",
     "EngineClosedError",
     "EngineContractError",
+    "EngineOutputError",
     "EngineStartError",
+    "FaultInputError",
     "FreshRefusedError",
     "GrpoInputError",
+    "HistoryFileError",
+    "ImplementationError",
     "IncompleteBufferError",
+    "InjectedDriverCrash",
+    "InjectedDriverFailure",
+    "InjectedTaskFailure",
     "InputError",
+    "InvalidArtifactError",
+    "InvalidNameError",
+    "InvalidPathError",
+    "InvalidRolloutRequestError",
+    "IterationExistsError",
+    "IterationNotFoundError",
+    "JudgeFlake",
+    "JudgeOutage",
     "LedgerError",
+    "LinkRefusedError",
     "MissingAdapterError",
+    "ModelCacheError",
+    "ModelDirError",
+    "ModelFileError",
+    "ModelMismatchError",
+    "ModelSandboxError",
+    "ModelSourceError",
     "NonFiniteLogitsError",
     "NonFiniteMetricError",
     "NonFiniteRewardError",
+    "NotAnAdapterError",
+    "NotInATaskError",
+    "OptimizerStateError",
+    "PlanDoesNotFitError",
+    "PromptTooLongError",
+    "RayUnavailableError",
+    "RemoteOnlyError",
+    "RetiredWorkspaceError",
     "RetriesExhaustedError",
     "RlError",
     "RolloutPlacementError",
+    "RowSchemaError",
     "RunDirError",
     "RunLockedError",
+    "SandboxFailure",
+    "SharedFileModifiedError",
+    "SimUsageError",
+    "SimulationDeadlock",
     "StaleBatchError",
+    "StepOutOfOrderError",
+    "StepPayloadConflictError",
+    "TaskFailed",
     "TierError",
     "TrainerError",
+    "TrainerLedgerError",
+    "TrainerMismatchError",
+    "UnhashableInputError",
+    "UnknownGpuError",
+    "UnknownRewardError",
+    "UnknownVersionError",
     "UnsafeRunDirError",
+    "UnsupportedAsyncio",
+    "UnsupportedFileError",
+    "UnsupportedLora",
+    "UntrustedValueError",
+    "VLLMUnavailableError",
+    "VersionNotFoundError",
+    "VolumeCorruptedError",
     "VolumeError",
+    "VolumeSealedError",
+    "WriterConflictError",
     "shown",
 ]
 
@@ -210,13 +271,18 @@ class CheckpointError(RlError, RuntimeError):
 
 
 class ArtifactError(RlError):
-    """Base of the artifact store's errors (`rl.storage.artifacts` holds the subclasses)."""
+    """Base of the artifact store's errors (`rl.errors.storage` holds the subclasses)."""
 
     exit_code = 4
 
 
+class ArtifactNotFoundError(ArtifactError, FileNotFoundError):
+    """No artifact with the requested digest is stored here (deleted, or written by another store): every artifact
+    store raises it, so a driver handles a lost artifact the same way whichever store it runs on."""
+
+
 class VolumeError(RlError):
-    """Base class of every error the volume layer raises (`rl.storage.volumes.errors` holds the subclasses)."""
+    """Base class of every error the volume layer raises (`rl.errors.storage` holds the subclasses)."""
 
     exit_code = 5
 
@@ -335,3 +401,74 @@ class RankFailedError(RlError, RuntimeError):
 
 
 __all__ += ["RankFailedError"]
+
+
+# The other errors, in one module per concern, each beside the families it subclasses: imported last, because they
+# import those families from here.
+from rl.errors.drivers import (  # noqa: E402
+    ConfigError,
+    DriverAttemptsExhausted,
+    DriverCrash,
+    FaultInputError,
+    HistoryFileError,
+    ImplementationError,
+    InjectedDriverCrash,
+    InjectedDriverFailure,
+    InjectedTaskFailure,
+    JudgeFlake,
+    JudgeOutage,
+    NotInATaskError,
+    RayUnavailableError,
+    RemoteOnlyError,
+    RetiredWorkspaceError,
+    SandboxFailure,
+    SimulationDeadlock,
+    SimUsageError,
+    StepOutOfOrderError,
+    StepPayloadConflictError,
+    TaskFailed,
+    TrainerLedgerError,
+    TrainerMismatchError,
+    UnknownRewardError,
+    UnknownVersionError,
+    UnsupportedAsyncio,
+)
+from rl.errors.models import (  # noqa: E402
+    AdapterArtifactError,
+    AdapterDirError,
+    AdapterRefused,
+    CudaUnavailableError,
+    EngineOutputError,
+    InvalidRolloutRequestError,
+    ModelCacheError,
+    ModelDirError,
+    ModelFileError,
+    ModelMismatchError,
+    ModelSandboxError,
+    ModelSourceError,
+    NotAnAdapterError,
+    OptimizerStateError,
+    PlanDoesNotFitError,
+    PromptTooLongError,
+    UnknownGpuError,
+    UnsupportedLora,
+    VLLMUnavailableError,
+)
+from rl.errors.storage import (  # noqa: E402
+    ArtifactCorruptError,
+    InvalidArtifactError,
+    InvalidNameError,
+    InvalidPathError,
+    IterationExistsError,
+    IterationNotFoundError,
+    LinkRefusedError,
+    RowSchemaError,
+    SharedFileModifiedError,
+    UnhashableInputError,
+    UnsupportedFileError,
+    UntrustedValueError,
+    VersionNotFoundError,
+    VolumeCorruptedError,
+    VolumeSealedError,
+    WriterConflictError,
+)

@@ -1,4 +1,4 @@
-"""The GRPO driver's rollout buffer on local volumes: the `RolloutSink` protocol over `RolloutBuffer`."""
+"""The GRPO driver's rollout buffer on local volumes: the `RolloutBuffer` protocol over `VolumeBuffer`."""
 
 from __future__ import annotations
 
@@ -6,20 +6,20 @@ import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
-from rl.storage.volumes.buffer import RolloutBuffer, rollout_rows
+from rl.storage.volumes.buffer import VolumeBuffer, rollout_rows
 from rl.storage.volumes.store import LocalVolumeStore
 from rl.types import Rollout
 
 BUFFER_NAME = "rollouts"
 
 
-class VolumeRolloutSink:
+class LocalRolloutBuffer:
     """Each iteration forks the previous buffer version and adds `iter-NNNNN.jsonl` (the training-loop tutorial's
     buffer)."""
 
     def __init__(self, root: Path, name: str = BUFFER_NAME) -> None:
         self.store = LocalVolumeStore(root)
-        self.buffer = RolloutBuffer(self.store, name)
+        self.buffer = VolumeBuffer(self.store, name)
 
     async def append(
         self, iteration: int, rollouts: Sequence[Rollout], rewards: Sequence[float], parent: str | None
