@@ -48,6 +48,7 @@ from rl.loop.grpo import GrpoConfig, run_grpo
 from rl.models import load_tokenizer
 from rl.models.pretrained import resolve_model
 from rl.protocols import Reporter
+from rl.storage.run_dir import RunDir, open_run
 from rl.types import EvalResult, IterationMetrics
 
 DEMO_REPORT_INTERVAL_S = 15.0
@@ -103,7 +104,7 @@ class TimedReporter:
 
 
 def real_model_deployment(
-    out_dir: Path, shape: Shape, iterations: int, seed: int
+    run_dir: RunDir, shape: Shape, iterations: int, seed: int
 ) -> tuple[GrpoConfig, LocalDeployment]:
     """`rl demo grpo --model M`'s run (its config, trainer and `Addition` prompts), its end-of-run evaluation off:
     the runner evaluates after training, as TRL's does."""
@@ -115,7 +116,7 @@ def real_model_deployment(
         raise ValueError(f"the demo samples {config.max_tokens} tokens on a real model, the shape {shape.max_tokens}")
     config = replace(config, evaluate=False)
     dep = local_grpo(
-        out_dir,
+        run_dir,
         config,
         trainer=REAL_MODEL_TRAINER,
         model_dir=resolve_model(shape.model),
@@ -124,12 +125,17 @@ def real_model_deployment(
     return config, dep
 
 
-async def run(out_dir: Path, shape_name: str, iterations: int, seed: int) -> RunRecord:
+async def run(out: Path, shape_name: str, iterations: int, seed: int) -> RunRecord:
+    with open_run(out, command="python -m peers.bench_ours") as run_dir:
+        return await _run(run_dir, shape_name, iterations, seed)
+
+
+async def _run(run_dir: RunDir, shape_name: str, iterations: int, seed: int) -> RunRecord:
     shape = SHAPES[shape_name]
     clock = IterationClock()
     record = RunRecord(impl="ours", shape=shape_name, seed=seed, version=f"rl-{rl.__version__}")
     if shape.model is not None:
-        config, dep = real_model_deployment(out_dir, shape, iterations, seed)
+        config, dep = real_model_deployment(run_dir, shape, iterations, seed)
         time_generation(dep.tiers.engine, clock)
         tiers = replace(dep.tiers, reporter=TimedReporter(dep.reporter, clock, record))
         await run_grpo(config, tiers, dep.store)
@@ -147,7 +153,7 @@ async def run(out_dir: Path, shape_name: str, iterations: int, seed: int) -> Run
     # local_grpo checks the configuration against the digit task's ten prompts; the large shape draws 32 from the
     # same prompts repeated (bench_prompts), so the deployment is built with a draw it accepts, run with the real one.
     buildable = replace(config, prompts_per_iteration=min(shape.prompts, len(prompts.eval_prompts())))
-    dep = local_grpo(out_dir, buildable, trainer=DEMO_TRAINER, report_interval_s=DEMO_REPORT_INTERVAL_S)
+    dep = local_grpo(run_dir, buildable, trainer=DEMO_TRAINER, report_interval_s=DEMO_REPORT_INTERVAL_S)
     time_generation(dep.tiers.engine, clock)
     tiers = replace(dep.tiers, prompts=prompts, reporter=TimedReporter(dep.reporter, clock, record))
     await run_grpo(config, tiers, dep.store)

@@ -22,6 +22,7 @@ from rl.models import load_tokenizer
 from rl.models.pretrained import SMOLLM2, pinned_model
 from rl.problems import Addition
 from rl.samplers.decoding import teacher_forced_logprobs
+from rl.storage.run_dir import open_run
 from rl.trainer.adapter import load_policy
 from rl.types import RolloutRequest
 
@@ -45,11 +46,11 @@ def model_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def run(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    out = tmp_path_factory.mktemp("real-run")
-    deployment = local_grpo(
-        out, CONFIG, model_dir=model_dir, trainer=REAL_MODEL_TRAINER, buffer=False, report_interval_s=1e9
-    )
-    outcome = asyncio.run(run_grpo(CONFIG, deployment.tiers, deployment.store))
+    with open_run(tmp_path_factory.mktemp("real-run"), command="test") as run_dir:
+        deployment = local_grpo(
+            run_dir, CONFIG, model_dir=model_dir, trainer=REAL_MODEL_TRAINER, buffer=False, report_interval_s=1e9
+        )
+        outcome = asyncio.run(run_grpo(CONFIG, deployment.tiers, deployment.store))
     return deployment, outcome
 
 

@@ -47,11 +47,13 @@ def worker(seeds: list[int], root: Path) -> None:
     from rich.console import Console
 
     from rl.deploy.demo import grpo_demo_config, run_demo
+    from rl.storage.run_dir import open_run
 
     for seed in seeds:
         config = grpo_demo_config(iterations=120, seed=seed)
         console = Console(file=open(os.devnull, "w"))  # noqa: SIM115  (the progress bar goes nowhere)
-        summary = asyncio.run(run_demo(config, root / f"seed{seed}", console=console))
+        with open_run(root / f"seed{seed}", command="scripts/demo_learning.py") as run:
+            summary = asyncio.run(run_demo(config, run, console=console))
         print(
             json.dumps(
                 {

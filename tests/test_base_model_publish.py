@@ -8,8 +8,9 @@ import os
 import pytest
 
 import rl.deploy.local
-from rl.deploy.local import DEMO_MODEL, base_model, discard_abandoned_bases
+from rl.deploy.local import DEMO_MODEL, base_model
 from rl.models import load_base_model, load_tokenizer
+from rl.storage.run_dir import discard_abandoned_bases
 
 _FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 

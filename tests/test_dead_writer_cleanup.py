@@ -20,9 +20,10 @@ def _hold(path: Path) -> int:
 
 
 def test_a_run_start_deletes_what_dead_writers_left_and_keeps_live_and_foreign_files(tmp_path):
-    """`local_grpo` (the start of `rl demo grpo`) cleans every store's leftovers of a killed writer."""
+    """`open_run` and `local_grpo` (the start of `rl demo grpo`) clean every store's leftovers of a killed writer."""
     from rl.deploy.local import local_grpo
     from rl.loop.grpo import GrpoConfig
+    from rl.storage.run_dir import open_run
 
     out = tmp_path / "run"
     dead = [
@@ -43,7 +44,8 @@ def test_a_run_start_deletes_what_dead_writers_left_and_keeps_live_and_foreign_f
             p.write_text("x")
     fds = [_hold(p) for p in live]
     try:
-        local_grpo(out, GrpoConfig(iterations=1, prompts_per_iteration=2, group_size=2))
+        with open_run(out, command="test") as run:
+            local_grpo(run, GrpoConfig(iterations=1, prompts_per_iteration=2, group_size=2))
         assert [p for p in dead if os.path.lexists(p)] == []
         assert all(p.exists() for p in live + foreign)
     finally:

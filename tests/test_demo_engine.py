@@ -10,6 +10,7 @@ import pytest
 from rl.cli import main
 from rl.deploy.local import DEMO_MODEL, VLLM_DEMO_MODEL, check_engine, refuse_other_model
 from rl.errors import GrpoInputError, InputError
+from rl.storage.run_dir import open_run
 
 
 def _without_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -46,7 +47,8 @@ def test_a_run_of_the_torch_model_is_not_resumed_on_the_vllm_model(tmp_path, cap
     assert main(["demo", "grpo", "--iterations", "1", "--prompts", "2", "--samples", "2", "--out", str(out)]) == 0
     capsys.readouterr()
     before = sorted(p.name for p in out.iterdir())
-    with pytest.raises(GrpoInputError, match="resume it with the --engine it was started with"):
-        refuse_other_model(out, VLLM_DEMO_MODEL, "vllm")
-    refuse_other_model(out, DEMO_MODEL, "torch")  # its own model resumes
+    with open_run(out, command="test") as run:
+        with pytest.raises(GrpoInputError, match="resume it with the --engine it was started with"):
+            refuse_other_model(run, VLLM_DEMO_MODEL, "vllm")
+        refuse_other_model(run, DEMO_MODEL, "torch")  # its own model resumes
     assert sorted(p.name for p in out.iterdir()) == before

@@ -19,6 +19,7 @@ import rl.deploy.flyte
 from rl.deploy.flyte.config import GrpoRunConfig, smoke
 from rl.deploy.local import local_grpo
 from rl.loop.grpo import GrpoOutcome, run_grpo
+from rl.storage.run_dir import open_run
 
 pytestmark = pytest.mark.flyte
 
@@ -134,10 +135,9 @@ def pipelined_reference(tmp_path_factory) -> GrpoOutcome:
     config: GrpoRunConfig = CONFIG
     # A DDP rank runs the loss path its config names (`rl.trainer.ddp`), on its shard: with one rank, the whole batch,
     # so the one-process trainer runs the same computation, bit for bit.
-    deployment = local_grpo(
-        tmp_path_factory.mktemp("reference"), config.grpo, model=config.model.tiny, trainer=config.trainer
-    )
-    return asyncio.run(run_grpo(config.grpo, deployment.tiers, deployment.store))
+    with open_run(tmp_path_factory.mktemp("reference"), command="test") as run:
+        deployment = local_grpo(run, config.grpo, model=config.model.tiny, trainer=config.trainer)
+        return asyncio.run(run_grpo(config.grpo, deployment.tiers, deployment.store))
 
 
 def test_the_pipelined_driver_trains_one_step_stale_batches_on_the_clustered_trainer(

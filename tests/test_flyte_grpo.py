@@ -27,6 +27,7 @@ from rl.errors import ArtifactCorruptError, ArtifactNotFoundError
 from rl.loop.grpo import GrpoOutcome, run_grpo
 from rl.storage.artifacts import compute_digest, read_dir
 from rl.storage.checkpoint.format import decode_state
+from rl.storage.run_dir import open_run
 from rl.storage.volumes.buffer import PANDAS_DTYPES
 from rl.types import ArtifactRef
 
@@ -45,14 +46,9 @@ def flyte_local(tmp_path, monkeypatch):
 def reference(tmp_path_factory) -> GrpoOutcome:
     """The same configuration run in one process on the same components, without Flyte."""
     config: GrpoRunConfig = CONFIG
-    deployment = local_grpo(
-        tmp_path_factory.mktemp("reference"),
-        config.grpo,
-        model=config.model.tiny,
-        trainer=config.trainer,
-        reward=config.reward,
-    )
-    return asyncio.run(run_grpo(config.grpo, deployment.tiers, deployment.store))
+    with open_run(tmp_path_factory.mktemp("reference"), command="test") as run:
+        deployment = local_grpo(run, config.grpo, model=config.model.tiny, trainer=config.trainer, reward=config.reward)
+        return asyncio.run(run_grpo(config.grpo, deployment.tiers, deployment.store))
 
 
 def _digest(directory_path: str) -> str:

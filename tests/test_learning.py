@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rl.deploy.demo import grpo_demo_config, run_demo
+from rl.storage.run_dir import open_run
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "demo_learning.py"
 # Seeds 0 and 3 stalled (0.45, 0.58) under lr 1e-2 and groups of 8; seed 5 is the recipe's weakest since.
@@ -24,7 +25,8 @@ FLOOR = 0.6
 @pytest.mark.slow
 def test_grpo_on_the_tiny_model_beats_the_start_and_the_best_constant_answer(tmp_path):
     """Fixed seeds, 120 iterations of 8 prompts x 8 samples: accuracy rises well above the 0.1 constant baseline."""
-    summary = asyncio.run(run_demo(grpo_demo_config(iterations=120, seed=0), tmp_path))
+    with open_run(tmp_path, command="test") as run:
+        summary = asyncio.run(run_demo(grpo_demo_config(iterations=120, seed=0), run))
     baseline = summary["constant_baseline_accuracy"]
     assert summary["accuracy_last"] > summary["accuracy_first"] + 0.2
     assert summary["accuracy_last"] > baseline + 0.2

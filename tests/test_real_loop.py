@@ -8,13 +8,15 @@ import pytest
 
 from rl.deploy.local import local_grpo
 from rl.loop.grpo import GrpoConfig, run_grpo
+from rl.storage.run_dir import open_run
 
 CONFIG = GrpoConfig(iterations=3, prompts_per_iteration=2, group_size=4, seed=11, max_tokens=3, eval_k=2)
 
 
 def _run(out):
-    deployment = local_grpo(out, CONFIG, buffer=False, report_interval_s=1e9)
-    return asyncio.run(run_grpo(CONFIG, deployment.tiers, deployment.store))
+    with open_run(out, command="test") as run:
+        deployment = local_grpo(run, CONFIG, buffer=False, report_interval_s=1e9)
+        return asyncio.run(run_grpo(CONFIG, deployment.tiers, deployment.store))
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +40,9 @@ def test_a_different_run_seed_gives_a_different_adapter(first, tmp_path):
     from dataclasses import replace
 
     other_config = replace(CONFIG, seed=12)
-    deployment = local_grpo(tmp_path / "b", other_config, buffer=False, report_interval_s=1e9)
-    other = asyncio.run(run_grpo(other_config, deployment.tiers, deployment.store))
+    with open_run(tmp_path / "b", command="test") as run:
+        deployment = local_grpo(run, other_config, buffer=False, report_interval_s=1e9)
+        other = asyncio.run(run_grpo(other_config, deployment.tiers, deployment.store))
     assert other.adapter.digest != first.adapter.digest
 
 
@@ -65,9 +68,10 @@ def test_each_rows_kl_and_clip_fraction_are_the_peft_steps_own(tmp_path):
 
     config = GrpoConfig(iterations=4, prompts_per_iteration=4, group_size=8, seed=1, max_tokens=3, evaluate=False)
     config = replace(config, pipelined=True)
-    deployment = local_grpo(tmp_path, config, buffer=False, report_interval_s=1e9)
-    trainer = _RecordingTrainer(deployment.tiers.trainer)
-    outcome = asyncio.run(run_grpo(config, replace(deployment.tiers, trainer=trainer), deployment.store))
+    with open_run(tmp_path, command="test") as run:
+        deployment = local_grpo(run, config, buffer=False, report_interval_s=1e9)
+        trainer = _RecordingTrainer(deployment.tiers.trainer)
+        outcome = asyncio.run(run_grpo(config, replace(deployment.tiers, trainer=trainer), deployment.store))
     rows = [(row.kl, row.clip_frac, row.grad_norm) for row in outcome.history]
     assert rows == [(m.kl, m.clip_frac, m.grad_norm) for m in trainer.steps]
     assert max(kl for kl, _, _ in rows) > 0.0 and max(clip for _, clip, _ in rows) > 0.0

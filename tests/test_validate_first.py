@@ -62,16 +62,34 @@ def test_demo_config_is_checked_before_fresh_deletes_the_previous_run(tmp_path, 
 
 
 def test_local_grpo_refuses_a_config_before_building_the_base_model(tmp_path):
-    """The library entry point checks too: nothing is written under out_dir for a config `run_grpo` would refuse."""
+    """The library entry point checks too: nothing a run writes lands in the opened run directory for a config
+    `run_grpo` would refuse (only its marker and lock, from opening it)."""
     from rl.deploy.local import local_grpo
     from rl.errors import InputError
     from rl.loop.grpo import GrpoConfig
+    from rl.storage.run_dir import open_run
+    from rl.storage.run_layout import written_by_run
 
     out = tmp_path / "run"
-    with pytest.raises(InputError, match="iterations must be >= 1"):
-        local_grpo(out, GrpoConfig(iterations=0))
-    with pytest.raises(InputError, match="unknown reward 'bleu'"):
-        local_grpo(out, GrpoConfig(iterations=1), reward="bleu")
+    with open_run(out, command="test") as run:
+        with pytest.raises(InputError, match="iterations must be >= 1"):
+            local_grpo(run, GrpoConfig(iterations=0))
+        with pytest.raises(InputError, match="unknown reward 'bleu'"):
+            local_grpo(run, GrpoConfig(iterations=1), reward="bleu")
+    assert [p.name for p in out.iterdir() if written_by_run(p.name)] == []
+
+
+def test_local_grpo_refuses_a_plain_path(tmp_path):
+    """A path that no opener checked is refused before anything is read or written: the checks cannot be skipped."""
+    from rl.deploy.local import local_grpo
+    from rl.loop.grpo import GrpoConfig
+    from rl.storage.run_dir import RunDir
+
+    out = tmp_path / "run"
+    with pytest.raises(TypeError, match="open_run"):
+        local_grpo(out, GrpoConfig(iterations=1))
+    with pytest.raises(TypeError, match="open_run"):
+        RunDir(out, fresh=False, opener=object())
     assert not out.exists()
 
 

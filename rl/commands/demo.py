@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 from rl.argtypes import int_at_least, positive_int, user_path
 from rl.strict_json import flag_non_finite
@@ -68,8 +67,7 @@ def run_grpo_demo(args: argparse.Namespace) -> int:
     from rl.deploy.demo import grpo_demo_config, run_demo
     from rl.deploy.local import check_local_grpo, demo_problems
     from rl.models.pretrained import resolve_model
-    from rl.storage.run_layout import check_fresh, start_fresh
-    from rl.storage.run_lock import run_lock
+    from rl.storage.run_dir import open_run
 
     console = Console(stderr=True)
     real = args.model is not None
@@ -91,20 +89,11 @@ def run_grpo_demo(args: argparse.Namespace) -> int:
         problems = demo_problems(real)
         questions = [p.question for p in (*problems.train_prompts(), *problems.eval_prompts())]
         check_run_fits_model(model_dir, questions, config.max_tokens)
-    check_out_dir(args.out)
-    if args.fresh:
-        check_fresh(args.out)
-    # The lock before --fresh deletes anything: a second process is refused, and never clears a directory that
-    # another one is writing.
-    with run_lock(args.out, command="rl demo grpo"):
-        if args.fresh:
-            start_fresh(args.out)
-        ensure_writable_dir(args.out)
+    # The run directory is opened and checked here, once, and held locked while the run writes in it.
+    with open_run(args.out, command="rl demo grpo", fresh=args.fresh) as run:
         start = time.perf_counter()
         summary = asyncio.run(
-            run_demo(
-                config, args.out, console=console, buffer=not args.no_buffer, engine=args.engine, model_dir=model_dir
-            )
+            run_demo(config, run, console=console, buffer=not args.no_buffer, engine=args.engine, model_dir=model_dir)
         )
     summary["wall_s"] = round(time.perf_counter() - start, 2)
     if model_dir is not None:  # the cache a pinned model was checked from, not this process's private copy
@@ -123,26 +112,3 @@ def run_grpo_demo(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(flag_non_finite(summary), allow_nan=False))
     return 0
-
-
-def check_out_dir(out: Path) -> None:
-    """Refuse an --out that names something other than a directory, before anything is written or deleted."""
-    from rl.errors import InputError
-
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out} is a file, not a directory: pass --out a new or existing directory")
-    for parent in out.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise InputError(f"--out {out} lies under {parent}, which is a file: pass --out another path")
-            break
-
-
-def ensure_writable_dir(out: Path) -> None:
-    """Create --out and prove it writable with a temporary file; the filesystem's refusal (read-only, full, no
-    permission) surfaces here as an `OSError`, before the run starts."""
-    import tempfile
-
-    out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryFile(dir=out, prefix=".rl-write-probe-"):
-        pass

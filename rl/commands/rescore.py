@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rl.argtypes import user_path
+
+if TYPE_CHECKING:
+    from rl.storage.run_dir import RunDir
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,23 +41,26 @@ def run(args: argparse.Namespace) -> int:
 
     from rl.errors import IncompleteBufferError, InputError, shown
     from rl.rewards import get_reward
-    from rl.storage.run_layout import RunLayout, require_safe
-    from rl.storage.run_lock import run_lock
+    from rl.storage.run_dir import open_existing_run
+    from rl.storage.run_layout import RunLayout
     from rl.storage.volumes.buffer import VolumeBuffer
     from rl.storage.volumes.rollout_buffer import BUFFER_NAME
     from rl.storage.volumes.store import LocalVolumeStore
     from rl.types import Rollout
 
     reward = get_reward(args.reward)  # an unknown name is refused before anything is read
-    require_safe(args.run_dir)  # a run directory someone sent: volumes/ must not lead elsewhere
-    volumes = RunLayout(args.run_dir).volumes
-    if not volumes.is_dir():
-        raise InputError(
-            f"{args.run_dir} has no rollout buffer (no volumes/ directory); run `rl demo grpo --out "
-            f"{args.run_dir}` with the buffer on (the default) first"
-        )
-    # A writer (a resuming `rl demo grpo`, another rescore) would move the head and the checkpoint under us.
-    with run_lock(args.run_dir, command="rl rescore"):
+
+    def has_buffer(layout: RunLayout) -> None:
+        if not layout.volumes.is_dir():
+            raise InputError(
+                f"{layout.root} has no rollout buffer (no volumes/ directory); run `rl demo grpo --out "
+                f"{layout.root}` with the buffer on (the default) first"
+            )
+
+    # Checked once (no entry a link: volumes/ must not lead elsewhere), then locked: a writer (a resuming `rl demo
+    # grpo`, another rescore) would move the head and the checkpoint under us.
+    with open_existing_run(args.run_dir, command="rl rescore", require=has_buffer) as run:
+        volumes = run.layout.volumes
         buffer = VolumeBuffer(LocalVolumeStore(volumes), BUFFER_NAME)
         head = buffer.head()
         if head is None:
@@ -62,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
                 f"the rollout buffer in {volumes} has no version yet; run `rl demo grpo --out {args.run_dir}` first"
             )
         held = buffer.iterations(head)
-        through, source = _trained_through(args.run_dir, held)
+        through, source = _trained_through(run, held)
         spans = missing_ranges(held, through)  # as ranges: a claimed iteration of 10**12 costs nothing
         count = sum(b - a + 1 for a, b in spans)
         if spans:
@@ -96,18 +102,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _trained_through(run_dir: Path, held: list[int]) -> tuple[int, str]:
+def _trained_through(run: RunDir, held: list[int]) -> tuple[int, str]:
     """The last iteration the run trained, and where that figure comes from (for the message)."""
     import sys
 
     from rl.errors import CheckpointCorruptError, CheckpointError, shown
     from rl.storage.checkpoint.file_store import MAX_CHECKPOINT_BYTES
     from rl.storage.checkpoint.format import decode_state
-    from rl.storage.run_layout import RunLayout
     from rl.storage.safe_fs import Tree
 
-    path = RunLayout(run_dir).checkpoint
-    fs = Tree(run_dir)
+    path = run.layout.checkpoint
+    fs = Tree(run.root)
     if fs.kind(path) == "file":
         try:
             try:

@@ -14,6 +14,7 @@ from rl.deploy.local import DEMO_TRAINER, REAL_MODEL_TRAINER, demo_problems, loc
 from rl.loop.grpo import GrpoConfig, run_grpo
 from rl.problems import constant_baseline_accuracy
 from rl.protocols import Reporter
+from rl.storage.run_dir import RunDir
 from rl.types import EvalResult, IterationMetrics
 
 
@@ -69,15 +70,15 @@ def _window_mean(rows: Sequence[IterationMetrics]) -> float:
 
 async def run_demo(
     config: GrpoConfig,
-    out: Path,
+    run: RunDir,
     *,
     console: Console | None = None,
     buffer: bool = True,
     engine: str = "torch",
     model_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) the demo in `out` with rollouts from `engine` (`torch` or `vllm`), on the tiny model or the
-    real one in `model_dir`; return the summary the `--json` line carries."""
+    """Run (or resume) the demo in the opened run directory `run` with rollouts from `engine` (`torch` or `vllm`),
+    on the tiny model or the real one in `model_dir`; return the summary the `--json` line carries."""
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -88,7 +89,7 @@ async def run_demo(
     )
     trainer = REAL_MODEL_TRAINER if model_dir is not None else DEMO_TRAINER
     deployment = local_grpo(
-        out, config, report_interval_s=15.0, buffer=buffer, engine=engine, model_dir=model_dir, trainer=trainer
+        run, config, report_interval_s=15.0, buffer=buffer, engine=engine, model_dir=model_dir, trainer=trainer
     )
     try:
         with progress:

@@ -27,8 +27,9 @@ from rl.samplers.torch_sampler import TorchSampler
 from rl.scoring import RewardScorer, SamplingEvaluator
 from rl.storage.artifacts import LocalArtifacts
 from rl.storage.checkpoint.file_store import FileCheckpointStore
-from rl.storage.dead_writers import discard_if_dead, locked_new_dir
-from rl.storage.run_layout import RunLayout, claim, require_safe
+from rl.storage.dead_writers import locked_new_dir
+from rl.storage.run_dir import RunDir, checked
+from rl.storage.run_layout import RunLayout
 from rl.storage.safe_fs import Tree
 from rl.storage.volumes.rollout_buffer import LocalRolloutBuffer
 from rl.trainer.config import TrainerConfig
@@ -71,15 +72,15 @@ def base_model(root: Path, config: TinyModelConfig) -> Path:
     """The tiny base model for `config`, built once under `root` (the directory name carries the config's digest).
 
     Built in a staging directory and published by one rename, so `base-*` is complete whenever it exists and a kill
-    mid-build leaves only the staging directory (`discard_abandoned_bases` deletes it). A `base-*` missing files (built
-    in place by an older version, then killed), or whose config.json is not the one this tool builds
-    (`check_model_dir`), is rebuilt: the build is deterministic, so the files come out the same.
+    mid-build leaves only the staging directory (`rl.storage.run_dir.discard_abandoned_bases` deletes it). A `base-*`
+    missing files (built in place by an older version, then killed), or whose config.json is not the one this tool
+    builds (`check_model_dir`), is rebuilt: the build is deterministic, so the files come out the same.
     """
     root = Path(os.path.abspath(root))
     root.mkdir(parents=True, exist_ok=True)
     fs = Tree(root)
     target = RunLayout(root).base_model(content_digest(config))
-    if fs.kind(target) == "dir":  # not a link: require_safe refused one, and rmtree below unlinks one
+    if fs.kind(target) == "dir":  # not a link: open_run refused one, and rmtree below unlinks one
         try:
             # Files, sizes and config.json as this tool builds them, or it is rebuilt (nothing in it is loaded).
             return check_model_dir(target, tokenizer=True, expect=expected_config(config))
@@ -116,13 +117,6 @@ def _as_os_error(exc: Exception, path: Path) -> OSError | None:
     return OSError(code, os.strerror(code), str(path))
 
 
-def discard_abandoned_bases(root: Path) -> list[str]:
-    """Delete base-model staging directories under `root` whose builder died (none a live builder holds)."""
-    fs = Tree(root)
-    names = [n for n in fs.listdir(root) if RunLayout.is_base_staging(n)]
-    return [n for n in names if discard_if_dead(Path(fs.top) / n, fs)]
-
-
 def check_local_grpo(
     config: GrpoConfig, reward: str = "default", engine: str = "torch", problems: ProblemSet | None = None
 ) -> None:
@@ -150,12 +144,13 @@ def check_engine(engine: str) -> None:
         )
 
 
-def refuse_other_model(out_dir: Path, model: TinyModelConfig, engine: str) -> None:
+def refuse_other_model(run: RunDir, model: TinyModelConfig, engine: str) -> None:
     """Refuse to resume a run that trained another base model (the other `--engine`'s): its adapters cannot load on
     this one. A `GrpoInputError` naming what to pass instead; nothing is written."""
     from rl.errors import GrpoInputError
 
-    layout = RunLayout(out_dir)
+    run = checked(run)
+    out_dir, layout = run.root, run.layout
     wanted = layout.base_model(content_digest(model))
     others = [name for name in layout.base_models() if name != wanted.name]
     if others and layout.checkpoint.exists() and not wanted.is_dir():
@@ -178,7 +173,7 @@ def make_engine(engine: str, base: Path, artifacts: LocalArtifacts, threads: int
 
 
 def local_grpo(
-    out_dir: Path,
+    run: RunDir,
     config: GrpoConfig,
     *,
     model: TinyModelConfig | None = None,
@@ -190,24 +185,21 @@ def local_grpo(
     buffer: bool = True,
     model_dir: Path | None = None,
 ) -> LocalDeployment:
-    """Assemble the tiers under `out_dir`: base-*/ (model), artifacts/, volumes/ (rollout buffer), checkpoint.json,
-    metrics.jsonl and report.html. `model` defaults to the engine's demo model (`DEMO_MODEL`, `VLLM_DEMO_MODEL`).
-    `model_dir`: a real model directory instead (`rl.models.pretrained.resolve_model`), learning `Addition`."""
+    """Assemble the tiers in the opened run directory `run` (`rl.storage.run_dir.open_run`): base-*/ (model),
+    artifacts/, volumes/ (rollout buffer), checkpoint.json, metrics.jsonl and report.html. `model` defaults to the
+    engine's demo model (`DEMO_MODEL`, `VLLM_DEMO_MODEL`). `model_dir`: a real model directory instead
+    (`rl.models.pretrained.resolve_model`), learning `Addition`."""
+    run = checked(run)  # opened, checked and locked at the command's door
     problems = demo_problems(model_dir is not None)
     check_local_grpo(config, reward, engine, problems)
     if model is None:
         model = VLLM_DEMO_MODEL if engine == "vllm" else DEMO_MODEL
-    out_dir = Path(out_dir).absolute()
-    claim(out_dir)
-    require_safe(out_dir)
-    # What a writer killed last time left half-written goes first; a live writer's files stay (rl.storage.dead_writers).
-    discard_abandoned_bases(out_dir)
+    out_dir, layout = run.root, run.layout
     if model_dir is None:
-        refuse_other_model(out_dir, model, engine)
+        refuse_other_model(run, model, engine)
         base = base_model(out_dir, model)
     else:
         base = Path(model_dir).absolute()
-    layout = RunLayout(out_dir)
     artifacts = LocalArtifacts(layout.artifacts)
     artifacts.discard_abandoned()
     state = FileCheckpointStore(layout.checkpoint)
