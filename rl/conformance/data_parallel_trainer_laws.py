@@ -36,7 +36,7 @@ sample contributes and the ranks hold 3 and 2."""
 
 @tier("ddp")
 class DataParallelTrainerLaws:
-    """Needs `trainer`, `train_batch`, `artifacts`, `distributed_trainer` and `rl_run`."""
+    """Needs `trainer`, `train_batch`, `artifacts`, `distributed_trainer` (through `on_ranks`) and `rl_run`."""
 
     @pytest.fixture
     def distributed_trainer(self) -> Callable[[Artifacts, int], Trainer]:
@@ -44,19 +44,19 @@ class DataParallelTrainerLaws:
         ranks, storing its adapters in `artifacts`. Without it this law skips."""
         pytest.skip("no `distributed_trainer` bound, so the data-parallel train step's law does not apply")
 
+    @pytest.fixture
+    def on_ranks(self, distributed_trainer: Callable[[Artifacts, int], Trainer], artifacts: Artifacts) -> Trainer:
+        """`distributed_trainer` on `WORLD_SIZE` ranks, storing its adapters in `artifacts`."""
+        return distributed_trainer(artifacts, WORLD_SIZE)
+
     def test_ddp_train_step_equals_the_single_process_step(
-        self,
-        trainer: Trainer,
-        distributed_trainer: Callable[[Artifacts, int], Trainer],
-        artifacts: Artifacts,
-        train_batch: TrainBatch,
-        rl_run: Run[Any],
+        self, trainer: Trainer, on_ranks: Trainer, train_batch: TrainBatch, rl_run: Run[Any]
     ) -> None:
         """One step on 2 ranks reports the loss and the pre-clip gradient norm of the same step in one process: the
         per-rank scale makes the all-reduced gradient the full batch's, as the trainer's aggregation declares."""
         assert_same_step(
             trainer,
-            distributed_trainer(artifacts, WORLD_SIZE),
+            on_ranks,
             train_batch,
             rl_run,
             REL_TOLERANCE,
@@ -69,12 +69,7 @@ class DataParallelTrainerLaws:
         )
 
     def test_ddp_train_step_on_uneven_shards_equals_the_single_process_step(
-        self,
-        trainer: Trainer,
-        distributed_trainer: Callable[[Artifacts, int], Trainer],
-        artifacts: Artifacts,
-        train_batch: TrainBatch,
-        rl_run: Run[Any],
+        self, trainer: Trainer, on_ranks: Trainer, train_batch: TrainBatch, rl_run: Run[Any]
     ) -> None:
         """5 samples on 2 ranks (shards of 3 and 2): the step reports the single-process step's loss and pre-clip
         gradient norm. Each sample weighs 1 / (samples in the batch) whichever rank holds it; a rank that divides by its
@@ -90,7 +85,7 @@ class DataParallelTrainerLaws:
         batch = replace(train_batch, rollouts=rollouts, rewards=rewards)
         assert_same_step(
             trainer,
-            distributed_trainer(artifacts, WORLD_SIZE),
+            on_ranks,
             batch,
             rl_run,
             REL_TOLERANCE,

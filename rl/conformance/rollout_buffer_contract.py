@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rl.conformance.support.contract_base import ContractBase, explicit_examples, law_settings, tier
+from rl.conformance.support.contract_base import ContractBase, explicit_examples, law_settings, must_provide, tier
 from rl.storage.volumes.buffer import ROLLOUT_FIELDS, rollout_rows
 from rl.types import Rollout
 
@@ -179,11 +179,12 @@ class RolloutBufferContract(ContractBase):
     def rollout_buffer_factory(self) -> BufferFactory:
         """Return a zero-argument callable that returns a fresh, empty buffer each call (laws that draw data open one
         per example)."""
-        raise NotImplementedError(
-            "RolloutBufferContract needs the `rollout_buffer_factory` fixture: override it in your test class to "
-            "return a zero-argument callable that returns a fresh, empty rollout buffer each call, with append, read, "
+        raise must_provide(
+            "RolloutBufferContract",
+            "rollout_buffer_factory",
+            "a zero-argument callable that returns a fresh, empty rollout buffer each call, with append, read, "
             "iterations, versions and rescore as rl.conformance.rollout_buffer_contract describes "
-            "(e.g. lambda: VolumeBuffer(LocalVolumeStore(tempfile.mkdtemp(dir=tmp_path)), 'rollouts'))"
+            "(e.g. lambda: VolumeBuffer(LocalVolumeStore(tempfile.mkdtemp(dir=tmp_path)), 'rollouts'))",
         )
 
     @pytest.fixture

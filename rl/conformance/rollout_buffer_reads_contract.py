@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from rl.conformance.rollout_buffer_contract import NON_FINITE, BufferFactory, simple_rows
-from rl.conformance.support.contract_base import ContractBase, tier
+from rl.conformance.support.contract_base import ContractBase, must_provide, tier
 
 __all__ = ["PlantRows", "RolloutBufferReadsContract"]
 
@@ -33,19 +33,22 @@ class RolloutBufferReadsContract(ContractBase):
     @pytest.fixture
     def rollout_buffer_factory(self) -> BufferFactory:
         """Return a zero-argument callable returning a fresh, empty rollout buffer (as `RolloutBufferContract`)."""
-        raise NotImplementedError(
-            "RolloutBufferReadsContract needs the `rollout_buffer_factory` fixture: a zero-argument callable that "
-            "returns a fresh, empty rollout buffer (rl.conformance.rollout_buffer_contract describes its surface)"
+        raise must_provide(
+            "RolloutBufferReadsContract",
+            "rollout_buffer_factory",
+            "a zero-argument callable that returns a fresh, empty rollout buffer "
+            "(rl.conformance.rollout_buffer_contract describes its surface)",
         )
 
     @pytest.fixture
     def plant_rollout_rows(self) -> PlantRows:
         """Return `(buffer, iteration, rows) -> version` writing `rows` as `iteration` in a new version of `buffer`,
         a child of its latest, in the buffer's own format but past every check `append` makes."""
-        raise NotImplementedError(
-            "RolloutBufferReadsContract needs the `plant_rollout_rows` fixture: (buffer, iteration, rows) -> version, "
-            "storing rows as iteration in a new child version of the buffer's latest, bypassing append's checks "
-            "(rl.conformance.bindings.ours.plant_rollout_rows writes ours)"
+        raise must_provide(
+            "RolloutBufferReadsContract",
+            "plant_rollout_rows",
+            "(buffer, iteration, rows) -> version, storing rows as iteration in a new child version of the buffer's "
+            "latest, bypassing append's checks (rl.conformance.bindings.ours.plant_rollout_rows writes ours)",
         )
 
     @pytest.mark.parametrize("reward", NON_FINITE, ids=["inf", "-inf", "nan"])

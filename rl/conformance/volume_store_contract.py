@@ -34,7 +34,7 @@ from hypothesis.stateful import (
 
 from rl.conformance.in_place_rewrite_laws import InPlaceRewriteLaws
 from rl.conformance.plugin import law_seed
-from rl.conformance.support.contract_base import ContractBase, tier
+from rl.conformance.support.contract_base import ContractBase, must_provide, tier
 from rl.conformance.symlink_containment_laws import SymlinkContainmentLaws
 from rl.protocols import VolumeStore, VolumeVersion, WritableVolume
 
@@ -281,10 +281,11 @@ class VolumeStoreContract(SymlinkContainmentLaws, InPlaceRewriteLaws, ContractBa
     def volume_store_factory(self) -> StoreFactory:
         """Return a zero-argument callable that returns a fresh, empty `rl.protocols.VolumeStore` each call (the state
         machine opens one per example)."""
-        raise NotImplementedError(
-            "VolumeStoreContract needs the `volume_store_factory` fixture: override it in your test class to return "
+        raise must_provide(
+            "VolumeStoreContract",
+            "volume_store_factory",
             "a zero-argument callable that returns a fresh, empty rl.protocols.VolumeStore each call "
-            "(e.g. lambda: MyVolumeStore(tempfile.mkdtemp(dir=tmp_path)))"
+            "(e.g. lambda: MyVolumeStore(tempfile.mkdtemp(dir=tmp_path)))",
         )
 
     @pytest.fixture
