@@ -15,10 +15,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from transformers.utils import logging as transformers_logging
 
 from rl.deploy.file_reporter import FileReporter
-from rl.errors import ModelDirError
+from rl.errors import ModelDirError, ModelFileError
 from rl.identity import content_digest
 from rl.loop.grpo import GrpoConfig, GrpoTiers
-from rl.models.model_dir import check_model_dir
 from rl.models.opened_model import ModelDir, checked_model, open_model
 from rl.models.tiny import TinyModelConfig, build_tiny_model, expected_config
 from rl.problems import Addition, DigitSuccessor, ProblemSet, constant_baseline_accuracy
@@ -76,7 +75,7 @@ def base_model(root: Path, config: TinyModelConfig) -> ModelDir:
     Built in a staging directory and published by one rename, so `base-*` is complete whenever it exists and a kill
     mid-build leaves only the staging directory (`rl.storage.run_dir.discard_abandoned_bases` deletes it). A `base-*`
     missing files (built in place by an older version, then killed), or whose config.json is not the one this tool
-    builds (`check_model_dir`), is rebuilt: the build is deterministic, so the files come out the same.
+    builds (`open_model`'s `expect`), is rebuilt: the build is deterministic, so the files come out the same.
     """
     root = Path(os.path.abspath(root))
     root.mkdir(parents=True, exist_ok=True)
@@ -84,12 +83,12 @@ def base_model(root: Path, config: TinyModelConfig) -> ModelDir:
     target = RunLayout(root).base_model(content_digest(config))
     if fs.kind(target) == "dir":  # not a link: open_run refused one, and rmtree below unlinks one
         try:
-            # Files, sizes and config.json as this tool builds them, or it is rebuilt (nothing in it is loaded).
-            check_model_dir(target, tokenizer=True, expect=expected_config(config))
+            # Files, sizes and config.json as this tool builds them, or it is rebuilt (nothing is loaded before).
+            return open_model(target, expect=expected_config(config))
+        except ModelFileError:
+            raise  # a file the checked opener refuses (a link, a damaged header) is refused, never rebuilt over
         except ModelDirError:
             pass  # incomplete, not plain files, or not the model this tool built: rebuild it
-        else:
-            return open_model(target)  # outside the try: a file the opener refuses is refused, not rebuilt
     fs.rmtree(target)
     with locked_new_dir(lambda: RunLayout.base_staging(target), fs) as staging:
         # The builder (transformers, safetensors) writes by path into the directory this process just made and holds.

@@ -19,7 +19,7 @@ import re
 import secrets
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -182,12 +182,18 @@ def _header(where: Path, name: str, fd: int) -> WeightsFile:
     return WeightsFile(name, fd, size, tensors)
 
 
-def open_model_dir(model_dir: Path, *, weights: bool = True, tokenizer: bool | None = None) -> CheckedModelDir:
+def open_model_dir(
+    model_dir: Path,
+    *,
+    weights: bool = True,
+    tokenizer: bool | None = None,
+    expect: Mapping[str, object] | None = None,
+) -> CheckedModelDir:
     """Read `model_dir` through the checked opener: `check_model_dir`'s listing checks (the tokenizer's files required
-    with `tokenizer`, by default when not `weights`), then every file of `FILE_LIMITS` present and (with `weights`)
-    every weights file's header. The caller closes the result."""
+    with `tokenizer`, by default when not `weights`; config.json equal to `expect` where given), then every file of
+    `FILE_LIMITS` present and (with `weights`) every weights file's header. The caller closes the result."""
     tokenizer = not weights if tokenizer is None else tokenizer
-    model_dir = check_model_dir(Path(model_dir), weights=weights, tokenizer=tokenizer)
+    model_dir = check_model_dir(Path(model_dir), weights=weights, tokenizer=tokenizer, expect=expect)
     fs = Tree(model_dir)
     present = set(fs.listdir(model_dir))
     checked = CheckedModelDir(model_dir)

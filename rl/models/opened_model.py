@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -111,11 +111,14 @@ class ModelDir:
         return CheckedModelDir(self.where, held.checked.files, held.checked.weights if weights else {})
 
 
-def open_model(model_dir: Path, *, weights: bool = True, tokenizer: bool = True) -> ModelDir:
+def open_model(
+    model_dir: Path, *, weights: bool = True, tokenizer: bool = True, expect: Mapping[str, object] | None = None
+) -> ModelDir:
     """Open and check `model_dir` once (`ModelDirError`, `ModelFileError` in one line when it cannot be loaded): its
-    listing, with `weights` its config and weights and with `tokenizer` its tokenizer's files, then every file a load
-    reads through the checked opener. Close the result (or use it as a context manager) to release the weights."""
-    checked = open_model_dir(Path(model_dir), weights=weights, tokenizer=tokenizer)
+    listing, with `weights` its config (equal to `expect` where given) and weights and with `tokenizer` its
+    tokenizer's files, then every file a load reads through the checked opener (`ModelFileError`). Close the result
+    (or use it as a context manager) to release the weights."""
+    checked = open_model_dir(Path(model_dir), weights=weights, tokenizer=tokenizer, expect=expect)
     return ModelDir(checked.where, _Held(checked), weights=weights, tokenizer=tokenizer, opener=_OPENER)
 
 
