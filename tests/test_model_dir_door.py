@@ -116,3 +116,23 @@ def test_a_model_dir_is_made_only_by_its_opener_and_stays_in_its_process(model: 
         assert str(opened) == str(model) and opened.absolute().where == model.absolute()
     with pytest.raises(ValueError, match="closed"), opened.staged():
         pass
+
+
+def test_without_proc_each_staging_copies_the_whole_held_weights(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where there is no /proc (macOS) a staging copies the held descriptor's bytes by offset, never moving the
+    descriptor's position: two loads staging the one descriptor at once (the sampler's and the trainer's, pipelined)
+    each get the whole file."""
+    from rl.models import model_files
+
+    with open_model(model) as opened:
+        fd = opened.checked_files().weights["model.safetensors"].fd
+        os.lseek(fd, 5, os.SEEK_SET)  # where another reader of the descriptor might have left it
+        monkeypatch.setattr(model_files.os.path, "exists", lambda path: False)
+        for name in ("a", "b"):
+            model_files._hand_over(fd, tmp_path / name)
+        monkeypatch.undo()
+        assert os.lseek(fd, 0, os.SEEK_CUR) == 5
+    expected = (model / "model.safetensors").read_bytes()
+    assert (tmp_path / "a").read_bytes() == expected and (tmp_path / "b").read_bytes() == expected

@@ -222,9 +222,11 @@ def _hand_over(fd: int, target: Path) -> None:
     if os.path.exists(proc):
         os.symlink(proc, target)
         return
-    with open(os.dup(fd), "rb") as src, open(target, "xb") as dst:  # pragma: no cover (no /proc: macOS)
-        src.seek(0)
-        shutil.copyfileobj(src, dst, MIB)
+    with open(target, "xb") as dst:  # no /proc (macOS)
+        offset = 0
+        while chunk := os.pread(fd, MIB, offset):  # by offset: loads staging the one held descriptor at once agree
+            dst.write(chunk)
+            offset += len(chunk)
 
 
 @contextlib.contextmanager
