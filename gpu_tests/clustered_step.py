@@ -76,6 +76,7 @@ def one_rank_clustered_step(base_dir: Path, root: Path, device: str) -> dict[str
     from gpu_helpers import base_rollouts, run_marked, varied_rewards
     from safetensors.torch import load as load_safetensors
 
+    from rl.models.opened_model import open_model
     from rl.storage.artifacts import LocalArtifacts, compute_digest, read_dir
     from rl.trainer.config import TrainerConfig
     from rl.trainer.peft_trainer import PeftTrainer
@@ -83,7 +84,7 @@ def one_rank_clustered_step(base_dir: Path, root: Path, device: str) -> dict[str
 
     config = TrainerConfig(lr=1e-3, lora_rank=4, lora_alpha=8, seed=3, threads=1)
     store = LocalArtifacts(root / "store")
-    trainer = PeftTrainer(base_dir, store, config, device=torch.device(device))
+    trainer = PeftTrainer(open_model(base_dir), store, config, device=torch.device(device))
     init = asyncio.run(trainer.init_adapter(seed=5))
     rollouts = base_rollouts(base_dir, groups=4, samples=3, max_tokens=6, seed=31)
     rewards = varied_rewards(rollouts, silent_groups=[2])

@@ -37,6 +37,7 @@ import pytest
 from gpu_helpers import missing_requirement, requires_cuda, requires_vllm
 
 from rl.gpu import cuda_unavailable_reason, nccl_uncovered_reason, strict, vllm_llm_kwargs
+from rl.models.opened_model import open_model
 
 REPORT_ENV = "RL_GPU_REPORT"
 _HERE = Path(__file__).resolve().parent
@@ -138,11 +139,11 @@ def vllm_engine(gpu_model_dir: Path, gpu_store: Any, tmp_path_factory: pytest.Te
     from rl.samplers.vllm import VLLMEngine
 
     engine = VLLMEngine(
-        gpu_model_dir,
+        open_model(gpu_model_dir),
         gpu_store,
         adapter_root=tmp_path_factory.mktemp("vllm-adapters"),
         llm_kwargs=vllm_llm_kwargs(),
-        tokenizer=load_tokenizer(gpu_model_dir),
+        tokenizer=load_tokenizer(open_model(gpu_model_dir)),
     )
     _ = engine.llm  # start vLLM now, so its start-up is not charged to the first test
     yield engine

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rl.models.opened_model import open_model
 from rl.trainer.ddp import ddp_train_step
 from rl.trainer.ddp_check import shard_step_report
 from rl.types import ArtifactRef, TrainBatch
@@ -46,7 +47,7 @@ def grad_cases(rank: int, world_size: int, device: torch.device, job: dict[str, 
         new_version=1,
     )
     return shard_step_report(
-        rank, world_size, Path(job["base_dir"]), job["adapter"], batch, job["config"], job["cases"], device
+        rank, world_size, open_model(Path(job["base_dir"])), job["adapter"], batch, job["config"], job["cases"], device
     )
 
 

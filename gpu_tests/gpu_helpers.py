@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from rl.gpu import cuda_unavailable_reason, strict, vllm_unavailable_reason
+from rl.models.opened_model import open_model
 from rl.types import Rollout
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -91,8 +92,8 @@ def base_rollouts(
     from rl.models import load_base_model, load_tokenizer
     from rl.samplers.decoding import sample_group
 
-    tokenizer = load_tokenizer(base_dir)
-    model = load_base_model(base_dir)
+    tokenizer = load_tokenizer(open_model(base_dir))
+    model = load_base_model(open_model(base_dir))
     rollouts = []
     for g in range(groups):
         question, answer = digit_prompt(g)
@@ -137,7 +138,7 @@ def random_adapter(base_dir: Path, *, seed: int, scale: float = 0.05, lora_rank:
     from rl.trainer.config import TrainerConfig
 
     config = TrainerConfig(lora_rank=lora_rank, lora_alpha=2 * lora_rank)
-    model = new_adapter(base_dir, config, seed)
+    model = new_adapter(open_model(base_dir), config, seed)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, p in trainable_parameters(model):
@@ -155,7 +156,7 @@ def trainer_policy(base_dir: Path, adapter: dict[str, bytes], device: Any) -> An
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=FutureWarning)
-        model = load_policy(base_dir, adapter, trainable=False, device=device)
+        model = load_policy(open_model(base_dir), adapter, trainable=False, device=device)
     model.eval()
     return model
 
@@ -225,13 +226,13 @@ def round_trip_step(base_dir: Path, tmp_path: Path, config: Any, device: Any, fi
     from rl.trainer.step import pinned_threads, prepare_step, run_step
 
     artifacts = LocalArtifacts(tmp_path / "store")
-    trainer = PeftTrainer(base_dir, artifacts, config, device=device)
+    trainer = PeftTrainer(open_model(base_dir), artifacts, config, device=device)
     batch = fixed_batch(base_dir, artifacts, trainer)
     v0_adapter = asyncio.run(artifacts.get(batch.adapter))
     v0_opt = asyncio.run(artifacts.get(batch.optimizer_state)) if batch.optimizer_state else None
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
 
-    prepared = prepare_step(base_dir, batch, config, v0_adapter, v0_opt, device=device)
+    prepared = prepare_step(open_model(base_dir), batch, config, v0_adapter, v0_opt, device=device)
     assert all(p.device.type == torch.device(device).type for _, p in prepared.params)
 
     def step_in_memory(step_batch: Any) -> None:
@@ -243,7 +244,7 @@ def round_trip_step(base_dir: Path, tmp_path: Path, config: Any, device: Any, fi
     saved_adapter = adapter_files(prepared.model)
     saved_opt = optimizer_files(prepared.optimizer, names)
 
-    loaded = load_policy(base_dir, saved_adapter, trainable=True, device=device)
+    loaded = load_policy(open_model(base_dir), saved_adapter, trainable=True, device=device)
     loaded.train()
     loaded_params = trainable_parameters(loaded)
     loaded_opt = build_optimizer(loaded_params, config, saved_opt)

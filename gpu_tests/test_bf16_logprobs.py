@@ -23,6 +23,8 @@ import pytest
 import torch
 from gpu_helpers import digit_prompt
 
+from rl.models.opened_model import open_model
+
 pytestmark = pytest.mark.gpu
 
 OFFSET, SPREAD = 20.0, 3.0  # logits ~ N(20, 3^2) across the vocabulary: the top ones at 24-30, bf16 spacing 0.125
@@ -51,11 +53,11 @@ def ratio_spread(base_dir: Path, device: torch.device) -> dict[str, float]:
     from rl.samplers.decoding import sample_group
     from rl.samplers.numerics import log_ratios, ratio_spread
 
-    tokenizer = load_tokenizer(base_dir)
-    cpu_model = realistic_head(load_base_model(base_dir)).eval()
-    fp32 = realistic_head(load_base_model(base_dir)).to(device).eval()
+    tokenizer = load_tokenizer(open_model(base_dir))
+    cpu_model = realistic_head(load_base_model(open_model(base_dir))).eval()
+    fp32 = realistic_head(load_base_model(open_model(base_dir))).to(device).eval()
     fp32.lm_head.load_state_dict(cpu_model.lm_head.state_dict())
-    bf16 = realistic_head(load_base_model(base_dir)).to(device).eval()
+    bf16 = realistic_head(load_base_model(open_model(base_dir))).to(device).eval()
     bf16.lm_head.load_state_dict(cpu_model.lm_head.state_dict())
     bf16 = bf16.to(torch.bfloat16)
     deltas, maxima = [], []

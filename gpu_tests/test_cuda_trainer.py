@@ -16,6 +16,7 @@ import pytest
 import torch
 from gpu_helpers import base_rollouts, round_trip_step, varied_rewards
 
+from rl.models.opened_model import open_model
 from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.batched_loss import batched_backward
 from rl.trainer.config import TrainerConfig
@@ -54,7 +55,7 @@ def test_lora_training_on_cuda_lowers_the_loss_on_a_fixed_batch(
     agrees with the CPU trainer where the numbers are not trivially 0: the first step's gradient norm (rel 1e-4) and
     the second step's loss, which is away from 0 once the adapter has moved (see also the gradient test below)."""
     artifacts = LocalArtifacts(tmp_path / "store")
-    trainer = PeftTrainer(gpu_model_dir, artifacts, CONFIG, device=cuda_device)
+    trainer = PeftTrainer(open_model(gpu_model_dir), artifacts, CONFIG, device=cuda_device)
     batch = _fixed_batch(gpu_model_dir, artifacts, trainer)
 
     metrics: list[StepMetrics] = []
@@ -70,7 +71,7 @@ def test_lora_training_on_cuda_lowers_the_loss_on_a_fixed_batch(
         metrics.append(result.metrics)
         adapter, opt_state = result.adapter, result.optimizer_state
     losses = [m.loss for m in metrics]
-    cpu_trainer = PeftTrainer(gpu_model_dir, artifacts, CONFIG)
+    cpu_trainer = PeftTrainer(open_model(gpu_model_dir), artifacts, CONFIG)
     cpu_first = asyncio.run(cpu_trainer.train_step(batch))
     cpu = cpu_first.metrics
     cpu_second = asyncio.run(
@@ -101,7 +102,7 @@ def _first_step_gradients(
     """Every LoRA weight's gradient of the first step's loss on `device`, along the batched path `run_step` takes
     (one padded forward per micro-batch of `CONFIG.micro_batch_size`), on the CPU."""
     adapter = asyncio.run(artifacts.get(batch.adapter))
-    prepared = prepare_step(base_dir, batch, CONFIG, adapter, None, device=device)
+    prepared = prepare_step(open_model(base_dir), batch, CONFIG, adapter, None, device=device)
     with pinned_threads(CONFIG.threads):
         batched_backward(
             prepared.model,
@@ -120,7 +121,7 @@ def test_the_first_cuda_step_has_the_cpu_steps_gradients(cuda_device: Any, gpu_m
     whole vector within 1e-4 relative, each element within 1e-4 of the largest), and the gradient is far from 0, so a
     wrong CUDA loss or backward fails here."""
     artifacts = LocalArtifacts(tmp_path / "store")
-    batch = _fixed_batch(gpu_model_dir, artifacts, PeftTrainer(gpu_model_dir, artifacts, CONFIG))
+    batch = _fixed_batch(gpu_model_dir, artifacts, PeftTrainer(open_model(gpu_model_dir), artifacts, CONFIG))
     cpu = _first_step_gradients(gpu_model_dir, artifacts, batch, torch.device("cpu"))
     cuda = _first_step_gradients(gpu_model_dir, artifacts, batch, cuda_device)
     assert cpu.keys() == cuda.keys() and cpu

@@ -24,6 +24,7 @@ import torch
 from gpu_helpers import base_rollouts, torchrun, varied_rewards
 from safetensors.torch import load as load_safetensors
 
+from rl.models.opened_model import open_model
 from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
@@ -55,7 +56,7 @@ def test_the_two_rank_nccl_step_equals_the_single_gpu_step(
     takes no step on either rank: adapter and optimizer state come back byte-identical."""
     device = torch.device("cuda", 0)
     artifacts = LocalArtifacts(tmp_path / "store")
-    trainer = PeftTrainer(gpu_model_dir, artifacts, CONFIG, device=device)
+    trainer = PeftTrainer(open_model(gpu_model_dir), artifacts, CONFIG, device=device)
     init = asyncio.run(trainer.init_adapter(seed=5))
 
     grad_rollouts = base_rollouts(gpu_model_dir, groups=3, samples=4, max_tokens=6, seed=21)
@@ -149,7 +150,7 @@ def test_a_one_rank_nccl_step_equals_the_single_gpu_step(gpu_model_dir: Path, tm
     single-GPU step (metrics: loss abs 1e-6, grad norm rel 1e-4; LoRA weights rtol 1e-4, atol 1e-6)."""
     device = torch.device("cuda", 0)
     artifacts = LocalArtifacts(tmp_path / "store")
-    trainer = PeftTrainer(gpu_model_dir, artifacts, CONFIG, device=device)
+    trainer = PeftTrainer(open_model(gpu_model_dir), artifacts, CONFIG, device=device)
     init = asyncio.run(trainer.init_adapter(seed=5))
     rollouts = base_rollouts(gpu_model_dir, groups=4, samples=3, max_tokens=6, seed=31)
     rewards = varied_rewards(rollouts, silent_groups=[2])

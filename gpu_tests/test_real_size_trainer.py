@@ -33,6 +33,7 @@ from safetensors.torch import load as load_safetensors
 
 from rl.deploy.flyte.config import REAL_SIZE_TRAINER, stress
 from rl.memory_plan import ModelArch, trainer_plan
+from rl.models.opened_model import open_model
 from rl.models.qwen3 import Qwen3ModelConfig, build_qwen3_model
 from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.config import TrainerConfig
@@ -60,7 +61,7 @@ def _rollouts(model_dir: Path, device: torch.device) -> list[Rollout]:
     from rl.models import load_base_model
     from rl.samplers.decoding import teacher_forced_logprobs
 
-    model = load_base_model(model_dir, torch.float32, device, attention="sdpa").eval()
+    model = load_base_model(open_model(model_dir), torch.float32, device, attention="sdpa").eval()
     rollouts = []
     with torch.no_grad():
         for j in range(GROUPS * SAMPLES):
@@ -96,7 +97,7 @@ def _random_adapter(model_dir: Path, config: TrainerConfig, seed: int) -> dict[s
     """A trained-looking adapter (A and B drawn N(0, 0.02^2)), so both A's and B's gradients are non-zero."""
     from rl.trainer.adapter import adapter_files, new_adapter, trainable_parameters
 
-    model = new_adapter(model_dir, config, seed)
+    model = new_adapter(open_model(model_dir), config, seed)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, p in trainable_parameters(model):
@@ -113,7 +114,7 @@ def first_step_gradients(
     from rl.trainer.step import pinned_threads, prepare_step
 
     with pinned_threads(config.threads):
-        prepared = prepare_step(model_dir, batch, config, adapter, None, device=device)
+        prepared = prepare_step(open_model(model_dir), batch, config, adapter, None, device=device)
         assert all(p.dtype == torch.float32 for _, p in prepared.params), "LoRA weights must stay float32"
         batched_backward(
             prepared.model,
@@ -133,12 +134,12 @@ def test_the_real_size_step_on_cuda_and_its_memory_against_the_plan(
     from rl.trainer.step import prepare_step
 
     artifacts = LocalArtifacts(tmp_path / "store")
-    trainer = PeftTrainer(real_model_dir, artifacts, CONFIG, device=cuda_device)
+    trainer = PeftTrainer(open_model(real_model_dir), artifacts, CONFIG, device=cuda_device)
     init = asyncio.run(trainer.init_adapter(seed=3))
     batch = _batch(_rollouts(real_model_dir, cuda_device), init.adapter, init.optimizer_state)
 
     prepared = prepare_step(
-        real_model_dir, batch, CONFIG, asyncio.run(artifacts.get(init.adapter)), None, device=cuda_device
+        open_model(real_model_dir), batch, CONFIG, asyncio.run(artifacts.get(init.adapter)), None, device=cuda_device
     )
     dtypes = {p.dtype for p in prepared.model.parameters() if not p.requires_grad}
     assert dtypes == {torch.bfloat16}, dtypes
@@ -205,7 +206,7 @@ def test_the_real_size_one_rank_nccl_step_equals_the_single_gpu_step(
     near 0 may round to the other sign: weights within 2 lr."""
     device = torch.device("cuda", 0)
     artifacts = LocalArtifacts(tmp_path / "store")
-    trainer = PeftTrainer(real_model_dir, artifacts, CONFIG, device=device)
+    trainer = PeftTrainer(open_model(real_model_dir), artifacts, CONFIG, device=device)
     init = asyncio.run(trainer.init_adapter(seed=5))
     batch = _batch(_rollouts(real_model_dir, device), init.adapter, init.optimizer_state)
     job = {

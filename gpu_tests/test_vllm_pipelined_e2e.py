@@ -23,6 +23,7 @@ import torch
 from gpu_helpers import logprob_gaps, summarize, trainer_policy
 
 from rl.loop.grpo import GrpoConfig, GrpoTiers, run_grpo
+from rl.models.opened_model import open_model
 from rl.problems import DigitSuccessor
 from rl.rewards import score
 from rl.scoring import SamplingEvaluator
@@ -98,7 +99,9 @@ def test_two_pipelined_iterations_with_vllm_and_the_cuda_trainer(
     problems = DigitSuccessor()
     engine = RecordingEngine(vllm_engine)
     trainer = RecordingTrainer(
-        PeftTrainer(gpu_model_dir, gpu_store, TrainerConfig(lr=1e-3, threads=1), device=torch.device("cuda", 0))
+        PeftTrainer(
+            open_model(gpu_model_dir), gpu_store, TrainerConfig(lr=1e-3, threads=1), device=torch.device("cuda", 0)
+        )
     )
     tiers = GrpoTiers(
         engine=engine,

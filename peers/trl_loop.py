@@ -64,6 +64,7 @@ from peers.bench_shapes import (
 )
 from rl.bench.heldout import heldout_accuracy
 from rl.deploy.local import DEMO_MODEL, DEMO_TRAINER, REAL_MODEL_TRAINER, base_model, demo_problems
+from rl.models.opened_model import ModelDir
 from rl.models.pretrained import resolve_model
 from rl.models.tiny import load_base_model, load_tokenizer
 from rl.rewards import is_correct, score
@@ -103,9 +104,10 @@ def _reward(scored: list[tuple[int, float]]) -> Any:
     return digit_reward
 
 
-def _task(root: Path, shape: Shape) -> tuple[Path, TrainerConfig, Dataset]:
-    """The model directory, our trainer's settings and TRL's training dataset, as `rl demo grpo` trains the shape:
-    the tiny model on the digit task, or (`shape.model`) the real model on `Addition` with `--model`'s trainer."""
+def _task(root: Path, shape: Shape) -> tuple[ModelDir, TrainerConfig, Dataset]:
+    """The opened model directory, our trainer's settings and TRL's training dataset, as `rl demo grpo` trains the
+    shape: the tiny model on the digit task, or (`shape.model`) the real model on `Addition` with `--model`'s
+    trainer."""
     if shape.model is None:
         prompts = bench_prompts(shape.prompts)
         questions: list[Any] = [p.question for p in prompts]

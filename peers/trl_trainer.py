@@ -23,6 +23,7 @@ from datasets import Dataset
 from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 
+from rl.models.opened_model import open_model
 from rl.models.tiny import build_tiny_model, load_base_model, load_tokenizer
 
 __all__ = ["VERSION", "compute_loss", "tiny_trainer"]
@@ -47,7 +48,7 @@ def tiny_trainer() -> GRPOTrainer:
     """The trainer, built on first use (TRL's default `GRPOConfig`, batches of 8, CPU, no reporting)."""
     root = tempfile.mkdtemp(prefix="peers-trl-")
     atexit.register(shutil.rmtree, root, ignore_errors=True)
-    model_dir = build_tiny_model(os.path.join(root, "model"))
+    model_dir = open_model(build_tiny_model(os.path.join(root, "model")))
     args = GRPOConfig(
         output_dir=os.path.join(root, "out"),
         per_device_train_batch_size=8,  # the defaults otherwise: num_generations=8, loss_type="dapo", beta=0.0, ...

@@ -62,6 +62,7 @@ from peers.trl_grpo import ALGORITHM
 from peers.trl_trainer import VERSION
 from rl.conformance import Implementation
 from rl.conformance.support.tiny_model import tiny_base_model
+from rl.models.opened_model import open_model
 from rl.models.tiny import load_base_model, load_tokenizer
 from rl.protocols import Artifacts
 from rl.types import DEFAULT_SAMPLING, Rollout, RolloutRequest, SamplingSettings, StepMetrics, TrainBatch, TrainResult
@@ -97,7 +98,7 @@ def whole_trainer(sampling: SamplingSettings = DEFAULT_SAMPLING) -> GRPOTrainer:
     torch.set_num_threads(1)
     root = tempfile.mkdtemp(prefix="peers-trl-whole-")
     atexit.register(shutil.rmtree, root, ignore_errors=True)
-    base = tiny_base_model()
+    base = open_model(tiny_base_model())
     args = GRPOConfig(
         output_dir=os.path.join(root, "out"),
         per_device_train_batch_size=ROWS,

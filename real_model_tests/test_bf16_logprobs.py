@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -27,6 +26,7 @@ import torch
 
 from rl.models import load_base_model, load_tokenizer
 from rl.models.chat import encode_prompt
+from rl.models.opened_model import open_model
 from rl.models.pretrained import SMOLLM2, pinned_model
 from rl.problems import Addition
 from rl.samplers.decoding import sample_groups
@@ -44,7 +44,7 @@ CLIPPED_BOUND = 0.03  # ~3x the measured 0.9% (3 tokens in ~350), room for anoth
 @pytest.fixture(scope="module")
 def sampled() -> tuple[Any, Any, list[list[int]], list[list[int]]]:
     """(float32 model, tokenizer, prompts, completions): the demo's first iteration, sampled in float32."""
-    model_dir: Path = pinned_model(SMOLLM2)
+    model_dir = open_model(pinned_model(SMOLLM2))
     tokenizer = load_tokenizer(model_dir)
     model = load_base_model(model_dir)
     prompts = [encode_prompt(tokenizer, p.question) for p in Addition().train_prompts()[:PROMPTS]]
@@ -66,7 +66,7 @@ def test_bf16_first_step_ratios_on_smollm2_stay_within_bf16_rounding(sampled: An
     between a floor float32 never reaches and a bound a misalignment exceeds, 98% of ratios within 1 +- 0.25 nats,
     at most 3% clipped (the module docstring says why)."""
     model, tokenizer, prompts, completions = sampled
-    bf16 = load_base_model(pinned_model(SMOLLM2), dtype=torch.bfloat16)
+    bf16 = load_base_model(open_model(pinned_model(SMOLLM2)), dtype=torch.bfloat16)
     pad = int(tokenizer.eos_token_id)
     with pinned_threads(1), torch.no_grad():
         deltas = log_ratios(model, bf16, prompts, completions, pad_token_id=pad)  # [N], float64

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -19,6 +18,7 @@ import torch
 from rl.deploy.local import REAL_MODEL_TRAINER, local_grpo
 from rl.loop.grpo import GrpoConfig, run_grpo
 from rl.models import load_tokenizer
+from rl.models.opened_model import ModelDir, open_model
 from rl.models.pretrained import SMOLLM2, pinned_model
 from rl.problems import Addition
 from rl.samplers.decoding import teacher_forced_logprobs
@@ -40,12 +40,12 @@ MAX_BOUND = 1e-3
 
 
 @pytest.fixture(scope="module")
-def model_dir() -> Path:
-    return pinned_model(SMOLLM2)
+def model_dir() -> ModelDir:
+    return open_model(pinned_model(SMOLLM2))
 
 
 @pytest.fixture(scope="module")
-def run(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def run(model_dir: ModelDir, tmp_path_factory: pytest.TempPathFactory) -> Any:
     with open_run(tmp_path_factory.mktemp("real-run"), command="test") as run_dir:
         deployment = local_grpo(
             run_dir, CONFIG, model_dir=model_dir, trainer=REAL_MODEL_TRAINER, buffer=False, report_interval_s=1e9
@@ -54,8 +54,8 @@ def run(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     return deployment, outcome
 
 
-def test_the_pinned_model_is_smollm2_with_its_chat_template_and_end_of_turn(model_dir: Path) -> None:
-    config = (model_dir / "config.json").read_text()
+def test_the_pinned_model_is_smollm2_with_its_chat_template_and_end_of_turn(model_dir: ModelDir) -> None:
+    config = (model_dir.where / "config.json").read_text()
     assert '"model_type": "llama"' in config and '"num_hidden_layers": 30' in config
     tokenizer = load_tokenizer(model_dir)
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.chat_template

@@ -27,6 +27,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from rl.models.opened_model import ModelDir, open_model
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 PROMPTS, SAMPLES, MAX_TOKENS = 4, 8, 12  # the demo's iteration with --model (rl.commands.demo, rl.deploy.demo)
@@ -67,7 +69,7 @@ def reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM, and with it ru_maxrss, to the current RSS
 
 
-def init_adapter(model_dir: Path, store: Path) -> dict[str, Any]:
+def init_adapter(model_dir: ModelDir, store: Path) -> dict[str, Any]:
     """Adapter version 0 as the demo's trainer writes it, in the artifact store `store`."""
     from rl.deploy.local import REAL_MODEL_TRAINER
     from rl.storage.artifacts import LocalArtifacts
@@ -77,7 +79,7 @@ def init_adapter(model_dir: Path, store: Path) -> dict[str, Any]:
     return asdict(result.adapter)
 
 
-def sampler(model_dir: Path, store: Path, ref: dict[str, str], threads: int, rollouts_out: Path) -> dict[str, Any]:
+def sampler(model_dir: ModelDir, store: Path, ref: dict[str, str], threads: int, rollouts_out: Path) -> dict[str, Any]:
     """One iteration's groups from `TorchSampler.generate_groups`; the rollouts go to `rollouts_out` for the trainer."""
     from rl.problems import Addition
     from rl.samplers.torch_sampler import TorchSampler
@@ -109,7 +111,7 @@ def sampler(model_dir: Path, store: Path, ref: dict[str, str], threads: int, rol
 
 
 def trainer(
-    model_dir: Path, store: Path, ref: dict[str, str], threads: int, rollouts_in: Path, allocations: bool
+    model_dir: ModelDir, store: Path, ref: dict[str, str], threads: int, rollouts_in: Path, allocations: bool
 ) -> dict[str, Any]:
     """One cold train step on the sampled rollouts, as `PeftTrainer` runs it (`prepare_step`, `run_step`). Rewards
     alternate 0, 1 within each group, so every sample contributes: one micro-batch of all 32, the demo's largest."""
@@ -164,12 +166,12 @@ def gib(n: float) -> str:
     return f"{n / (1 << 30):.3f}"
 
 
-def table(model_dir: Path, s: dict[str, Any], t: dict[str, Any], a: dict[str, Any], threads: int) -> list[str]:
+def table(model_dir: ModelDir, s: dict[str, Any], t: dict[str, Any], a: dict[str, Any], threads: int) -> list[str]:
     """The comparison, as a markdown table (GiB), and the lines that explain it."""
     from rl.deploy.local import REAL_MODEL_TRAINER
     from rl.memory_plan import ModelArch, lora_parameters, trainer_plan
 
-    arch = ModelArch.from_config_file(model_dir)
+    arch = ModelArch.from_hf_config(model_dir.json("config.json"))  # as the door read it
     rows, prompt, completion = s["rows"], s["prompt_tokens"], s["completion_tokens"]
     plan = trainer_plan(
         arch, REAL_MODEL_TRAINER, prompt_tokens=prompt, completion_tokens=completion, samples=rows, budget=0
@@ -235,7 +237,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.role is not None:  # a child: one measurement, one JSON line
         model_dir, store, *rest = args.args
-        model_dir, store = Path(model_dir), Path(store)
+        model_dir, store = open_model(Path(model_dir)), Path(store)  # this child's door
         if args.role == "init":
             result = init_adapter(model_dir, store)
         elif args.role == "sampler":
@@ -252,11 +254,11 @@ def main() -> None:
     threads = ["--threads", str(args.threads)]
     with tempfile.TemporaryDirectory(prefix="rl-memory-") as tmp:
         store, rollouts = Path(tmp) / "artifacts", Path(tmp) / "rollouts.json"
-        ref = json.dumps(child("init", str(model_dir), str(store)))
+        ref = json.dumps(child("init", str(model_dir.where), str(store)))
         env = {} if args.mmap_threshold is None else {"MALLOC_MMAP_THRESHOLD_": str(args.mmap_threshold)}
-        s = child("sampler", *threads, str(model_dir), str(store), ref, str(rollouts), env=env)
-        t = child("trainer", *threads, str(model_dir), str(store), ref, str(rollouts), env=env)
-        a = child("allocations", *threads, str(model_dir), str(store), ref, str(rollouts))
+        s = child("sampler", *threads, str(model_dir.where), str(store), ref, str(rollouts), env=env)
+        t = child("trainer", *threads, str(model_dir.where), str(store), ref, str(rollouts), env=env)
+        a = child("allocations", *threads, str(model_dir.where), str(store), ref, str(rollouts))
     print("\n".join(table(model_dir, s, t, a, args.threads)))
 
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from rl.models import TinyModelConfig, build_tiny_model
+from rl.models.opened_model import open_model
 from rl.storage.artifacts import LocalArtifacts
 from rl.types import ArtifactRef
 
@@ -50,7 +51,7 @@ def make_adapter_dir(model_dir: Path, out_dir: Path, *, seed: int, identity: boo
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         torch.manual_seed(seed)
         model = get_peft_model(
-            load_base_model(model_dir),
+            load_base_model(open_model(model_dir, tokenizer=False)),
             LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS, lora_dropout=0.0, init_lora_weights=identity),
         )
     model.save_pretrained(out_dir)

@@ -13,6 +13,7 @@ import torch
 from peft import PeftModel
 
 from rl.algorithm.loss import grpo_sample_loss
+from rl.models.opened_model import open_model
 from rl.samplers.decoding import teacher_forced_logprobs
 from rl.seeding import dropout_seed
 from rl.trainer.adapter import adapter_files
@@ -88,7 +89,7 @@ def reference_step(
     """`rl.trainer.step.run_step` on the CPU with the per-sample loss in place of the batched one: the adapter files
     and metrics of one step, each sample's graph freed after its backward."""
     with pinned_threads(config.threads), torch.random.fork_rng(devices=[]):
-        prepared = prepare_step(base_dir, batch, config, adapter, optimizer_state)
+        prepared = prepare_step(open_model(base_dir, tokenizer=False), batch, config, adapter, optimizer_state)
         stats = empty_stats()
         grad_norm = 0.0
         if prepared.contributing:

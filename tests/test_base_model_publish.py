@@ -34,17 +34,17 @@ def test_a_kill_mid_build_leaves_no_half_model_and_the_next_start_builds_it(tmp_
     assert not list(tmp_path.glob("base-*"))  # nothing published
     monkeypatch.setattr(rl.deploy.local, "build_tiny_model", real_build)
     base = base_model(tmp_path, DEMO_MODEL)
-    assert all((base / name).is_file() for name in _FILES)
+    assert all((base.where / name).is_file() for name in _FILES)
     load_base_model(base) and load_tokenizer(base)
 
 
 def test_a_half_built_base_model_from_an_older_version_is_rebuilt_identically(tmp_path):
     """A `base-*` missing its weights (built in place, then killed) heals at the next start, byte for byte."""
-    complete = base_model(tmp_path / "a", DEMO_MODEL)
+    complete = base_model(tmp_path / "a", DEMO_MODEL).where
     half = tmp_path / "b" / complete.name
     half.mkdir(parents=True)
     (half / "config.json").write_bytes((complete / "config.json").read_bytes())
-    assert base_model(tmp_path / "b", DEMO_MODEL) == half
+    assert base_model(tmp_path / "b", DEMO_MODEL).where == half
     assert all((half / n).read_bytes() == (complete / n).read_bytes() for n in _FILES)
 
 

@@ -30,6 +30,7 @@ from safetensors.torch import load as load_safetensors
 from trainer_batches import make_batch, make_rollouts, varied_rewards
 
 from rl.models import build_tiny_model
+from rl.models.opened_model import open_model
 from rl.storage.artifacts import LocalArtifacts, compute_digest, read_dir, write_files
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
@@ -79,7 +80,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Prepared:
     root = tmp_path_factory.mktemp("torchrun")
     base = build_tiny_model(root / "base-model", TEST_MODEL_CONFIG)
     store = LocalArtifacts(root / "store")
-    trainer = PeftTrainer(base, store, CONFIG)
+    trainer = PeftTrainer(open_model(base, tokenizer=False), store, CONFIG)
     init = asyncio.run(trainer.init_adapter(seed=5))
     rollouts = make_rollouts(base, groups=4, samples=3, seed=31)  # 9 contributing samples over 4 ranks: 3+2+2+2
     rewards = varied_rewards(rollouts, silent_groups=[2])
@@ -227,7 +228,9 @@ def test_the_clustered_step_equals_the_single_process_step(attempts: dict[str, A
     one process accumulates its samples, so the adapter agrees to float32 rounding (relative 1e-5), not bit for bit;
     the single-process step itself moves every tensor by far more than that."""
     output = read_output(attempts["run"])
-    single = asyncio.run(PeftTrainer(prepared.base, prepared.store, CONFIG).train_step(prepared.batch))
+    single = asyncio.run(
+        PeftTrainer(open_model(prepared.base, tokenizer=False), prepared.store, CONFIG).train_step(prepared.batch)
+    )
     assert output.policy_version == 2
     assert output.metrics.contributing == single.metrics.contributing == 9
     assert output.metrics.loss == pytest.approx(single.metrics.loss, rel=1e-5, abs=1e-7)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load as load_safetensors
 from trainer_batches import make_batch, make_rollouts, varied_rewards
 
+from rl.models.opened_model import open_model
 from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.config import TrainerConfig
 from rl.trainer.ddp import ddp_train_step, run_local_ddp, shard
@@ -67,7 +68,9 @@ def _grad_worker(
     rank: int, world_size: int, base_dir: Path, rollouts: list[Rollout], rewards: list[float], adapter: dict[str, bytes]
 ) -> dict[str, Any]:
     batch = make_batch(rollouts, rewards, _dummy_ref(), None)
-    return shard_step_report(rank, world_size, base_dir, adapter, batch, CONFIG, GRAD_CASES, torch.device("cpu"))
+    return shard_step_report(
+        rank, world_size, open_model(base_dir, tokenizer=False), adapter, batch, CONFIG, GRAD_CASES, torch.device("cpu")
+    )
 
 
 def _dummy_ref() -> Any:
@@ -126,7 +129,7 @@ class DdpRun:
 def ddp_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> DdpRun:
     store_root = tmp_path_factory.mktemp("ddp-store")
     artifacts = LocalArtifacts(store_root)
-    trainer = PeftTrainer(tiny_model_dir, artifacts, CONFIG)
+    trainer = PeftTrainer(open_model(tiny_model_dir), artifacts, CONFIG)
     init = asyncio.run(trainer.init_adapter(seed=5))
 
     grad_rollouts = make_rollouts(tiny_model_dir, groups=3, samples=4, seed=21)
@@ -175,7 +178,7 @@ def test_the_multi_rank_train_step_equals_the_single_process_step(ddp_run: DdpRu
     its adapter matches the single-process step's to float32 rounding."""
     results: list[TrainResult] = ddp_run.results("train")
     artifacts = ddp_run.artifacts
-    single = asyncio.run(PeftTrainer(ddp_run.base_dir, artifacts, CONFIG).train_step(ddp_run.train_batch))
+    single = asyncio.run(PeftTrainer(open_model(ddp_run.base_dir), artifacts, CONFIG).train_step(ddp_run.train_batch))
 
     assert results[0] == results[1]
     multi = results[0]

@@ -14,6 +14,7 @@ from fixtures_real import one_rank_group, tiny_model_dir
 from loss_reference import reference_step
 from trainer_batches import make_batch, make_rollouts, varied_rewards
 
+from rl.models.opened_model import open_model
 from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.config import TrainerConfig
 from rl.trainer.ddp import ddp_train_step
@@ -29,11 +30,11 @@ def test_a_ddp_step_runs_the_single_process_steps_loss(
     tiny_model_dir: Path, tmp_path: Path, one_rank_group: None
 ) -> None:
     store = LocalArtifacts(tmp_path / "artifacts")
-    init = asyncio.run(PeftTrainer(tiny_model_dir, store, CONFIG).init_adapter(seed=2))
+    init = asyncio.run(PeftTrainer(open_model(tiny_model_dir), store, CONFIG).init_adapter(seed=2))
     rollouts = make_rollouts(tiny_model_dir, groups=3, samples=4, seed=5)
     batch = make_batch(rollouts, varied_rewards(rollouts), init.adapter, init.optimizer_state)
     ddp = ddp_train_step(0, 1, tiny_model_dir, tmp_path / "artifacts", batch, CONFIG)
-    same = asyncio.run(PeftTrainer(tiny_model_dir, store, CONFIG).train_step(batch))
+    same = asyncio.run(PeftTrainer(open_model(tiny_model_dir), store, CONFIG).train_step(batch))
     inputs = asyncio.run(store.get(init.adapter)), asyncio.run(store.get(init.optimizer_state))
     different, _ = reference_step(tiny_model_dir, batch, CONFIG, *inputs)
     assert ddp.adapter.digest == same.adapter.digest
@@ -61,9 +62,9 @@ def test_the_clustered_step_trains_the_real_familys_layout_as_one_process_does(
         micro_batch_size=2,
     )
     store = LocalArtifacts(tmp_path / "artifacts")
-    init = asyncio.run(PeftTrainer(model_dir, store, config).init_adapter(seed=1))
+    init = asyncio.run(PeftTrainer(open_model(model_dir, tokenizer=False), store, config).init_adapter(seed=1))
     rollouts = make_rollouts(model_dir, groups=1, samples=3, seed=4)
     batch = make_batch(rollouts, varied_rewards(rollouts), init.adapter, init.optimizer_state)
     ddp = ddp_train_step(0, 1, model_dir, tmp_path / "artifacts", batch, config)
-    single = asyncio.run(PeftTrainer(model_dir, store, config).train_step(batch))
+    single = asyncio.run(PeftTrainer(open_model(model_dir, tokenizer=False), store, config).train_step(batch))
     assert (ddp.adapter.digest, ddp.metrics) == (single.adapter.digest, single.metrics)

@@ -23,6 +23,7 @@ from trainer_batches import make_batch, make_rollouts, varied_rewards
 
 import rl.trainer.ddp as ddp
 from rl.errors import RankFailedError, StaleBatchError
+from rl.models.opened_model import open_model
 from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.config import TrainerConfig
 from rl.trainer.peft_trainer import PeftTrainer
@@ -122,7 +123,7 @@ PLANS: dict[int, list[tuple[str, list[int]]]] = {
 @pytest.fixture(scope="module")
 def step_input(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TrainBatch]:
     root = tmp_path_factory.mktemp("rank-failures-store")
-    init = asyncio.run(PeftTrainer(tiny_model_dir, LocalArtifacts(root), CONFIG).init_adapter(seed=5))
+    init = asyncio.run(PeftTrainer(open_model(tiny_model_dir), LocalArtifacts(root), CONFIG).init_adapter(seed=5))
     rollouts = make_rollouts(tiny_model_dir, groups=3, samples=3, seed=41)  # 9 samples: every rank has a shard
     return root, make_batch(rollouts, varied_rewards(rollouts), init.adapter, init.optimizer_state)
 

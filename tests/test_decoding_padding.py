@@ -10,6 +10,7 @@ import torch
 from fixtures_real import one_thread, tiny_model_dir
 
 from rl.models import load_base_model, load_tokenizer
+from rl.models.opened_model import open_model
 from rl.samplers import decoding
 from rl.samplers.decoding import _cache_kwarg, _cache_of, sample_group, sample_groups
 
@@ -18,7 +19,7 @@ __all__ = ["one_thread", "tiny_model_dir"]
 
 @pytest.mark.parametrize("pad_token_id", [None, 0])
 def test_left_padded_groups_sample_what_each_samples_alone(tiny_model_dir: Path, pad_token_id: int | None) -> None:
-    model, tokenizer = load_base_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    model, tokenizer = load_base_model(open_model(tiny_model_dir)), load_tokenizer(open_model(tiny_model_dir))
     prompts = [tokenizer(q)["input_ids"] for q in ("3=", "what is 12 + 7? ", "45=")]
     assert len({len(p) for p in prompts}) == 3  # three lengths: rows of the shorter prompts are padded
     eos = int(tokenizer.eos_token_id)
@@ -60,7 +61,7 @@ def test_each_prompt_is_forwarded_once_and_samples_what_a_row_per_sample_samples
     """From `prefill_once_min_parameters` up, the prefill forwards each prompt alone and repeats its cache per sample;
     below it, or for a cache that is not a plain `DynamicCache`, one padded row per sample. All sample the same tokens,
     log-probs equal up to batch rounding."""
-    model, tokenizer = load_base_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    model, tokenizer = load_base_model(open_model(tiny_model_dir)), load_tokenizer(open_model(tiny_model_dir))
     prompts = [tokenizer(q)["input_ids"] for q in ("3=", "what is 12 + 7? ", "45=")]
     kwargs = {"ns": ns, "max_tokens": 6, "seeds": [5, 6, 7], "eos_token_id": int(tokenizer.eos_token_id)}
     seen: list[int] = []
@@ -91,7 +92,7 @@ def test_a_group_sampled_in_a_batch_is_bit_for_bit_the_group_sampled_alone(
 ) -> None:
     """A group's prefill is the one-group call's own, so the Flyte tiers, which sample group by group, train the
     adapter the in-process loop trains from batched groups."""
-    model, tokenizer = load_base_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    model, tokenizer = load_base_model(open_model(tiny_model_dir)), load_tokenizer(open_model(tiny_model_dir))
     prompts = [tokenizer(q)["input_ids"] for q in ("3=", "17=", "5=", "99=")]
     eos = int(tokenizer.eos_token_id)
     once = {"prefill_once_min_parameters": threshold}

@@ -13,6 +13,7 @@ import pytest
 from rl.cli import main
 from rl.models import load_tokenizer
 from rl.models.chat import encode_prompt
+from rl.models.opened_model import open_model
 from rl.models.tiny import TinyModelConfig, build_tiny_model
 from rl.problems import Addition, problem_set
 from rl.rewards import is_correct
@@ -36,11 +37,11 @@ def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_prompt_is_the_models_chat_template_around_the_question_where_it_has_one(
     chat_model: Path, tmp_path: Path
 ) -> None:
-    tokenizer = load_tokenizer(chat_model)
+    tokenizer = load_tokenizer(open_model(chat_model, weights=False))
     ids = encode_prompt(tokenizer, "what is 2 + 3?")
     assert tokenizer.decode(ids, skip_special_tokens=True) == "user: what is 2 + 3?\nassistant:"
     plain = build_tiny_model(tmp_path / "plain", TinyModelConfig(seed=5))
-    plain_tokenizer = load_tokenizer(plain)
+    plain_tokenizer = load_tokenizer(open_model(plain, weights=False))
     assert encode_prompt(plain_tokenizer, "3=") == plain_tokenizer("3=")["input_ids"]  # no template: as it was
 
 

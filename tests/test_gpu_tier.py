@@ -17,6 +17,7 @@ import pytest
 
 from rl import gpu
 from rl.cli import main
+from rl.models.opened_model import open_model
 
 REPO = Path(__file__).resolve().parent.parent
 GPU_TESTS = REPO / "gpu_tests"
@@ -177,9 +178,13 @@ async def test_the_vllm_settings_pass_through_the_engine(tmp_path: Path) -> None
     config = TinyModelConfig(seed=1, hidden_size=32, intermediate=64, max_position=gpu.VLLM_MODEL.max_position)
     base = build_tiny_model(tmp_path / "model", config)
     artifacts = LocalArtifacts(tmp_path / "store")
-    init = await PeftTrainer(base, artifacts, TrainerConfig()).init_adapter(seed=0)
+    init = await PeftTrainer(open_model(base, tokenizer=False), artifacts, TrainerConfig()).init_adapter(seed=0)
     engine = VLLMEngine(
-        base, artifacts, vllm_module=stub, llm_kwargs=gpu.vllm_llm_kwargs(), tokenizer=load_tokenizer(base)
+        open_model(base, tokenizer=False),
+        artifacts,
+        vllm_module=stub,
+        llm_kwargs=gpu.vllm_llm_kwargs(),
+        tokenizer=load_tokenizer(open_model(base, weights=False)),
     )
     group = await engine.generate(
         RolloutRequest(
@@ -293,7 +298,9 @@ def test_a_rank_loads_the_base_straight_onto_its_device(monkeypatch: pytest.Monk
     monkeypatch.setattr(tiny.AutoModelForCausalLM, "from_pretrained", from_pretrained)
     monkeypatch.setattr(adapter, "check_adapter_files", lambda *args: None)  # the adapter's bytes are not read here
     with pytest.raises(Stop):
-        load_policy(base, dict.fromkeys(ADAPTER_FILES, b""), trainable=True, device="cuda:1")
+        load_policy(
+            open_model(base, tokenizer=False), dict.fromkeys(ADAPTER_FILES, b""), trainable=True, device="cuda:1"
+        )
     assert asked["device_map"] == "cuda:1" and asked["dtype"] == torch.float32
 
 

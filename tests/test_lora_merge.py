@@ -10,6 +10,7 @@ import torch
 from fixtures_real import adapter_dirs, make_adapter_dir, one_thread, refs, run, store, tiny_model_dir
 
 from rl.errors import UnsupportedLora
+from rl.models.opened_model import open_model
 from rl.samplers.adapter_cache import AdapterCache
 from rl.samplers.lora_merge import MergedBase, parse_lora
 from rl.samplers.torch_sampler import TorchSampler
@@ -35,7 +36,7 @@ def test_merged_weights_are_peft_merge_and_unload_bit_for_bit_whatever_was_activ
 ) -> None:
     """Law: activating an adapter gives exactly the weights PEFT's `merge_and_unload` gives, also after switching
     through other adapters (including one that touches fewer layers), so a sampler's output never depends on history."""
-    cache = AdapterCache(tiny_model_dir, capacity=3, merge=True)
+    cache = AdapterCache(open_model(tiny_model_dir), capacity=3, merge=True)
     other = make_adapter_dir(tiny_model_dir, tmp_path / "other", seed=7, identity=False)
     merged = MergedBase(cache.base)
     want = {name: _weights(cache.load_dir(name, path)) for name, path in {**adapter_dirs, "other": other}.items()}
@@ -47,7 +48,7 @@ def test_merged_weights_are_peft_merge_and_unload_bit_for_bit_whatever_was_activ
 
 
 def test_the_base_model_is_left_untouched(tiny_model_dir: Path, adapter_dirs: dict[str, Path]) -> None:
-    cache = AdapterCache(tiny_model_dir, capacity=1, merge=True)
+    cache = AdapterCache(open_model(tiny_model_dir), capacity=1, merge=True)
     before = _weights(cache.base)
     MergedBase(cache.base).activate("trained", _lora(adapter_dirs["trained"]))
     assert all(torch.equal(before[k], v) for k, v in cache.base.state_dict().items())
@@ -67,7 +68,7 @@ def test_an_adapter_that_is_not_plain_lora_is_refused_and_the_sampler_loads_it_t
         return  # PEFT itself would need tensors (DoRA magnitudes, a saved lm_head, IA3 vectors) this adapter lacks
     artifacts = LocalArtifacts(tmp_path / "store")
     ref = run(artifacts.put({**files, "adapter_config.json": json.dumps(config).encode()}, name="odd"))
-    sampler = TorchSampler(tiny_model_dir, artifacts)
+    sampler = TorchSampler(open_model(tiny_model_dir), artifacts)
     run(sampler.policy(ref))
     assert (sampler.lora_loads, sampler.adapters.loads) == (0, 1)
 
@@ -75,7 +76,7 @@ def test_an_adapter_that_is_not_plain_lora_is_refused_and_the_sampler_loads_it_t
 def test_the_sampler_switches_adapters_without_loading_them_again(
     tiny_model_dir: Path, store: LocalArtifacts, refs: dict[str, ArtifactRef]
 ) -> None:
-    sampler = TorchSampler(tiny_model_dir, store)
+    sampler = TorchSampler(open_model(tiny_model_dir), store)
     ids = torch.tensor([sampler.encode_prompt("3=")])
     with torch.no_grad():
         first = run(sampler.policy(refs["trained"]))(input_ids=ids).logits.clone()

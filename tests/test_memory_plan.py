@@ -24,6 +24,7 @@ from rl.cli import main
 from rl.commands.plan import plan_profile
 from rl.deploy.flyte.config import gpu_smoke, smoke, stress
 from rl.memory_plan import GPUS, ModelArch, engine_plan, gpu, lora_parameters, trainer_plan, vllm_batch_defaults
+from rl.models.opened_model import open_model
 from rl.models.qwen3 import QWEN3_8B, Qwen3ModelConfig, build_qwen3_model, qwen3_config
 from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.batched_loss import batched_backward
@@ -54,7 +55,7 @@ def _rollouts(prompt: int, completion: int, n: int) -> list[Rollout]:
 
 def measured_step(model_dir: Path, config: TrainerConfig, prompt: int, completion: int, tmp: Path) -> tuple[int, int]:
     """(bytes of the loaded model's parameters, peak bytes a first train step allocates on top of them)."""
-    trainer = PeftTrainer(model_dir, LocalArtifacts(tmp), config)
+    trainer = PeftTrainer(open_model(model_dir, tokenizer=False), LocalArtifacts(tmp), config)
     init = asyncio.run(trainer.init_adapter(seed=1))
     files = asyncio.run(trainer.artifacts.get(init.adapter))
     rollouts = _rollouts(prompt, completion, 2 * config.micro_batch_size)
@@ -63,7 +64,7 @@ def measured_step(model_dir: Path, config: TrainerConfig, prompt: int, completio
         step=0, rollouts=rollouts, rewards=rewards, adapter=init.adapter, optimizer_state=None, new_version=1
     )
     with pinned_threads(1), torch.random.fork_rng(devices=[]):
-        prepared = prepare_step(model_dir, batch, config, files, None)
+        prepared = prepare_step(open_model(model_dir, tokenizer=False), batch, config, files, None)
         weights = sum(p.numel() * p.element_size() for p in prepared.model.parameters())
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             run_step(batch, prepared, config)
@@ -246,7 +247,7 @@ def _tiny_step_allocations(tmp_path: Path, config: TrainerConfig) -> tuple[Model
     from rl.models.tiny import TinyModelConfig, build_tiny_model
 
     model_dir = build_tiny_model(tmp_path / "model", TinyModelConfig(hidden_size=32, layers=2, heads=2, kv_heads=1))
-    trainer = PeftTrainer(model_dir, LocalArtifacts(tmp_path / "store"), config)
+    trainer = PeftTrainer(open_model(model_dir, tokenizer=False), LocalArtifacts(tmp_path / "store"), config)
     init = asyncio.run(trainer.init_adapter(seed=1))
     rollouts = _rollouts(3, 4, 4)
     batch = TrainBatch(
@@ -255,7 +256,7 @@ def _tiny_step_allocations(tmp_path: Path, config: TrainerConfig) -> tuple[Model
     )  # fmt: skip
     files = asyncio.run(trainer.artifacts.get(init.adapter))
     with pinned_threads(1):
-        prepared = prepare_step(model_dir, batch, config, files, None)
+        prepared = prepare_step(open_model(model_dir, tokenizer=False), batch, config, files, None)
         batched_backward(
             prepared.model, batch, prepared.advantages, config, indices=prepared.contributing, loss_scale=0.25
         )

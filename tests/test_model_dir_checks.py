@@ -18,6 +18,7 @@ from rl.errors import ModelMismatchError, PlanDoesNotFitError
 from rl.models import load_base_model, load_tokenizer
 from rl.models.model_checks import check_model_files
 from rl.models.model_files import open_model_dir
+from rl.models.opened_model import open_model
 from rl.models.tiny import TinyModelConfig, build_tiny_model
 
 TEMPLATE = "{% for m in messages %}user: {{ m['content'] }}\n{% endfor %}assistant:"
@@ -63,7 +64,7 @@ def test_a_config_describing_a_terabyte_beside_a_tiny_weights_file_is_refused_be
     save_file({"model.embed_tokens.weight": torch.zeros(1)}, copy / "model.safetensors")
     _edit(copy / "config.json", hidden_size=16384, intermediate_size=53248, num_hidden_layers=128, vocab_size=131072)
     with pytest.raises(ModelMismatchError, match=r"describes .* parameters .* its weights files hold 1:"):
-        load_base_model(copy)
+        load_base_model(open_model(copy, tokenizer=False))
     _cli_refuses(copy, tmp_path, capsys, "describes", "parameters", "hidden_size")
 
 
@@ -89,7 +90,7 @@ def test_heads_and_head_dim_that_do_not_fit_are_refused_naming_the_field(
 ) -> None:
     _edit(copy / "config.json", **change)
     with pytest.raises(ModelMismatchError, match=needle.replace("(", r"\(").replace(")", r"\)")):
-        load_base_model(copy)
+        load_base_model(open_model(copy, tokenizer=False))
 
 
 def test_heads_that_do_not_divide_end_the_cli_in_one_line(
@@ -109,7 +110,7 @@ def test_heads_that_do_not_divide_end_the_cli_in_one_line(
 def test_a_token_id_past_the_vocabulary_is_refused(copy: Path, file: str, change: dict[str, Any], needle: str) -> None:
     _edit(copy / file, **change)
     with pytest.raises(ModelMismatchError, match=needle):
-        load_base_model(copy)
+        load_base_model(open_model(copy, tokenizer=False))
 
 
 def test_an_added_token_past_the_vocabulary_ends_the_cli_in_one_line(
@@ -119,7 +120,7 @@ def test_an_added_token_past_the_vocabulary_ends_the_cli_in_one_line(
     tokenizer["added_tokens"].append({**tokenizer["added_tokens"][0], "id": 1 << 19, "content": "<evil>"})
     (copy / "tokenizer.json").write_text(json.dumps(tokenizer))
     with pytest.raises(ModelMismatchError, match="added token '<evil>' has id 524288"):
-        load_tokenizer(copy)
+        load_tokenizer(open_model(copy, weights=False))
     _cli_refuses(copy, tmp_path, capsys, "<evil>", "vocab_size")
 
 
@@ -132,7 +133,7 @@ def test_a_missing_weight_is_an_error_never_a_random_initialisation(
     tensors["model.extra.weight"] = torch.zeros(64)  # the count still adds up: only the names tell
     save_file(tensors, copy / "model.safetensors")
     with pytest.raises(ModelMismatchError, match=f"lack 1 of the .* tensors .*{norm}"):
-        load_base_model(copy)
+        load_base_model(open_model(copy, tokenizer=False))
     _cli_refuses(copy, tmp_path, capsys, norm, "random values")
 
 
@@ -141,9 +142,9 @@ def test_tied_embeddings_need_no_output_layer_in_the_files(copy: Path) -> None:
     del tensors["lm_head.weight"]
     save_file(tensors, copy / "model.safetensors")
     with pytest.raises(ModelMismatchError, match=r"lm_head\.weight"):
-        load_base_model(copy)
+        load_base_model(open_model(copy, tokenizer=False))
     _edit(copy / "config.json", tie_word_embeddings=True)
-    model = load_base_model(copy)
+    model = load_base_model(open_model(copy, tokenizer=False))
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
 
 
@@ -160,7 +161,7 @@ def test_a_generation_config_of_the_wrong_types_is_a_typed_error(
 ) -> None:
     _edit(copy / "generation_config.json", **change)
     with pytest.raises(ModelMismatchError, match=needle):
-        load_base_model(copy)
+        load_base_model(open_model(copy, tokenizer=False))
 
 
 def test_a_malformed_generation_config_ends_the_cli_in_one_line(

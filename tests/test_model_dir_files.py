@@ -16,7 +16,8 @@ from safetensors.torch import load_file, save_file
 from rl.cli import main
 from rl.errors import ModelFileError
 from rl.models import load_base_model, load_tokenizer
-from rl.models.model_files import FILE_LIMITS, staged_model_dir
+from rl.models.model_files import FILE_LIMITS
+from rl.models.opened_model import open_model
 from rl.models.tiny import TinyModelConfig, build_tiny_model
 
 SECRET = "outside-secret-7f3a"
@@ -61,7 +62,7 @@ def test_a_template_linked_to_a_file_outside_is_refused_never_read(
     (copy / "chat_template.jinja").unlink()
     (copy / "chat_template.jinja").symlink_to(outside)
     with pytest.raises(ModelFileError, match=r"chat_template\.jinja is a symlink"):
-        load_tokenizer(copy)
+        load_tokenizer(open_model(copy, weights=False))
     _cli_refuses(copy, tmp_path, capsys, "chat_template.jinja", "symlink")
 
 
@@ -69,14 +70,14 @@ def test_a_hard_link_to_a_file_outside_is_refused(copy: Path, outside: Path) -> 
     (copy / "generation_config.json").unlink()
     os.link(outside, copy / "generation_config.json")
     with pytest.raises(ModelFileError, match="2 hard links"):
-        load_base_model(copy)
+        load_base_model(open_model(copy, tokenizer=False))
 
 
 def test_a_sparse_gigabyte_template_is_refused_by_its_size_before_a_byte_is_read(copy: Path) -> None:
     with open(copy / "chat_template.jinja", "r+b") as f:
         f.truncate(1 << 30)
     with pytest.raises(ModelFileError, match=rf"{1 << 30} bytes, more than the {FILE_LIMITS['chat_template.jinja']}"):
-        load_tokenizer(copy)
+        load_tokenizer(open_model(copy, weights=False))
 
 
 def test_a_fifo_at_a_files_name_is_refused_without_blocking(copy: Path) -> None:
@@ -85,7 +86,7 @@ def test_a_fifo_at_a_files_name_is_refused_without_blocking(copy: Path) -> None:
     with pytest.raises(
         ModelFileError, match="is a FIFO, not a regular file"
     ):  # no writer ever comes: a blocking open would hang
-        load_tokenizer(copy)
+        load_tokenizer(open_model(copy, weights=False))
 
 
 def test_a_tensor_named_with_escape_sequences_is_refused_and_shown_escaped(copy: Path) -> None:
@@ -93,7 +94,7 @@ def test_a_tensor_named_with_escape_sequences_is_refused_and_shown_escaped(copy:
     tensors["\x1b]0;pwned\x07\x1b[2J"] = torch.zeros(1)
     save_file(tensors, copy / "model.safetensors")
     with pytest.raises(ModelFileError, match="not a module name") as caught:
-        load_base_model(copy)
+        load_base_model(open_model(copy, tokenizer=False))
     assert "\x1b" not in str(caught.value) and "\x07" not in str(caught.value)
 
 
@@ -101,7 +102,7 @@ def test_a_weights_header_that_does_not_cover_the_file_is_refused(copy: Path) ->
     with open(copy / "model.safetensors", "ab") as f:
         f.write(b"\0" * 64)  # bytes beyond every tensor's span: not what save_pretrained writes
     with pytest.raises(ModelFileError, match="weights cannot be read"):
-        load_base_model(copy)
+        load_base_model(open_model(copy, tokenizer=False))
 
 
 def test_the_load_reads_the_checked_bytes_whatever_is_swapped_in_after_the_check(copy: Path, tmp_path: Path) -> None:
@@ -109,7 +110,7 @@ def test_the_load_reads_the_checked_bytes_whatever_is_swapped_in_after_the_check
     checked weights file itself, not names in the directory."""
     original = load_file(copy / "model.safetensors")
     other = build_tiny_model(tmp_path / "other", TinyModelConfig(seed=4, max_position=256))
-    with staged_model_dir(copy) as staged:
+    with open_model(copy) as model, model.staged() as staged:
         (copy / "chat_template.jinja").write_text("{{ '" + SECRET + "' }}")
         os.replace(other / "model.safetensors", copy / "model.safetensors")
         (copy / "config.json").unlink()
@@ -128,7 +129,7 @@ def test_files_nothing_loads_are_never_staged(copy: Path) -> None:
     (copy / "additional_chat_templates" / "tool.jinja").write_text(SECRET)
     (copy / "modeling_evil.py").write_text("raise SystemExit('ran')")
     (copy / "pytorch_model.bin").write_bytes(b"\x80\x04K\x01.")
-    with staged_model_dir(copy) as staged:
+    with open_model(copy) as model, model.staged() as staged:
         names = set(os.listdir(staged))
     assert names <= {*FILE_LIMITS, "model.safetensors"}
     assert "chat_template.jinja" in names and "config.json" in names

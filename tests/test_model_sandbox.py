@@ -23,6 +23,7 @@ from rl.errors import ModelDirError, ModelFileError, ModelSandboxError
 from rl.models import load_tokenizer
 from rl.models import sandbox as sandbox_module
 from rl.models.chat import decode_texts, encode_prompts
+from rl.models.opened_model import open_model
 from rl.models.pretrained import SMOLLM2, model_cache_root
 from rl.models.sandbox import SandboxLimits, TokenizerSandbox, in_process, sandbox_of
 from rl.models.tiny import TinyModelConfig, build_tiny_model, check_tokenizer
@@ -64,7 +65,7 @@ def _ids(encoded: Any) -> list[int]:
 def test_prompts_from_the_worker_are_transformers_own_ids(tiny_dir: Path, tmp_path: Path, template: str | None) -> None:
     """The worker's ids and texts equal transformers' computed in this process from the same directory."""
     model_dir = _with(tiny_dir, tmp_path / "m", template=template)
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_tokenizer(open_model(model_dir, weights=False))
     assert sandbox_of(tokenizer) is not None  # the worker computes them, not this process
     reference = PreTrainedTokenizerFast.from_pretrained(str(model_dir))
     expected = [
@@ -84,7 +85,7 @@ def test_smollm2s_own_tokenizer_gives_its_own_ids_through_the_worker() -> None:
     model_dir = model_cache_root() / SMOLLM2.cache_name
     if not (model_dir / "tokenizer.json").is_file():
         pytest.skip(f"no converted SmolLM2 at {model_dir}")
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_tokenizer(open_model(model_dir, weights=False))
     reference = PreTrainedTokenizerFast.from_pretrained(str(model_dir))
     assert reference.chat_template and sandbox_of(tokenizer) is not None
     for question in QUESTIONS:
@@ -196,7 +197,7 @@ def test_a_library_panic_in_this_process_is_a_typed_error_but_ctrl_c_is_not() ->
 
 def test_a_tokenizers_worker_ends_with_it(tiny_dir: Path) -> None:
     """No worker outlives the tokenizer it serves (nor, by PR_SET_PDEATHSIG, this process)."""
-    tokenizer = load_tokenizer(tiny_dir)
+    tokenizer = load_tokenizer(open_model(tiny_dir, weights=False))
     sandbox = sandbox_of(tokenizer)
     assert sandbox is not None and sandbox._worker is not None
     pid = sandbox._worker.pid
@@ -214,4 +215,4 @@ def test_a_sparse_gigabyte_chat_template_is_refused_before_a_byte_is_read(tiny_d
     with (model_dir / "chat_template.jinja").open("wb") as template:
         template.truncate(1 << 30)  # 1 GiB that takes no disk
     with pytest.raises(ModelFileError, match=r"chat_template.jinja is 1073741824 bytes, more than"):
-        check_tokenizer(model_dir, limits=SMALL)
+        check_tokenizer(open_model(model_dir, weights=False), limits=SMALL)

@@ -1,4 +1,4 @@
-"""The private staging a model load makes (`rl.models.model_files.staged_model_dir`) does not outlive its process: a
+"""The private staging a model load makes (`rl.models.opened_model.ModelDir.staged`) does not outlive its process: a
 load killed mid-way (SIGKILL) leaves one behind, which the next load removes; a live process's stays."""
 
 from __future__ import annotations
@@ -13,15 +13,16 @@ from pathlib import Path
 import pytest
 from fixtures_real import tiny_model_dir
 
-from rl.models.model_files import STAGE_PREFIX, staged_model_dir
+from rl.models.model_files import STAGE_PREFIX
+from rl.models.opened_model import open_model
 
 __all__ = ["tiny_model_dir"]  # a fixture
 
 HOLD = """
 import sys
 from pathlib import Path
-from rl.models.model_files import staged_model_dir
-with staged_model_dir(Path(sys.argv[1])) as stage:
+from rl.models.opened_model import open_model
+with open_model(Path(sys.argv[1])) as model, model.staged() as stage:
     print(stage, flush=True)
     sys.stdin.read()  # held until the test kills it or closes stdin
 """
@@ -44,7 +45,7 @@ def test_a_killed_loads_staging_is_removed_by_the_next_a_live_ones_kept(tiny_mod
         os.kill(killed.pid, signal.SIGKILL)
         killed.wait(timeout=60)
         assert left.is_dir()  # what a SIGKILL leaves
-        with staged_model_dir(tiny_model_dir) as stage:
+        with open_model(tiny_model_dir) as model, model.staged() as stage:
             assert stage.is_dir() and (stage / "config.json").is_file()
         assert not stage.exists() and not left.exists() and kept.is_dir()
     finally:

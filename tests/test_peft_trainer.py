@@ -20,6 +20,7 @@ from loss_reference import reference_step
 from trainer_batches import make_batch, make_rollouts, varied_rewards
 
 from rl.errors import BatchError, OptimizerStateError, StaleBatchError
+from rl.models.opened_model import open_model
 from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.adapter import load_policy, trainable_parameters
 from rl.trainer.config import TrainerConfig
@@ -39,7 +40,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 @pytest.fixture
 def trainer(tiny_model_dir: Path, tmp_path: Path) -> PeftTrainer:
-    return PeftTrainer(tiny_model_dir, LocalArtifacts(tmp_path / "artifacts"), CONFIG)
+    return PeftTrainer(open_model(tiny_model_dir), LocalArtifacts(tmp_path / "artifacts"), CONFIG)
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +234,7 @@ def test_a_warm_trainer_writes_the_bytes_a_cold_one_writes(
     """A trainer continuing from the model and optimizer it kept in memory writes, step after step, exactly the bytes a
     fresh trainer writes from the artifacts alone (the warm path is a cache, not another computation)."""
     config = dataclasses.replace(CONFIG, max_staleness=3)  # the fixed rollouts come from version 0
-    trainer = PeftTrainer(tiny_model_dir, LocalArtifacts(tmp_path / "artifacts"), config)
+    trainer = PeftTrainer(open_model(tiny_model_dir), LocalArtifacts(tmp_path / "artifacts"), config)
     init = run(trainer.init_adapter(seed=5))
     results = [init]
     for version in (1, 2, 3):
@@ -297,7 +298,7 @@ def _reference_and_trainer_steps(
     metrics (reference first)."""
     from safetensors.torch import load as load_safetensors
 
-    t = PeftTrainer(base_dir, LocalArtifacts(tmp_path / "a"), config)
+    t = PeftTrainer(open_model(base_dir, tokenizer=False), LocalArtifacts(tmp_path / "a"), config)
     init = run(t.init_adapter(seed=5))
     batch = make_batch(rollouts, varied_rewards(rollouts), init.adapter, init.optimizer_state)
     adapter, opt = _files(t, init)
@@ -386,7 +387,7 @@ def test_the_step_scales_its_advantages_as_configured(tiny_model_dir: Path, roll
     norms = {}
     for scale in ("population_std", "none"):
         config = dataclasses.replace(CONFIG, advantage_scale=scale)
-        trainer = PeftTrainer(tiny_model_dir, LocalArtifacts(tmp_path / scale), config)
+        trainer = PeftTrainer(open_model(tiny_model_dir), LocalArtifacts(tmp_path / scale), config)
         init = run(trainer.init_adapter(seed=5))
         norms[scale] = run(trainer.train_step(make_batch(group, rewards, init.adapter, init.optimizer_state)))
     scaled, unscaled = norms["population_std"].metrics.grad_norm, norms["none"].metrics.grad_norm

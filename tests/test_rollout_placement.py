@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from rl.deploy.flyte import envs, grpo_tasks
 from rl.deploy.flyte.config import EngineSpec, smoke
 from rl.errors import RolloutPlacementError
+from rl.models.opened_model import open_model
 from rl.types import ArtifactRef, Prompt, RolloutRequest
 
 TIERS = ("gpu", "cpu", "stress")
@@ -101,8 +102,10 @@ async def test_several_groups_per_call_give_each_group_what_its_own_call_gives(
 
     base = build_tiny_model(tmp_path / "model", TinyModelConfig(seed=1, hidden_size=32, intermediate=64))
     artifacts = LocalArtifacts(tmp_path / "store")
-    adapter = (await PeftTrainer(base, artifacts, TrainerConfig()).init_adapter(seed=0)).adapter
-    engine = VLLMEngine(base, artifacts, vllm_module=stub)
+    adapter = (
+        await PeftTrainer(open_model(base, tokenizer=False), artifacts, TrainerConfig()).init_adapter(seed=0)
+    ).adapter
+    engine = VLLMEngine(open_model(base, tokenizer=False), artifacts, vllm_module=stub)
     sizes: list[int] = []
 
     async def generate_groups(_base: Any, _adapter: Any, requests: list[RolloutRequest], _spec: Any) -> Any:

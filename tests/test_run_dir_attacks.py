@@ -15,6 +15,7 @@ import pytest
 
 from rl.commands import failures
 from rl.errors import UnsafeRunDirError, shown
+from rl.models.opened_model import open_model
 from rl.storage.safe_fs import Tree
 
 WRITE_MODES = ["w", "a", "wb", "ab", "r+", "w+"]
@@ -260,7 +261,7 @@ def test_a_model_directory_naming_code_never_runs_it_nor_asks(tmp_path: Path, ti
     config = {**_config_of(base), "model_type": "evil", "auto_map": {"AutoModelForCausalLM": "evil.EvilModel"}}
     (base / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelDirError, match="model_type 'evil'") as info:
-        load_base_model(base)
+        load_base_model(open_model(base, tokenizer=False))
     assert info.value.exit_code == 2 and not ran.exists()
 
 
@@ -277,7 +278,7 @@ def test_a_damaged_base_weights_file_is_a_typed_error(tmp_path: Path, tiny_base:
     with open(base / "model.safetensors", "r+b") as f:
         f.write((1 << 40).to_bytes(8, "little"))
     with pytest.raises(ModelDirError, match="weights cannot be read") as info:
-        load_base_model(base)
+        load_base_model(open_model(base, tokenizer=False))
     assert str(base) in str(info.value)
 
 
@@ -286,7 +287,7 @@ def adapter(tiny_base: Path) -> dict[str, bytes]:
     from rl.trainer.adapter import adapter_files, new_adapter
     from rl.trainer.config import TrainerConfig
 
-    return adapter_files(new_adapter(tiny_base, TrainerConfig(), 0))
+    return adapter_files(new_adapter(open_model(tiny_base, tokenizer=False), TrainerConfig(), 0))
 
 
 def _with_config(files: dict[str, bytes], **change: object) -> dict[str, bytes]:
@@ -347,10 +348,10 @@ def test_the_sampler_and_the_trainer_refuse_a_hostile_adapter_in_one_typed_line(
     for name, content in files.items():
         (adapter_dir / name).write_bytes(content)
     with pytest.raises(AdapterDirError) as info:
-        AdapterCache(tiny_base).load_dir("k", adapter_dir)
+        AdapterCache(open_model(tiny_base, tokenizer=False)).load_dir("k", adapter_dir)
     assert info.value.exit_code == 4 and str(adapter_dir) in str(info.value)
     with pytest.raises(AdapterDirError):
-        load_policy(tiny_base, files, trainable=False)
+        load_policy(open_model(tiny_base, tokenizer=False), files, trainable=False)
 
 
 def test_a_bounded_read_refuses_by_size_before_reading(tmp_path: Path) -> None:
@@ -399,4 +400,4 @@ def test_a_tokenizer_config_emptied_is_a_typed_error(tmp_path: Path, tiny_base: 
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
         (base / name).write_text("{}")
     with pytest.raises(ModelDirError, match="end-of-sequence"):
-        load_tokenizer(base)
+        load_tokenizer(open_model(base, weights=False))

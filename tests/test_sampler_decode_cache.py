@@ -9,6 +9,7 @@ import pytest
 from fixtures_real import adapter_dirs, refs, run, store, tiny_model_dir
 
 from rl.models.chat import decode_texts
+from rl.models.opened_model import open_model
 from rl.samplers import torch_sampler
 from rl.samplers.torch_sampler import TorchSampler
 from rl.storage.artifacts import LocalArtifacts
@@ -34,7 +35,7 @@ def test_a_generate_call_decodes_its_new_completions_in_one_batch(
     tiny_model_dir: Path, store: LocalArtifacts, refs: dict, calls: list[list[tuple[int, ...]]]
 ) -> None:
     """Completions equal the tokenizer's own decoding; one call per generate, none when every text is known."""
-    sampler = TorchSampler(tiny_model_dir, store)
+    sampler = TorchSampler(open_model(tiny_model_dir), store)
     requests = [
         RolloutRequest(
             group_id=g,
@@ -63,7 +64,7 @@ def test_the_sampler_keeps_a_bounded_number_of_texts(
 ) -> None:
     """Past `DECODED_TEXTS` the oldest text goes, and asking for it again decodes it again (the same text)."""
     monkeypatch.setattr(torch_sampler, "DECODED_TEXTS", 2)
-    sampler = TorchSampler(tiny_model_dir, store)
+    sampler = TorchSampler(open_model(tiny_model_dir), store)
     first = sampler.decode_many([[5], [6], [7]])
     assert len(calls) == 1
     assert sampler.decode_many([[7]]) == first[2:] and len(calls) == 1  # kept

@@ -11,6 +11,7 @@ from fixtures_real import one_thread, tiny_model_dir
 from peft import LoraConfig, get_peft_model
 
 from rl.models import load_base_model, load_tokenizer
+from rl.models.opened_model import open_model
 from rl.samplers import decoding
 from rl.samplers.decoding import batched_teacher_forced_logprobs, teacher_forced_logprobs
 from rl.types import SamplingSettings
@@ -20,7 +21,7 @@ __all__ = ["one_thread", "tiny_model_dir"]
 
 def _batch(tiny_model_dir: Path) -> tuple[list[list[int]], list[list[int]]]:
     """Three prompts of three lengths, the first two repeated (groups of 3, 2 and 1), completions of 1-5 tokens."""
-    tokenizer = load_tokenizer(tiny_model_dir)
+    tokenizer = load_tokenizer(open_model(tiny_model_dir))
     a, b, c = (tokenizer(q)["input_ids"] for q in ("3=", "what is 12 + 7? ", "45="))
     assert len({len(a), len(b), len(c)}) == 3
     prompts = [a, b, a, c, b, a]
@@ -31,7 +32,7 @@ def _batch(tiny_model_dir: Path) -> tuple[list[list[int]], list[list[int]]]:
 def _policy(tiny_model_dir: Path) -> torch.nn.Module:
     torch.manual_seed(0)
     config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    return get_peft_model(load_base_model(tiny_model_dir), config)
+    return get_peft_model(load_base_model(open_model(tiny_model_dir)), config)
 
 
 def _lora_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -68,7 +69,7 @@ def test_each_path_gives_the_one_row_values_and_gradients(
 
 
 def test_shared_prompts_forward_each_distinct_prompt_once(tiny_model_dir: Path) -> None:
-    model = load_base_model(tiny_model_dir)
+    model = load_base_model(open_model(tiny_model_dir))
     prompts, completions = _batch(tiny_model_dir)
     shapes: list[tuple[int, ...]] = []
     hook = model.register_forward_pre_hook(
@@ -85,7 +86,7 @@ def test_shared_prompts_forward_each_distinct_prompt_once(tiny_model_dir: Path) 
 def test_the_default_shares_only_large_models_without_dropout(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = load_base_model(tiny_model_dir)
+    model = load_base_model(open_model(tiny_model_dir))
     prompts, completions = _batch(tiny_model_dir)
     calls: list[int] = []
     real = decoding._shared_prompt_logits
@@ -102,7 +103,7 @@ def test_the_default_shares_only_large_models_without_dropout(
 
 def test_distinct_prompts_take_the_full_row_path(tiny_model_dir: Path) -> None:
     """With no prompt repeated there is nothing to share: one forward of the full rows."""
-    model = load_base_model(tiny_model_dir)
+    model = load_base_model(open_model(tiny_model_dir))
     prompts, completions = _batch(tiny_model_dir)
     rows = [0, 1, 3]
     shapes: list[int] = []

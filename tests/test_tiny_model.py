@@ -11,6 +11,7 @@ from fixtures_real import TEST_MODEL_CONFIG, tiny_model_dir
 
 from rl.errors import ModelDirError
 from rl.models import CHARACTERS, TinyModelConfig, build_tiny_model, load_base_model, load_tokenizer
+from rl.models.opened_model import open_model
 from rl.problems import DigitSuccessor, constant_baseline_accuracy
 from rl.protocols import PromptSource
 from rl.types import Prompt
@@ -46,7 +47,7 @@ def test_building_does_not_consume_the_global_rng(tmp_path: Path) -> None:
 
 def test_tokenizer_round_trips_every_character_and_prepends_bos(tiny_model_dir: Path) -> None:
     """Each character is one token; decode(encode(x)) == x; encoding starts with <bos>."""
-    tok = load_tokenizer(tiny_model_dir)
+    tok = load_tokenizer(open_model(tiny_model_dir))
     for required in "0123456789=#, -\nabcxyz":
         assert required in CHARACTERS
     text = "3=#### 4, -1\nabc xyz"
@@ -59,8 +60,8 @@ def test_tokenizer_round_trips_every_character_and_prepends_bos(tiny_model_dir: 
 
 
 def test_model_vocab_matches_tokenizer_and_loads_in_eval_mode(tiny_model_dir: Path) -> None:
-    tok = load_tokenizer(tiny_model_dir)
-    model = load_base_model(tiny_model_dir)
+    tok = load_tokenizer(open_model(tiny_model_dir))
+    model = load_base_model(open_model(tiny_model_dir))
     assert model.config.vocab_size == len(tok)
     assert not model.training
     logits = model(torch.tensor([tok("3=")["input_ids"]])).logits  # [1, 3, V]
@@ -70,10 +71,10 @@ def test_model_vocab_matches_tokenizer_and_loads_in_eval_mode(tiny_model_dir: Pa
 
 def test_missing_model_dir_raises_a_typed_error(tmp_path: Path) -> None:
     with pytest.raises(ModelDirError, match="build_tiny_model"):
-        load_base_model(tmp_path / "nope")
+        load_base_model(open_model(tmp_path / "nope", tokenizer=False))
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelDirError, match=r"tokenizer\.json"):
-        load_tokenizer(tmp_path / "empty")
+        load_tokenizer(open_model(tmp_path / "empty", weights=False))
 
 
 def test_bad_config_raises_a_clear_error() -> None:
@@ -119,7 +120,7 @@ def test_a_damaged_weights_file_is_a_one_line_model_dir_error(tmp_path: Path) ->
     model_dir = build_tiny_model(tmp_path / "m")
     (model_dir / "model.safetensors").write_bytes(b"")
     with pytest.raises(ModelDirError, match="weights cannot be read") as caught:
-        load_base_model(model_dir)
+        load_base_model(open_model(model_dir, tokenizer=False))
     assert isinstance(caught.value, InputError) and "\n" not in str(caught.value)
 
 
@@ -128,4 +129,4 @@ def test_a_damaged_tokenizer_file_is_a_one_line_model_dir_error(tmp_path: Path) 
     model_dir = build_tiny_model(tmp_path / "m")
     (model_dir / "tokenizer.json").write_bytes(b"")
     with pytest.raises(ModelDirError, match="tokenizer cannot be read"):
-        load_tokenizer(model_dir)
+        load_tokenizer(open_model(model_dir, weights=False))

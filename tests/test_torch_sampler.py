@@ -12,6 +12,7 @@ from fixtures_real import LORA_TARGETS, adapter_dirs, one_thread, refs, run, sto
 from rl.conformance.engine_lifetime_laws import coincidence_tail
 from rl.errors import ArtifactNotFoundError, InvalidRolloutRequestError, NotAnAdapterError
 from rl.models import load_base_model
+from rl.models.opened_model import open_model
 from rl.protocols import RolloutEngine
 from rl.samplers.decoding import batched_teacher_forced_logprobs, sample_group, teacher_forced_logprobs
 from rl.samplers.torch_sampler import TorchSampler
@@ -26,13 +27,13 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:Fu
 
 @pytest.fixture(scope="module")
 def sampler(tiny_model_dir: Path, store: LocalArtifacts) -> TorchSampler:
-    return TorchSampler(tiny_model_dir, store)
+    return TorchSampler(open_model(tiny_model_dir), store)
 
 
 @pytest.fixture(scope="module")
 def exact_sampler(tiny_model_dir: Path, store: LocalArtifacts) -> TorchSampler:
     """Adapters unmerged: its policy runs exactly the PEFT forward the trainer differentiates."""
-    return TorchSampler(tiny_model_dir, store, merge_adapters=False)
+    return TorchSampler(open_model(tiny_model_dir), store, merge_adapters=False)
 
 
 def request(adapter: ArtifactRef, **overrides: object) -> RolloutRequest:
@@ -84,7 +85,7 @@ def test_same_request_gives_identical_rollouts_even_on_a_fresh_engine(
     req = request(refs["trained"])
     first = run(sampler.generate(req))
     assert run(sampler.generate(req)) == first
-    assert run(TorchSampler(tiny_model_dir, store).generate(req)) == first
+    assert run(TorchSampler(open_model(tiny_model_dir), store).generate(req)) == first
 
 
 def test_samples_differ_within_a_group_and_across_seeds(sampler: TorchSampler, refs: dict[str, ArtifactRef]) -> None:
@@ -141,7 +142,7 @@ def test_adapter_round_trip_through_the_store_gives_bitwise_identical_logits(
 
     torch.manual_seed(5)
     trained = get_peft_model(
-        load_base_model(tiny_model_dir),
+        load_base_model(open_model(tiny_model_dir)),
         LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS, lora_dropout=0.0, init_lora_weights=False),
     ).eval()
     ids = torch.tensor([sampler.encode_prompt("3=#### 4\n")])  # [1, L]
@@ -150,7 +151,7 @@ def test_adapter_round_trip_through_the_store_gives_bitwise_identical_logits(
         trained.save_pretrained(tmp_path / "adapter")
         ref = run(store.put_dir(tmp_path / "adapter", "round-trip"))
         after = run(sampler.policy(ref))(input_ids=ids).logits
-        base = load_base_model(tiny_model_dir)(input_ids=ids).logits
+        base = load_base_model(open_model(tiny_model_dir))(input_ids=ids).logits
     assert torch.equal(before, after)
     assert not torch.equal(after, base)
 
@@ -172,7 +173,12 @@ def test_version_zero_adapter_samples_exactly_like_the_base_model(
     prompt_ids = sampler.encode_prompt("7=")
     with torch.no_grad():
         base = sample_group(
-            load_base_model(tiny_model_dir), prompt_ids, n=4, max_tokens=8, seed=3, eos_token_id=sampler.eos_token_id
+            load_base_model(open_model(tiny_model_dir)),
+            prompt_ids,
+            n=4,
+            max_tokens=8,
+            seed=3,
+            eos_token_id=sampler.eos_token_id,
         )
     got = run(sampler.generate(request(refs["v0"], n=4, max_tokens=8, seed=3)))
     assert [(r.token_ids, r.logprobs) for r in got] == [(s.token_ids, s.logprobs) for s in base]
@@ -181,7 +187,7 @@ def test_version_zero_adapter_samples_exactly_like_the_base_model(
 def test_adapters_are_cached_by_digest_and_evicted_least_recently_used(
     tiny_model_dir: Path, store: LocalArtifacts, refs: dict[str, ArtifactRef]
 ) -> None:
-    engine = TorchSampler(tiny_model_dir, store, adapter_cache_size=1)
+    engine = TorchSampler(open_model(tiny_model_dir), store, adapter_cache_size=1)
     run(engine.generate(request(refs["v0"])))
     run(engine.generate(request(refs["v0"], seed=99)))
     assert engine.loads == 1
@@ -222,7 +228,7 @@ def test_teacher_forced_logprobs_are_differentiable(
     from peft import LoraConfig, get_peft_model
 
     model = get_peft_model(
-        load_base_model(tiny_model_dir), LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False)
+        load_base_model(open_model(tiny_model_dir)), LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False)
     )
     logp = teacher_forced_logprobs(model, sampler.encode_prompt("1="), [7, 1])  # [2]
     logp.sum().backward()

@@ -26,6 +26,7 @@ from fakes.vllm_stub import CompletionOutput, Logprob, RequestOutput, SamplingPa
 from fakes.vllm_stub.lora.request import LoRARequest
 from rl.errors import EngineOutputError, SamplingSettingsError, VLLMSamplingError, VLLMUnavailableError
 from rl.models import load_tokenizer
+from rl.models.opened_model import open_model
 from rl.protocols import RolloutEngine
 from rl.samplers.decoding import teacher_forced_logprobs
 from rl.samplers.torch_sampler import TorchSampler
@@ -44,7 +45,7 @@ __all__ = ["adapter_dirs", "one_thread", "refs", "store", "tiny_model_dir"]
 
 @pytest.fixture
 def engine(tiny_model_dir: Path, store: LocalArtifacts, tmp_path: Path) -> VLLMEngine:
-    return VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, adapter_root=tmp_path / "adapters")
+    return VLLMEngine(open_model(tiny_model_dir), store, vllm_module=vllm_stub, adapter_root=tmp_path / "adapters")
 
 
 def request(adapter: ArtifactRef, **overrides: object) -> RolloutRequest:
@@ -82,7 +83,7 @@ def test_without_vllm_installed_the_engine_says_what_to_do(tiny_model_dir: Path,
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed here")
     with pytest.raises(VLLMUnavailableError, match="TorchSampler"):
-        _ = VLLMEngine(tiny_model_dir, store).llm
+        _ = VLLMEngine(open_model(tiny_model_dir), store).llm
 
 
 def test_an_engine_removes_the_adapter_directory_it_made_and_a_refused_one_makes_none(
@@ -91,12 +92,12 @@ def test_an_engine_removes_the_adapter_directory_it_made_and_a_refused_one_makes
     """Adapters copied for vLLM live as long as their engine; a given `adapter_root` is the caller's and stays."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with pytest.raises(ValueError, match="llm_kwargs may not set"):
-        VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, llm_kwargs={"enable_lora": False})
+        VLLMEngine(open_model(tiny_model_dir), store, vllm_module=vllm_stub, llm_kwargs={"enable_lora": False})
     assert list(tmp_path.glob("rl-vllm-*")) == []
-    engine = VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub)
+    engine = VLLMEngine(open_model(tiny_model_dir), store, vllm_module=vllm_stub)
     made = engine.adapter_root
     assert made.parent == tmp_path and made.is_dir()
-    given = VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, adapter_root=tmp_path / "mine")
+    given = VLLMEngine(open_model(tiny_model_dir), store, vllm_module=vllm_stub, adapter_root=tmp_path / "mine")
     del engine, given
     gc.collect()
     assert not made.exists()
@@ -136,13 +137,15 @@ def test_with_the_models_tokenizer_prompts_go_as_token_ids_and_text_is_decoded_l
     tiny_model_dir: Path, store: LocalArtifacts, refs: dict[str, ArtifactRef], tmp_path: Path
 ) -> None:
     """transformers 5's AutoTokenizer (vLLM's) mangles the character vocab, so the engine can bypass it."""
-    tokenizer = load_tokenizer(tiny_model_dir)
-    engine = VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, adapter_root=tmp_path / "a", tokenizer=tokenizer)
+    tokenizer = load_tokenizer(open_model(tiny_model_dir))
+    engine = VLLMEngine(
+        open_model(tiny_model_dir), store, vllm_module=vllm_stub, adapter_root=tmp_path / "a", tokenizer=tokenizer
+    )
     req = request(refs["trained"], prompt=Prompt("a b\n4=", "5"))
     rollouts = run(engine.generate(req))
     [call] = engine.llm.generate_calls
     assert call.prompts == [{"prompt_token_ids": tokenizer("a b\n4=")["input_ids"]}]
-    assert rollouts == per_sample_seeded(TorchSampler(tiny_model_dir, store), req)
+    assert rollouts == per_sample_seeded(TorchSampler(open_model(tiny_model_dir), store), req)
 
 
 def test_the_first_adapter_gets_lora_id_one_because_vllm_reserves_zero(
@@ -159,7 +162,7 @@ def test_outputs_become_rollouts_with_the_requests_version_and_the_policys_logpr
     req = request(refs["trained"], policy_version=7, group_id=5)
     rollouts = run(engine.generate(req))
     assert len(rollouts) == req.n
-    policy = run(TorchSampler(tiny_model_dir, store).policy(refs["trained"]))
+    policy = run(TorchSampler(open_model(tiny_model_dir), store).policy(refs["trained"]))
     for r in rollouts:
         assert (r.policy_version, r.group_id, r.seed, r.question, r.answer) == (7, 5, 17, "4=", "5")
         assert len(r.logprobs) == len(r.token_ids) >= 1
@@ -187,7 +190,7 @@ def test_a_requests_sampling_settings_reach_vllm_and_its_logprobs_are_of_the_dis
     rollouts = run(engine.generate(req))
     [sp] = engine.llm.generate_calls[-1].sampling_params
     assert (sp.temperature, sp.top_p, sp.top_k) == (sampling.temperature, sampling.top_p, sampling.top_k)
-    policy = run(TorchSampler(tiny_model_dir, store).policy(refs["trained"]))
+    policy = run(TorchSampler(open_model(tiny_model_dir), store).policy(refs["trained"]))
     untempered_differs = False
     for r in rollouts:
         with torch.no_grad():
@@ -196,7 +199,7 @@ def test_a_requests_sampling_settings_reach_vllm_and_its_logprobs_are_of_the_dis
         torch.testing.assert_close(torch.tensor(r.logprobs), forced, rtol=0, atol=1e-5)
         untempered_differs |= bool((forced - raw).abs().max() > 1e-3)
     assert untempered_differs, "the settings changed no log-prob: the test cannot tell processed from raw"
-    assert rollouts == per_sample_seeded(TorchSampler(tiny_model_dir, store), req)
+    assert rollouts == per_sample_seeded(TorchSampler(open_model(tiny_model_dir), store), req)
 
 
 @pytest.mark.parametrize("temperature", [1e-6, 0.009, 2.5])
@@ -220,7 +223,7 @@ def test_translation_loses_nothing_the_torch_sampler_records(
     """The stub samples with the torch sampler's code, one completion per seed as vLLM does, so the rollouts agree
     field for field with the torch sampler's single completions at those seeds."""
     req = request(refs["trained"], seed=23)
-    assert run(engine.generate(req)) == per_sample_seeded(TorchSampler(tiny_model_dir, store), req)
+    assert run(engine.generate(req)) == per_sample_seeded(TorchSampler(open_model(tiny_model_dir), store), req)
 
 
 @pytest.mark.heavy
@@ -242,7 +245,7 @@ def test_one_warm_engine_serves_two_runs_each_from_its_own_adapters(
     """A replica's engine outlives a run: run two's version 0 (another seed, so another adapter) must get its own vLLM
     LoRA id, or vLLM serves run one's cached adapter under the reused id (version + 1 did exactly that)."""
     run_two_v0 = run(store.put_dir(make_adapter_dir(tiny_model_dir, tmp_path / "b0", seed=5, identity=False), "b0"))
-    sampler = TorchSampler(tiny_model_dir, store)
+    sampler = TorchSampler(open_model(tiny_model_dir), store)
     runs = [[refs["v0"], refs["trained"]], [run_two_v0, refs["trained"]]]  # run two's v1 happens to equal run one's
     for adapters in runs:
         for version, adapter in enumerate(adapters):
@@ -420,7 +423,7 @@ def test_the_stubs_raw_logprobs_are_the_untempered_policys_and_processed_ones_th
     if sampling.is_default:
         assert [c.logprobs for c in raw.outputs] == [c.logprobs for c in processed.outputs]
         return
-    policy = AdapterCache(tiny_model_dir, capacity=1, merge=True).load_dir("a", adapter_dirs["trained"])
+    policy = AdapterCache(open_model(tiny_model_dir), capacity=1, merge=True).load_dir("a", adapter_dirs["trained"])
     for mode, out in outs.items():
         for c in out.outputs:
             drawn_from = sampling if mode == "processed_logprobs" else SamplingSettings()
@@ -438,7 +441,7 @@ def test_the_stubs_raw_logprobs_are_the_untempered_policys_and_processed_ones_th
 def test_llm_kwargs_cannot_override_what_the_seed_fixes(tiny_model_dir: Path, store: LocalArtifacts) -> None:
     for fixed in ({"enable_lora": False}, {"logprobs_mode": "raw_logprobs"}):
         with pytest.raises(ValueError, match=next(iter(fixed))):
-            VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, llm_kwargs=fixed)
+            VLLMEngine(open_model(tiny_model_dir), store, vllm_module=vllm_stub, llm_kwargs=fixed)
 
 
 @pytest.mark.parametrize(
@@ -531,7 +534,7 @@ def test_an_engine_used_again_after_close_writes_its_adapter_copies_again(
 ) -> None:
     """`close` deletes the copies in the engine's own directory; the engine used again writes them again and serves
     what it served before (the stub, like vLLM, fails a LoRA path that does not exist)."""
-    engine = VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub)
+    engine = VLLMEngine(open_model(tiny_model_dir), store, vllm_module=vllm_stub)
     req = request(refs["v0"], n=2)
     first = run(engine.generate(req))
     old_root = engine.adapter_root
@@ -550,7 +553,11 @@ def test_an_adapter_vllm_would_die_loading_is_refused_before_vllm_sees_it(
     from rl.errors import AdapterRefused
 
     engine = VLLMEngine(
-        tiny_model_dir, store, vllm_module=vllm_stub, adapter_root=tmp_path / "a", llm_kwargs={"max_lora_rank": 1}
+        open_model(tiny_model_dir),
+        store,
+        vllm_module=vllm_stub,
+        adapter_root=tmp_path / "a",
+        llm_kwargs={"max_lora_rank": 1},
     )
     with pytest.raises(AdapterRefused, match="LoRA rank 4, above this engine's max_lora_rank 1"):
         run(engine.generate(request(refs["v0"], policy_version=0)))
@@ -566,7 +573,11 @@ def test_a_refused_adapter_is_checked_again_on_the_retry_and_never_handed_to_vll
     from rl.errors import AdapterRefused
 
     engine = VLLMEngine(
-        tiny_model_dir, store, vllm_module=vllm_stub, adapter_root=tmp_path / "a", llm_kwargs={"max_lora_rank": 1}
+        open_model(tiny_model_dir),
+        store,
+        vllm_module=vllm_stub,
+        adapter_root=tmp_path / "a",
+        llm_kwargs={"max_lora_rank": 1},
     )
     req = request(refs["v0"], policy_version=0)
     for attempt in range(3):
@@ -574,7 +585,7 @@ def test_a_refused_adapter_is_checked_again_on_the_retry_and_never_handed_to_vll
             run(engine.generate(req))
         assert engine.llm.generate_calls == [], f"attempt {attempt} handed the refused adapter to vLLM"
         assert not engine.llm._dead
-    servable = VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, adapter_root=tmp_path / "a")
+    servable = VLLMEngine(open_model(tiny_model_dir), store, vllm_module=vllm_stub, adapter_root=tmp_path / "a")
     assert len(run(servable.generate(req))) == req.n  # the staged copy left behind serves an engine that can load it
 
 
@@ -583,7 +594,7 @@ def test_a_dead_vllm_engine_is_replaced_on_the_next_call(
 ) -> None:
     """After vLLM's engine core died (`EngineDeadError`), the engine drops that LLM: a retried request starts a
     fresh one and is served, as a rollout task's retry would be."""
-    engine = VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, adapter_root=tmp_path / "a")
+    engine = VLLMEngine(open_model(tiny_model_dir), store, vllm_module=vllm_stub, adapter_root=tmp_path / "a")
     req = request(refs["v0"], policy_version=0)
     dead = engine.llm
     dead._dead = True
@@ -637,11 +648,11 @@ def test_the_engines_scratch_directory_leaves_room_for_vllms_socket_paths(tmp_pa
 def test_vllm_reads_a_checked_copy_of_the_model_removed_at_close(
     tiny_model_dir: Path, store: LocalArtifacts, tmp_path: Path
 ) -> None:
-    """vLLM loads by path in its own process: it gets the checked opener's private copy (docs/guarantees.md), which
-    goes with the engine; a directory the opener refuses (a template linked outside) never reaches vLLM."""
+    """vLLM loads by path in its own process: it gets a private copy of what the door checked (docs/guarantees.md),
+    which goes with the engine; a directory the door refuses (a template linked outside) never reaches vLLM."""
     from rl.errors import ModelFileError
 
-    engine = VLLMEngine(tiny_model_dir, store, vllm_module=vllm_stub, adapter_root=tmp_path / "a")
+    engine = VLLMEngine(open_model(tiny_model_dir), store, vllm_module=vllm_stub, adapter_root=tmp_path / "a")
     staged = Path(engine.llm.init_kwargs["model"])
     assert staged.is_dir() and staged != tiny_model_dir
     engine.close()
@@ -650,6 +661,5 @@ def test_vllm_reads_a_checked_copy_of_the_model_removed_at_close(
     (tmp_path / "secret.jinja").write_text("OUTSIDE {{ messages }}")
     (hostile / "chat_template.jinja").unlink(missing_ok=True)
     (hostile / "chat_template.jinja").symlink_to(tmp_path / "secret.jinja")
-    refused = VLLMEngine(hostile, store, vllm_module=vllm_stub, adapter_root=tmp_path / "b")
     with pytest.raises(ModelFileError, match=r"chat_template\.jinja"):
-        refused.llm  # noqa: B018 (starting the engine is the act under test)
+        open_model(hostile)  # the door refuses it: no engine is made, vLLM never starts

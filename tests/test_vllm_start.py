@@ -16,6 +16,7 @@ from fixtures_real import tiny_model_dir
 import rl.samplers.vllm as vllm_engine
 from rl.cli import main
 from rl.errors import EngineStartError, RlError
+from rl.models.opened_model import open_model
 from rl.samplers.vllm import KVCACHE_ENV, VLLMEngine
 from rl.samplers.vllm_start import cpu_kvcache_gib, start_failure_cause
 from rl.storage.artifacts import LocalArtifacts
@@ -63,7 +64,7 @@ def fake_vllm(**behaviour: Any) -> types.ModuleType:
 
 
 def engine(base: Path, tmp_path: Path, module: types.ModuleType) -> VLLMEngine:
-    return VLLMEngine(base, LocalArtifacts(tmp_path / "store"), vllm_module=module)
+    return VLLMEngine(open_model(base, tokenizer=False), LocalArtifacts(tmp_path / "store"), vllm_module=module)
 
 
 @pytest.mark.parametrize(("available_gib", "expected"), [(0.5, 1), (4, 1), (8, 2), (12.9, 3), (23, 4), (256, 4)])

@@ -19,6 +19,7 @@ from fixtures_real import tiny_model_dir
 
 import rl.samplers.vllm as vllm_engine
 from rl.errors import EngineStartError
+from rl.models.opened_model import open_model
 from rl.samplers.vllm import KVCACHE_ENV, VLLMEngine
 from rl.samplers.vllm_start_errors import StartContext, start_advice
 from rl.storage.artifacts import LocalArtifacts
@@ -140,7 +141,9 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch, platform: str, *, logged: str = "
 
 
 def start(base: Path, tmp_path: Path, module: types.ModuleType, **llm_kwargs: Any) -> EngineStartError:
-    engine = VLLMEngine(base, LocalArtifacts(tmp_path / "store"), vllm_module=module, llm_kwargs=llm_kwargs)
+    engine = VLLMEngine(
+        open_model(base, tokenizer=False), LocalArtifacts(tmp_path / "store"), vllm_module=module, llm_kwargs=llm_kwargs
+    )
     with pytest.raises(EngineStartError) as raised:
         engine.llm  # noqa: B018 (starting the engine is the act under test)
     return raised.value

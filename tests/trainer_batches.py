@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from rl.models import load_base_model
+from rl.models.opened_model import open_model
 from rl.types import ArtifactRef, Rollout, TrainBatch
 
 VOCAB_LOW, VOCAB_HIGH = 4, 40  # ordinary characters of the tiny tokenizer (ids 0-3 are special)
@@ -45,7 +46,7 @@ def make_rollouts(
 ) -> list[Rollout]:
     """`groups` x `samples` rollouts in canonical order, with random completions of 2-5 tokens and base log-probs."""
     rng = random.Random(seed)
-    model = load_base_model(base_dir)
+    model = load_base_model(open_model(base_dir, tokenizer=False))
     rollouts = []
     for g in range(groups):
         prompt = [2, VOCAB_LOW + g % 10, VOCAB_LOW + 11]  # <bos> digit '='

@@ -34,6 +34,7 @@ import fakes.vllm_stub as stub  # noqa: E402
 from rl import gpu  # noqa: E402
 from rl.deploy.flyte.config import EngineSpec, gpu_smoke, stress  # noqa: E402
 from rl.models import TinyModelConfig, build_tiny_model, load_tokenizer  # noqa: E402
+from rl.models.opened_model import open_model  # noqa: E402
 from rl.samplers.vllm import VLLMEngine  # noqa: E402
 from rl.samplers.vllm_requests import engine_llm_kwargs, model_max_len, sampling_params_kwargs  # noqa: E402
 from rl.storage.artifacts import LocalArtifacts  # noqa: E402
@@ -57,13 +58,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def adapter(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[LocalArtifacts, ArtifactRef]:
     store = LocalArtifacts(tmp_path_factory.mktemp("store"))
-    init = asyncio.run(PeftTrainer(model_dir, store, TrainerConfig()).init_adapter(seed=0))
+    init = asyncio.run(PeftTrainer(open_model(model_dir), store, TrainerConfig()).init_adapter(seed=0))
     return store, init.adapter
 
 
 def _our_llm_kwargs(model_dir: Path) -> list[dict[str, Any]]:
     """Every `LLM(...)` keyword set our code builds: each profile's EngineSpec, the GPU tests' and the CPU build's."""
-    positions = model_max_len(model_dir)
+    positions = model_max_len(open_model(model_dir))
     specs = [EngineSpec(kind="vllm"), gpu_smoke().engine, stress(base_uri="s3://x").engine]
     sets = [engine_llm_kwargs(model_dir, s.vllm_kwargs(max(positions, s.max_model_len or 0))) for s in specs]
     return [
@@ -118,7 +119,7 @@ def test_the_stub_refuses_unknown_keywords_and_a_length_beyond_the_model_as_vllm
         EngineArgs(model=str(model_dir), swap_space_gb=4)
     with pytest.raises(TypeError):
         stub.LLM(model=str(model_dir), swap_space_gb=4)
-    too_long = model_max_len(model_dir) + 1
+    too_long = model_max_len(open_model(model_dir)) + 1
     with pytest.raises(ValueError, match="greater than the derived max_model_len"):
         ModelConfig(model=str(model_dir), max_model_len=too_long)
     with pytest.raises(ValueError, match="greater than the derived max_model_len"):
@@ -260,7 +261,11 @@ def test_our_engine_builds_its_requests_with_the_real_classes(
     try:
         importlib.invalidate_caches()
         engine = VLLMEngine(
-            model_dir, store, vllm_module=hybrid, adapter_root=tmp_path / "a", tokenizer=load_tokenizer(model_dir)
+            open_model(model_dir),
+            store,
+            vllm_module=hybrid,
+            adapter_root=tmp_path / "a",
+            tokenizer=load_tokenizer(open_model(model_dir)),
         )
         request = RolloutRequest(
             group_id=1, prompt=Prompt("3=", "4"), n=3, adapter=ref, policy_version=0, seed=5, max_tokens=3,

@@ -30,6 +30,8 @@ from typing import Any
 
 import pytest
 
+from rl.models.opened_model import open_model
+
 _CACHE = tempfile.mkdtemp(prefix="rl-vllm-cpu-cache-")
 os.environ.setdefault("VLLM_CACHE_ROOT", _CACHE)
 # vLLM compiles a few kernels even with enforce_eager; torch inductor's cache would otherwise land in TMPDIR.
@@ -76,7 +78,8 @@ def engine(model_dir: Path, store: Any) -> Iterator[Any]:
     from rl.models import load_tokenizer
     from rl.samplers.vllm import VLLMEngine
 
-    engine = VLLMEngine(model_dir, store, llm_kwargs=vllm_cpu_llm_kwargs(), tokenizer=load_tokenizer(model_dir))
+    base = open_model(model_dir)
+    engine = VLLMEngine(base, store, llm_kwargs=vllm_cpu_llm_kwargs(), tokenizer=load_tokenizer(base))
     _ = engine.llm  # start vLLM now, so its start-up is not charged to the first test
     yield engine
     engine.close()

@@ -14,6 +14,8 @@ import pytest
 from gpu_helpers import logprob_gaps, random_adapter, summarize, trainer_policy
 from vllm_cpu_helpers import LOGPROB_MAX_ABS_TOL, generate, request
 
+from rl.models.opened_model import open_model
+
 
 @pytest.mark.lifetime  # starts and closes an engine of its own
 def test_a_sharded_bf16_qwen3_directory_rolls_out_on_real_vllm_with_the_trainers_adapter(
@@ -39,7 +41,8 @@ def test_a_sharded_bf16_qwen3_directory_rolls_out_on_real_vllm_with_the_trainers
     ref = asyncio.run(store.put(files, name="qwen3-adapter"))
     policy = trainer_policy(model_dir, files, torch.device("cpu"))
 
-    engine = VLLMEngine(model_dir, store, llm_kwargs=vllm_cpu_llm_kwargs(), tokenizer=load_tokenizer(model_dir))
+    base = open_model(model_dir)
+    engine = VLLMEngine(base, store, llm_kwargs=vllm_cpu_llm_kwargs(), tokenizer=load_tokenizer(base))
     try:
         groups = generate(engine, *(request(ref, seed=70 + g, prompt=g, group=g, max_tokens=8) for g in range(2)))
     finally:

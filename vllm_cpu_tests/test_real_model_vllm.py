@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from gpu_helpers import logprob_gaps, summarize, trainer_policy
 
+from rl.models.opened_model import open_model
 from rl.types import RolloutRequest
 
 # float32 on both sides, as the tiny model's LOGPROB_MAX_ABS_TOL, but at logits of |40| over 30 layers: float32
@@ -44,7 +45,7 @@ def real_engine(smollm2: Path, real_store: Any) -> Iterator[Any]:
     module."""
     from rl.deploy.local import make_engine
 
-    engine = make_engine("vllm", smollm2, real_store, threads=2)
+    engine = make_engine("vllm", open_model(smollm2), real_store, threads=2)
     yield engine
     engine.close()
 
@@ -54,7 +55,7 @@ def trained(smollm2: Path) -> dict[str, bytes]:
     """An adapter of the demo's shape with small random B, standing in for a trained version."""
     from rl.bench.vllm_real import trained_like_adapter
 
-    return trained_like_adapter(smollm2)
+    return trained_like_adapter(open_model(smollm2))
 
 
 def test_vllm_samples_the_real_model_with_its_chat_template_and_the_trainers_log_probs(
@@ -66,7 +67,7 @@ def test_vllm_samples_the_real_model_with_its_chat_template_and_the_trainers_log
     from rl.models.chat import encode_prompt
     from rl.problems import Addition
 
-    tokenizer = load_tokenizer(smollm2)
+    tokenizer = load_tokenizer(open_model(smollm2))
     ref = asyncio.run(real_store.put(trained, name="adapter-v1"))
     prompts = Addition().eval_prompts()[:PROMPTS]
     requests = [

@@ -18,6 +18,7 @@ import pytest
 from gpu_helpers import summarize
 from vllm_cpu_helpers import LOGPROB_MAX_ABS_TOL, generate, request
 
+from rl.models.opened_model import open_model
 from rl.types import Rollout, SamplingSettings
 
 SETTINGS = {
@@ -36,7 +37,7 @@ def raw_engine(model_dir: Path, store: Any) -> Iterator[Any]:
     from rl.models import load_tokenizer
 
     engine = vllm_engine.VLLMEngine(
-        model_dir, store, llm_kwargs=vllm_cpu_llm_kwargs(), tokenizer=load_tokenizer(model_dir)
+        open_model(model_dir), store, llm_kwargs=vllm_cpu_llm_kwargs(), tokenizer=load_tokenizer(open_model(model_dir))
     )
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(vllm_requests, "VLLM_LOGPROBS_MODE", "raw_logprobs")

@@ -17,6 +17,7 @@ import pytest
 
 import fakes.vllm_stub as stub
 from rl.gpu import vllm_cpu_llm_kwargs
+from rl.models.opened_model import open_model
 from rl.samplers.vllm_requests import engine_llm_kwargs
 
 
@@ -44,7 +45,7 @@ def _lora(module: Any, name: str, lora_id: int, path: str) -> Any:
 def _ids(model_dir: Path, text: str = "3=") -> dict[str, list[int]]:
     from rl.models import load_tokenizer
 
-    return {"prompt_token_ids": [int(t) for t in load_tokenizer(model_dir)(text)["input_ids"]]}
+    return {"prompt_token_ids": [int(t) for t in load_tokenizer(open_model(model_dir))(text)["input_ids"]]}
 
 
 def _shape(output: Any, eos: int, decode: Any) -> dict[str, Any]:
@@ -85,7 +86,7 @@ def test_outputs_have_the_same_shape(both: Any, model_dir: Path, adapter_dirs: d
     `rank`, which the engine never reads, is left out: the stub does not compute it)."""
     from rl.models import load_tokenizer
 
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_tokenizer(open_model(model_dir))
     shapes = {}
     for name, (module, llm) in both.items():
         sp = module.SamplingParams(n=4, temperature=1.0, top_p=1.0, seed=5, logprobs=0, max_tokens=12)

@@ -296,6 +296,7 @@ class LLM:
 
     def __init__(self, model: str, **kwargs: Any) -> None:
         from rl.models import load_tokenizer
+        from rl.models.opened_model import open_model
         from rl.samplers.adapter_cache import AdapterCache
 
         unknown = sorted(set(kwargs) - set(ENGINE_ARGS))
@@ -330,8 +331,9 @@ class LLM:
                 f"User-specified max_model_len ({self.max_model_len}) is greater than the derived max_model_len "
                 f"(max_position_embeddings={derived} or model_max_length=None in model's config.json)."
             )
-        self.tokenizer = load_tokenizer(Path(model))
-        self._cache = AdapterCache(Path(model), capacity=self.max_cpu_loras, merge=True)
+        opened = open_model(Path(model))  # the stub's door, as vLLM reads the directory it is given
+        self.tokenizer = load_tokenizer(opened)
+        self._cache = AdapterCache(opened, capacity=self.max_cpu_loras, merge=True)
         self._requests = 0
         self._dead = False  # set when an adapter failed to load: the engine core is gone (EngineDeadError)
         core = _EngineCoreClient(gpu=_GPU)

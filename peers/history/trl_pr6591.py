@@ -52,6 +52,7 @@ from trl import GRPOConfig, GRPOTrainer
 from peers.trl_grpo import ALGORITHM
 from rl.conformance import Implementation
 from rl.conformance.support.tiny_model import tiny_base_model
+from rl.models.opened_model import open_model
 from rl.models.tiny import load_base_model, load_tokenizer
 from rl.protocols import Artifacts
 from rl.types import Rollout, RolloutRequest, StepMetrics, TrainBatch, TrainResult
@@ -74,7 +75,7 @@ def _lora() -> LoraConfig:
 
 def _wrapped(files: dict[str, bytes] | None) -> PeftModel:
     """The tiny model wrapped in the adapter: `files`' weights, or PEFT's fresh init (B = 0) when None."""
-    model = get_peft_model(load_base_model(tiny_base_model()), _lora())
+    model = get_peft_model(load_base_model(open_model(tiny_base_model())), _lora())
     if files is not None:
         set_peft_model_state_dict(model, load_safetensors(files[WEIGHTS]), adapter_name="default")
     return model
@@ -127,7 +128,7 @@ def _grpo(model: PeftModel, beta: float) -> GRPOTrainer:
         reward_funcs=[_reward_column],
         args=args,
         train_dataset=Dataset.from_dict({"prompt": ["3="] * ROWS, "reward": [0.0] * ROWS}),
-        processing_class=load_tokenizer(tiny_base_model()),
+        processing_class=load_tokenizer(open_model(tiny_base_model())),
         rollout_func=_rollout,
     )
     trainer.current_gradient_accumulation_steps = 1

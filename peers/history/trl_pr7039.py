@@ -28,6 +28,7 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from rl.conformance import Implementation
+from rl.models.opened_model import open_model
 from rl.models.tiny import build_tiny_model, load_base_model, load_tokenizer
 from rl.protocols import Artifacts
 from rl.types import ArtifactRef, Rollout, RolloutRequest
@@ -42,7 +43,7 @@ def _trainer() -> GRPOTrainer:
     """A `GRPOTrainer` on the tiny model, its generation config declaring `<eos>` and every digit as ends."""
     root = tempfile.mkdtemp(prefix="peers-trl-7039-")
     atexit.register(shutil.rmtree, root, ignore_errors=True)
-    model_dir = build_tiny_model(os.path.join(root, "model"))
+    model_dir = open_model(build_tiny_model(os.path.join(root, "model")))
     tokenizer = load_tokenizer(model_dir)
     model = load_base_model(model_dir)
     digits = [tokenizer.convert_tokens_to_ids(d) for d in "0123456789"]

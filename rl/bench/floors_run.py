@@ -21,11 +21,14 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rl.bench.figures import check_repeats
 from rl.bench.floors import PHASES, IterationShape, MachineRates, phase_floors, ratio, table_lines
 from rl.memory_plan import ModelArch, lora_parameters
+
+if TYPE_CHECKING:
+    from rl.models.opened_model import ModelDir
 
 __all__ = ["floors_bench", "main"]
 
@@ -58,7 +61,7 @@ class _Timers:
             setattr(module, name, original)
 
 
-async def _iterations(root: Path, base: Path, real: bool, repeats: int) -> tuple[list[dict[str, float]], list[Any]]:
+async def _iterations(root: Path, base: ModelDir, real: bool, repeats: int) -> tuple[list[dict[str, float]], list[Any]]:
     """(measured seconds per phase, rollouts) of each timed iteration on the model in `base` (`real`: a pretrained
     model, in `rl demo grpo --model`'s setting)."""
     import rl.samplers.decoding as decoding
@@ -131,7 +134,7 @@ def floors_bench(model: str | None = None, repeats: int = 5) -> tuple[dict[str, 
 
     with tempfile.TemporaryDirectory(prefix="rl-bench-floors-") as tmp:
         base = _model_dir(model, Path(tmp))
-        arch = ModelArch.from_config_file(base)
+        arch = ModelArch.from_hf_config(base.json("config.json"))  # as the door read it
         measured, rollouts = asyncio.run(_iterations(Path(tmp), base, model is not None, repeats))
     trainer = REAL_MODEL_TRAINER if model is not None else DEMO_TRAINER
     rates = MachineRates.measure(arch, trainer.threads)
@@ -162,8 +165,9 @@ def floors_bench(model: str | None = None, repeats: int = 5) -> tuple[dict[str, 
     return figures, lines
 
 
-def _model_dir(model: str | None, root: Path) -> Path:
-    """The directory of `model` (`rl.models.pretrained.resolve_model`), or the tiny demo model built under `root`."""
+def _model_dir(model: str | None, root: Path) -> ModelDir:
+    """The opened directory of `model` (`rl.models.pretrained.resolve_model`), or of the tiny demo model built under
+    `root`."""
     if model is not None:
         from rl.models.pretrained import resolve_model
 

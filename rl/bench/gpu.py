@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rl.bench.figures import figure_lines
 from rl.gpu import (
@@ -35,6 +35,9 @@ from rl.gpu import (
     vllm_unavailable_reason,
 )
 from rl.strict_json import flag_non_finite
+
+if TYPE_CHECKING:
+    from rl.models.opened_model import ModelDir
 
 __all__ = ["GpuBenchConfig", "bench_config", "gpu_bench", "run_gpu_bench"]
 
@@ -98,7 +101,7 @@ class _Bench:
     """What every measurement shares: the model, its version-0 adapter and the trainer that made it, the prompts."""
 
     root: Path
-    base: Path
+    base: ModelDir
     device: Any  # torch.device
     tokenizer: Any
     trainer: Any  # PeftTrainer
@@ -118,11 +121,12 @@ class _Bench:
 def _setup(root: Path, config: GpuBenchConfig, device: Any) -> _Bench:
     """Build the model under `root`, its version-0 adapter on `device`, and the prompts' token ids."""
     from rl.models import build_tiny_model, load_tokenizer
+    from rl.models.opened_model import open_model
     from rl.storage.artifacts import LocalArtifacts
     from rl.trainer.config import TrainerConfig
     from rl.trainer.peft_trainer import PeftTrainer
 
-    base = build_tiny_model(root / "model", VLLM_MODEL)
+    base = open_model(build_tiny_model(root / "model", VLLM_MODEL))
     tokenizer = load_tokenizer(base)
     artifacts = LocalArtifacts(root / "artifacts")
     trainer = PeftTrainer(base, artifacts, TrainerConfig(lr=1e-3), device=device)
@@ -147,7 +151,7 @@ def _vllm_figures(bench: _Bench, config: GpuBenchConfig) -> dict[str, Any]:
     eager = bool(bench_config(config).enforce_eager)  # production's choice unless the config names one
     kwargs = vllm_llm_kwargs(gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=eager)
     start = time.perf_counter()
-    llm = vllm.LLM(model=str(bench.base), enable_lora=True, **kwargs)
+    llm = vllm.LLM(model=str(bench.base.where), enable_lora=True, **kwargs)
     figures: dict[str, Any] = {"vllm_startup_s": round(time.perf_counter() - start, 1)}
     lora = LoRARequest("policy-v0", 1, str(adapter_dir))
     sampling = vllm.SamplingParams(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rl.models.chat import decode_texts, encode_prompts
+from rl.models.opened_model import ModelDir
 from rl.problems import Addition
 from rl.rewards import is_correct
 from rl.samplers.decoding import sample_groups
@@ -49,7 +50,7 @@ def heldout_accuracy(model: Any, tokenizer: Any, samples: int) -> tuple[int, int
     return correct, total
 
 
-def trained_policy(run_dir: Path, model_dir: Path) -> tuple[Any, int]:
+def trained_policy(run_dir: Path, model_dir: ModelDir) -> tuple[Any, int]:
     """(the frozen policy, its adapter version) of the last checkpoint of the `rl demo grpo` run in `run_dir`. Runs its
     own event loop: call it outside one."""
     state = json.loads((run_dir / "checkpoint.json").read_text())["state"]

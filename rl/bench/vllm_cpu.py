@@ -16,10 +16,13 @@ import tempfile
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rl.bench.figures import spread
 from rl.errors import InputError
+
+if TYPE_CHECKING:
+    from rl.models.opened_model import ModelDir
 
 __all__ = ["require_vllm", "vllm_cpu_bench"]
 
@@ -72,13 +75,14 @@ def vllm_cpu_bench(
     require_vllm()
     from rl.gpu import VLLM_MODEL, vllm_cpu_llm_kwargs
     from rl.models import build_tiny_model, load_tokenizer
+    from rl.models.opened_model import open_model
     from rl.samplers.torch_sampler import TorchSampler
     from rl.samplers.vllm import VLLMEngine
     from rl.storage.artifacts import LocalArtifacts
 
     with tempfile.TemporaryDirectory(prefix="rl-bench-vllm-") as tmp:
         root = Path(tmp)
-        base = build_tiny_model(root / "base", VLLM_MODEL)
+        base = open_model(build_tiny_model(root / "base", VLLM_MODEL))
         store = LocalArtifacts(root / "artifacts")
         adapter = asyncio.run(store.put(_random_adapter(base), name="bench-adapter"))
         requests = _requests(adapter, groups, n, max_tokens)
@@ -106,7 +110,7 @@ def vllm_cpu_bench(
     return figures
 
 
-def _random_adapter(base: Path) -> dict[str, bytes]:
+def _random_adapter(base: ModelDir) -> dict[str, bytes]:
     """A rank-8 adapter with every A and B entry drawn from N(0, 0.05^2), seeded (as `gpu_tests`' random_adapter)."""
     import torch
 

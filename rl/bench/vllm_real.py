@@ -18,10 +18,13 @@ import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rl.bench.figures import spread
 from rl.bench.vllm_cpu import require_vllm
+
+if TYPE_CHECKING:
+    from rl.models.opened_model import ModelDir
 
 __all__ = ["CASES", "real_model_requests", "trained_like_adapter", "vllm_real_model_bench"]
 
@@ -136,7 +139,7 @@ def _shape(requests: list[Any]) -> str:
     return f"{len(requests)} x {requests[0].n}"
 
 
-def trained_like_adapter(base: Path) -> dict[str, bytes]:
+def trained_like_adapter(base: ModelDir) -> dict[str, bytes]:
     """The demo's adapter shape (`REAL_MODEL_TRAINER`: r8 on q/k/v/o) with B drawn from N(0, 0.02^2), seeded: a
     stand-in for a trained version (a fresh one has B = 0 and samples as the base). vllm_cpu_tests use it too."""
     import torch

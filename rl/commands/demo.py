@@ -82,7 +82,7 @@ def run_grpo_demo(args: argparse.Namespace) -> int:
     # Everything is checked before the first side effect (the lock's files, --fresh's delete, the base model,
     # artifacts, volumes); a pinned model is converted into its cache (not the run directory) once, first.
     check_local_grpo(config, engine=args.engine, problems=demo_problems(real))
-    model_dir = resolve_model(args.model) if real else None
+    model_dir = resolve_model(args.model) if real else None  # the model directory opened and checked here, once
     if model_dir is not None:  # the model's positions hold the longest prompt plus its completion
         from rl.models.model_checks import check_run_fits_model
 
@@ -99,7 +99,7 @@ def run_grpo_demo(args: argparse.Namespace) -> int:
     if model_dir is not None:  # the cache a pinned model was checked from, not this process's private copy
         from rl.models.converted_cache import copied_from
 
-        summary["model"] = str(copied_from(model_dir))
+        summary["model"] = str(copied_from(model_dir.where))
     print(
         f"GRPO demo: {summary['iterations']} iterations in {summary['wall_s']} s; training accuracy "
         f"{summary['accuracy_first']:.3f} (first {summary['window']}) -> {summary['accuracy_last']:.3f} "

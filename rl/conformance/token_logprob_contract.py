@@ -75,10 +75,12 @@ def _softmax(xs: Sequence[float]) -> list[float]:
 def law_model() -> Any:
     """The tiny causal LM the law scores with (transformers; built once per process from a fixed seed)."""
     from rl.models import TinyModelConfig, build_tiny_model, load_base_model
+    from rl.models.opened_model import open_model
 
     config = TinyModelConfig(seed=11, hidden_size=32, layers=2, heads=4, kv_heads=2, intermediate=64)
     with tempfile.TemporaryDirectory(prefix="rl-conformance-logprob-model-") as root:  # in memory once loaded
-        return load_base_model(build_tiny_model(Path(root) / "base", config))
+        base = open_model(build_tiny_model(Path(root) / "base", config))
+        return load_base_model(base)
 
 
 def _logits(model: Any, ids: list[int]) -> list[list[float]]:

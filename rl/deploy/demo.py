@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -12,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rl.deploy.local import DEMO_TRAINER, REAL_MODEL_TRAINER, demo_problems, local_grpo
 from rl.loop.grpo import GrpoConfig, run_grpo
+from rl.models.opened_model import ModelDir
 from rl.problems import constant_baseline_accuracy
 from rl.protocols import Reporter
 from rl.storage.run_dir import RunDir
@@ -75,7 +75,7 @@ async def run_demo(
     console: Console | None = None,
     buffer: bool = True,
     engine: str = "torch",
-    model_dir: Path | None = None,
+    model_dir: ModelDir | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the demo in the opened run directory `run` with rollouts from `engine` (`torch` or `vllm`),
     on the tiny model or the real one in `model_dir`; return the summary the `--json` line carries."""
@@ -108,7 +108,7 @@ async def run_demo(
         "accuracy_first": _window_mean(history[:window]),
         "accuracy_last": _window_mean(history[-window:]),
         "constant_baseline_accuracy": constant_baseline_accuracy(demo_problems(model_dir is not None).eval_prompts()),
-        "model": str(model_dir) if model_dir is not None else "tiny",
+        "model": str(model_dir.where) if model_dir is not None else "tiny",
         "heldout_avg_at_k_last": outcome.evals[-1].avg_at_k if outcome.evals else float("nan"),
         "heldout_pass_at_k_last": outcome.evals[-1].pass_at_k if outcome.evals else float("nan"),
         "adapter_version": outcome.adapter_version,

@@ -15,10 +15,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from transformers.utils import logging as transformers_logging
 
 from rl.deploy.file_reporter import FileReporter
-from rl.errors import ModelDirError
+from rl.errors import ModelDirError, ModelFileError
 from rl.identity import content_digest
 from rl.loop.grpo import GrpoConfig, GrpoTiers
-from rl.models.model_dir import check_model_dir
+from rl.models.opened_model import ModelDir, checked_model, open_model
 from rl.models.tiny import TinyModelConfig, build_tiny_model, expected_config
 from rl.problems import Addition, DigitSuccessor, ProblemSet, constant_baseline_accuracy
 from rl.protocols import Reporter, RolloutEngine
@@ -65,16 +65,17 @@ class LocalDeployment:
     tiers: GrpoTiers
     store: FileCheckpointStore
     reporter: FileReporter
-    base_dir: Path
+    base_dir: ModelDir
 
 
-def base_model(root: Path, config: TinyModelConfig) -> Path:
-    """The tiny base model for `config`, built once under `root` (the directory name carries the config's digest).
+def base_model(root: Path, config: TinyModelConfig) -> ModelDir:
+    """The tiny base model for `config`, built once under `root` (the directory name carries the config's digest),
+    opened and checked once (`rl.models.opened_model.open_model`): every load of the run reads what that opened.
 
     Built in a staging directory and published by one rename, so `base-*` is complete whenever it exists and a kill
     mid-build leaves only the staging directory (`rl.storage.run_dir.discard_abandoned_bases` deletes it). A `base-*`
     missing files (built in place by an older version, then killed), or whose config.json is not the one this tool
-    builds (`check_model_dir`), is rebuilt: the build is deterministic, so the files come out the same.
+    builds (`open_model`'s `expect`), is rebuilt: the build is deterministic, so the files come out the same.
     """
     root = Path(os.path.abspath(root))
     root.mkdir(parents=True, exist_ok=True)
@@ -82,8 +83,10 @@ def base_model(root: Path, config: TinyModelConfig) -> Path:
     target = RunLayout(root).base_model(content_digest(config))
     if fs.kind(target) == "dir":  # not a link: open_run refused one, and rmtree below unlinks one
         try:
-            # Files, sizes and config.json as this tool builds them, or it is rebuilt (nothing in it is loaded).
-            return check_model_dir(target, tokenizer=True, expect=expected_config(config))
+            # Files, sizes and config.json as this tool builds them, or it is rebuilt (nothing is loaded before).
+            return open_model(target, expect=expected_config(config))
+        except ModelFileError:
+            raise  # a file the checked opener refuses (a link, a damaged header) is refused, never rebuilt over
         except ModelDirError:
             pass  # incomplete, not plain files, or not the model this tool built: rebuild it
     fs.rmtree(target)
@@ -103,7 +106,7 @@ def base_model(root: Path, config: TinyModelConfig) -> Path:
             fs.rmtree(staging)
             if fs.kind(target) != "dir":
                 raise
-    return target
+    return open_model(target)
 
 
 def _as_os_error(exc: Exception, path: Path) -> OSError | None:
@@ -160,7 +163,7 @@ def refuse_other_model(run: RunDir, model: TinyModelConfig, engine: str) -> None
         )
 
 
-def make_engine(engine: str, base: Path, artifacts: LocalArtifacts, threads: int) -> RolloutEngine:
+def make_engine(engine: str, base: ModelDir, artifacts: LocalArtifacts, threads: int) -> RolloutEngine:
     """The demo's rollout engine: the torch sampler, or vLLM (its CPU build on a CPU) with the float32 settings of
     `rl.gpu.vllm_cpu_llm_kwargs`; the model's own tokenizer goes with it (the character model needs it)."""
     if engine == "vllm":
@@ -183,12 +186,12 @@ def local_grpo(
     reporter: Reporter | None = None,
     report_interval_s: float = 2.0,
     buffer: bool = True,
-    model_dir: Path | None = None,
+    model_dir: ModelDir | None = None,
 ) -> LocalDeployment:
     """Assemble the tiers in the opened run directory `run` (`rl.storage.run_dir.open_run`): base-*/ (model),
     artifacts/, volumes/ (rollout buffer), checkpoint.json, metrics.jsonl and report.html. `model` defaults to the
     engine's demo model (`DEMO_MODEL`, `VLLM_DEMO_MODEL`). `model_dir`: a real model directory instead
-    (`rl.models.pretrained.resolve_model`), learning `Addition`."""
+    (`rl.models.pretrained.resolve_model`, opened at the command's door), learning `Addition`."""
     run = checked(run)  # opened, checked and locked at the command's door
     problems = demo_problems(model_dir is not None)
     check_local_grpo(config, reward, engine, problems)
@@ -199,7 +202,7 @@ def local_grpo(
         refuse_other_model(run, model, engine)
         base = base_model(out_dir, model)
     else:
-        base = Path(model_dir).absolute()
+        base = checked_model(model_dir, weights=True, tokenizer=True).absolute()  # what the run records
     artifacts = LocalArtifacts(layout.artifacts)
     artifacts.discard_abandoned()
     state = FileCheckpointStore(layout.checkpoint)

@@ -22,6 +22,7 @@ from rl.untrusted import shown
 
 if TYPE_CHECKING:
     from rl.models.model_files import CheckedModelDir
+    from rl.models.opened_model import ModelDir
 
 __all__ = ["check_context", "check_model_files", "host_memory_bytes"]
 
@@ -259,15 +260,15 @@ def check_context(where: Path, config: Mapping[str, Any], prompt_tokens: int, co
         )
 
 
-def check_run_fits_model(model_dir: Path, questions: Iterable[str], completion_tokens: int) -> None:
-    """`check_context` of the model in `model_dir` for prompts `questions` (as the policy sees them: through the
+def check_run_fits_model(model_dir: ModelDir, questions: Iterable[str], completion_tokens: int) -> None:
+    """`check_context` of the opened model `model_dir` for prompts `questions` (as the policy sees them: through the
     model's chat template) and `completion_tokens` each."""
     from rl.models.chat import encode_prompt
-    from rl.models.model_files import open_model_dir
+    from rl.models.opened_model import checked_model
     from rl.models.tiny import load_tokenizer
 
-    checked = open_model_dir(model_dir, weights=False)
-    config = checked.json(CONFIG_FILE) or {}
+    model_dir = checked_model(model_dir, tokenizer=True)
+    config = model_dir.json(CONFIG_FILE) or {}
     tokenizer = load_tokenizer(model_dir)
     longest = max((len(encode_prompt(tokenizer, q)) for q in questions), default=0)
-    check_context(checked.where, config, longest, completion_tokens)
+    check_context(model_dir.where, config, longest, completion_tokens)

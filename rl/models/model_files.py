@@ -4,10 +4,11 @@ Every file a load reads (config, generation config, tokenizer files, chat templa
 a regular file directly in the directory (no symlink, no FIFO or device), with one hard link, no larger than its kind
 allows; a weights file's safetensors header is parsed and checked against the file's size. The checked bytes of the
 small files, and the weights' open descriptors, are then handed to transformers through a private staging directory
-(`staged_model_dir`): it holds only the files named in `FILE_LIMITS` and the weights the listing names, so anything
-else in the directory (a `.py`, `additional_chat_templates/`, a pickle) is never read, and a swap between the check
-and the load changes nothing that is loaded. `rl.models.model_checks` compares what was read before anything is
-allocated. docs/guarantees.md says what a model directory may and may not do.
+(`stage_files`, which `rl.models.opened_model.ModelDir.staged` calls for every loader): it holds only the files named
+in `FILE_LIMITS` and the weights the listing names, so anything else in the directory (a `.py`,
+`additional_chat_templates/`, a pickle) is never read, and a swap between the check and the load changes nothing that
+is loaded. `rl.models.model_checks` compares what was read before anything is allocated. docs/guarantees.md says what
+a model directory may and may not do.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import re
 import secrets
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from rl.models.model_dir import CONFIG_FILE, INDEX_FILE, MODEL_DIR_FIX, check_mo
 from rl.storage.safe_fs import Tree, special_kind
 from rl.untrusted import parse_json, shown
 
-__all__ = ["FILE_LIMITS", "CheckedModelDir", "WeightsFile", "open_model_dir", "staged_model_dir"]
+__all__ = ["FILE_LIMITS", "CheckedModelDir", "WeightsFile", "open_model_dir", "stage_files"]
 
 MIB = 1 << 20
 # What transformers' config, generation-config, tokenizer and model loaders read for llama, qwen2 and qwen3, with the
@@ -181,10 +182,18 @@ def _header(where: Path, name: str, fd: int) -> WeightsFile:
     return WeightsFile(name, fd, size, tensors)
 
 
-def open_model_dir(model_dir: Path, *, weights: bool = True) -> CheckedModelDir:
-    """Read `model_dir` through the checked opener: `check_model_dir`'s listing checks, then every file of
+def open_model_dir(
+    model_dir: Path,
+    *,
+    weights: bool = True,
+    tokenizer: bool | None = None,
+    expect: Mapping[str, object] | None = None,
+) -> CheckedModelDir:
+    """Read `model_dir` through the checked opener: `check_model_dir`'s listing checks (the tokenizer's files required
+    with `tokenizer`, by default when not `weights`; config.json equal to `expect` where given), then every file of
     `FILE_LIMITS` present and (with `weights`) every weights file's header. The caller closes the result."""
-    model_dir = check_model_dir(Path(model_dir), weights=weights, tokenizer=not weights)
+    tokenizer = not weights if tokenizer is None else tokenizer
+    model_dir = check_model_dir(Path(model_dir), weights=weights, tokenizer=tokenizer, expect=expect)
     fs = Tree(model_dir)
     present = set(fs.listdir(model_dir))
     checked = CheckedModelDir(model_dir)
@@ -213,31 +222,25 @@ def _hand_over(fd: int, target: Path) -> None:
     if os.path.exists(proc):
         os.symlink(proc, target)
         return
-    with open(os.dup(fd), "rb") as src, open(target, "xb") as dst:  # pragma: no cover (no /proc: macOS)
-        src.seek(0)
-        shutil.copyfileobj(src, dst, MIB)
+    with open(target, "xb") as dst:  # no /proc (macOS)
+        offset = 0
+        while chunk := os.pread(fd, MIB, offset):  # by offset: loads staging the one held descriptor at once agree
+            dst.write(chunk)
+            offset += len(chunk)
 
 
 @contextlib.contextmanager
-def staged_model_dir(model_dir: Path, *, weights: bool = True, dtype_bytes: int = 4) -> Iterator[Path]:
-    """A private directory holding what the checked opener read from `model_dir`, checked for consistency
-    (`rl.models.model_checks.check_model_files`) before it is yielded; removed after the block. Load from it in
-    this process (the weights are links to this process's descriptors)."""
-    from rl.models.model_checks import check_model_files
-
-    checked = open_model_dir(model_dir, weights=weights)
-    try:
-        check_model_files(checked, dtype_bytes=dtype_bytes)
-        with _new_stage() as stage:
-            for name, data in checked.files.items():
-                fd = os.open(stage / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-                with open(fd, "wb") as f:
-                    f.write(data)
-            for name, weights_file in checked.weights.items():
-                _hand_over(weights_file.fd, stage / name)
-            yield stage
-    finally:
-        checked.close()
+def stage_files(checked: CheckedModelDir) -> Iterator[Path]:
+    """A private directory holding the bytes of `checked`'s small files and links to its open weights (nothing read
+    from its directory again); removed after the block."""
+    with _new_stage() as stage:
+        for name, data in checked.files.items():
+            fd = os.open(stage / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            with open(fd, "wb") as f:
+                f.write(data)
+        for name, weights_file in checked.weights.items():
+            _hand_over(weights_file.fd, stage / name)
+        yield stage
 
 
 STAGE_PREFIX = "rl-model-"
@@ -262,16 +265,3 @@ def _new_stage() -> Iterator[Path]:
             yield stage
         finally:
             shutil.rmtree(stage, ignore_errors=True)
-
-
-def check_model_dir_files(model_dir: Path, *, dtype_bytes: int = 2) -> Path:
-    """`model_dir` once every file a load reads passed the checked opener and `check_model_files` (at `dtype_bytes`
-    a parameter: 2, the smallest a load uses, unless the caller knows); refused in one line otherwise."""
-    from rl.models.model_checks import check_model_files
-
-    checked = open_model_dir(model_dir, weights=True)
-    try:
-        check_model_files(checked, dtype_bytes=dtype_bytes)
-    finally:
-        checked.close()
-    return checked.where

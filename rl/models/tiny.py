@@ -28,8 +28,8 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 
 from rl.errors import InputError, ModelDirError, shown
 from rl.models.chat import encode_here, encode_prompts
-from rl.models.model_dir import MODEL_DIR_FIX, check_model_dir
-from rl.models.model_files import staged_model_dir
+from rl.models.model_dir import MODEL_DIR_FIX
+from rl.models.opened_model import ModelDir, checked_model
 from rl.models.sandbox import SandboxLimits, TokenizerSandbox, in_process
 
 # What loading a damaged or foreign weights file raises: safetensors' own error, a pickle's, a short read, a shape or
@@ -188,32 +188,35 @@ def declare_tokenizer_class(path: Path) -> None:
 PROBE_QUESTION = "What is 12 + 34? Answer with a number.\n"
 
 
-def load_tokenizer(model_dir: Path, *, limits: SandboxLimits | None = None) -> PreTrainedTokenizerFast:
-    """The tokenizer saved in `model_dir`, loaded offline (not via AutoTokenizer: see module docstring).
+def load_tokenizer(model_dir: ModelDir, *, limits: SandboxLimits | None = None) -> PreTrainedTokenizerFast:
+    """The tokenizer of the opened `model_dir` (`rl.models.opened_model.open_model`), loaded offline from the files
+    its door checked (not via AutoTokenizer: see module docstring).
 
     Built first in a worker process within `limits` (`rl.models.sandbox`: time, memory, a panic as an error), which
     then renders, encodes and decodes for it (`rl.models.chat`); this process builds its own copy only after."""
-    model_dir = check_model_dir(model_dir, weights=False, tokenizer=True)
-    sandbox = TokenizerSandbox(lambda: _read_tokenizer(model_dir), str(model_dir), limits)
-    tokenizer = in_process(str(model_dir), "building its tokenizer", lambda: _read_tokenizer(model_dir))
+    model_dir = checked_model(model_dir, tokenizer=True)
+    sandbox = TokenizerSandbox(lambda: _read_tokenizer(model_dir), str(model_dir.where), limits)
+    tokenizer = in_process(str(model_dir.where), "building its tokenizer", lambda: _read_tokenizer(model_dir))
     if tokenizer.eos_token_id is None:  # a tokenizer_config.json emptied or foreign: sampling could never stop
         sandbox.close()
         raise ModelDirError(
-            f"model directory {shown(model_dir)}: its tokenizer has no end-of-sequence token; {MODEL_DIR_FIX}"
+            f"model directory {shown(model_dir.where)}: its tokenizer has no end-of-sequence token; {MODEL_DIR_FIX}"
         )
     sandbox.attach(tokenizer)
     encode_prompts(tokenizer, [PROBE_QUESTION])  # its template and pre-tokenizer tried once, bounded, before any use
     return tokenizer
 
 
-def check_tokenizer(model_dir: Path, *, limits: SandboxLimits | None = None) -> None:
-    """Build `model_dir`'s tokenizer and encode a prompt with it in a worker within `limits`, then end the worker:
-    what `load_tokenizer` would refuse (`ModelSandboxError`, `ModelDirError`) is refused before anything is written."""
-    sandbox = TokenizerSandbox(lambda: _read_tokenizer(model_dir), str(model_dir), limits)
+def check_tokenizer(model_dir: ModelDir, *, limits: SandboxLimits | None = None) -> None:
+    """Build the opened `model_dir`'s tokenizer and encode a prompt with it in a worker within `limits`, then end the
+    worker: what `load_tokenizer` would refuse (`ModelSandboxError`, `ModelDirError`) is refused before anything is
+    written."""
+    model_dir = checked_model(model_dir, tokenizer=True)
+    sandbox = TokenizerSandbox(lambda: _read_tokenizer(model_dir), str(model_dir.where), limits)
     try:
         sandbox.run(
             _probe,
-            str(model_dir),
+            str(model_dir.where),
             sandbox.limits.text_chars,
             what="encoding a prompt (its chat template, then its tokenizer)",
         )
@@ -229,29 +232,31 @@ def _probe(tokenizer: PreTrainedTokenizerFast, where: str, text_chars: int) -> N
     encode_here(tokenizer, [PROBE_QUESTION], text_chars)  # in the worker: its failure is the worker's to report
 
 
-def _read_tokenizer(model_dir: Path) -> PreTrainedTokenizerFast:
+def _read_tokenizer(model_dir: ModelDir) -> PreTrainedTokenizerFast:
     try:
-        with staged_model_dir(model_dir, weights=False) as staged:  # only the checked files' bytes
+        with model_dir.staged(weights=False) as staged:  # only the bytes the door checked
             tokenizer = PreTrainedTokenizerFast.from_pretrained(str(staged), trust_remote_code=False)
-        tokenizer.name_or_path = tokenizer.init_kwargs["name_or_path"] = str(model_dir)  # not the staging
+        tokenizer.name_or_path = tokenizer.init_kwargs["name_or_path"] = str(model_dir.where)  # not the staging
         return tokenizer
     except (MemoryError, InputError):  # the worker's memory bound; the checked opener's and checks' own refusals
         raise
     except Exception as exc:  # json raises ValueError, the tokenizers library a bare Exception, on a damaged file
         # A damaged tokenizer file is the directory's fault: one line, as for a missing one (found by the fuzzer).
         raise ModelDirError(
-            f"model directory {shown(model_dir)}: its tokenizer cannot be read ({shown(exc, 300)}); {MODEL_DIR_FIX}"
+            f"model directory {shown(model_dir.where)}: its tokenizer cannot be read ({shown(exc, 300)}); "
+            f"{MODEL_DIR_FIX}"
         ) from None
 
 
 def load_base_model(
-    model_dir: Path,
+    model_dir: ModelDir,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     *,
     attention: str = "eager",
 ) -> PreTrainedModel:
-    """The base model in `model_dir` (one safetensors file or shards plus their index), in eval mode (no dropout),
+    """The base model of the opened `model_dir` (`rl.models.opened_model.open_model`: one safetensors file or shards
+    plus their index, loaded from the files its door checked), in eval mode (no dropout),
     in `dtype` on `device`, with the `attention` kernel: "eager" (the default: the same kernel on every machine, what
     the CPU demo's numbers come from) or "sdpa" (torch's fused attention, which never materialises the [T, T]
     probabilities of every head: what a real-size model trains with).
@@ -261,23 +266,23 @@ def load_base_model(
     """
     if attention not in ATTENTION_KERNELS:
         raise InputError(f"attention must be one of {ATTENTION_KERNELS}, got {attention!r}")
-    model_dir = check_model_dir(model_dir)
+    model_dir = checked_model(model_dir, weights=True)
     placement = {} if torch.device(device).type == "cpu" else {"device_map": str(torch.device(device))}
     try:
-        # check_model_dir refused a config naming code (auto_map) or an unknown model_type; trust_remote_code=False
-        # makes transformers refuse, never prompt, should one get past it.
-        with staged_model_dir(model_dir, dtype_bytes=dtype.itemsize) as staged:  # checked, consistent files only
+        # The door refused a config naming code (auto_map) or an unknown model_type; trust_remote_code=False makes
+        # transformers refuse, never prompt, should one get past it.
+        with model_dir.staged(dtype_bytes=dtype.itemsize) as staged:  # checked, consistent files only
             model = AutoModelForCausalLM.from_pretrained(
                 str(staged), dtype=dtype, attn_implementation=attention, trust_remote_code=False, **placement
             )
-        model.config.name_or_path = model.name_or_path = str(model_dir)  # what PEFT records: not the staging
+        model.config.name_or_path = model.name_or_path = str(model_dir.where)  # what PEFT records: not the staging
     except InputError:  # the checked opener's and consistency checks' own one-line refusals
         raise
     except LOADER_ERRORS as exc:
         # A weights file that is present but damaged (truncated, emptied, a header claiming 2**40 bytes) is the
         # directory's fault, not a bug: one line naming it, as for a missing file (the fuzzer found these as exit 70).
         raise ModelDirError(
-            f"model directory {shown(model_dir)}: its weights cannot be read ({shown(exc, 300)}); {MODEL_DIR_FIX}"
+            f"model directory {shown(model_dir.where)}: its weights cannot be read ({shown(exc, 300)}); {MODEL_DIR_FIX}"
         ) from exc
     model.eval()
     return model

@@ -17,6 +17,7 @@ from torch import nn
 from rl.errors import AdapterDirError, NotAnAdapterError, shown
 from rl.models import load_base_model
 from rl.models.model_dir import check_adapter_dir
+from rl.models.opened_model import ModelDir, checked_model
 from rl.models.tiny import LOADER_ERRORS
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -39,11 +40,11 @@ class AdapterCache:
     """
 
     def __init__(
-        self, base_model_dir: Path, *, capacity: int = 2, dtype: torch.dtype = torch.float32, merge: bool = False
+        self, base_model_dir: ModelDir, *, capacity: int = 2, dtype: torch.dtype = torch.float32, merge: bool = False
     ) -> None:
         if capacity < 1:
             raise ValueError(f"adapter cache capacity must be >= 1, got {capacity}")
-        self.base_model_dir = Path(base_model_dir)
+        self.base_model_dir = checked_model(base_model_dir, weights=True)  # opened at the command's door
         self.capacity = capacity
         self.merge = merge
         self.base = load_base_model(self.base_model_dir, dtype=dtype)

@@ -23,6 +23,7 @@ from torch import nn
 from rl.errors import InvalidRolloutRequestError, ModelDirError, UnsupportedLora
 from rl.models import load_tokenizer
 from rl.models.chat import decode_texts, encode_prompt
+from rl.models.opened_model import ModelDir
 from rl.protocols import Artifacts
 from rl.samplers.adapter_cache import ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdapterCache
 from rl.samplers.decoding import sample_groups
@@ -50,7 +51,7 @@ class TorchSampler:
 
     def __init__(
         self,
-        base_model_dir: Path,
+        base_model_dir: ModelDir,
         artifacts: Artifacts,
         *,
         adapter_cache_size: int = 2,

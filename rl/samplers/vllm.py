@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rl.errors import AdapterRefused, EngineOutputError, EngineStartError, VLLMUnavailableError
 from rl.protocols import Artifacts
@@ -39,6 +39,9 @@ from rl.samplers.vllm_start import GIB, StderrTee, available_memory_bytes, cpu_k
 from rl.samplers.vllm_start_errors import KVCACHE_ENV, StartContext, one_line, start_advice, vllm_platform
 from rl.storage.artifacts import materialize
 from rl.types import ArtifactRef, Rollout, RolloutRequest
+
+if TYPE_CHECKING:
+    from rl.models.opened_model import ModelDir
 
 VLLM_MAX_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """vLLM 0.33's `vllm.config.lora.MaxLoRARanks`: the only values `max_lora_rank` may take (vLLM's config refuses any
@@ -90,7 +93,9 @@ def _scratch_parent() -> str | None:
 class VLLMEngine:
     """`RolloutEngine` on vLLM: one `LLM` per engine (created on first use), one LoRA adapter per policy version.
 
-    Pass `tokenizer=rl.models.load_tokenizer(base_model_dir)` for the tiny character model (see the module docstring).
+    `base_model_dir` is the opened base model (`rl.models.opened_model.open_model`): vLLM reads a private copy of the
+    files its door checked. Pass `tokenizer=rl.models.load_tokenizer(base_model_dir)` for the tiny character model
+    (see the module docstring).
 
     Adapters are fetched from `artifacts` by digest and written once each under `adapter_root` (a private temporary
     directory unless given), because vLLM loads a LoRA from a directory path.
@@ -98,7 +103,7 @@ class VLLMEngine:
 
     def __init__(
         self,
-        base_model_dir: Path,
+        base_model_dir: ModelDir,
         artifacts: Artifacts,
         *,
         vllm_module: ModuleType | None = None,
@@ -106,7 +111,9 @@ class VLLMEngine:
         llm_kwargs: Mapping[str, Any] | None = None,
         tokenizer: Any | None = None,
     ) -> None:
-        self.base_model_dir = Path(base_model_dir)
+        from rl.models.opened_model import checked_model  # here: rl.models imports torch
+
+        self.base_model_dir = checked_model(base_model_dir, weights=True)
         self.artifacts = artifacts
         self._vllm = vllm_module
         self._lora_request_cls: Any = None
@@ -161,11 +168,9 @@ class VLLMEngine:
             self._scratch = tempfile.TemporaryDirectory(prefix="rl-vllm-scratch-", dir=_scratch_parent())
             kvcache = os.environ.get(KVCACHE_ENV) or str(cpu_kvcache_gib(available_memory_bytes()))
             tee = StderrTee()
-            from rl.models.model_files import staged_model_dir
-
             self._staged = contextlib.ExitStack()  # vLLM reads only the checked files' bytes, for the LLM's life
             try:
-                staged = self._staged.enter_context(staged_model_dir(self.base_model_dir, dtype_bytes=2))
+                staged = self._staged.enter_context(self.base_model_dir.staged(dtype_bytes=2))
             except BaseException:
                 self._remove_scratch()
                 raise

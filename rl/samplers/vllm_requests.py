@@ -7,10 +7,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rl.errors import EngineOutputError, VLLMSamplingError
 from rl.types import Rollout, RolloutRequest, SamplingSettings
+
+if TYPE_CHECKING:
+    from rl.models.opened_model import ModelDir
 
 VLLM_SEED_STRIDE = 2**8
 """Each group seed owns this many consecutive vLLM seeds: the largest group whose per-sample seeds stay its own."""
@@ -70,16 +73,12 @@ def engine_llm_kwargs(base_model_dir: Path, llm_kwargs: Mapping[str, Any]) -> di
     return {**fixed, "trust_remote_code": False, **llm_kwargs}
 
 
-def model_max_len(base_model_dir: Path) -> int:
-    """The longest sequence the model in `base_model_dir` supports (`max_position_embeddings` of its config.json):
-    vLLM's default `max_model_len`, and the most it accepts."""
-    from rl.models.model_files import open_model_dir
+def model_max_len(base_model_dir: ModelDir) -> int:
+    """The longest sequence the opened model `base_model_dir` supports (`max_position_embeddings` of its config.json
+    as its door read it): vLLM's default `max_model_len`, and the most it accepts."""
+    from rl.models.opened_model import checked_model
 
-    checked = open_model_dir(Path(base_model_dir), weights=False)  # the checked opener, as for every model file
-    try:
-        return int(checked.json("config.json")["max_position_embeddings"])
-    finally:
-        checked.close()
+    return int(checked_model(base_model_dir).json("config.json")["max_position_embeddings"])
 
 
 def vllm_seed(seed: int) -> int:

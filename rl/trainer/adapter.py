@@ -25,6 +25,7 @@ from safetensors.torch import save as save_safetensors
 from rl.errors import AdapterArtifactError, AdapterDirError, shown
 from rl.models import load_base_model
 from rl.models.model_dir import check_adapter_files
+from rl.models.opened_model import ModelDir
 from rl.models.tiny import LOADER_ERRORS
 from rl.trainer.config import TrainerConfig, torch_dtype
 
@@ -47,8 +48,8 @@ def _quiet_peft() -> Iterator[None]:
         yield
 
 
-def new_adapter(base_dir: Path, config: TrainerConfig, seed: int) -> PeftModel:
-    """A fresh LoRA adapter on the base model in `base_dir`, its initial weights a function of `seed` alone.
+def new_adapter(base_dir: ModelDir, config: TrainerConfig, seed: int) -> PeftModel:
+    """A fresh LoRA adapter on the opened base model `base_dir`, its initial weights a function of `seed` alone.
 
     The base is held as `config` says (`base_model`); the adapter's weights are float32 whatever the base's dtype
     (PEFT's `autocast_adapter_dtype`), so version 0's bytes do not depend on how the base is held.
@@ -70,7 +71,7 @@ def new_adapter(base_dir: Path, config: TrainerConfig, seed: int) -> PeftModel:
     return model
 
 
-def base_model(base_dir: Path, config: TrainerConfig, device: str | torch.device = "cpu") -> torch.nn.Module:
+def base_model(base_dir: ModelDir, config: TrainerConfig, device: str | torch.device = "cpu") -> torch.nn.Module:
     """The frozen base model as `config` holds it: its dtype, attention kernel and gradient checkpointing.
 
     Checkpointing is torch's non-reentrant kind: the reentrant one needs an input that requires grad, which a frozen
@@ -89,14 +90,14 @@ def base_model(base_dir: Path, config: TrainerConfig, device: str | torch.device
 
 
 def load_policy(
-    base_dir: Path,
+    base_dir: ModelDir,
     files: Mapping[str, bytes],
     *,
     trainable: bool,
     device: str | torch.device = "cpu",
     config: TrainerConfig | None = None,
 ) -> PeftModel:
-    """The base model in `base_dir` (held as `config` says; float32 and eager when None) with the adapter in `files`
+    """The opened base model `base_dir` (held as `config` says; float32 and eager when None) with the adapter in `files`
     applied, on `device`; frozen unless `trainable`. The adapter's weights load as float32 whatever the base."""
     missing = [name for name in ADAPTER_FILES if name not in files]
     if missing:

@@ -32,6 +32,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from rl.errors import RankFailedError
+from rl.models.opened_model import open_model
 from rl.storage.artifacts import LocalArtifacts
 from rl.trainer.adapter import adapter_files
 from rl.trainer.batched_loss import batched_loss_fns, empty_stats, stat_sums
@@ -177,7 +178,8 @@ def _prepare_on_every_rank(
     try:
         adapter = _run_sync(artifacts.get(batch.adapter))
         opt_state = _run_sync(artifacts.get(batch.optimizer_state)) if batch.optimizer_state else None
-        prepared = prepare_step(base_dir, batch, config, adapter, opt_state, device=device)
+        with open_model(base_dir, tokenizer=False) as base:  # this rank's process opens the base it was sent
+            prepared = prepare_step(base, batch, config, adapter, opt_state, device=device)
     except Exception as exc:
         error = exc
     agree(error, device, where="loading the step's inputs")

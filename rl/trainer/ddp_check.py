@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,6 +17,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from rl.algorithm.advantages import group_normalized_advantages
+from rl.models.opened_model import ModelDir
 from rl.trainer.adapter import load_policy, trainable_parameters
 from rl.trainer.batched_loss import batched_loss_fns, empty_stats
 from rl.trainer.config import TrainerConfig
@@ -28,7 +28,7 @@ ShardStep = Callable[[DistributedDataParallel, Sequence[Callable[[], torch.Tenso
 """A shard-step function: `(ddp_model, sample_loss_fns, sync_forward) -> None`, like `rl.trainer.ddp.ddp_shard_step`."""
 
 
-def perturbed_policy(base_dir: Path, adapter: Mapping[str, bytes], device: torch.device) -> Any:
+def perturbed_policy(base_dir: ModelDir, adapter: Mapping[str, bytes], device: torch.device) -> Any:
     """The adapter with seeded noise on every LoRA weight, so both A and B receive non-zero gradients.
 
     The noise is drawn on the CPU and moved, so every rank and every device adds the same numbers.
@@ -53,7 +53,7 @@ def gradients(model: Any) -> dict[str, torch.Tensor]:
 def shard_step_report(
     rank: int,
     world_size: int,
-    base_dir: Path,
+    base_dir: ModelDir,
     adapter: Mapping[str, bytes],
     batch: TrainBatch,
     config: TrainerConfig,

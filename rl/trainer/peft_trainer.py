@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from rl.models.opened_model import ModelDir, checked_model
 from rl.protocols import Artifacts
 from rl.trainer.adapter import adapter_files, new_adapter, trainable_parameters
 from rl.trainer.config import TrainerConfig
@@ -48,13 +48,13 @@ class PeftTrainer:
 
     def __init__(
         self,
-        base_dir: Path,
+        base_dir: ModelDir,
         artifacts: Artifacts,
         config: TrainerConfig | None = None,
         *,
         device: str | torch.device = "cpu",
     ) -> None:
-        self.base_dir = Path(base_dir)
+        self.base_dir = checked_model(base_dir, weights=True)  # the base opened at the command's door
         self.artifacts = artifacts
         self.config = config if config is not None else TrainerConfig()
         self.device = torch.device(device)

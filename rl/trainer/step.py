@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 from peft import PeftModel
@@ -22,6 +21,7 @@ from peft import PeftModel
 from rl.algorithm.advantages import group_normalized_advantages
 from rl.algorithm.checks import check_staleness
 from rl.errors import BatchError
+from rl.models.opened_model import ModelDir
 from rl.trainer.adapter import adapter_files, load_policy, trainable_parameters
 from rl.trainer.batched_loss import batched_backward
 from rl.trainer.config import TrainerConfig
@@ -98,7 +98,7 @@ class PreparedStep:
 
 
 def prepare_step(
-    base_dir: Path,
+    base_dir: ModelDir,
     batch: TrainBatch,
     config: TrainerConfig,
     adapter: Mapping[str, bytes],

@@ -47,6 +47,7 @@ from rl.trainer.config import TrainerConfig
 from rl.types import ArtifactRef
 
 if TYPE_CHECKING:
+    from rl.models.opened_model import ModelDir
     from rl.protocols import RolloutEngine
     from rl.samplers.torch_sampler import TorchSampler
     from rl.samplers.vllm import VLLMEngine
@@ -196,6 +197,13 @@ IN_MEMORY = Implementation(
 )
 
 
+def _opened(model_dir: Path) -> ModelDir:
+    """`model_dir` opened and checked for one component (`rl.models.opened_model`): each binding is a door."""
+    from rl.models.opened_model import open_model  # here: rl.models imports torch
+
+    return open_model(model_dir)
+
+
 def local_artifacts() -> LocalArtifacts:
     """A fresh `LocalArtifacts` store in its own temporary directory."""
     return LocalArtifacts(temp_dir("rl-conformance-artifacts-"))
@@ -205,7 +213,7 @@ def torch_sampler(artifacts: Artifacts) -> TorchSampler:
     """The torch sampler on the tiny model, one intra-op thread (bitwise-reproducible sampling)."""
     from rl.samplers.torch_sampler import TorchSampler
 
-    return TorchSampler(tiny_base_model(), artifacts, threads=1)
+    return TorchSampler(_opened(tiny_base_model()), artifacts, threads=1)
 
 
 def peft_trainer(artifacts: Artifacts) -> PeftTrainer:
@@ -214,7 +222,7 @@ def peft_trainer(artifacts: Artifacts) -> PeftTrainer:
     from rl.trainer.peft_trainer import PeftTrainer
 
     return PeftTrainer(
-        tiny_base_model(), artifacts, TrainerConfig(lora_rank=4, lora_alpha=8, threads=1, max_staleness=2)
+        _opened(tiny_base_model()), artifacts, TrainerConfig(lora_rank=4, lora_alpha=8, threads=1, max_staleness=2)
     )
 
 
@@ -245,7 +253,7 @@ def micro_batched_trainer(artifacts: Artifacts, micro_batch_size: int) -> PeftTr
     from rl.trainer.peft_trainer import PeftTrainer
 
     config = TrainerConfig(lora_rank=4, lora_alpha=8, threads=1, micro_batch_size=micro_batch_size)
-    return PeftTrainer(tiny_base_model(), artifacts, config)
+    return PeftTrainer(_opened(tiny_base_model()), artifacts, config)
 
 
 def local_ddp_trainer(artifacts: Artifacts, world_size: int) -> LocalDdpTrainer:
@@ -300,7 +308,7 @@ def warm_vllm() -> VLLMEngine:
     from rl.models import load_tokenizer
     from rl.samplers.vllm import VLLMEngine
 
-    base = vllm_base_model()
+    base = _opened(vllm_base_model())
     engine = VLLMEngine(base, local_artifacts(), llm_kwargs=vllm_cpu_llm_kwargs(), tokenizer=load_tokenizer(base))
     atexit.register(engine.close)
     return engine
@@ -339,7 +347,7 @@ def vllm_peft_trainer(artifacts: Artifacts) -> PeftTrainer:
     from rl.trainer.config import TrainerConfig
     from rl.trainer.peft_trainer import PeftTrainer
 
-    return PeftTrainer(vllm_base_model(), artifacts, TrainerConfig(lora_rank=8, lora_alpha=16, threads=1))
+    return PeftTrainer(_opened(vllm_base_model()), artifacts, TrainerConfig(lora_rank=8, lora_alpha=16, threads=1))
 
 
 REAL_VLLM = Implementation(
@@ -381,14 +389,14 @@ def lm_sampler(artifacts: Artifacts) -> RolloutEngine:
 
     if not isinstance(artifacts, LocalArtifacts):
         raise TypeError(f"the demo's engine reads a LocalArtifacts store, got {type(artifacts).__name__}")
-    return make_engine("torch", smollm2_model(), artifacts, real_model_trainer_config().threads)
+    return make_engine("torch", _opened(smollm2_model()), artifacts, real_model_trainer_config().threads)
 
 
 def lm_trainer(artifacts: Artifacts) -> PeftTrainer:
     """The PEFT LoRA trainer on SmolLM2 with the demo's config (`rl.deploy.local.REAL_MODEL_TRAINER`)."""
     from rl.trainer.peft_trainer import PeftTrainer
 
-    return PeftTrainer(smollm2_model(), artifacts, real_model_trainer_config())
+    return PeftTrainer(_opened(smollm2_model()), artifacts, real_model_trainer_config())
 
 
 def lm_micro_batched_trainer(artifacts: Artifacts, micro_batch_size: int) -> PeftTrainer:
@@ -397,7 +405,7 @@ def lm_micro_batched_trainer(artifacts: Artifacts, micro_batch_size: int) -> Pef
     from rl.trainer.peft_trainer import PeftTrainer
 
     config = dataclasses.replace(real_model_trainer_config(), micro_batch_size=micro_batch_size)
-    return PeftTrainer(smollm2_model(), artifacts, config)
+    return PeftTrainer(_opened(smollm2_model()), artifacts, config)
 
 
 REAL_LM = dataclasses.replace(

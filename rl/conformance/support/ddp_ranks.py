@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from rl.models import load_base_model
+from rl.models.opened_model import ModelDir, open_model
 from rl.seeding import derive_seed
 from rl.trainer.adapter import adapter_files, new_adapter
 from rl.trainer.config import TrainerConfig
@@ -51,7 +52,8 @@ def law_inputs(base_dir: Path, seed: int) -> tuple[dict[str, bytes], TrainBatch]
     from rl.samplers.decoding import teacher_forced_logprobs
 
     rng = random.Random(derive_seed("conformance.ddp.batch", seed))
-    base = load_base_model(base_dir)
+    opened = open_model(base_dir, tokenizer=False)
+    base = load_base_model(opened)
     rollouts: list[Rollout] = []
     rewards: list[float] = []
     for g in range(GROUPS):
@@ -76,7 +78,8 @@ def law_inputs(base_dir: Path, seed: int) -> tuple[dict[str, bytes], TrainBatch]
                     seed=derive_seed("conformance.ddp.rollout", seed, g, j),
                 )
             )
-    adapter = adapter_files(new_adapter(base_dir, CONFIG, derive_seed("conformance.ddp.adapter", seed)))
+    adapter = adapter_files(new_adapter(opened, CONFIG, derive_seed("conformance.ddp.adapter", seed)))
+    opened.close()
     batch = TrainBatch(
         step=0,
         rollouts=rollouts,
@@ -103,12 +106,14 @@ def shard_step_cases(
     `{"case": name, "shard": ..., "error": traceback}` and ends the run: the process group is no longer trustworthy.
     """
     results: list[dict[str, Any]] = []
+    opened: ModelDir | None = None
     for name, indices in cases:
         try:
+            opened = opened or open_model(base_dir, tokenizer=False)  # this rank's process opens the base, once
             report = shard_step_report(
                 rank,
                 world_size,
-                base_dir,
+                opened,
                 adapter,
                 batch,
                 CONFIG,

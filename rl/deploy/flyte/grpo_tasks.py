@@ -133,7 +133,10 @@ class TrainOutput:
 _ENGINES: dict[str, RolloutEngine] = {}
 
 
-def _make_engine(base_dir: Path, spec: EngineSpec) -> RolloutEngine:
+def _make_engine(base_path: Path, spec: EngineSpec) -> RolloutEngine:
+    from rl.models.opened_model import open_model
+
+    base_dir = open_model(base_path)  # this process's door: the engine loads only what this checked
     if spec.kind == "vllm":
         from rl.models import load_tokenizer
         from rl.samplers.vllm import VLLMEngine
@@ -194,9 +197,11 @@ async def build_base(model: TinyModelConfig) -> Dir:
 @train_env.task(cache="auto", retries=2, timeout=TRAIN_TIMEOUT)
 async def init_adapter(base: Dir, seed: int, trainer: TrainerConfig) -> TrainOutput:
     """Adapter version 0 (a function of `seed`) and a fresh optimizer state."""
+    from rl.models.opened_model import open_model
     from rl.trainer.peft_trainer import PeftTrainer
 
-    peft = PeftTrainer(await local_base(base), DirArtifacts(), trainer, device=train_device())
+    base_dir = open_model(await local_base(base), tokenizer=False)  # this task's door: the init loads what it checked
+    peft = PeftTrainer(base_dir, DirArtifacts(), trainer, device=train_device())
     return TrainOutput.of(await peft.init_adapter(seed))
 
 
@@ -250,9 +255,11 @@ async def score_group(rollouts: list[Rollout], reward: str = "default") -> list[
 @train_env.task(cache="auto", retries=2, timeout=TRAIN_TIMEOUT)
 async def train_step(base: Dir, adapter: Dir, optimizer_state: Dir, batch: TrainInput) -> TrainOutput:
     """One GRPO step: adapter `new_version - 1` and its optimizer state (empty: a fresh one) in, `new_version` out."""
+    from rl.models.opened_model import open_model
     from rl.trainer.peft_trainer import PeftTrainer
 
-    peft = PeftTrainer(await local_base(base), DirArtifacts(), batch.trainer, device=train_device())
+    base_dir = open_model(await local_base(base), tokenizer=False)  # this task's door: the step loads what it checked
+    peft = PeftTrainer(base_dir, DirArtifacts(), batch.trainer, device=train_device())
     opt_ref = None if optimizer_state.is_empty else ref_of(optimizer_state)
     return TrainOutput.of(await peft.train_step(batch.batch(ref_of(adapter), opt_ref)))
 
