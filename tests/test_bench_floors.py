@@ -14,6 +14,7 @@ from rl.bench.floors import PHASES, IterationShape, MachineRates, phase_floors
 from rl.cli import main
 from rl.errors import InputError
 from rl.memory_plan import ModelArch, lora_parameters
+from rl.models.opened_model import open_model
 
 # hidden 4, q_width 2 x 2 = 4, kv_width 2, intermediate 8, vocab 10: linear weights q 16 + k 8 + v 8 + o 16 +
 # gate 32 + up 32 + down 32 = 144; the head 10 x 4 = 40; weights read 4 x (144 + 40) = 736 bytes.
@@ -126,7 +127,9 @@ def test_rl_bench_floors_prints_one_row_per_phase_with_measured_floor_and_ratio(
         return _fake_iterations(repeats)
 
     (tmp_path / "config.json").write_text(json.dumps({**SMOLLM2_CONFIG, "vocab_size": 10}))
-    monkeypatch.setattr(floors_run, "_model_dir", lambda model, root: tmp_path)
+    monkeypatch.setattr(
+        floors_run, "_model_dir", lambda model, root: open_model(tmp_path, weights=False, tokenizer=False)
+    )
     monkeypatch.setattr(floors_run, "_iterations", fake)
     monkeypatch.setattr(MachineRates, "measure", classmethod(lambda cls, arch, threads: UNIT_RATES))
     assert main(["bench", "--sections", "floors", "--repeats", "2", "--json"]) == 0
