@@ -117,8 +117,8 @@ def test_two_pipelined_iterations_with_vllm_and_the_cuda_trainer(
     wall_s = time.perf_counter() - start
 
     # The driver's view: two trained versions, the second from one-step-stale rollouts, a checkpoint on disk.
-    assert outcome.adapter_version == 2
-    assert [(h.iteration, h.adapter_version) for h in outcome.history] == [(0, 1), (1, 2)]
+    assert outcome.policy_version == 2
+    assert [(h.iteration, h.policy_version) for h in outcome.history] == [(0, 1), (1, 2)]
     assert [h.max_staleness for h in outcome.history] == [0, 1]
     assert all(h.num_rollouts == 16 and math.isfinite(h.mean_loss) for h in outcome.history)
     assert [e.policy_version for e in outcome.evals] == [1, 2]

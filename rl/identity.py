@@ -7,6 +7,7 @@ unsorted rewards made the train step's identity change between attempts).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -16,10 +17,40 @@ from typing import Any
 
 from rl.errors import UnhashableInputError
 
+RECORDED_AS = "recorded_as"
+"""Field metadata: the name a field is written under in recorded values (checkpoints, `metrics.jsonl`, action ids)
+when the code's name for it changed after values were recorded (`rl.types.IterationMetrics.policy_version`)."""
+
 
 @functools.cache
-def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
+def _recorded_names(cls: type) -> tuple[tuple[str, str], ...]:
+    """Each field of dataclass `cls` as (its name, the name it is recorded under)."""
+    return tuple((f.name, f.metadata.get(RECORDED_AS, f.name)) for f in dataclasses.fields(cls))
+
+
+def recorded_dict(value: Any) -> Any:
+    """`dataclasses.asdict(value)` with each field under the name it is recorded under (`RECORDED_AS`)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {recorded: recorded_dict(getattr(value, name)) for name, recorded in _recorded_names(type(value))}
+    if isinstance(value, list | tuple):
+        return type(value)(recorded_dict(v) for v in value)
+    if isinstance(value, dict):
+        return type(value)((recorded_dict(k), recorded_dict(v)) for k, v in value.items())
+    return copy.deepcopy(value)
+
+
+def recorded_repr(value: Any) -> str:
+    """`repr(value)` of a dataclass, each field under its recorded name (a digest of a repr stays the same)."""
+    kind: type = type(value)
+    shown = {f.name for f in dataclasses.fields(kind) if f.repr}
+    fields = ", ".join(f"{rec}={getattr(value, name)!r}" for name, rec in _recorded_names(kind) if name in shown)
+    return f"{kind.__qualname__}({fields})"
+
+
+def from_recorded(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of `cls` from a recorded mapping `d` (keys under their recorded names), in `d`'s order."""
+    names = {recorded: name for name, recorded in _recorded_names(cls) if recorded != name}
+    return {names.get(k, k): v for k, v in d.items()}
 
 
 @functools.cache
@@ -63,11 +94,11 @@ def canonical(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields: dict[str, Any] = {"__type__": kind.__qualname__}
         omitted = _omitted_at_default(kind)
-        for name in _field_names(kind):
+        for name, recorded in _recorded_names(kind):
             v = getattr(value, name)
             if omitted and name in omitted and v == omitted[name]:
                 continue
-            fields[name] = v if type(v) in _SCALARS else canonical(v)
+            fields[recorded] = v if type(v) in _SCALARS else canonical(v)
         return fields
     model_dump = getattr(value, "model_dump", None)
     if callable(model_dump):  # pydantic models, without importing pydantic here

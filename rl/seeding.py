@@ -82,9 +82,9 @@ def adapter_init_seed(run_seed: int) -> int:
     return derive_seed(run_seed, "init")
 
 
-def eval_seed(run_seed: int, adapter_version: int) -> int:
-    """The seed of one evaluation of adapter `adapter_version` (run seed first: see the module docstring)."""
-    return derive_seed(run_seed, "eval", adapter_version)
+def eval_seed(run_seed: int, policy_version: int) -> int:
+    """The seed of one evaluation of policy version `policy_version` (run seed first: see the module docstring)."""
+    return derive_seed(run_seed, "eval", policy_version)
 
 
 def eval_problem_seed(evaluation_seed: int, problem: int) -> int:

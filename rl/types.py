@@ -8,12 +8,13 @@ tier cannot rebind a field of a value it received.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
 from rl.errors import SamplingSettingsError
+from rl.identity import RECORDED_AS, from_recorded, recorded_dict
 from rl.strict_json import unflag_non_finite
 
 
@@ -140,7 +141,7 @@ class TrainBatch:
     rewards: list[float]
     adapter: ArtifactRef
     optimizer_state: ArtifactRef | None
-    new_version: int  # the policy_version this step trains; the name is part of the step's action id
+    new_version: int  # the policy_version this step makes (a role, as `previous_version`); in its action id
     # The settings the rollouts were sampled with: the trainer teacher-forces log-probs of the same distribution.
     sampling: SamplingSettings = field(default=DEFAULT_SAMPLING, metadata=_OMIT_AT_DEFAULT)
 
@@ -195,7 +196,8 @@ class IterationMetrics:
     """
 
     iteration: int
-    adapter_version: int  # the policy_version this iteration trained; the key in metrics.jsonl and checkpoints
+    # The policy version this iteration trained; recorded as `adapter_version` (metrics.jsonl, checkpoints).
+    policy_version: int = field(metadata={RECORDED_AS: "adapter_version"})
     num_rollouts: int
     mean_reward: float
     max_reward: float
@@ -217,11 +219,12 @@ class IterationMetrics:
     phase_s: dict[str, float] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The row as recorded (a line of `metrics.jsonl`, a checkpoint's history row)."""
+        return recorded_dict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> IterationMetrics:
-        d = dict(unflag_non_finite(d))
+        d = from_recorded(cls, unflag_non_finite(d))
         # Rows written before task metrics existed carry the digit task's two as top-level keys.
         legacy = {key: d.pop(key) for key in _LEGACY_TASK_METRICS if key in d}
         if legacy:

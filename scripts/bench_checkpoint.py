@@ -32,7 +32,7 @@ def states(n: int) -> Iterator[fmt.DriverState]:
             phase_s={"generate": 0.12, "score": 0.01, "train": 0.3},
         )  # fmt: skip
         evals = [*state.evals, EvalResult(i, 4, 0.5, 0.25, 8)] if i % 10 == 0 else state.evals
-        state = replace(state, iteration=i, adapter_version=i + 1, history=[*state.history, row], evals=evals)
+        state = replace(state, iteration=i, policy_version=i + 1, history=[*state.history, row], evals=evals)
         yield state
 
 

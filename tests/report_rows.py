@@ -18,7 +18,7 @@ def rows(
         out.append(
             IterationMetrics(
                 iteration=i,
-                adapter_version=i + 1,
+                policy_version=i + 1,
                 num_rollouts=64,
                 mean_reward=rate,
                 max_reward=1.0,

@@ -21,9 +21,15 @@ from rl.types import ArtifactRef, EvalResult, IterationMetrics
 
 
 def _formula(state: DriverState) -> bytes:
-    """The checkpoint as schema 1 defines it: the tagged `asdict` body, its content digest, as strict JSON."""
-    body = tag_non_finite(asdict(state))
+    """The checkpoint as schema 1 defines it: the tagged `asdict` body, its content digest, as strict JSON. Schema 1
+    names the state's and each row's `policy_version` `adapter_version`, in the same place."""
+    body = tag_non_finite(_schema1_names(asdict(state)))
+    body["history"] = [_schema1_names(row) for row in body["history"]]
     return json.dumps({"schema": 1, "digest": content_digest(body), "state": body}, allow_nan=False).encode()
+
+
+def _schema1_names(d: dict[str, Any]) -> dict[str, Any]:
+    return {("adapter_version" if k == "policy_version" else k): v for k, v in d.items()}
 
 
 class _Float(float):
@@ -44,7 +50,7 @@ def _rows(draw: st.DrawFn, iteration: int) -> IterationMetrics:
     metrics = st.dictionaries(_text, _floats, max_size=3)
     return IterationMetrics(
         iteration=iteration,
-        adapter_version=iteration + 1,
+        policy_version=iteration + 1,
         num_rollouts=draw(_counts),
         mean_reward=draw(_floats),
         max_reward=draw(_floats),
@@ -70,7 +76,7 @@ def _states(draw: st.DrawFn) -> DriverState:
     return replace(
         DriverState.initial("c" * 32, ref, ref),
         iteration=n - 1,
-        adapter_version=n,
+        policy_version=n,
         history=[draw(_rows(i)) for i in range(n)],
         evals=evals,
         previous_adapter=draw(st.none() | st.just(ref)),
@@ -116,7 +122,7 @@ def test_a_checkpoint_whose_digest_covers_nan_tokens_still_verifies():
     """A legacy blob holds `NaN` tokens; the fast digest check hands it to `content_digest`, which tags them."""
     ref = ArtifactRef(uri="mem://adapter", digest="d")
     state = replace(DriverState.initial("c" * 32, ref, ref), config={"lr": math.nan})
-    body = asdict(state)
+    body = _schema1_names(asdict(state))
     legacy = json.dumps({"schema": 1, "digest": content_digest(body), "state": body}).encode()
     assert b"NaN" in legacy
     assert math.isnan(decode_state(legacy).config["lr"])  # type: ignore[index]
@@ -141,7 +147,7 @@ def test_a_growing_history_writes_the_formulas_bytes_at_every_length(data):
 def test_a_row_of_another_type_in_the_history_takes_the_general_path():
     ref = ArtifactRef(uri="mem://adapter", digest="d")
     row = IterationMetrics(0, 1, 8, 0.5, 1.0, 0.1, 8, "q", "c", 1.0, extra={"odd": _Float(0.5)})
-    state = replace(DriverState.initial("c" * 32, ref, ref), iteration=0, adapter_version=1, history=[row])
+    state = replace(DriverState.initial("c" * 32, ref, ref), iteration=0, policy_version=1, history=[row])
     assert encode_state(state) == _formula(state)
 
 
@@ -158,7 +164,7 @@ def test_each_checkpoint_encodes_only_the_rows_it_adds(monkeypatch):
     monkeypatch.setattr(fmt, "_encode_row", lambda row: encoded.append(row) or encode_row(row))
     for i in range(50):
         row = IterationMetrics(i, i + 1, 8, 0.5, 1.0, 0.1, 8, "q", "c", 1.0, phase_s={"train": 0.1})
-        state = replace(state, iteration=i, adapter_version=i + 1, history=[*state.history, row])
+        state = replace(state, iteration=i, policy_version=i + 1, history=[*state.history, row])
         if i % 7 == 6:  # an earlier row replaced, as `with_eval_time` does
             timed = replace(state.history[i - 1], phase_s={"train": 0.1, "evaluate": 0.2})
             state = replace(state, history=[*state.history[: i - 1], timed, row])
@@ -192,6 +198,6 @@ def test_a_field_holding_a_row_lists_mark_is_still_written_as_the_formula():
 
     ref = ArtifactRef(uri="mem://adapter", digest="d")
     row = IterationMetrics(0, 1, 8, 0.5, 1.0, 0.1, 8, _MARKS["evals"], "c", 1.0)
-    state = replace(DriverState.initial("c" * 32, ref, ref), iteration=0, adapter_version=1, history=[row])
+    state = replace(DriverState.initial("c" * 32, ref, ref), iteration=0, policy_version=1, history=[row])
     for config in ({"name": _MARKS["history"]}, {_MARKS["evals"]: 1}, {"name": "plain"}):
         assert encode_state(replace(state, config=config)) == _formula(replace(state, config=config))

@@ -16,7 +16,7 @@ from rl.types import ArtifactRef
 
 def _state(iteration: int = 3) -> DriverState:
     ref = ArtifactRef(uri="mem://adapter", digest="d")
-    return replace(DriverState.initial("c" * 32, ref, ref), iteration=iteration, adapter_version=iteration + 1)
+    return replace(DriverState.initial("c" * 32, ref, ref), iteration=iteration, policy_version=iteration + 1)
 
 
 def _forge(blob: bytes, **fields: object) -> bytes:

@@ -65,7 +65,7 @@ def test_demo_with_a_model_directory_trains_it_on_addition(chat_model: Path, tmp
     argv = ["demo", "grpo", "--model", str(chat_model), "--iterations", "2", "--prompts", "2", "--samples", "2"]
     assert main([*argv, "--out", str(out), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["model"] == str(chat_model) and summary["adapter_version"] == 2
+    assert summary["model"] == str(chat_model) and summary["policy_version"] == 2
     assert summary["constant_baseline_accuracy"] == pytest.approx(4 / 36)  # 36 held-out sums, 9 the commonest
     assert not list(out.glob("base-*"))  # the given directory is used as it is, not a tiny model built in the run
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

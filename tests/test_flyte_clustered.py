@@ -149,7 +149,7 @@ def test_the_pipelined_driver_trains_one_step_stale_batches_on_the_clustered_tra
 
     result = flyte_local.run(train_rl_clustered, config=CONFIG).output
     assert [row.iteration for row in result.history] == [0, 1, 2]
-    assert [row.adapter_version for row in result.history] == [1, 2, 3]
+    assert [row.policy_version for row in result.history] == [1, 2, 3]
     assert [row.max_staleness for row in result.history] == [0, 1, 1]
     assert [row.max_staleness for row in pipelined_reference.history] == [0, 1, 1]
     assert result.adapter.hash == pipelined_reference.adapter.digest

@@ -67,8 +67,8 @@ def test_train_rl_runs_three_iterations_and_trains_what_the_in_process_loop_trai
     result: GrpoRunResult = run.output
 
     assert [row.iteration for row in result.history] == [0, 1, 2]
-    assert [row.adapter_version for row in result.history] == [1, 2, 3]
-    assert result.adapter_version == 3 and result.resumed_from == -1
+    assert [row.policy_version for row in result.history] == [1, 2, 3]
+    assert result.policy_version == 3 and result.resumed_from == -1
     assert [e.policy_version for e in result.evals] == [1, 2, 3]
     # The adapter is a Dir whose hash is its content digest, and that content is the in-process run's.
     assert result.adapter.hash == _digest(result.adapter.path) == reference.adapter.digest
@@ -97,7 +97,7 @@ def test_train_rl_publishes_a_report_with_the_metrics_of_every_iteration(flyte_l
     page = run.report_html()
     last = run.output.history[-1]
     assert "status: <b>complete</b>" in page
-    assert f"iteration {last.iteration} · adapter v{last.adapter_version}" in page
+    assert f"iteration {last.iteration} · policy v{last.policy_version}" in page
     assert f"mean reward {last.mean_reward:.3f}" in page and f"accuracy {last.task_metrics['accuracy']:.3f}" in page
     if last.contributing:
         assert f"loss {last.mean_loss:.4f}" in page and f"KL {last.kl:.4f}" in page
@@ -124,7 +124,7 @@ def test_a_driver_that_fails_after_iteration_one_resumes_from_its_checkpoint(fly
     assert marker.is_file()  # attempt 1 did fail
     assert result.resumed_from == 1  # attempt 2 loaded the checkpoint of iteration 1, not iteration 0
     assert [row.iteration for row in result.history] == [0, 1, 2]
-    assert [row.adapter_version for row in result.history] == [1, 2, 3]
+    assert [row.policy_version for row in result.history] == [1, 2, 3]
     assert _adapter_uploads(flyte_local.raw_data_path) == ["adapter-v0", "adapter-v1", "adapter-v2", "adapter-v3"]
     # Resuming changed nothing about what was trained.
     assert result.adapter.hash == reference.adapter.digest

@@ -38,8 +38,8 @@ def test_a_run_trains_every_iteration_once_with_versions_one_to_n(pipelined):
     assert result.ok, result.error
     outcome = result.output
     assert [row.iteration for row in outcome.history] == [0, 1, 2, 3]
-    assert [row.adapter_version for row in outcome.history] == [1, 2, 3, 4]
-    assert outcome.adapter_version == 4
+    assert [row.policy_version for row in outcome.history] == [1, 2, 3, 4]
+    assert outcome.policy_version == 4
     assert lineage_violations(config, setup, outcome) == []
     assert setup.reporter.publications[-1] == (4, "complete")
 
@@ -89,7 +89,7 @@ def test_rollouts_are_seeded_per_run_iteration_and_group_and_carry_their_policy_
         for gid in range(CONFIG.prompts_per_iteration):
             assert seeds[(it, gid)] == rollout_seed(CONFIG.seed, it, gid)
     assert len(set(seeds.values())) == len(seeds)
-    assert outcome.history[-1].adapter_version == 4
+    assert outcome.history[-1].policy_version == 4
 
 
 def test_pipelined_loop_trains_one_step_stale_rollouts_and_overlaps_generation_with_training():

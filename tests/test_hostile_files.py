@@ -35,7 +35,7 @@ def _state() -> DriverState:
     return replace(
         DriverState.initial("c" * 32, ref, ref),
         iteration=1,
-        adapter_version=2,
+        policy_version=2,
         history=rows(2),
         evals=[EvalResult(1, 4, 0.5, 0.75, 8)],
     )
@@ -129,7 +129,7 @@ def test_a_checkpoint_larger_than_any_we_write_is_refused_before_it_is_parsed(tm
 def test_the_report_escapes_every_value_whatever_its_type():
     """Markup where a number goes (the last row's adapter_version, an evaluation's k: the finding's two) is text."""
     history = rows(2)
-    history[-1] = replace(history[-1], adapter_version=MARKUP)  # type: ignore[arg-type]
+    history[-1] = replace(history[-1], policy_version=MARKUP)  # type: ignore[arg-type]
     page = render_report(history, status="running", evals=[EvalResult(1, MARKUP, 0.5, 0.5, 8)])  # type: ignore[arg-type]
     assert "<script" not in page and "<img" not in page
     assert "&lt;script&gt;" in page

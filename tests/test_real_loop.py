@@ -31,7 +31,7 @@ def test_two_three_iteration_runs_with_pinned_threads_give_bitwise_identical_ada
     assert first.adapter.digest == second.adapter.digest
     assert first.optimizer_state.digest == second.optimizer_state.digest
     assert first.history == second.history and first.evals == second.evals
-    assert [row.adapter_version for row in first.history] == [1, 2, 3]
+    assert [row.policy_version for row in first.history] == [1, 2, 3]
 
 
 @pytest.mark.heavy

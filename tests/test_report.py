@@ -100,7 +100,7 @@ def test_status_line_has_the_latest_rows_trainer_statistics_and_phase_seconds():
     page = render_report(history, status="running", evals=evals(10, every=2)[:1])
     status = page[page.index("<p>status:") : page.index("</p>")]
     for text in (
-        "iteration 2 · adapter v3",
+        "iteration 2 · policy v3",
         "accuracy 0.070",
         "loss 0.0000",
         "KL 0.0020",

@@ -108,7 +108,7 @@ def _markup_checkpoint_report(tmp_path) -> str:
     doc["digest"] = content_digest(doc["state"])
     loaded = decode_state(json.dumps(doc).encode())
     history = list(loaded.history)
-    history[-1] = dataclasses.replace(history[-1], adapter_version=_MARKUP)  # type: ignore[arg-type]
+    history[-1] = dataclasses.replace(history[-1], policy_version=_MARKUP)  # type: ignore[arg-type]
     evals = [*loaded.evals, EvalResult(2, _MARKUP, 0.5, 0.5, 8)]  # type: ignore[arg-type]
     return render_report(history, status=_MARKUP, evals=evals, baseline_accuracy=0.1, title=_MARKUP)
 

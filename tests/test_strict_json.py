@@ -48,7 +48,7 @@ def _rollout(group: int = 0, sample: int = 0) -> Rollout:
 def _row(**overrides: Any) -> IterationMetrics:
     base = IterationMetrics(
         iteration=0,
-        adapter_version=1,
+        policy_version=1,
         num_rollouts=2,
         mean_reward=0.5,
         max_reward=1.0,

@@ -261,7 +261,7 @@ class DriverCheckpointLaws:
                 pytrace=False,
             )
         if raised is None:
-            version = getattr(outcome, "adapter_version", "?")
+            version = getattr(outcome, "policy_version", "?")
             pytest.fail(
                 f"{what}: the driver did not refuse it: it finished at adapter v{version} having "
                 f"trained steps {trainer.steps} (it started over, or continued from what it misread). Raise "

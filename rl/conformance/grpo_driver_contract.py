@@ -289,7 +289,7 @@ class GrpoDriverContract(DriverCheckpointLaws, ContractBase):
         config = replace(driver_config, pipelined=pipelined_mode(mode, capabilities))
         result = grpo_sim(config, seed=config.seed, driver=driver).run()
         assert result.ok, f"the run failed: {result.error!r}"
-        rows = [(r.iteration, r.adapter_version, r.num_rollouts) for r in result.output.history]
+        rows = [(r.iteration, r.policy_version, r.num_rollouts) for r in result.output.history]
         rollouts = config.prompts_per_iteration * config.group_size
         want = [(it, it + 1, rollouts) for it in range(config.iterations)]
         assert rows == want, (

@@ -111,7 +111,7 @@ async def run_demo(
         "model": str(model_dir.where) if model_dir is not None else "tiny",
         "heldout_avg_at_k_last": outcome.evals[-1].avg_at_k if outcome.evals else float("nan"),
         "heldout_pass_at_k_last": outcome.evals[-1].pass_at_k if outcome.evals else float("nan"),
-        "adapter_version": outcome.adapter_version,
+        "policy_version": outcome.policy_version,
         "resumed_from": outcome.resumed_from,
         "engine": engine,
         "buffer_version": outcome.buffer_version,

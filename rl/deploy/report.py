@@ -280,7 +280,7 @@ def _status(history: Sequence[IterationMetrics], evals: Sequence[EvalResult], st
     last = history[-1]
     parts = [
         f"status: <b>{_e(status)}</b>",
-        f"iteration {_e(last.iteration)} · adapter v{_e(last.adapter_version)}",
+        f"iteration {_e(last.iteration)} · policy v{_e(last.policy_version)}",
         f"mean reward {_fmt(last.mean_reward)}",
         *(f"{_e(_title(name))} {_fmt(value)}" for name, value in last.task_metrics.items()),
     ]

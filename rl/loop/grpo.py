@@ -138,7 +138,7 @@ class GrpoTiers:
 @dataclass(frozen=True)
 class GrpoOutcome:
     adapter: ArtifactRef
-    adapter_version: int
+    policy_version: int
     optimizer_state: ArtifactRef
     history: list[IterationMetrics]
     evals: list[EvalResult] = field(default_factory=list)
@@ -256,7 +256,7 @@ def iteration_metrics(
     lengths = [len(r.token_ids) for r in rollouts]
     return IterationMetrics(
         iteration=iteration,
-        adapter_version=version,
+        policy_version=version,
         num_rollouts=n,
         mean_reward=finite_mean(rewards),
         max_reward=max(rewards),
@@ -286,9 +286,9 @@ async def _train(
     scored: Scored,
 ) -> DriverState:
     rollouts, rewards = scored.rollouts, scored.rewards
-    new_version = state.adapter_version + 1
+    new_version = state.policy_version + 1
     worst = max(
-        check_staleness(i, r.policy_version, state.adapter_version, config.max_staleness, f"iteration {iteration}: ")
+        check_staleness(i, r.policy_version, state.policy_version, config.max_staleness, f"iteration {iteration}: ")
         for i, r in enumerate(rollouts)
     )
     batch = TrainBatch(
@@ -319,9 +319,9 @@ async def _train(
         state,
         iteration=iteration,
         previous_adapter=state.adapter,
-        previous_version=state.adapter_version,
+        previous_version=state.policy_version,
         adapter=result.adapter,
-        adapter_version=new_version,
+        policy_version=new_version,
         optimizer_state=result.optimizer_state,
         history=[*state.history, row],
     )
@@ -352,18 +352,18 @@ class _BatchSchedule:
             adapter, version = (
                 (state.previous_adapter, state.previous_version)
                 if state.previous_adapter is not None
-                else (state.adapter, state.adapter_version)
+                else (state.adapter, state.policy_version)
             )
             self._launch(first, adapter, version)
 
     async def take(self, iteration: int, state: DriverState) -> Scored:
         """Iteration `iteration`'s batch; pipelined, iteration + 1's is launched (by `state`'s adapter) first."""
         if not self.config.pipelined:
-            return await generate_and_score(self.config, self.tiers, iteration, state.adapter, state.adapter_version)
+            return await generate_and_score(self.config, self.tiers, iteration, state.adapter, state.policy_version)
         assert self.pending is not None
         scored = await self.pending
         if iteration + 1 < self.config.iterations:
-            self._launch(iteration + 1, state.adapter, state.adapter_version)
+            self._launch(iteration + 1, state.adapter, state.policy_version)
         return scored
 
     def _launch(self, iteration: int, adapter: ArtifactRef, version: int) -> None:
@@ -415,9 +415,7 @@ async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: CheckpointStore)
                 state = with_eval_time(state, await evaluating)
             state = replace(
                 state,
-                pending_eval=(state.adapter, state.adapter_version)
-                if config.evaluates(state.adapter_version)
-                else None,
+                pending_eval=(state.adapter, state.policy_version) if config.evaluates(state.policy_version) else None,
             )
             evaluating = _launch_eval(config, tiers, state.pending_eval)
             await _publish(tiers, state, "running")
@@ -432,7 +430,7 @@ async def run_grpo(config: GrpoConfig, tiers: GrpoTiers, store: CheckpointStore)
     await _publish(tiers, state, "complete")
     return GrpoOutcome(
         adapter=state.adapter,
-        adapter_version=state.adapter_version,
+        policy_version=state.policy_version,
         optimizer_state=state.optimizer_state,
         history=list(state.history),
         evals=list(state.evals),

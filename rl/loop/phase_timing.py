@@ -46,7 +46,7 @@ def with_eval_time(state: DriverState, finished: tuple[EvalResult, float]) -> Dr
     result, seconds = finished
     history = [
         replace(row, phase_s={**row.phase_s, "evaluate": seconds})
-        if row.adapter_version == result.policy_version
+        if row.policy_version == result.policy_version
         else row
         for row in state.history
     ]

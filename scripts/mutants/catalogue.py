@@ -485,8 +485,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         "grpo-staleness-off",
         "grpo-driver",
         "rl/loop/grpo.py",
-        'state.adapter_version, config.max_staleness, f"iteration {iteration}: ")',
-        'state.adapter_version, 2**62, f"iteration {iteration}: ")',
+        'state.policy_version, config.max_staleness, f"iteration {iteration}: ")',
+        'state.policy_version, 2**62, f"iteration {iteration}: ")',
         "staleness check off: rollouts older than max_staleness are trained on",
         ("tests/test_grpo_driver.py", "tests/test_checks.py"),
     ),
@@ -513,9 +513,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         "grpo-driver",
         "rl/loop/grpo.py",
         "                if state.previous_adapter is not None\n"
-        "                else (state.adapter, state.adapter_version)",
-        "                if state.previous_adapter is None\n"
-        "                else (state.adapter, state.adapter_version)",
+        "                else (state.adapter, state.policy_version)",
+        "                if state.previous_adapter is None\n                else (state.adapter, state.policy_version)",
         "pipelined resume generates the next batch with the newest adapter, not the one an uninterrupted run used",
         ("tests/test_grpo_driver.py",),
     ),

@@ -46,7 +46,7 @@ class GrpoRunResult:
 
     adapter: Dir
     optimizer_state: Dir
-    adapter_version: int
+    policy_version: int
     history: list[IterationMetrics] = field(default_factory=list)
     evals: list[EvalResult] = field(default_factory=list)
     resumed_from: int = -1
@@ -164,7 +164,7 @@ async def run_driver(
     return GrpoRunResult(
         adapter=dir_of(outcome.adapter),
         optimizer_state=dir_of(outcome.optimizer_state),
-        adapter_version=outcome.adapter_version,
+        policy_version=outcome.policy_version,
         history=list(outcome.history),
         evals=list(outcome.evals),
         resumed_from=outcome.resumed_from,

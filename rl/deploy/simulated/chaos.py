@@ -37,6 +37,7 @@ from rl.durable.records import RunResult
 from rl.durable.swarm import Swarm, draw_swarm, swarm_rng, trace_summary
 from rl.durable.virtual_loop import LOOP_PATH
 from rl.errors import DriverAttemptsExhausted, InjectedTaskFailure, TaskFailed
+from rl.identity import recorded_repr
 from rl.loop.grpo import GrpoConfig, GrpoDriver, GrpoOutcome, run_grpo
 
 # The issue's floor: >= 4 iterations of >= 4 groups x 4 samples.
@@ -110,8 +111,8 @@ def resume_violations(sim_events: list, failed: RunResult, resumed: RunResult, c
 
 def state_digest(outcome: GrpoOutcome) -> str:
     """A short digest of a finished run's state (adapter, optimizer, history, evals) to compare two runs by eye."""
-    rows = [replace(row, phase_s={}) for row in outcome.history]
-    text = repr((outcome.adapter.digest, outcome.optimizer_state.digest, rows, outcome.evals))
+    rows = ", ".join(recorded_repr(replace(row, phase_s={})) for row in outcome.history)
+    text = f"({outcome.adapter.digest!r}, {outcome.optimizer_state.digest!r}, [{rows}], {outcome.evals!r})"
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 

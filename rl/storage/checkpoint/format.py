@@ -13,17 +13,16 @@ so sealing it seals the state. Without the key a seal is not checked (there is n
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import hmac
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rl.errors import CheckpointCorruptError, CheckpointSchemaError, CheckpointSealError, UntrustedValueError
-from rl.identity import canonical, content_digest, json_digest
+from rl.identity import RECORDED_AS, canonical, content_digest, json_digest, recorded_dict
 from rl.storage.checkpoint.schema import STATE
 from rl.strict_json import dumps, tag_non_finite, untag_non_finite
 from rl.types import ArtifactRef, EvalResult, IterationMetrics
@@ -40,7 +39,7 @@ class DriverState:
     config_digest: str
     iteration: int
     adapter: ArtifactRef
-    adapter_version: int
+    policy_version: int = field(metadata={RECORDED_AS: "adapter_version"})  # checkpoint schema 1's name
     optimizer_state: ArtifactRef
     history: list[IterationMetrics] = field(default_factory=list)
     evals: list[EvalResult] = field(default_factory=list)
@@ -57,7 +56,7 @@ class DriverState:
         return cls(config_digest, -1, adapter, 0, optimizer_state)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return recorded_dict(self)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> DriverState:
@@ -67,7 +66,7 @@ class DriverState:
             config_digest=d["config_digest"],
             iteration=d["iteration"],
             adapter=ArtifactRef(**d["adapter"]),
-            adapter_version=d["adapter_version"],
+            policy_version=d["adapter_version"],
             optimizer_state=ArtifactRef(**d["optimizer_state"]),
             history=[IterationMetrics.from_dict(row) for row in d["history"]],
             evals=[EvalResult(**e) for e in d["evals"]],
@@ -99,7 +98,7 @@ class _EncodedRow:
 
 
 def _encode_row(row: Any) -> _EncodedRow:
-    body = tag_non_finite(asdict(row) if dataclasses.is_dataclass(row) and not isinstance(row, type) else row)
+    body = tag_non_finite(recorded_dict(row))
     return _EncodedRow(row, dumps(body), _canonical_text(body))
 
 
@@ -110,8 +109,8 @@ def _canonical_text(body: Any) -> str:
 
 class CheckpointEncoder:
     """A run's checkpoints as bytes: `{"schema": N, "digest": content_digest(body), "state": body}` in strict JSON,
-    where `body` is the state's `asdict` with each non-finite float as {"__float__": "nan"} (the form the digest
-    hashes it in, so a resume restores the exact value).
+    where `body` is the state as recorded (`recorded_dict`) with each non-finite float as {"__float__": "nan"} (the
+    form the digest hashes it in, so a resume restores the exact value).
 
     The history and eval rows append: each row is encoded once, when a checkpoint first holds it, and kept while the
     states that follow hold the same row (rows are frozen; a list grown by appending shares them). Encoding every row
@@ -139,7 +138,7 @@ class CheckpointEncoder:
         return _document(body, content_digest(body)).encode()
 
     def _spliced(self, state: DriverState) -> bytes | None:
-        body = tag_non_finite(asdict(replace(state, history=[], evals=[])))  # _ROW_LISTS, filled in below
+        body = tag_non_finite(recorded_dict(replace(state, history=[], evals=[])))  # _ROW_LISTS, filled in below
         body.update(_MARKS)  # the same keys, so the fields keep their order
         canonical_text = _splice(f"[{_canonical_text(body)}]", {k: self._joined(k, compact=True) for k in _MARKS})
         if canonical_text is None:

@@ -39,7 +39,7 @@ class RowModel(StrictModel):
     """One `IterationMetrics` row (with the digit task's two legacy top-level metrics, which older rows carry)."""
 
     iteration: Count
-    adapter_version: Count
+    adapter_version: Count  # IterationMetrics.policy_version, by its recorded name
     num_rollouts: Count
     mean_reward: float
     max_reward: float
@@ -67,7 +67,7 @@ class StateModel(StrictModel):
     config_digest: Name
     iteration: Annotated[int, Field(ge=-1, le=10**12)]
     adapter: RefModel
-    adapter_version: Count
+    adapter_version: Count  # DriverState.policy_version, by its recorded name
     optimizer_state: RefModel
     history: list[RowModel]
     evals: list[EvalModel]
