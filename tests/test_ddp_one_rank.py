@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fixtures_real import one_rank_group, tiny_model_dir
 from loss_reference import reference_step
-from trainer_batches import make_batch, make_rollouts, varied_rewards
+from trainer_batches import REAL_FAMILY_TRAINER, make_batch, make_rollouts, varied_rewards
 
 from rl.models.opened_model import open_model
 from rl.storage.artifacts import LocalArtifacts
@@ -50,17 +50,7 @@ def test_the_clustered_step_trains_the_real_familys_layout_as_one_process_does(
     from rl.models.qwen3 import Qwen3ModelConfig, build_qwen3_model
 
     model_dir = build_qwen3_model(tmp_path / "model", Qwen3ModelConfig(seed=5, vocab_size=64), max_shard_size="100KB")
-    config = TrainerConfig(
-        lora_rank=4,
-        lora_alpha=8,
-        lr=1e-3,
-        seed=3,
-        target_modules=("k_proj", "o_proj", "q_proj", "v_proj"),
-        base_dtype="bfloat16",
-        attention="sdpa",
-        gradient_checkpointing=True,
-        micro_batch_size=2,
-    )
+    config = REAL_FAMILY_TRAINER
     store = LocalArtifacts(tmp_path / "artifacts")
     init = asyncio.run(PeftTrainer(open_model(model_dir, tokenizer=False), store, config).init_adapter(seed=1))
     rollouts = make_rollouts(model_dir, groups=1, samples=3, seed=4)

@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 from safetensors.torch import load as load_safetensors
-from trainer_batches import make_batch, make_rollouts, varied_rewards
+from trainer_batches import REAL_FAMILY_TRAINER, make_batch, make_rollouts, varied_rewards
 
 from rl.errors import ModelDirError
 from rl.models import load_base_model, load_tokenizer
@@ -36,17 +36,6 @@ T = TypeVar("T")
 
 SHAPE = Qwen3ModelConfig(seed=5)
 SMALL_VOCAB = Qwen3ModelConfig(seed=5, vocab_size=64)
-REAL = TrainerConfig(
-    lora_rank=4,
-    lora_alpha=8,
-    lr=1e-3,
-    seed=3,
-    target_modules=("k_proj", "o_proj", "q_proj", "v_proj"),
-    base_dtype="bfloat16",
-    attention="sdpa",
-    gradient_checkpointing=True,
-    micro_batch_size=2,
-)
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
@@ -68,7 +57,9 @@ def test_a_sharded_bfloat16_model_initialises_and_trains_an_adapter(tmp_path: Pa
     real-size settings, on the family's layout with a vocabulary cut to the tokenizer's."""
     model_dir = build_qwen3_model(tmp_path / "model", SMALL_VOCAB, max_shard_size="100KB")
     assert len(list(model_dir.glob("model-*-of-*.safetensors"))) >= 2
-    trainer = PeftTrainer(open_model(model_dir, tokenizer=False), LocalArtifacts(tmp_path / "artifacts"), REAL)
+    trainer = PeftTrainer(
+        open_model(model_dir, tokenizer=False), LocalArtifacts(tmp_path / "artifacts"), REAL_FAMILY_TRAINER
+    )
     init = run(trainer.init_adapter(seed=1))
     few = make_rollouts(model_dir, groups=1, samples=3, seed=4)
     result = run(trainer.train_step(make_batch(few, varied_rewards(few), init.adapter, init.optimizer_state)))
@@ -125,7 +116,9 @@ def test_a_bfloat16_sharded_model_trains_with_float32_lora_sdpa_and_checkpointin
 ) -> None:
     """init_adapter and a step on the shards (init_adapter refused a sharded directory before); the adapter and its
     optimizer state are float32, the step moves them, and the restored adapter is what the trainer holds."""
-    trainer = PeftTrainer(open_model(qwen3_dir, tokenizer=False), LocalArtifacts(tmp_path / "artifacts"), REAL)
+    trainer = PeftTrainer(
+        open_model(qwen3_dir, tokenizer=False), LocalArtifacts(tmp_path / "artifacts"), REAL_FAMILY_TRAINER
+    )
     init = run(trainer.init_adapter(seed=1))
     v0 = load_safetensors(run(trainer.artifacts.get(init.adapter))["adapter_model.safetensors"])
     assert v0 and {t.dtype for t in v0.values()} == {torch.float32}
@@ -140,7 +133,10 @@ def test_a_bfloat16_sharded_model_trains_with_float32_lora_sdpa_and_checkpointin
     assert {p.dtype for n, p in held.named_parameters() if not p.requires_grad} == {torch.bfloat16}
     assert held.base_model.model.model.gradient_checkpointing
     restored = load_policy(
-        open_model(qwen3_dir, tokenizer=False), run(trainer.artifacts.get(result.adapter)), trainable=False, config=REAL
+        open_model(qwen3_dir, tokenizer=False),
+        run(trainer.artifacts.get(result.adapter)),
+        trainable=False,
+        config=REAL_FAMILY_TRAINER,
     )
     live = {n: p for n, p in held.named_parameters() if p.requires_grad}
     for name, param in restored.named_parameters():
@@ -153,12 +149,12 @@ def test_a_resumed_run_continues_bit_for_bit(qwen3_dir: Path, rollouts: list, tm
     """Step 2 from the artifacts in a fresh trainer (a restarted task) equals step 2 of the trainer that kept going."""
     rewards = varied_rewards(rollouts)
     store = LocalArtifacts(tmp_path / "artifacts")
-    first = PeftTrainer(open_model(qwen3_dir, tokenizer=False), store, REAL)
+    first = PeftTrainer(open_model(qwen3_dir, tokenizer=False), store, REAL_FAMILY_TRAINER)
     init = run(first.init_adapter(seed=1))
     v1 = run(first.train_step(make_batch(rollouts, rewards, init.adapter, init.optimizer_state)))
     batch2 = make_batch(rollouts, rewards[::-1], v1.adapter, v1.optimizer_state, step=1, new_version=2)
     kept_going = run(first.train_step(batch2))
-    resumed = run(PeftTrainer(open_model(qwen3_dir, tokenizer=False), store, REAL).train_step(batch2))
+    resumed = run(PeftTrainer(open_model(qwen3_dir, tokenizer=False), store, REAL_FAMILY_TRAINER).train_step(batch2))
     assert first.cold_loads == 1
     assert (resumed.adapter.digest, resumed.optimizer_state.digest) == (
         kept_going.adapter.digest,
@@ -170,9 +166,9 @@ def test_a_resumed_run_continues_bit_for_bit(qwen3_dir: Path, rollouts: list, tm
 def test_checkpointing_changes_memory_not_the_numbers(qwen3_dir: Path, rollouts: list, tmp_path: Path) -> None:
     """The recomputed forward is the same computation: with and without checkpointing a step writes the same bytes.
     Checkpointing refuses a KV cache, so it forwards every sample's prompt: the step without it is asked to as well."""
-    plain = TrainerConfig(**{**REAL.__dict__, "gradient_checkpointing": False, "share_prompts": False})
+    plain = TrainerConfig(**{**REAL_FAMILY_TRAINER.__dict__, "gradient_checkpointing": False, "share_prompts": False})
     digests = []
-    for config in (REAL, plain):
+    for config in (REAL_FAMILY_TRAINER, plain):
         trainer = PeftTrainer(
             open_model(qwen3_dir, tokenizer=False),
             LocalArtifacts(tmp_path / str(config.gradient_checkpointing)),

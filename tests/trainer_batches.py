@@ -19,7 +19,22 @@ import torch
 
 from rl.models import load_base_model
 from rl.models.opened_model import open_model
+from rl.trainer.config import TrainerConfig
 from rl.types import ArtifactRef, Rollout, TrainBatch
+
+REAL_FAMILY_TRAINER = TrainerConfig(
+    lora_rank=4,
+    lora_alpha=8,
+    lr=1e-3,
+    seed=3,
+    target_modules=("k_proj", "o_proj", "q_proj", "v_proj"),
+    base_dtype="bfloat16",
+    attention="sdpa",
+    gradient_checkpointing=True,
+    micro_batch_size=2,
+)
+"""What a real model family trains with: bfloat16 base, float32 LoRA on the attention projections, sdpa, checkpointing,
+micro-batches (the single-process and the DDP step are both checked with it)."""
 
 VOCAB_LOW, VOCAB_HIGH = 4, 40  # ordinary characters of the tiny tokenizer (ids 0-3 are special)
 
