@@ -336,9 +336,17 @@ def deploy_dry_run(session: nox.Session) -> None:
         src = Path(home) / "src"
         skipped = (".nox", ".git", ".venv", "runs", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache")
         shutil.copytree(".", src, ignore=shutil.ignore_patterns(*skipped, ".hypothesis"), symlinks=True)
+        scratch = Path(home) / "tmp"  # flyte leaves an empty flyte-tmp-* per staged file: here, not in /tmp
+        scratch.mkdir()
         with session.chdir(src):
             for tiers in ("cpu", "gpu", "stress"):
-                env = {"HOME": home, "RL_FLYTE_TIERS": tiers, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(src)}
+                env = {
+                    "HOME": home,
+                    "TMPDIR": str(scratch),
+                    "RL_FLYTE_TIERS": tiers,
+                    "HF_HUB_OFFLINE": "1",
+                    "PYTHONPATH": str(src),
+                }
                 session.run("python", ".ci/deploy_dry_run.py", str(config), env=env)
 
 

@@ -15,9 +15,11 @@ placeholder a fork fills in (`my_fork.conformance:IMPL`) is replaced by our own 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,7 +124,10 @@ def readme_blocks(root: Path = ROOT) -> dict[str, Block]:
 def run(block: Block) -> int:
     print(f"readme_commands: {block.source}, from {ROOT}:", flush=True)
     script = "\n".join(block.lines)
-    return subprocess.run(["bash", "-euxo", "pipefail", "-c", script], cwd=ROOT).returncode
+    # Flyte's local mode leaves an empty flyte-tmp-* directory per file it stages: in a scratch TMPDIR, removed after.
+    with tempfile.TemporaryDirectory(prefix="rl-readme-") as scratch:
+        env = {**os.environ, "TMPDIR": scratch}
+        return subprocess.run(["bash", "-euxo", "pipefail", "-c", script], cwd=ROOT, env=env).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
