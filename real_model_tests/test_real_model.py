@@ -63,7 +63,7 @@ def test_the_pinned_model_is_smollm2_with_its_chat_template_and_end_of_turn(mode
 
 def test_a_few_iterations_give_finite_losses_and_move_the_policy(run: Any) -> None:
     deployment, outcome = run
-    assert [row.adapter_version for row in outcome.history] == [1, 2]
+    assert [row.policy_version for row in outcome.history] == [1, 2]
     assert all(math.isfinite(row.mean_loss) and math.isfinite(row.grad_norm) for row in outcome.history)
     assert any(row.grad_norm > 0 for row in outcome.history)
     first = outcome.history[0].sample_question + outcome.history[0].sample_completion
